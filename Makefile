@@ -1,0 +1,41 @@
+# Set-up and entry points. `make run` and `make test` work on a fresh Debian machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+# Debian packages the tests use: lspci cross-checks the sysfs fixtures.
+DEB_PACKAGES = pciutils
+
+.PHONY: run test lint typecheck unit system-packages clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+system-packages:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+run: $(BIN)/.installed
+	$(BIN)/nodecheck check
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	@mkdir -p .typecheck/nodecheck
+	@for p in agent checks tuning; do ln -sfn ../../$$p .typecheck/nodecheck/$$p; done
+	MYPYPATH=.typecheck $(BIN)/mypy -p nodecheck.agent -p nodecheck.checks -p nodecheck.tuning tests bench
+
+unit: $(BIN)/.installed system-packages
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .typecheck .mypy_cache .pytest_cache .ruff_cache build *.egg-info

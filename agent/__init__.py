@@ -1,0 +1,1 @@
+"""The nodecheck command line and, later, the long-running agent."""

@@ -1,0 +1,164 @@
+"""The `nodecheck` command.
+
+Heavy modules (the check framework, and later NVML and torch) are imported
+inside the commands, so `nodecheck --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from nodecheck.agent.logs import LEVELS, configure_logging
+
+F = TypeVar("F", bound=Callable[..., Any])
+SETTINGS_KEY = "nodecheck.settings"
+
+ROOT_OPTIONS = {
+    "sysfs_root": ("--sysfs-root", "/sys", "Where sysfs is mounted (a captured node tree works)."),
+    "procfs_root": ("--procfs-root", "/proc", "Where procfs is mounted."),
+    "rootfs": ("--rootfs", "/", "Root of the host filesystem, for /etc/nccl.conf and home directories."),
+}
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+log = logging.getLogger("nodecheck.cli")
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Options can come before or after the command name; the last one given wins."""
+    if value is not None and param.name is not None:
+        ctx.meta.setdefault(SETTINGS_KEY, {})[param.name] = value
+    return value
+
+
+def global_options(function: F) -> F:
+    """--sysfs-root, --procfs-root, --rootfs and --log-level, on the group and every command."""
+    for name, (flag, default, help_text) in reversed(ROOT_OPTIONS.items()):
+        function = click.option(
+            flag,
+            name,
+            type=click.Path(file_okay=False, path_type=str),
+            default=None,
+            expose_value=False,
+            callback=_remember,
+            is_eager=True,
+            help=f"{help_text} [default: {default}]",
+        )(function)
+    return click.option(
+        "--log-level",
+        "log_level",
+        type=click.Choice(LEVELS, case_sensitive=False),
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        is_eager=True,
+        help="Logging to stderr. [default: warning]",
+    )(function)
+
+
+def fail_usage(message: str) -> NoReturn:
+    click.echo(f"nodecheck: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def settings(ctx: click.Context) -> dict[str, str]:
+    chosen: dict[str, str] = ctx.meta.get(SETTINGS_KEY, {})
+    values = {name: chosen.get(name, default) for name, (_, default, _) in ROOT_OPTIONS.items()}
+    values["log_level"] = chosen.get("log_level", "warning")
+    return values
+
+
+def node_fs(ctx: click.Context) -> Any:
+    """The NodeFS for the chosen roots; a root that does not exist is a usage error."""
+    from nodecheck.checks.node.fs import NodeFS
+
+    values = settings(ctx)
+    configure_logging(values["log_level"])
+    for name, (flag, _, _) in ROOT_OPTIONS.items():
+        if not Path(values[name]).is_dir():
+            fail_usage(f"{flag} {values[name]}: no such directory")
+    return NodeFS(
+        sysfs=Path(values["sysfs_root"]),
+        procfs=Path(values["procfs_root"]),
+        rootfs=Path(values["rootfs"]),
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="nodecheck", prog_name="nodecheck")
+@global_options
+def cli() -> None:
+    """Health checks and tuning for GPU training nodes.
+
+    Reads the node through sysfs and procfs (point --sysfs-root and
+    --procfs-root at a captured tree to check it elsewhere).
+    """
+
+
+@cli.command()
+@click.option("--only", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable).")
+@click.option("--skip", "skip", multiple=True, metavar="NAME", help="Do not run this check (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
+@global_options
+@click.pass_context
+def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_json: bool) -> None:
+    """Run the health checks and print a verdict.
+
+    Exit status: 0 no failure (warnings allowed), 1 a check failed, 2 usage or
+    configuration error, 3 no failure but something could not be determined.
+    """
+    fs = node_fs(ctx)
+    from nodecheck.agent.report import exit_code, render_json, render_table
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.registry import load_checks
+    from nodecheck.checks.runner import run_checks
+
+    available = load_checks()
+    unknown = sorted(set(only) | set(skip) - set(available))
+    if unknown:
+        fail_usage(f"unknown check {', '.join(unknown)} (checks: {', '.join(available)})")
+    selected = [
+        c for name, c in available.items() if (not only or name in only) and name not in skip
+    ]
+    context = CheckContext(fs=fs)
+    runs = run_checks(selected, context)
+    hostname = context.inventory.hostname
+    if as_json:
+        click.echo(render_json(hostname, runs))
+    else:
+        click.echo(render_table(hostname, runs))
+    ctx.exit(exit_code(runs))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.inventory/v1 JSON document.")
+@global_options
+@click.pass_context
+def inventory(ctx: click.Context, as_json: bool) -> None:
+    """Show the node: GPUs, NICs, NUMA nodes and their PCIe relations."""
+    fs = node_fs(ctx)
+    from nodecheck.agent.inventory_view import render_inventory, render_inventory_json
+    from nodecheck.checks.node.cpu import read_cpu_model
+    from nodecheck.checks.node.inventory import read_inventory
+
+    node = read_inventory(fs)
+    model = read_cpu_model(fs)
+    click.echo(render_inventory_json(node, model) if as_json else render_inventory(node, model))
+
+
+def main() -> None:
+    """Entry point: no traceback reaches a user (--log-level debug shows it)."""
+    try:
+        cli.main(prog_name="nodecheck", standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as err:
+        log.debug("unexpected error", exc_info=err)
+        click.echo(f"nodecheck: internal error: {type(err).__name__}: {err}", err=True)
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,196 @@
+"""How `nodecheck inventory` shows the node: tables, and a matrix laid out like `nvidia-smi topo -m`."""
+
+from __future__ import annotations
+
+import json
+
+from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.inventory import Inventory, Nic
+from nodecheck.checks.node.pci import PciDevice, PcieLink
+
+INVENTORY_SCHEMA = "nodecheck.inventory/v1"
+
+# The legend nvidia-smi topo -m prints, less NV# (sysfs cannot see NVLink).
+LEGEND = """Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge"""  # noqa: E501
+
+
+def _link_text(link: PcieLink | None) -> str:
+    if link is None:
+        return "-"
+
+    def one(width: int | None, speed: float | None) -> str:
+        shown_width = f"x{width}" if width else "down"
+        shown_speed = f"{speed:g} GT/s" if speed is not None else "?"
+        return f"{shown_width} {shown_speed}"
+
+    return (
+        f"{one(link.current_width, link.current_speed)} "
+        f"(max {one(link.max_width, link.max_speed)})"
+    )
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return lines
+
+
+def _numa_text(inventory: Inventory, device: PciDevice) -> str:
+    node = inventory.numa_node_of(device)
+    return "?" if node is None else str(node)
+
+
+def _cpus_text(device: PciDevice) -> str:
+    return format_cpulist(device.local_cpus) if device.local_cpus else "?"
+
+
+def _nic_kind(nic: Nic) -> str:
+    if nic.link_layer:
+        return nic.link_layer if nic.link_layer != "Ethernet" else "RoCE"
+    return "Ethernet"
+
+
+def topology_matrix(inventory: Inventory) -> tuple[list[str], list[list[str]]]:
+    """Names (GPU0.., NIC0..) and the relation of every pair, GPUs first as nvidia-smi does."""
+    devices = [gpu for gpu in inventory.gpus] + [nic.pci for nic in inventory.nics]
+    names = [f"GPU{i}" for i in range(len(inventory.gpus))]
+    names += [f"NIC{i}" for i in range(len(inventory.nics))]
+    matrix = [[inventory.relation(a, b).label for b in devices] for a in devices]
+    return names, matrix
+
+
+def render_inventory(inventory: Inventory, cpu_model: str) -> str:
+    cpu = inventory.cpu
+    smt = "on" if cpu.threads_per_core > 1 else "off"
+    lines = [
+        f"Node {inventory.hostname}: {cpu_model}, {len(cpu.packages)} socket(s), "
+        f"{len(cpu.cores)} cores, {len(cpu.cpus)} CPUs (SMT {smt})",
+        "",
+        "NUMA nodes",
+    ]
+    lines += _table(
+        ["node", "CPUs", "memory"],
+        [
+            [
+                str(node.number),
+                format_cpulist(node.cpus) or "-",
+                f"{node.memory_bytes / 2**30:.0f} GiB" if node.memory_bytes else "-",
+            ]
+            for node in inventory.numa_nodes
+        ]
+        or [["-", "-", "-"]],
+    )
+    lines += ["", "GPUs"]
+    if inventory.gpus:
+        lines += _table(
+            ["index", "bus id", "NUMA", "CPUs", "PCIe link"],
+            [
+                [str(i), gpu.bdf, _numa_text(inventory, gpu), _cpus_text(gpu), _link_text(gpu.link)]
+                for i, gpu in enumerate(inventory.gpus)
+            ],
+        )
+    else:
+        lines.append("  none on the PCI bus")
+    lines += ["", "NICs"]
+    if inventory.nics:
+        lines += _table(
+            ["name", "bus id", "kind", "rate", "state", "NUMA", "interfaces"],
+            [
+                [
+                    nic.name,
+                    nic.pci.bdf,
+                    _nic_kind(nic),
+                    f"{nic.rate_gbps:g} Gb/s" if nic.rate_gbps else "?",
+                    nic.state,
+                    _numa_text(inventory, nic.pci),
+                    ",".join(i.name for i in nic.interfaces) or "-",
+                ]
+                for nic in inventory.nics
+            ],
+        )
+    else:
+        lines.append("  none on the PCI bus")
+    names, matrix = topology_matrix(inventory)
+    if names:
+        lines += ["", "Topology (PCIe paths from sysfs; NVLink is not visible there)"]
+        devices = [*inventory.gpus, *(nic.pci for nic in inventory.nics)]
+        rows = [
+            [name, *cells, _cpus_text(device), _numa_text(inventory, device)]
+            for name, cells, device in zip(names, matrix, devices)
+        ]
+        lines += _table(["", *names, "CPU Affinity", "NUMA Affinity"], rows)
+        if inventory.nics:
+            lines += ["", "NIC Legend:", ""]
+            lines += [f"  NIC{i}: {nic.name}" for i, nic in enumerate(inventory.nics)]
+        lines += ["", LEGEND]
+    return "\n".join(lines)
+
+
+def inventory_document(inventory: Inventory, cpu_model: str) -> dict[str, object]:
+    names, matrix = topology_matrix(inventory)
+    cpu = inventory.cpu
+    return {
+        "schema": INVENTORY_SCHEMA,
+        "hostname": inventory.hostname,
+        "cpu": {
+            "model": cpu_model,
+            "sockets": len(cpu.packages),
+            "cores": len(cpu.cores),
+            "cpus": len(cpu.cpus),
+            "threads_per_core": cpu.threads_per_core,
+            "smt_control": cpu.smt_control,
+        },
+        "numa_nodes": [
+            {"node": n.number, "cpus": format_cpulist(n.cpus), "memory_bytes": n.memory_bytes}
+            for n in inventory.numa_nodes
+        ],
+        "gpus": [
+            {
+                "index": i,
+                "bus_id": gpu.bdf,
+                "numa_node": inventory.numa_node_of(gpu),
+                "cpus": format_cpulist(gpu.local_cpus) if gpu.local_cpus else None,
+                "link": _link_dict(gpu.link),
+                "problems": list(gpu.problems.values()),
+            }
+            for i, gpu in enumerate(inventory.gpus)
+        ],
+        "nics": [
+            {
+                "name": nic.name,
+                "bus_id": nic.pci.bdf,
+                "rdma": [r.name for r in nic.rdma],
+                "interfaces": [i.name for i in nic.interfaces],
+                "link_layer": nic.link_layer,
+                "rate_gbps": nic.rate_gbps,
+                "state": nic.state,
+                "numa_node": inventory.numa_node_of(nic.pci),
+                "link": _link_dict(nic.pci.link),
+            }
+            for nic in inventory.nics
+        ],
+        "topology": {"devices": names, "matrix": matrix},
+    }
+
+
+def _link_dict(link: PcieLink | None) -> dict[str, object] | None:
+    if link is None:
+        return None
+    return {
+        "current_speed_gts": link.current_speed,
+        "current_width": link.current_width,
+        "max_speed_gts": link.max_speed,
+        "max_width": link.max_width,
+    }
+
+
+def render_inventory_json(inventory: Inventory, cpu_model: str) -> str:
+    return json.dumps(inventory_document(inventory, cpu_model), indent=2)

@@ -1,0 +1,87 @@
+"""CPU frequency governor and SMT, from `<sysfs>/devices/system/cpu`.
+
+A governor other than `performance` lets cores clock down between the short
+bursts of work a training step gives the host (data loading, kernel launch):
+launch latency and input pipelines suffer. SMT state is reported for the
+tuning of core sets; either setting can be right.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.registry import register
+from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+
+SMT_ACTIVE = MetricSpec(
+    "nodecheck_cpu_smt_active",
+    "gauge",
+    "1 when simultaneous multithreading is active (<sysfs>/devices/system/cpu/smt/active)",
+)
+NON_PERFORMANCE = MetricSpec(
+    "nodecheck_cpu_governor_not_performance",
+    "gauge",
+    "Online CPUs whose cpufreq governor is not performance (cpuN/cpufreq/scaling_governor)",
+)
+
+
+@register("cpu", interval_s=3600, timeout_s=10)
+def check_cpu(ctx: CheckContext) -> Iterator[Result]:
+    """CPU frequency governor and SMT state."""
+    topology = ctx.inventory.cpu
+    for name, problem in topology.problems.items():
+        yield Result(Status.ERROR, NODE, f"cannot read CPU topology ({name}): {problem}")
+    if not topology.cpus:
+        if not topology.problems:
+            yield Result(Status.ERROR, NODE, "no online CPU found in sysfs")
+        return
+    governors = Counter(cpu.governor for cpu in topology.cpus.values() if cpu.governor)
+    total = len(topology.cpus)
+    if not governors:
+        yield Result(
+            Status.SKIP,
+            NODE,
+            "no cpufreq governor: CPU frequency is managed by the firmware or the hypervisor",
+        )
+    else:
+        slow = sum(count for governor, count in governors.items() if governor != "performance")
+        shown = ", ".join(f"{governor} on {count}" for governor, count in governors.most_common())
+        sample = Sample(NON_PERFORMANCE, slow)
+        if slow:
+            yield Result(
+                Status.WARN,
+                NODE,
+                f"{slow} of {total} CPUs do not use the performance governor ({shown})",
+                "sudo cpupower frequency-set -g performance (persist it with your provisioning, "
+                "or the tuned profile throughput-performance)",
+                {"governors": dict(governors)},
+                (sample,),
+            )
+        else:
+            yield Result(
+                Status.OK,
+                NODE,
+                f"all {total} CPUs use the performance governor",
+                details={"governors": dict(governors)},
+                samples=(sample,),
+            )
+    threads = topology.threads_per_core
+    state = {True: "on", False: "off", None: "unknown"}[topology.smt_active]
+    if topology.smt_active is None:
+        state = "on" if threads > 1 else "off"
+    yield Result(
+        Status.OK,
+        NODE,
+        f"SMT {state}: {len(topology.packages)} socket(s), {len(topology.cores)} cores, "
+        f"{threads} thread(s) per core",
+        details={
+            "smt_control": topology.smt_control,
+            "smt_active": topology.smt_active,
+            "sockets": len(topology.packages),
+            "cores": len(topology.cores),
+            "threads_per_core": threads,
+        },
+        samples=(Sample(SMT_ACTIVE, 1 if state == "on" else 0),),
+    )

@@ -1,0 +1,143 @@
+"""NUMA topology: where the GPUs sit, nodes without CPUs or memory, automatic NUMA balancing.
+
+A GPU whose `numa_node` reads -1 on a multi-socket machine has no firmware
+locality (ACPI _PXM missing): nothing can bind its process to the right
+socket, and NCCL cannot tell which NIC is near it (sysfs-bus-pci, numa_node).
+Automatic NUMA balancing unmaps pages to sample accesses and migrates them;
+a training process that is already bound to its node pays the page faults for
+nothing (Documentation/admin-guide/sysctl/kernel.rst, numa_balancing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.fs import ReadError, read_optional_text
+from nodecheck.checks.registry import register
+from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
+
+GPU_NUMA_NODE = MetricSpec(
+    "nodecheck_gpu_numa_node",
+    "gauge",
+    "NUMA node of each GPU, -1 when unknown (<sysfs>/bus/pci/devices/<bdf>/numa_node)",
+    ("bus_id",),
+)
+NUMA_BALANCING = MetricSpec(
+    "nodecheck_numa_balancing_enabled",
+    "gauge",
+    "1 when automatic NUMA balancing is on (<procfs>/sys/kernel/numa_balancing)",
+)
+
+
+@register("numa", interval_s=3600, timeout_s=10)
+def check_numa(ctx: CheckContext) -> Iterator[Result]:
+    """NUMA locality of the GPUs, empty NUMA nodes and automatic NUMA balancing."""
+    inventory = ctx.inventory
+    nodes = inventory.numa_nodes
+    if not nodes:
+        yield Result(Status.SKIP, NODE, "the kernel reports no NUMA nodes (built without NUMA)")
+    for node in nodes:
+        subject = f"numa {node.number}"
+        if node.problem:
+            yield Result(Status.ERROR, subject, f"cannot read NUMA node {node.number}: {node.problem}")
+        elif node.cpus and not node.memory_bytes:
+            yield Result(
+                Status.WARN,
+                subject,
+                f"NUMA node {node.number} has CPUs {format_cpulist(node.cpus)} but no memory: "
+                "every allocation of a process there is remote",
+                "check the DIMM population of that socket",
+            )
+        elif not node.cpus and not node.memory_bytes:
+            yield Result(Status.WARN, subject, f"NUMA node {node.number} has no CPUs and no memory")
+        elif not node.cpus:
+            yield Result(
+                Status.OK,
+                subject,
+                f"NUMA node {node.number} is memory only ({(node.memory_bytes or 0) / 2**30:.0f} "
+                "GiB: CXL, HBM or coherent GPU memory)",
+            )
+
+    multi_node = len([node for node in nodes if node.cpus]) > 1 or inventory.multi_socket
+    spread: dict[str, list[str]] = {}
+    for gpu in inventory.gpus:
+        subject = gpu_subject(gpu.bdf)
+        if "numa_node" in gpu.problems:
+            yield Result(Status.ERROR, subject, f"cannot read NUMA node: {gpu.problems['numa_node']}")
+            continue
+        node = inventory.numa_node_of(gpu)
+        sample = Sample(GPU_NUMA_NODE, -1 if node is None else node, {"bus_id": gpu.bdf})
+        spread.setdefault("unknown" if node is None else str(node), []).append(gpu.bdf)
+        if node is None and multi_node:
+            neighbours = {
+                other.numa_node
+                for other in inventory.pci.values()
+                if other.host_bridge == gpu.host_bridge
+                and other.numa_node is not None
+                and other.numa_node >= 0
+            }
+            attr = f"/sys/bus/pci/devices/{gpu.bdf}/numa_node"
+            if len(neighbours) == 1:
+                guess = neighbours.pop()
+                remedy = (
+                    f"fix the firmware's ACPI _PXM (BIOS update); meanwhile devices on the same "
+                    f"host bridge report node {guess}: echo {guess} | sudo tee {attr} "
+                    "(taints the kernel)"
+                )
+            else:
+                remedy = f"fix the firmware's ACPI _PXM (BIOS update), or write the node to {attr}"
+            yield Result(
+                Status.WARN,
+                subject,
+                "NUMA node unknown (-1) on a multi-socket machine: processes for this GPU "
+                "cannot be bound to its socket",
+                remedy,
+                {"numa_node": gpu.numa_node},
+                (sample,),
+            )
+        else:
+            yield Result(
+                Status.OK,
+                subject,
+                f"on NUMA node {node}"
+                + (f", CPUs {format_cpulist(gpu.local_cpus)}" if gpu.local_cpus else ""),
+                details={"numa_node": node},
+                samples=(sample,),
+            )
+    if spread:
+        shown = ", ".join(f"node {key}: {len(value)}" for key, value in sorted(spread.items()))
+        yield Result(
+            Status.OK, NODE, f"{len(inventory.gpus)} GPUs by NUMA node: {shown}", details={"gpus": spread}
+        )
+
+    path = ctx.fs.proc("sys", "kernel", "numa_balancing")
+    try:
+        balancing = read_optional_text(path)
+    except ReadError as err:
+        yield Result(Status.ERROR, NODE, f"cannot read {err}")
+        return
+    if balancing is None:
+        return  # kernel without CONFIG_NUMA_BALANCING: nothing to judge
+    try:
+        mode = int(balancing)
+    except ValueError:
+        yield Result(Status.ERROR, NODE, f"{path}: expected a number, got {balancing!r}")
+        return
+    sample = Sample(NUMA_BALANCING, 1 if mode else 0)
+    if mode and multi_node:
+        yield Result(
+            Status.WARN,
+            NODE,
+            f"automatic NUMA balancing is on (kernel.numa_balancing={mode}): it unmaps and "
+            "migrates pages of processes that are already bound to their node",
+            "sudo sysctl -w kernel.numa_balancing=0, and persist it in /etc/sysctl.d/",
+            {"numa_balancing": mode},
+            (sample,),
+        )
+    else:
+        state = "on" if mode else "off"
+        yield Result(
+            Status.OK, NODE, f"automatic NUMA balancing is {state}", details={"numa_balancing": mode}, samples=(sample,)
+        )

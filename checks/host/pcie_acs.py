@@ -1,0 +1,154 @@
+"""PCIe Access Control Services on the switch ports above GPUs and RDMA NICs.
+
+With ACS P2P Request/Completion Redirect or Egress Control on, a switch sends
+GPU-to-GPU and GPUDirect RDMA traffic up to the root complex instead of across
+the switch: slower, or a hang (NCCL troubleshooting guide, "PCI Access Control
+Services"). Inside a VM ACS is required and left alone.
+
+Root ports are not judged: traffic between devices below different root ports
+crosses the root complex whatever ACS says, and Linux turns ACS on at root
+ports itself whenever an IOMMU driver is active (drivers/pci/pci.c
+pci_std_enable_acs). The switch ports between a device and its root port are
+where ACS costs bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.node.pci_config import (
+    ConfigSpaceError,
+    ConfigSpaceTruncated,
+    acs_bit_names,
+    parse_acs,
+    read_config,
+)
+from nodecheck.checks.registry import register
+from nodecheck.checks.result import (
+    NODE,
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+    bridge_subject,
+    gpu_subject,
+    nic_subject,
+)
+
+REDIRECT = MetricSpec(
+    "nodecheck_pcie_acs_p2p_redirect",
+    "gauge",
+    "1 when ACS P2P Request/Completion Redirect or Egress Control is enabled on a PCIe "
+    "switch port above a GPU or RDMA NIC (from <sysfs>/bus/pci/devices/<bdf>/config)",
+    ("bridge",),
+)
+
+
+def setpci_remedy(bridge: str) -> str:
+    return (
+        f"sudo setpci -s {bridge} ECAP_ACS+0x6.w=0000 (lasts until reboot; to keep it off, "
+        f"disable ACS or VT-d/IOMMU in the BIOS, or boot with pci=disable_acs_redir={bridge})"
+    )
+
+
+@register("pcie_acs", interval_s=3600, timeout_s=10)
+def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
+    """PCIe ACS redirect on switch ports between GPUs or RDMA NICs and their root port."""
+    inventory = ctx.inventory
+    endpoints = [(gpu_subject(gpu.bdf), gpu) for gpu in inventory.gpus]
+    endpoints += [(nic_subject(nic.name), nic.pci) for nic in inventory.nics if nic.is_rdma]
+    if not endpoints:
+        yield Result(Status.SKIP, NODE, "no GPU or RDMA NIC on this node")
+        return
+    # Switch ports: every bridge of the chain below the root port.
+    served: dict[str, list[str]] = {}
+    for subject, device in endpoints:
+        for bridge in device.parents[1:]:
+            served.setdefault(bridge, []).append(subject)
+    if not served:
+        yield Result(
+            Status.SKIP,
+            NODE,
+            "no PCIe switch between the GPUs/RDMA NICs and their root ports: "
+            "peer traffic crosses the root complex whatever ACS says",
+        )
+        return
+    vm = ctx.virtualization
+    truncated: list[str] = []
+    results: list[Result] = []
+    for bridge in sorted(served):
+        above = ", ".join(served[bridge])
+        path = ctx.fs.sys("bus", "pci", "devices", bridge, "config")
+        try:
+            acs = parse_acs(read_config(path))
+        except ConfigSpaceTruncated:
+            truncated.append(bridge)
+            continue
+        except ReadError as err:
+            results.append(Result(Status.ERROR, bridge_subject(bridge), f"cannot read {err}"))
+            continue
+        except ConfigSpaceError as err:
+            results.append(Result(Status.ERROR, bridge_subject(bridge), f"{path}: {err}"))
+            continue
+        details: dict[str, object] = {"above": served[bridge]}
+        if acs is None:
+            results.append(
+                Result(
+                    Status.OK,
+                    bridge_subject(bridge),
+                    f"no ACS capability on the switch port above {above}",
+                    details=details,
+                    samples=(Sample(REDIRECT, 0, {"bridge": bridge}),),
+                )
+            )
+            continue
+        enabled = acs_bit_names(acs.control)
+        details |= {"acs_control": f"{acs.control:#06x}", "enabled": enabled}
+        sample = Sample(REDIRECT, 1 if acs.redirecting else 0, {"bridge": bridge})
+        if not acs.redirecting:
+            results.append(
+                Result(
+                    Status.OK,
+                    bridge_subject(bridge),
+                    f"ACS leaves peer-to-peer traffic alone on the switch port above {above}",
+                    details=details,
+                    samples=(sample,),
+                )
+            )
+        elif vm:
+            results.append(
+                Result(
+                    Status.OK,
+                    bridge_subject(bridge),
+                    f"ACS {' '.join(acs_bit_names(acs.redirecting))} on, as a VM requires "
+                    f"({vm}); enable ATS on the NICs for GPUDirect RDMA",
+                    details=details | {"virtual_machine": vm},
+                    samples=(sample,),
+                )
+            )
+        else:
+            results.append(
+                Result(
+                    Status.FAIL,
+                    bridge_subject(bridge),
+                    f"ACS {' '.join(acs_bit_names(acs.redirecting))} on the switch port above "
+                    f"{above}: peer-to-peer and GPUDirect traffic detours through the root complex",
+                    remedy=setpci_remedy(bridge),
+                    details=details,
+                    samples=(sample,),
+                )
+            )
+    if truncated:
+        results.append(
+            Result(
+                Status.ERROR,
+                NODE,
+                f"cannot read ACS on {len(truncated)} PCIe switch port(s): the kernel shows "
+                "only 64 bytes of config space without root (CAP_SYS_ADMIN)",
+                remedy="run nodecheck as root (sudo nodecheck check --only pcie_acs)",
+                details={"bridges": truncated},
+            )
+        )
+    yield from results

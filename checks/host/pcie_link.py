@@ -1,0 +1,161 @@
+"""PCIe link width and speed of every GPU and NIC, and of the switch uplinks above them.
+
+From `current_link_{speed,width}` and `max_link_{speed,width}` in sysfs. A
+link trained narrower than it can be (x8 instead of x16: a bad riser, a
+poorly seated card) halves its bandwidth for good. A slower *speed* is often
+power saving: GPUs drop their link to 2.5 GT/s when idle (hardware.md §5.6),
+so a speed below the maximum is a warning that a look under load confirms or
+clears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.pci import PciDevice
+from nodecheck.checks.registry import register
+from nodecheck.checks.result import (
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+    bridge_subject,
+    gpu_subject,
+    nic_subject,
+)
+
+LABELS = ("bus_id", "kind")
+CURRENT_WIDTH = MetricSpec(
+    "nodecheck_pcie_link_current_width",
+    "gauge",
+    "Negotiated PCIe link width in lanes (<sysfs>/bus/pci/devices/<bdf>/current_link_width)",
+    LABELS,
+)
+MAX_WIDTH = MetricSpec(
+    "nodecheck_pcie_link_max_width",
+    "gauge",
+    "Maximum PCIe link width in lanes (<sysfs>/bus/pci/devices/<bdf>/max_link_width)",
+    LABELS,
+)
+CURRENT_SPEED = MetricSpec(
+    "nodecheck_pcie_link_current_transfers_per_second",
+    "gauge",
+    "Negotiated PCIe link speed in transfers per second (current_link_speed)",
+    LABELS,
+)
+MAX_SPEED = MetricSpec(
+    "nodecheck_pcie_link_max_transfers_per_second",
+    "gauge",
+    "Maximum PCIe link speed in transfers per second (max_link_speed)",
+    LABELS,
+)
+
+IDLE_NOTE = "GPUs lower their link speed when idle"
+
+
+def _speed(gts: float | None) -> str:
+    return "unknown" if gts is None else f"{gts:g} GT/s"
+
+
+def _width(lanes: int | None) -> str:
+    return "down" if lanes is None else f"x{lanes}"
+
+
+def judge_link(
+    device: PciDevice, subject: str, kind: str, *, narrow: Status, upstream_max: float | None
+) -> Result:
+    """Judge one device's link; `narrow` is the status for a link below its width."""
+    link = device.link
+    assert link is not None
+    labels = {"bus_id": device.bdf, "kind": kind}
+    samples = tuple(
+        Sample(spec, value, labels)
+        for spec, value in (
+            (CURRENT_WIDTH, link.current_width or 0),
+            (MAX_WIDTH, link.max_width or 0),
+            (CURRENT_SPEED, (link.current_speed or 0) * 1e9),
+            (MAX_SPEED, (link.max_speed or 0) * 1e9),
+        )
+    )
+    shown = (
+        f"{_width(link.current_width)} {_speed(link.current_speed)} "
+        f"(max {_width(link.max_width)} {_speed(link.max_speed)})"
+    )
+    details: dict[str, object] = {
+        "current_width": link.current_width,
+        "max_width": link.max_width,
+        "current_speed_gts": link.current_speed,
+        "max_speed_gts": link.max_speed,
+    }
+    reseat = "reseat the card or riser and check the slot; if it persists, RMA"
+    if link.current_width is None or link.current_speed is None:
+        return Result(narrow, subject, f"PCIe link is down or unknown: {shown}", reseat, details, samples)
+    if link.max_width is not None and link.current_width < link.max_width:
+        return Result(
+            narrow,
+            subject,
+            f"PCIe link trained at {_width(link.current_width)} of {_width(link.max_width)}: "
+            f"{shown}",
+            reseat,
+            details,
+            samples,
+        )
+    if link.max_speed is not None and link.current_speed < link.max_speed:
+        note = IDLE_NOTE if kind == "gpu" else "the link trained below its maximum speed"
+        if upstream_max is not None and upstream_max <= link.current_speed:
+            note = f"the port above supports at most {_speed(upstream_max)}"
+        return Result(
+            Status.WARN,
+            subject,
+            f"PCIe link at {_speed(link.current_speed)} of {_speed(link.max_speed)} ({note}): "
+            f"{shown}",
+            "look again under load (a running job or a GPU benchmark); a link still slow then needs a reseat",
+            details,
+            samples,
+        )
+    return Result(Status.OK, subject, f"PCIe link {shown}", details=details, samples=samples)
+
+
+def _judge_device(
+    ctx: CheckContext, device: PciDevice, subject: str, kind: str, narrow: Status
+) -> Result:
+    link_problems = [problem for name, problem in device.problems.items() if "link" in name]
+    if link_problems:
+        return Result(Status.ERROR, subject, "cannot read the PCIe link: " + "; ".join(link_problems))
+    if device.link is None:
+        return Result(Status.SKIP, subject, "not a PCI Express device (no link attributes)")
+    parent = ctx.inventory.pci.get(device.parents[-1]) if device.parents else None
+    upstream_max = parent.link.max_speed if parent and parent.link else None
+    return judge_link(device, subject, kind, narrow=narrow, upstream_max=upstream_max)
+
+
+@register("pcie_link", interval_s=300, timeout_s=10)
+def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
+    """PCIe link width and speed of GPUs, NICs and the switch uplinks above them."""
+    inventory = ctx.inventory
+    for device in inventory.unclassified:
+        problems = "; ".join(device.problems.values())
+        yield Result(
+            Status.ERROR, f"pci {device.bdf}", f"cannot tell what device this is: {problems}"
+        )
+    subjects: list[tuple[PciDevice, str, str, Status]] = [
+        (gpu, gpu_subject(gpu.bdf), "gpu", Status.FAIL) for gpu in inventory.gpus
+    ]
+    subjects += [(nic.pci, nic_subject(nic.name), "nic", Status.WARN) for nic in inventory.nics]
+    if not subjects:
+        yield Result(Status.SKIP, "node", "no GPU or NIC on the PCI bus")
+        return
+    # Switch upstream ports sit at odd depths below the root port (root port,
+    # upstream port, downstream port, ...). Their link is the uplink every
+    # device below the switch shares: judged as strictly as the strictest one.
+    uplinks: dict[str, Status] = {}
+    for device, subject, kind, narrow in subjects:
+        yield _judge_device(ctx, device, subject, kind, narrow)
+        for bridge in device.parents[1::2]:
+            previous = uplinks.get(bridge, Status.WARN)
+            uplinks[bridge] = max(previous, narrow, key=lambda status: status.severity)
+    for bridge, narrow in sorted(uplinks.items()):
+        device = inventory.pci.get(bridge)
+        if device is not None:
+            yield _judge_device(ctx, device, bridge_subject(bridge), "switch uplink", narrow)

@@ -1,0 +1,158 @@
+"""Everything the host checks need to know about the node, read once.
+
+`read_inventory` never raises for a bad file: each device keeps the problems
+its reads met, and checks turn those into `error` results naming the path.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+
+from nodecheck.checks.node.cpu import CpuTopology, read_cpu_topology
+from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
+from nodecheck.checks.node.net import (
+    NetInterface,
+    RdmaDevice,
+    read_net_interfaces,
+    read_rdma_devices,
+)
+from nodecheck.checks.node.numa import NumaNode, read_numa_nodes
+from nodecheck.checks.node.pci import PciDevice, read_pci_devices
+from nodecheck.checks.node.topology import Relation, effective_numa_node, pcie_relation
+
+
+@dataclass
+class Nic:
+    """A network PCI function with its RDMA devices and interfaces."""
+
+    pci: PciDevice
+    rdma: list[RdmaDevice] = field(default_factory=list)
+    interfaces: list[NetInterface] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The RDMA name where there is one (mlx5_0), as NCCL and nvidia-smi use."""
+        if self.rdma:
+            return self.rdma[0].name
+        if self.interfaces:
+            return self.interfaces[0].name
+        return self.pci.bdf
+
+    @property
+    def is_rdma(self) -> bool:
+        return bool(self.rdma)
+
+    @property
+    def rate_gbps(self) -> float | None:
+        rates = [port.rate_gbps for rdma in self.rdma for port in rdma.ports if port.rate_gbps]
+        if rates:
+            return max(rates)
+        speeds = [i.speed_mbps for i in self.interfaces if i.speed_mbps]
+        return max(speeds) / 1000 if speeds else None
+
+    @property
+    def state(self) -> str:
+        if self.rdma:
+            states = [port.state or "unknown" for rdma in self.rdma for port in rdma.ports]
+            if "ACTIVE" in states:
+                return "ACTIVE"
+            return states[0] if states else "unknown"
+        states = [i.operstate or "unknown" for i in self.interfaces]
+        if "up" in states:
+            return "up"
+        return states[0] if states else "no interface"
+
+    @property
+    def link_layer(self) -> str | None:
+        for rdma in self.rdma:
+            for port in rdma.ports:
+                if port.link_layer:
+                    return port.link_layer
+        return None
+
+
+@dataclass
+class Inventory:
+    hostname: str
+    pci: dict[str, PciDevice]
+    nics: list[Nic]
+    interfaces: list[NetInterface]
+    rdma: list[RdmaDevice]
+    numa_nodes: list[NumaNode]
+    cpu: CpuTopology
+
+    @property
+    def gpus(self) -> list[PciDevice]:
+        """NVIDIA GPUs in PCI bus order, the order CUDA_DEVICE_ORDER=PCI_BUS_ID gives."""
+        return [device for device in self.pci.values() if device.is_gpu]
+
+    @property
+    def unclassified(self) -> list[PciDevice]:
+        """Devices whose vendor or class could not be read: maybe GPUs, maybe not."""
+        return [d for d in self.pci.values() if d.vendor is None or d.pci_class is None]
+
+    @property
+    def nvswitches(self) -> list[PciDevice]:
+        return [device for device in self.pci.values() if device.is_nvswitch]
+
+    @property
+    def numa_node_count(self) -> int:
+        return max(len(self.numa_nodes), 1)
+
+    @property
+    def multi_socket(self) -> bool:
+        return len(self.cpu.packages) > 1 or len([n for n in self.numa_nodes if n.cpus]) > 1
+
+    def bridges_above(self, device: PciDevice) -> list[PciDevice]:
+        """The bridges between a device and its host bridge, root port first."""
+        return [self.pci[bdf] for bdf in device.parents if bdf in self.pci]
+
+    def numa_node_of(self, device: PciDevice) -> int | None:
+        return effective_numa_node(device, self.numa_node_count)
+
+    def relation(self, a: PciDevice, b: PciDevice) -> Relation:
+        return pcie_relation(a, b, self.numa_node_count)
+
+
+def nic_order(nic: Nic) -> tuple[bool, list[object]]:
+    """RDMA NICs first, then by name in natural order (mlx5_2 before mlx5_10), as nvidia-smi."""
+    parts: list[object] = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", nic.name)]
+    return (not nic.is_rdma, parts)
+
+
+def read_hostname(fs: NodeFS) -> str:
+    """The node's name from `<procfs>/sys/kernel/hostname`, so a captured tree names its node."""
+    try:
+        name = read_optional_text(fs.proc("sys", "kernel", "hostname"))
+    except ReadError:
+        name = None
+    return name or socket.gethostname()
+
+
+def read_inventory(fs: NodeFS) -> Inventory:
+    pci = read_pci_devices(fs)
+    interfaces = read_net_interfaces(fs)
+    rdma = read_rdma_devices(fs)
+    nics = sorted(
+        (
+            Nic(
+                pci=device,
+                rdma=[r for r in rdma if r.pci_bdf == device.bdf],
+                interfaces=[i for i in interfaces if i.pci_bdf == device.bdf],
+            )
+            for device in pci.values()
+            if device.is_nic
+        ),
+        key=nic_order,
+    )
+    return Inventory(
+        hostname=read_hostname(fs),
+        pci=pci,
+        nics=nics,
+        interfaces=interfaces,
+        rdma=rdma,
+        numa_nodes=read_numa_nodes(fs),
+        cpu=read_cpu_topology(fs),
+    )

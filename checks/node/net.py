@@ -1,0 +1,138 @@
+"""Network interfaces (`<sysfs>/class/net`) and RDMA devices (`<sysfs>/class/infiniband`).
+
+Attributes: Documentation/ABI/testing/sysfs-class-net and
+sysfs-class-infiniband. A virtual interface (lo, docker0, bridges) resolves
+under `devices/virtual`; a physical one under its PCI function, sometimes
+through a bus of its own (virtio-net: `0000:00:03.0/virtio2/net/eth0`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
+from nodecheck.checks.node.pci import split_device_path
+
+# include/uapi/linux/if_arp.h
+ARPHRD_ETHER = 1
+ARPHRD_INFINIBAND = 32
+ARPHRD_LOOPBACK = 772
+
+
+def parse_port_state(text: str) -> str:
+    """"4: ACTIVE" -> "ACTIVE" (drivers/infiniband/core/sysfs.c state_show)."""
+    match = re.match(r"^\d+:\s*(\S+)$", text.strip())
+    if not match:
+        raise ValueError(f"not a port state: {text!r}")
+    return match.group(1)
+
+
+def parse_port_rate(text: str) -> float:
+    """Gb/s from a port `rate`: "400 Gb/sec (4X NDR)" -> 400.0, "2.5 Gb/sec (1X SDR)" -> 2.5."""
+    match = re.match(r"^(\d+(?:\.\d+)?) Gb/sec", text.strip())
+    if not match:
+        raise ValueError(f"not a port rate: {text!r}")
+    return float(match.group(1))
+
+
+def parse_net_speed(text: str) -> int | None:
+    """Mb/s from a netdev `speed`; -1 (and larger "unknown" values) mean unknown."""
+    value = int(text)
+    return value if value > 0 else None
+
+
+@dataclass
+class NetInterface:
+    """One network interface. `pci_bdf` is None for virtual interfaces."""
+
+    name: str
+    pci_bdf: str | None
+    virtual: bool
+    operstate: str | None = None
+    speed_mbps: int | None = None
+    arp_type: int | None = None
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RdmaPort:
+    number: int
+    state: str | None
+    rate_gbps: float | None
+    link_layer: str | None
+
+
+@dataclass
+class RdmaDevice:
+    """One RDMA device (an HCA such as mlx5_0) and its ports."""
+
+    name: str
+    pci_bdf: str | None
+    ports: list[RdmaPort] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return any(port.state == "ACTIVE" for port in self.ports)
+
+
+def _pci_of(fs: NodeFS, real_path: str) -> str | None:
+    _, chain = split_device_path(real_path, os.path.realpath(fs.sys("devices")))
+    return chain[-1] if chain else None
+
+
+def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
+    interfaces = []
+    for name in list_dir(fs.sys("class", "net")):
+        real = os.path.realpath(fs.sys("class", "net", name))
+        virtual = os.sep + "virtual" + os.sep in real
+        interface = NetInterface(
+            name=name, pci_bdf=None if virtual else _pci_of(fs, real), virtual=virtual
+        )
+        directory = fs.sys("class", "net", name)
+        try:
+            interface.operstate = read_optional_text(directory / "operstate")
+        except ReadError as err:
+            interface.problems["operstate"] = str(err)
+        try:
+            speed = read_optional_text(directory / "speed")
+            interface.speed_mbps = parse_net_speed(speed) if speed else None
+        except ReadError as err:
+            # The kernel answers EINVAL for the speed of a link that is down
+            # or has no notion of speed (ethtool_ops without get_link_ksettings).
+            if "Invalid argument" not in err.reason:
+                interface.problems["speed"] = str(err)
+        except ValueError:
+            interface.problems["speed"] = f"{directory / 'speed'}: expected Mb/s"
+        try:
+            arp_type = read_optional_text(directory / "type")
+            interface.arp_type = int(arp_type) if arp_type else None
+        except (ReadError, ValueError) as err:
+            interface.problems["type"] = f"{directory / 'type'}: {err}"
+        interfaces.append(interface)
+    return interfaces
+
+
+def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
+    devices = []
+    for name in list_dir(fs.sys("class", "infiniband")):
+        directory = fs.sys("class", "infiniband", name)
+        device = RdmaDevice(name=name, pci_bdf=_pci_of(fs, os.path.realpath(directory)))
+        for port_name in list_dir(directory / "ports"):
+            if not port_name.isdigit():
+                continue
+            port_dir = directory / "ports" / port_name
+            state = rate = link_layer = None
+            try:
+                state = parse_port_state(read_text(port_dir / "state"))
+                rate = parse_port_rate(read_text(port_dir / "rate"))
+                link_layer = read_optional_text(port_dir / "link_layer")
+            except ReadError as err:
+                device.problems[f"port {port_name}"] = str(err)
+            except ValueError as err:
+                device.problems[f"port {port_name}"] = f"{port_dir}: {err}"
+            device.ports.append(RdmaPort(int(port_name), state, rate, link_layer))
+        devices.append(device)
+    return devices

@@ -1,0 +1,254 @@
+"""NCCL, CUDA and PyTorch variables, from everywhere a training process takes them.
+
+Sources: the calling environment; NCCL's config files (`/etc/nccl.conf`, and
+`$NCCL_CONF_FILE` or else `~/.nccl.conf`, src/misc/param.cc initEnv); and the
+environment of every process holding a GPU (`/dev/nvidiaN`) open, from
+`<procfs>/<pid>/environ` and `<procfs>/<pid>/fd/`.
+
+Only names with an audited prefix are kept. Everything else in an environment
+is dropped as it is parsed and never stored, logged or printed: secrets live
+there.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_bytes, read_optional_text
+
+AUDITED_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_", "CUDA_")
+GPU_DEVICE_RE = re.compile(r"^/dev/nvidia\d+$")
+
+
+def audited(name: str) -> bool:
+    return name.startswith(AUDITED_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a variable was found. `label` is what a person reads."""
+
+    kind: str  # "environment", "file" or "process"
+    label: str
+    pid: int | None = None
+
+
+CALLING_ENVIRONMENT = Source("environment", "the calling environment")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: str
+    source: Source
+    line: int | None = None  # for config files
+
+    @property
+    def where(self) -> str:
+        if self.line is not None:
+            return f"{self.source.label} line {self.line}"
+        return self.source.label
+
+
+@dataclass(frozen=True)
+class ConfLine:
+    """A `NAME=value` line of an NCCL config file, exactly as NCCL reads it."""
+
+    line: int
+    name: str
+    value: str
+
+
+def parse_nccl_conf(text: str) -> list[ConfLine]:
+    """Parse an NCCL config file the way NCCL does (src/misc/param.cc setEnvFile).
+
+    NCCL splits each line at the first '=' and trims nothing: "NCCL_DEBUG = INFO"
+    defines a variable named "NCCL_DEBUG " that nothing reads. Lines without '='
+    are skipped; a '#' line defines a name no one reads, which is how comments
+    work. Names are returned as NCCL sees them, whitespace included.
+    """
+    lines = []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        name, sep, value = raw.partition("=")
+        if not sep or not name or name.lstrip().startswith("#"):
+            continue
+        lines.append(ConfLine(number, name, value))
+    return lines
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """Audited variables of a NUL-separated `environ` block; all others are dropped."""
+    kept: dict[str, str] = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if not sep:
+            continue
+        decoded_name = name.decode(errors="replace")
+        if audited(decoded_name):
+            kept[decoded_name] = value.decode(errors="replace")
+    return kept
+
+
+def parse_passwd_homes(text: str) -> dict[int, str]:
+    """uid -> home directory from /etc/passwd text."""
+    homes: dict[int, str] = {}
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 7 and fields[2].isdigit():
+            homes.setdefault(int(fields[2]), fields[5])
+    return homes
+
+
+def parse_status_uid(text: str) -> int | None:
+    """Real uid from `<procfs>/<pid>/status` ("Uid:\t1000\t1000\t1000\t1000")."""
+    match = re.search(r"^Uid:\s+(\d+)", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    command: str
+    devices: list[str]
+
+
+@dataclass
+class Variables:
+    """Every audited setting found, the sources read, and those that could not be."""
+
+    settings: list[Setting] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    gpu_processes: list[GpuProcess] = field(default_factory=list)
+
+    def named(self, *names: str) -> list[Setting]:
+        return [s for s in self.settings if s.name in names]
+
+
+def find_gpu_processes(fs: NodeFS) -> tuple[list[GpuProcess], list[str]]:
+    """Processes with a `/dev/nvidiaN` open, and the pids whose fds could not be read.
+
+    nvidiactl and nvidia-uvm are opened by any CUDA-aware process; only the
+    per-GPU nodes mean a process holds a GPU.
+    """
+    processes = []
+    unreadable = []
+    for entry in list_dir(fs.procfs):
+        if not entry.isdigit():
+            continue
+        fd_dir = fs.proc(entry, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except FileNotFoundError:
+            continue  # exited meanwhile
+        except PermissionError:
+            unreadable.append(entry)
+            continue
+        devices = set()
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir / fd)
+            except OSError:
+                continue
+            if GPU_DEVICE_RE.match(target):
+                devices.add(target)
+        if devices:
+            try:
+                command = read_optional_text(fs.proc(entry, "comm")) or "?"
+            except ReadError:
+                command = "?"
+            processes.append(GpuProcess(int(entry), command, sorted(devices)))
+    return processes, unreadable
+
+
+class HomeDirectories:
+    """Home directories by uid, the way NCCL finds `~/.nccl.conf` (getpwuid, not $HOME).
+
+    On the live root the system's user database answers (LDAP and SSSD users
+    included); under another root its /etc/passwd does.
+    """
+
+    def __init__(self, fs: NodeFS) -> None:
+        self._fs = fs
+        self._homes: dict[int, str] | None = None
+
+    def home(self, uid: int) -> Path | None:
+        if self._fs.rootfs.resolve() == Path("/"):
+            try:
+                return Path(pwd.getpwuid(uid).pw_dir)
+            except KeyError:
+                return None
+        if self._homes is None:
+            try:
+                data = read_bytes(self._fs.host("/etc/passwd"))
+                self._homes = parse_passwd_homes(data.decode(errors="replace"))
+            except ReadError:
+                self._homes = {}
+        home = self._homes.get(uid)
+        return self._fs.host(home) if home else None
+
+
+def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variables:
+    """Collect audited settings from every source (see module docstring)."""
+    found = Variables()
+    homes = HomeDirectories(fs)
+    read_files: set[Path] = set()
+
+    def add_environment(values: Mapping[str, str], source: Source) -> None:
+        found.sources.append(source)
+        for name, value in sorted(values.items()):
+            if audited(name):
+                found.settings.append(Setting(name, value, source))
+
+    def add_conf_files(values: Mapping[str, str], owner_uid: int | None) -> None:
+        """The files NCCL in a process with these variables would read."""
+        candidates: list[Path] = []
+        conf_file = values.get("NCCL_CONF_FILE")
+        if conf_file:
+            candidates.append(fs.host(conf_file))
+        elif owner_uid is not None:
+            home = homes.home(owner_uid)
+            if home is not None:
+                candidates.append(home / ".nccl.conf")
+        candidates.append(fs.host("/etc/nccl.conf"))
+        for path in candidates:
+            if path in read_files:
+                continue
+            read_files.add(path)
+            try:
+                data = read_bytes(path)
+            except ReadError as err:
+                if err.reason != "missing":
+                    found.unreadable.append(str(err))
+                continue
+            source = Source("file", "/" + str(path.relative_to(fs.rootfs)))
+            found.sources.append(source)
+            for line in parse_nccl_conf(data.decode(errors="replace")):
+                if audited(line.name.strip()):
+                    found.settings.append(Setting(line.name, line.value, source, line.line))
+
+    add_environment(environ, CALLING_ENVIRONMENT)
+    add_conf_files(environ, uid)
+
+    processes, unreadable_fds = find_gpu_processes(fs)
+    found.gpu_processes = processes
+    found.unreadable.extend(f"pid {pid}: open files not readable" for pid in unreadable_fds)
+    for process in processes:
+        label = f"pid {process.pid} ({process.command})"
+        try:
+            values = parse_environ(read_bytes(fs.proc(str(process.pid), "environ")))
+        except ReadError as err:
+            found.unreadable.append(f"{label}: {err.reason}")
+            continue
+        add_environment(values, Source("process", label, process.pid))
+        try:
+            status = read_optional_text(fs.proc(str(process.pid), "status")) or ""
+        except ReadError:
+            status = ""
+        add_conf_files(values, parse_status_uid(status))
+    return found

@@ -1,0 +1,119 @@
+"""Runs checks in isolation: an exception or a timeout is an `error` result, never a crash.
+
+Each check runs in its own daemon thread with its own deadline. A check that
+hangs (an NFS-backed file, a wedged driver) is abandoned, reported, and left
+behind; the others still run and the caller is never blocked past the
+longest timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.registry import Check
+from nodecheck.checks.result import NODE, Result, Status, worst
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckRun:
+    """The outcome of running one check. `completed` is False on an exception or timeout."""
+
+    check: Check
+    results: list[Result]
+    duration_s: float
+    completed: bool
+
+    @property
+    def status(self) -> Status:
+        return worst(result.status for result in self.results)
+
+
+@dataclass
+class _Worker:
+    check: Check
+    thread: threading.Thread | None = None
+    started: float = 0.0
+    finished: float | None = None
+    results: list[Result] = field(default_factory=list)
+    failure: BaseException | None = None
+
+
+def _run_one(worker: _Worker, ctx: CheckContext) -> None:
+    try:
+        worker.results = list(worker.check.run(ctx))
+    except BaseException as err:
+        worker.failure = err
+    finally:
+        worker.finished = time.monotonic()
+
+
+def run_checks(checks: Sequence[Check], ctx: CheckContext) -> list[CheckRun]:
+    workers = [_Worker(check) for check in checks]
+    for worker in workers:
+        worker.started = time.monotonic()
+        worker.thread = threading.Thread(
+            target=_run_one, args=(worker, ctx), name=f"check-{worker.check.name}", daemon=True
+        )
+        worker.thread.start()
+    runs = []
+    for worker in workers:
+        assert worker.thread is not None
+        remaining = worker.started + worker.check.timeout_s - time.monotonic()
+        worker.thread.join(max(remaining, 0.0))
+        runs.append(_outcome(worker))
+    return runs
+
+
+def _outcome(worker: _Worker) -> CheckRun:
+    check = worker.check
+    if worker.finished is None:
+        log.warning("check=%s event=timeout timeout_s=%s", check.name, check.timeout_s)
+        return CheckRun(
+            check,
+            [
+                Result(
+                    Status.ERROR,
+                    NODE,
+                    f"check {check.name} did not finish within {check.timeout_s:g} s",
+                    details={"cause": "timeout"},
+                )
+            ],
+            check.timeout_s,
+            completed=False,
+        )
+    duration = worker.finished - worker.started
+    if worker.failure is not None:
+        err = worker.failure
+        log.warning(
+            "check=%s event=crash error=%r", check.name, f"{type(err).__name__}: {err}"
+        )
+        log.debug("check=%s traceback", check.name, exc_info=err)
+        return CheckRun(
+            check,
+            [
+                Result(
+                    Status.ERROR,
+                    NODE,
+                    f"check {check.name} failed: {type(err).__name__}: {err}",
+                    details={"cause": "exception", "exception": type(err).__name__},
+                )
+            ],
+            duration,
+            completed=False,
+        )
+    if not worker.results:
+        # Absence is never a pass: a check that says nothing could not determine.
+        return CheckRun(
+            check,
+            [Result(Status.ERROR, NODE, f"check {check.name} returned no result")],
+            duration,
+            completed=False,
+        )
+    return CheckRun(check, worker.results, duration, completed=True)

@@ -1,0 +1,84 @@
+"""Auditing variables: judge each setting, group equal findings, say where each was found.
+
+Shared by the checks that audit environment variables (nccl_env, torch_alloc).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nodecheck.checks.node.variables import Setting, Variables
+from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+
+FLAGGED = MetricSpec(
+    "nodecheck_env_flagged_settings",
+    "gauge",
+    "NCCL/CUDA/torch variables flagged by the last audit, by check and severity",
+    ("check", "severity"),
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    reason: str
+
+
+def remedy_for(setting: Setting) -> str:
+    if setting.source.kind == "file":
+        return f"remove line {setting.line} ({setting.name.strip()}) from {setting.source.label}"
+    if setting.source.kind == "process":
+        return f"remove {setting.name} from the launch environment of {setting.source.label}"
+    return f"unset {setting.name}"
+
+
+def audit(
+    variables: Variables,
+    judge: Callable[[Setting], list[Finding]],
+    check_name: str,
+) -> tuple[list[Result], list[Sample]]:
+    """Judge every setting; the same finding from many sources becomes one result."""
+    grouped: dict[tuple[str, str, Status, str], list[Setting]] = {}
+    for setting in variables.settings:
+        for finding in judge(setting):
+            key = (setting.name, setting.value, finding.status, finding.reason)
+            grouped.setdefault(key, []).append(setting)
+    results = []
+    for (name, value, status, reason), settings in grouped.items():
+        places = [setting.where for setting in settings]
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
+        remedies = list(dict.fromkeys(remedy_for(setting) for setting in settings))
+        results.append(
+            Result(
+                status,
+                NODE,
+                f"{name.strip()}={value.strip()}: {reason} (found in {shown})",
+                "; ".join(remedies[:3]) + ("; ..." if len(remedies) > 3 else ""),
+                {"variable": name, "value": value, "found_in": places},
+            )
+        )
+    counts = {
+        severity: sum(1 for r in results if r.status is severity)
+        for severity in (Status.FAIL, Status.WARN)
+    }
+    samples = [
+        Sample(FLAGGED, count, {"check": check_name, "severity": severity.value})
+        for severity, count in counts.items()
+    ]
+    return sorted(results, key=lambda r: -r.status.severity), samples
+
+
+def sources_summary(variables: Variables) -> tuple[str, dict[str, object]]:
+    labels = [source.label for source in variables.sources]
+    processes = sum(1 for source in variables.sources if source.kind == "process")
+    text = f"{len(labels)} source(s): " + ", ".join(
+        label for label in labels if not label.startswith("pid ")
+    )
+    if processes:
+        text += f", {processes} GPU process(es)"
+    if variables.unreadable:
+        text += f"; could not read {len(variables.unreadable)} (run as root to audit them)"
+    return text, {"sources": labels, "unreadable": variables.unreadable}
+
+

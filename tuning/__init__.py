@@ -1,0 +1,1 @@
+"""Turns what nodecheck.checks reads into recommended settings for training jobs."""
