@@ -30,7 +30,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	@mkdir -p .typecheck/nodecheck
 	@for p in agent checks tuning; do ln -sfn ../../$$p .typecheck/nodecheck/$$p; done
-	MYPYPATH=.typecheck $(BIN)/mypy -p nodecheck.agent -p nodecheck.checks -p nodecheck.tuning tests bench
+	MYPYPATH=.typecheck $(BIN)/mypy .typecheck/nodecheck tests bench
 
 unit: $(BIN)/.installed system-packages
 	$(BIN)/pytest -q

@@ -22,7 +22,11 @@ SETTINGS_KEY = "nodecheck.settings"
 ROOT_OPTIONS = {
     "sysfs_root": ("--sysfs-root", "/sys", "Where sysfs is mounted (a captured node tree works)."),
     "procfs_root": ("--procfs-root", "/proc", "Where procfs is mounted."),
-    "rootfs": ("--rootfs", "/", "Root of the host filesystem, for /etc/nccl.conf and home directories."),
+    "rootfs": (
+        "--rootfs",
+        "/",
+        "Root of the host filesystem, for /etc/nccl.conf and home directories.",
+    ),
 }
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
@@ -102,8 +106,12 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--only", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable).")
-@click.option("--skip", "skip", multiple=True, metavar="NAME", help="Do not run this check (repeatable).")
+@click.option(
+    "--only", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable)."
+)
+@click.option(
+    "--skip", "skip", multiple=True, metavar="NAME", help="Do not run this check (repeatable)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
 @global_options
 @click.pass_context
@@ -137,7 +145,9 @@ def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_j
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.inventory/v1 JSON document.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the nodecheck.inventory/v1 JSON document."
+)
 @global_options
 @click.pass_context
 def inventory(ctx: click.Context, as_json: bool) -> None:

@@ -1,4 +1,4 @@
-"""How `nodecheck inventory` shows the node: tables, and a matrix laid out like `nvidia-smi topo -m`."""
+"""How `nodecheck inventory` shows the node: tables, and a matrix like `nvidia-smi topo -m`."""
 
 from __future__ import annotations
 
@@ -31,15 +31,19 @@ def _link_text(link: PcieLink | None) -> str:
         return f"{shown_width} {shown_speed}"
 
     return (
-        f"{one(link.current_width, link.current_speed)} "
-        f"(max {one(link.max_width, link.max_speed)})"
+        f"{one(link.current_width, link.current_speed)} (max {one(link.max_width, link.max_speed)})"
     )
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    widths = [
+        max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)
+    ]
+    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+        for row in rows
+    ]
     return lines
 
 
@@ -124,7 +128,7 @@ def render_inventory(inventory: Inventory, cpu_model: str) -> str:
         devices = [*inventory.gpus, *(nic.pci for nic in inventory.nics)]
         rows = [
             [name, *cells, _cpus_text(device), _numa_text(inventory, device)]
-            for name, cells, device in zip(names, matrix, devices)
+            for name, cells, device in zip(names, matrix, devices, strict=False)
         ]
         lines += _table(["", *names, "CPU Affinity", "NUMA Affinity"], rows)
         if inventory.nics:

@@ -91,9 +91,7 @@ def _outcome(worker: _Worker) -> CheckRun:
     duration = worker.finished - worker.started
     if worker.failure is not None:
         err = worker.failure
-        log.warning(
-            "check=%s event=crash error=%r", check.name, f"{type(err).__name__}: {err}"
-        )
+        log.warning("check=%s event=crash error=%r", check.name, f"{type(err).__name__}: {err}")
         log.debug("check=%s traceback", check.name, exc_info=err)
         return CheckRun(
             check,

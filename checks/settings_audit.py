@@ -80,5 +80,3 @@ def sources_summary(variables: Variables) -> tuple[str, dict[str, object]]:
     if variables.unreadable:
         text += f"; could not read {len(variables.unreadable)} (run as root to audit them)"
     return text, {"sources": labels, "unreadable": variables.unreadable}
-
-

@@ -123,12 +123,14 @@ def rule_level(name: str, value: str, facts: NodeFacts) -> Finding | None:
     if name == "NCCL_P2P_LEVEL":
         if disabled:
             return _p2p_disabled(facts)
-        return Finding(Status.WARN, "debugging variable: overrides NCCL's topology-based P2P choice")
+        return Finding(
+            Status.WARN, "debugging variable: overrides NCCL's topology-based P2P choice"
+        )
     if disabled and facts.rdma_active:
         return Finding(
             Status.FAIL,
             "GPUDirect RDMA disabled on a node with active RDMA ports "
-            f"({', '.join(facts.rdma_active)}): every network transfer is staged through host memory",
+            f"({', '.join(facts.rdma_active)}): network transfers are staged through host memory",
         )
     return None
 
@@ -241,8 +243,11 @@ def rule_ib_hca(name: str, value: str, facts: NodeFacts) -> Finding | None:
                     problems.append(f"{hca} port {port} is {state}")
     if problems:
         known = ", ".join(facts.rdma_all) or "none"
-        return Finding(Status.FAIL, f"names RDMA ports that cannot carry traffic: {'; '.join(problems)} "
-                       f"(RDMA devices here: {known})")
+        return Finding(
+            Status.FAIL,
+            f"names RDMA ports that cannot carry traffic: {'; '.join(problems)} "
+            f"(RDMA devices here: {known})",
+        )
     if ambiguous:
         return Finding(
             Status.WARN,
@@ -262,8 +267,8 @@ def rule_socket_ifname(name: str, value: str, facts: NodeFacts) -> Finding | Non
     if not matched:
         return Finding(
             Status.FAIL,
-            f"matches no network interface (interfaces here: {', '.join(facts.interfaces) or 'none'})"
-            ": NCCL cannot bootstrap",
+            "matches no network interface, so NCCL cannot bootstrap "
+            f"(interfaces here: {', '.join(facts.interfaces) or 'none'})",
         )
     if not any(facts.interfaces[i] in ("up", "unknown") for i in matched):
         return Finding(Status.FAIL, f"matches only interfaces that are down: {', '.join(matched)}")
@@ -352,7 +357,14 @@ def gid_index_findings(ctx: CheckContext, setting: Setting) -> list[Finding]:
             if port.link_layer != "Ethernet":
                 continue
             path = ctx.fs.sys(
-                "class", "infiniband", rdma.name, "ports", str(port.number), "gid_attrs", "types", str(index)
+                "class",
+                "infiniband",
+                rdma.name,
+                "ports",
+                str(port.number),
+                "gid_attrs",
+                "types",
+                str(index),
             )
             try:
                 gid_type = read_optional_text(path)

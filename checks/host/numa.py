@@ -41,7 +41,9 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     for node in nodes:
         subject = f"numa {node.number}"
         if node.problem:
-            yield Result(Status.ERROR, subject, f"cannot read NUMA node {node.number}: {node.problem}")
+            yield Result(
+                Status.ERROR, subject, f"cannot read NUMA node {node.number}: {node.problem}"
+            )
         elif node.cpus and not node.memory_bytes:
             yield Result(
                 Status.WARN,
@@ -65,12 +67,14 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     for gpu in inventory.gpus:
         subject = gpu_subject(gpu.bdf)
         if "numa_node" in gpu.problems:
-            yield Result(Status.ERROR, subject, f"cannot read NUMA node: {gpu.problems['numa_node']}")
+            yield Result(
+                Status.ERROR, subject, f"cannot read NUMA node: {gpu.problems['numa_node']}"
+            )
             continue
-        node = inventory.numa_node_of(gpu)
-        sample = Sample(GPU_NUMA_NODE, -1 if node is None else node, {"bus_id": gpu.bdf})
-        spread.setdefault("unknown" if node is None else str(node), []).append(gpu.bdf)
-        if node is None and multi_node:
+        gpu_node = inventory.numa_node_of(gpu)
+        sample = Sample(GPU_NUMA_NODE, -1 if gpu_node is None else gpu_node, {"bus_id": gpu.bdf})
+        spread.setdefault("unknown" if gpu_node is None else str(gpu_node), []).append(gpu.bdf)
+        if gpu_node is None and multi_node:
             neighbours = {
                 other.numa_node
                 for other in inventory.pci.values()
@@ -101,15 +105,18 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
             yield Result(
                 Status.OK,
                 subject,
-                f"on NUMA node {node}"
+                f"on NUMA node {gpu_node}"
                 + (f", CPUs {format_cpulist(gpu.local_cpus)}" if gpu.local_cpus else ""),
-                details={"numa_node": node},
+                details={"numa_node": gpu_node},
                 samples=(sample,),
             )
     if spread:
         shown = ", ".join(f"node {key}: {len(value)}" for key, value in sorted(spread.items()))
         yield Result(
-            Status.OK, NODE, f"{len(inventory.gpus)} GPUs by NUMA node: {shown}", details={"gpus": spread}
+            Status.OK,
+            NODE,
+            f"{len(inventory.gpus)} GPUs by NUMA node: {shown}",
+            details={"gpus": spread},
         )
 
     path = ctx.fs.proc("sys", "kernel", "numa_balancing")
@@ -139,5 +146,9 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     else:
         state = "on" if mode else "off"
         yield Result(
-            Status.OK, NODE, f"automatic NUMA balancing is {state}", details={"numa_balancing": mode}, samples=(sample,)
+            Status.OK,
+            NODE,
+            f"automatic NUMA balancing is {state}",
+            details={"numa_balancing": mode},
+            samples=(sample,),
         )

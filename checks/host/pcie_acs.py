@@ -20,7 +20,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.pci_config import (
     ConfigSpaceError,
-    ConfigSpaceTruncated,
+    TruncatedConfigSpaceError,
     acs_bit_names,
     parse_acs,
     read_config,
@@ -83,7 +83,7 @@ def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
         path = ctx.fs.sys("bus", "pci", "devices", bridge, "config")
         try:
             acs = parse_acs(read_config(path))
-        except ConfigSpaceTruncated:
+        except TruncatedConfigSpaceError:
             truncated.append(bridge)
             continue
         except ReadError as err:

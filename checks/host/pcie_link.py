@@ -90,7 +90,9 @@ def judge_link(
     }
     reseat = "reseat the card or riser and check the slot; if it persists, RMA"
     if link.current_width is None or link.current_speed is None:
-        return Result(narrow, subject, f"PCIe link is down or unknown: {shown}", reseat, details, samples)
+        return Result(
+            narrow, subject, f"PCIe link is down or unknown: {shown}", reseat, details, samples
+        )
     if link.max_width is not None and link.current_width < link.max_width:
         return Result(
             narrow,
@@ -110,7 +112,8 @@ def judge_link(
             subject,
             f"PCIe link at {_speed(link.current_speed)} of {_speed(link.max_speed)} ({note}): "
             f"{shown}",
-            "look again under load (a running job or a GPU benchmark); a link still slow then needs a reseat",
+            "look again under load (a running job or a GPU benchmark); "
+            "a link still slow then needs a reseat",
             details,
             samples,
         )
@@ -122,7 +125,9 @@ def _judge_device(
 ) -> Result:
     link_problems = [problem for name, problem in device.problems.items() if "link" in name]
     if link_problems:
-        return Result(Status.ERROR, subject, "cannot read the PCIe link: " + "; ".join(link_problems))
+        return Result(
+            Status.ERROR, subject, "cannot read the PCIe link: " + "; ".join(link_problems)
+        )
     if device.link is None:
         return Result(Status.SKIP, subject, "not a PCI Express device (no link attributes)")
     parent = ctx.inventory.pci.get(device.parents[-1]) if device.parents else None
@@ -156,6 +161,6 @@ def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
             previous = uplinks.get(bridge, Status.WARN)
             uplinks[bridge] = max(previous, narrow, key=lambda status: status.severity)
     for bridge, narrow in sorted(uplinks.items()):
-        device = inventory.pci.get(bridge)
-        if device is not None:
-            yield _judge_device(ctx, device, bridge_subject(bridge), "switch uplink", narrow)
+        uplink = inventory.pci.get(bridge)
+        if uplink is not None:
+            yield _judge_device(ctx, uplink, bridge_subject(bridge), "switch uplink", narrow)

@@ -171,14 +171,19 @@ def judge_alloc_setting(setting: Setting) -> list[Finding]:
         return [
             Finding(
                 Status.WARN,
-                "turns off the caching allocator: every tensor is a cudaMalloc (a debugging setting)",
+                "turns off the caching allocator: every tensor is a cudaMalloc "
+                "(a debugging setting)",
             )
         ]
     if name not in ALLOC_CONF_NAMES:
         return []
     options, errors = parse_alloc_conf(setting.value)
     if errors:
-        return [Finding(Status.FAIL, "torch will abort at the first CUDA allocation: " + "; ".join(errors))]
+        return [
+            Finding(
+                Status.FAIL, "torch will abort at the first CUDA allocation: " + "; ".join(errors)
+            )
+        ]
     names = {option.name for option in options}
     backend = next((o.value for o in options if o.name == "backend"), "native")
     if backend == "cudaMallocAsync" and names & NATIVE_ONLY:
@@ -218,11 +223,11 @@ def check_torch_alloc(ctx: CheckContext) -> Iterator[Result]:
     yield from results
     summary, details = sources_summary(variables)
     own = [
-        s for s in variables.settings if s.source == CALLING_ENVIRONMENT and s.name in ALLOC_CONF_NAMES
+        s
+        for s in variables.settings
+        if s.source == CALLING_ENVIRONMENT and s.name in ALLOC_CONF_NAMES
     ]
-    expandable = any(
-        re.search(r"expandable_segments\s*:\s*True", setting.value) for setting in own
-    )
+    expandable = any(re.search(r"expandable_segments\s*:\s*True", setting.value) for setting in own)
     if expandable:
         text = "expandable segments are on in the calling environment"
         remedy = ""

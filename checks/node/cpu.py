@@ -11,7 +11,13 @@ from functools import cache
 from pathlib import Path
 
 from nodecheck.checks.node.cpulist import parse_cpulist
-from nodecheck.checks.node.fs import NodeFS, ReadError, read_bytes, read_optional_text, read_text
+from nodecheck.checks.node.fs import (
+    NodeFS,
+    ReadError,
+    read_bytes,
+    read_optional_text,
+    read_parsed,
+)
 
 
 @dataclass(frozen=True)
@@ -52,25 +58,19 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     base = fs.sys("devices", "system", "cpu")
     problems: dict[str, str] = {}
     try:
-        online = parse_cpulist(read_text(base / "online"))
+        online = read_parsed(base / "online", parse_cpulist, "a CPU list")
     except ReadError as err:
         problems["online"] = str(err)
-        online = frozenset()
-    except ValueError:
-        problems["online"] = f"{base / 'online'}: expected a CPU list"
         online = frozenset()
     cpus: dict[int, Cpu] = {}
     for number in sorted(online):
         topology = base / f"cpu{number}" / "topology"
         try:
-            package = int(read_text(topology / "physical_package_id"))
-            core = int(read_text(topology / "core_id"))
-            siblings = parse_cpulist(read_text(topology / "thread_siblings_list"))
+            package = read_parsed(topology / "physical_package_id", int, "an integer")
+            core = read_parsed(topology / "core_id", int, "an integer")
+            siblings = read_parsed(topology / "thread_siblings_list", parse_cpulist, "a CPU list")
         except ReadError as err:
             problems[f"cpu{number}"] = str(err)
-            continue
-        except ValueError as err:
-            problems[f"cpu{number}"] = f"{topology}: {err}"
             continue
         try:
             governor = read_optional_text(base / f"cpu{number}" / "cpufreq" / "scaling_governor")

@@ -15,12 +15,9 @@ def parse_cpulist(text: str) -> frozenset[int]:
     text = text.strip()
     if not text:
         return frozenset()
-    for part in text.split(","):
-        part = part.strip()
-        stride = 1
-        if ":" in part:
-            part, stride_text = part.split(":", 1)
-            stride = int(stride_text.split("/")[-1])
+    for item in text.split(","):
+        part, _, stride_text = item.strip().partition(":")
+        stride = int(stride_text.split("/")[-1]) if stride_text else 1
         if "-" in part:
             first_text, last_text = part.split("-", 1)
             first, last = int(first_text), int(last_text)

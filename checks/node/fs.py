@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ReadError(Exception):
@@ -62,17 +66,18 @@ def read_optional_text(path: Path) -> str | None:
         raise
 
 
-def parse_int_attr(path: Path, text: str, base: int = 10) -> int:
-    """Parse an integer attribute, with a ReadError naming the path when it is not one."""
+def parse_attr(path: Path, text: str, parse: Callable[[str], T], expected: str) -> T:
+    """Parse a file's text; a ReadError names the path and what it held when that fails."""
     try:
-        return int(text, base)
+        return parse(text)
     except ValueError as err:
-        shown = text if text else "empty"
-        raise ReadError(path, f"expected an integer, got {shown!r}") from err
+        shown = repr(text) if text else "an empty file"
+        raise ReadError(path, f"expected {expected}, got {shown}") from err
 
 
-def read_int(path: Path, base: int = 10) -> int:
-    return parse_int_attr(path, read_text(path), base)
+def read_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T:
+    """read_text, then parse: "<path>: expected an integer, got 'x'" on bad content."""
+    return parse_attr(path, read_text(path), parse, expected)
 
 
 def list_dir(path: Path) -> list[str]:

@@ -22,7 +22,7 @@ ARPHRD_LOOPBACK = 772
 
 
 def parse_port_state(text: str) -> str:
-    """"4: ACTIVE" -> "ACTIVE" (drivers/infiniband/core/sysfs.c state_show)."""
+    """ "4: ACTIVE" -> "ACTIVE" (drivers/infiniband/core/sysfs.c state_show)."""
     match = re.match(r"^\d+:\s*(\S+)$", text.strip())
     if not match:
         raise ValueError(f"not a port state: {text!r}")

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import parse_cpulist
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_bytes, read_text
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_parsed
 
 
 def parse_node_meminfo(text: str) -> int:
@@ -35,13 +35,10 @@ def read_numa_nodes(fs: NodeFS) -> list[NumaNode]:
             continue
         number = int(match.group(1))
         try:
-            cpus = parse_cpulist(read_text(base / entry / "cpulist"))
-            memory = parse_node_meminfo(read_bytes(base / entry / "meminfo").decode())
+            cpus = read_parsed(base / entry / "cpulist", parse_cpulist, "a CPU list")
+            memory = read_parsed(base / entry / "meminfo", parse_node_meminfo, "a MemTotal line")
         except ReadError as err:
             nodes.append(NumaNode(number, frozenset(), None, str(err)))
-            continue
-        except (ValueError, UnicodeDecodeError) as err:
-            nodes.append(NumaNode(number, frozenset(), None, f"{base / entry}: {err}"))
             continue
         nodes.append(NumaNode(number, cpus, memory))
     return sorted(nodes, key=lambda node: node.number)

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from nodecheck.checks.node.cpulist import parse_cpulist
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
+from nodecheck.checks.node.fs import (
+    NodeFS,
+    ReadError,
+    list_dir,
+    parse_attr,
+    read_optional_text,
+    read_text,
+)
 
 T = TypeVar("T")
 
@@ -159,16 +166,9 @@ def _attr(
     path = device.attr(name)
     try:
         text = read_optional_text(path) if optional else read_text(path)
+        return None if text is None else parse_attr(path, text, parse, expected)
     except ReadError as err:
         device.problems[name] = str(err)
-        return None
-    if text is None:
-        return None
-    try:
-        return parse(text)
-    except ValueError:
-        shown = repr(text) if text else "an empty file"
-        device.problems[name] = f"{path}: expected {expected}, got {shown}"
         return None
 
 
@@ -213,9 +213,7 @@ def read_pci_device(fs: NodeFS, bdf: str) -> PciDevice:
     device.pci_class = _attr(device, "class", parse_pci_class, "a class code")
     # numa_node and local_cpulist are absent on kernels built without NUMA.
     device.numa_node = _attr(device, "numa_node", int, "an integer", optional=True)
-    device.local_cpus = _attr(
-        device, "local_cpulist", parse_cpulist, "a CPU list", optional=True
-    )
+    device.local_cpus = _attr(device, "local_cpulist", parse_cpulist, "a CPU list", optional=True)
     _read_link(device)
     driver_link = device.attr("driver")
     if os.path.islink(driver_link):
@@ -226,6 +224,4 @@ def read_pci_device(fs: NodeFS, bdf: str) -> PciDevice:
 def read_pci_devices(fs: NodeFS) -> dict[str, PciDevice]:
     """Every PCI function under `<sysfs>/bus/pci/devices`, by bus address."""
     directory = fs.sys("bus", "pci", "devices")
-    return {
-        bdf: read_pci_device(fs, bdf) for bdf in list_dir(directory) if BDF_RE.match(bdf)
-    }
+    return {bdf: read_pci_device(fs, bdf) for bdf in list_dir(directory) if BDF_RE.match(bdf)}

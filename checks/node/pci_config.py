@@ -59,7 +59,7 @@ class ConfigSpaceError(ValueError):
     """The config space could not be interpreted; the message says why."""
 
 
-class ConfigSpaceTruncated(ConfigSpaceError):
+class TruncatedConfigSpaceError(ConfigSpaceError):
     """Only the unprivileged 64 bytes were readable."""
 
 
@@ -129,7 +129,7 @@ def check_config_size(config: bytes) -> None:
     if len(config) >= 2 and _u16(config, 0) == 0xFFFF:
         raise ConfigSpaceError("reads as all ones: the device is not responding")
     if len(config) <= UNPRIVILEGED_CONFIG_BYTES:
-        raise ConfigSpaceTruncated(
+        raise TruncatedConfigSpaceError(
             f"only {len(config)} bytes readable: the extended config space needs root "
             "(CAP_SYS_ADMIN)"
         )

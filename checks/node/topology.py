@@ -49,7 +49,7 @@ def pcie_relation(a: PciDevice, b: PciDevice, numa_node_count: int) -> Relation:
             return Relation.SYS
         return Relation.NODE
     common = 0
-    for bridge_a, bridge_b in zip(a.parents, b.parents):
+    for bridge_a, bridge_b in zip(a.parents, b.parents, strict=False):
         if bridge_a != bridge_b:
             break
         common += 1

@@ -1,0 +1,155 @@
+"""Every host check on every replica node, and on this machine's own /sys and /proc."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from nodecheck.checks.registry import load_checks
+from nodecheck.checks.result import Result, Status
+from tests.conftest import LIVE, Node, by_status
+
+HOST_CHECKS = ("cpu", "nccl_env", "numa", "pcie_acs", "pcie_link", "torch_alloc")
+
+
+def subjects(results: list[Result], *statuses: Status) -> list[str]:
+    return sorted(result.subject for result in by_status(results, *statuses))
+
+
+def test_every_host_check_is_registered() -> None:
+    assert set(HOST_CHECKS) <= set(load_checks())
+
+
+@pytest.mark.parametrize("check", HOST_CHECKS)
+def test_healthy_dgx_has_no_finding(dgx: Node, check: str) -> None:
+    results = dgx.results(check)
+    assert results
+    bad = by_status(results, Status.FAIL, Status.ERROR, Status.WARN, Status.SKIP)
+    assert bad == []
+
+
+def test_healthy_dgx_judges_every_device(dgx: Node) -> None:
+    results = dgx.results("pcie_link", "pcie_acs", "numa")
+    gpu_subjects = {r.subject for r in results if r.subject.startswith("gpu ")}
+    assert len(gpu_subjects) == 8
+    # The sixteen downstream switch ports and four upstream ports, not the root ports.
+    acs_bridges = {r.subject for r in dgx.results("pcie_acs")}
+    assert len(acs_bridges) == 20
+    assert "bridge 0000:15:01.0" not in acs_bridges
+
+
+def test_faulty_dgx_acs_redirect(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("pcie_acs")
+    assert subjects(results, Status.FAIL) == ["bridge 0000:39:00.0", "bridge 0000:99:01.0"]
+    first = by_status(results, Status.FAIL)[0]
+    assert "gpu 0000:3a:00.0" in first.summary
+    assert "ReqRedir" in first.summary and "CmpltRedir" in first.summary
+    assert first.remedy.startswith("sudo setpci -s 0000:39:00.0 ECAP_ACS+0x6.w=0000")
+    samples = {s.labels["bridge"]: s.value for r in results for s in r.samples}
+    assert samples["0000:39:00.0"] == 1 and samples["0000:17:00.0"] == 0
+
+
+def test_faulty_dgx_narrow_gpu_link(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("pcie_link")
+    assert subjects(results, Status.FAIL) == ["gpu 0000:9c:00.0"]
+    (narrow,) = by_status(results, Status.FAIL)
+    assert "x8 of x16" in narrow.summary
+    assert "reseat" in narrow.remedy
+    assert by_status(results, Status.WARN, Status.ERROR) == []
+
+
+def test_faulty_dgx_unknown_numa_node(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("numa")
+    assert subjects(results, Status.WARN) == ["gpu 0000:ba:00.0"]
+    (unknown,) = by_status(results, Status.WARN)
+    # The remedy names the node the GPU's host-bridge neighbours report.
+    assert "echo 1 | sudo tee /sys/bus/pci/devices/0000:ba:00.0/numa_node" in unknown.remedy
+
+
+def test_faulty_dgx_p2p_disabled_in_gpu_process(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("nccl_env")
+    (finding,) = by_status(results, Status.FAIL)
+    assert finding.summary.startswith("NCCL_P2P_DISABLE=1")
+    assert "pid 4242 (python3)" in finding.summary
+    assert finding.details["found_in"] == ["pid 4242 (python3)"]
+    assert by_status(results, Status.WARN, Status.ERROR) == []
+
+
+def test_faulty_dgx_bad_allocator_conf(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("torch_alloc")
+    (finding,) = by_status(results, Status.FAIL)
+    assert "PYTORCH_CUDA_ALLOC_CONF" in finding.summary
+    assert "pid 4242 (python3)" in finding.summary
+    assert "'true'" in finding.summary and "at least 20" in finding.summary
+
+
+def test_faulty_dgx_has_exactly_the_planted_faults(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results()
+    found = sorted(
+        (r.status.value, r.subject)
+        for r in by_status(results, Status.FAIL, Status.WARN, Status.ERROR)
+    )
+    assert found == [
+        ("fail", "bridge 0000:39:00.0"),
+        ("fail", "bridge 0000:99:01.0"),
+        ("fail", "gpu 0000:9c:00.0"),
+        ("fail", "node"),
+        ("fail", "node"),
+        ("warn", "gpu 0000:ba:00.0"),
+    ]
+
+
+def test_secrets_in_process_environments_are_never_kept(dgx_faulty: Node) -> None:
+    from tests.fixtures.nodes import SECRET
+
+    context = dgx_faulty.context()
+    variables = context.variables
+    assert all(
+        s.name.startswith(("NCCL_", "TORCH_", "PYTORCH_", "CUDA_")) for s in variables.settings
+    )
+    assert SECRET not in repr(variables)
+    assert SECRET not in repr(dgx_faulty.results())
+
+
+def test_workstation(workstation: Node) -> None:
+    results = workstation.results()
+    assert subjects(results, Status.FAIL, Status.ERROR) == []
+    warnings = by_status(results, Status.WARN)
+    assert sorted(r.subject for r in warnings) == ["gpu 0000:01:00.0", "node"]
+    link = next(r for r in warnings if r.subject.startswith("gpu"))
+    assert "2.5 GT/s of 16 GT/s" in link.summary and "idle" in link.summary
+    governor = next(r for r in warnings if r.subject == "node")
+    assert "schedutil" in governor.summary
+    # One NUMA node: numa_node -1 is normal and balancing does not matter.
+    assert "automatic NUMA balancing is on" in " ".join(r.summary for r in results)
+    acs = [r for r in workstation.run("pcie_acs")[0].results]
+    assert [r.status for r in acs] == [Status.SKIP]
+
+
+def test_live_machine_nothing_fails() -> None:
+    """Fixture (d): this machine's real /sys and /proc (no GPU here)."""
+    runs = LIVE.run()
+    assert all(run.completed for run in runs), [r.results for r in runs if not r.completed]
+    results = [result for run in runs for result in run.results]
+    assert by_status(results, Status.FAIL, Status.ERROR) == []
+    acs = next(run for run in runs if run.check.name == "pcie_acs")
+    assert [r.status for r in acs.results] == [Status.SKIP]
+
+
+def test_vm_keeps_acs(dgx_faulty: Node, copy_node: Callable[[Node], Node]) -> None:
+    """Inside a VM, ACS redirect is required: reported, not failed."""
+    vm = copy_node(dgx_faulty)
+    (vm.root / "sys/devices/virtual/dmi/id/sys_vendor").write_text("QEMU\n")
+    results = vm.results("pcie_acs")
+    assert by_status(results, Status.FAIL) == []
+    redirecting = [r for r in results if r.subject == "bridge 0000:39:00.0"]
+    assert redirecting[0].status is Status.OK and "VM" in redirecting[0].summary
+
+
+def test_unprivileged_reader_gets_an_error_not_a_pass(build: Callable[..., Node]) -> None:
+    node = build("dgx-h100", unprivileged=True)
+    results = node.results("pcie_acs")
+    assert [r.status for r in results] == [Status.ERROR]
+    assert "CAP_SYS_ADMIN" in results[0].summary
+    assert len(results[0].details["bridges"]) == 20

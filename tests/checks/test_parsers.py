@@ -1,0 +1,194 @@
+"""Parsers on literal strings, as the kernel and the tools print them."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodecheck.checks.host.nccl_env import parse_selector
+from nodecheck.checks.host.torch_alloc import lex_alloc_conf, parse_alloc_conf
+from nodecheck.checks.node.cpu import parse_cpuinfo
+from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.net import parse_net_speed, parse_port_rate, parse_port_state
+from nodecheck.checks.node.numa import parse_node_meminfo
+from nodecheck.checks.node.pci import parse_link_speed, parse_pci_class, pcie_generation
+from nodecheck.checks.node.variables import (
+    parse_environ,
+    parse_nccl_conf,
+    parse_passwd_homes,
+    parse_status_uid,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("0-55,112-167", set(range(56)) | set(range(112, 168))),
+        ("0", {0}),
+        ("", set()),
+        ("0-1\n", {0, 1}),
+        ("0-10:4", {0, 4, 8}),
+        ("0-7:2/4", {0, 4}),
+    ],
+)
+def test_cpulist(text: str, cpus: set[int]) -> None:
+    assert parse_cpulist(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["3-1", "a", "0-"])
+def test_cpulist_rejects_garbage(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpulist(text)
+
+
+def test_format_cpulist_round_trips() -> None:
+    cpus = set(range(56)) | set(range(112, 168)) | {200}
+    assert format_cpulist(cpus) == "0-55,112-167,200"
+    assert parse_cpulist(format_cpulist(cpus)) == cpus
+
+
+@pytest.mark.parametrize(
+    ("text", "gts"),
+    [
+        ("32.0 GT/s PCIe", 32.0),
+        ("2.5 GT/s PCIe", 2.5),
+        ("8 GT/s", 8.0),  # kernels before 5.x
+        ("Unknown", None),
+        ("Unknown speed", None),
+    ],
+)
+def test_link_speed(text: str, gts: float | None) -> None:
+    assert parse_link_speed(text) == gts
+
+
+def test_link_speed_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        parse_link_speed("fast")
+
+
+def test_pcie_generation() -> None:
+    assert [pcie_generation(s) for s in (2.5, 8.0, 32.0, 64.0, 3.0)] == [1, 3, 5, 6, None]
+
+
+def test_pci_class() -> None:
+    assert parse_pci_class("0x030200") == 0x0302
+    assert parse_pci_class("0x020700\n") == 0x0207
+    with pytest.raises(ValueError):
+        parse_pci_class("display")
+
+
+def test_rdma_port_attributes() -> None:
+    assert parse_port_state("4: ACTIVE") == "ACTIVE"
+    assert parse_port_state("1: DOWN") == "DOWN"
+    assert parse_port_rate("400 Gb/sec (4X NDR)") == 400.0
+    assert parse_port_rate("2.5 Gb/sec (1X SDR)") == 2.5
+    with pytest.raises(ValueError):
+        parse_port_state("ACTIVE")
+    with pytest.raises(ValueError):
+        parse_port_rate("fast")
+
+
+def test_net_speed() -> None:
+    assert parse_net_speed("200000") == 200000
+    assert parse_net_speed("-1") is None
+
+
+def test_node_meminfo() -> None:
+    text = "Node 0 MemTotal:        3631308 kB\nNode 0 MemFree:         3535920 kB\n"
+    assert parse_node_meminfo(text) == 3631308 * 1024
+    with pytest.raises(ValueError):
+        parse_node_meminfo("Node 0 MemFree: 1 kB\n")
+
+
+def test_cpuinfo_first_block() -> None:
+    text = (
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu hypervisor\n\n"
+        "processor\t: 1\nmodel name\t: other\n"
+    )
+    fields = parse_cpuinfo(text)
+    assert fields["model name"] == "AMD EPYC"
+    assert "hypervisor" in fields["flags"].split()
+
+
+def test_nccl_conf_is_read_as_nccl_reads_it() -> None:
+    text = (
+        "NCCL_DEBUG=WARN\n# NCCL_P2P_DISABLE=1\nNCCL_IB_HCA = mlx5_0\nnot a setting\n"
+        "NCCL_ALGO=Ring=x\n"
+    )
+    lines = parse_nccl_conf(text)
+    assert [(line.line, line.name, line.value) for line in lines] == [
+        (1, "NCCL_DEBUG", "WARN"),
+        (3, "NCCL_IB_HCA ", " mlx5_0"),  # NCCL trims nothing
+        (5, "NCCL_ALGO", "Ring=x"),
+    ]
+
+
+def test_environ_keeps_audited_names_only() -> None:
+    data = (
+        b"PATH=/usr/bin\0NCCL_DEBUG=INFO\0AWS_SECRET_ACCESS_KEY=hunter2\0CUDA_VISIBLE_DEVICES=0\0"
+    )
+    kept = parse_environ(data)
+    assert kept == {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_passwd_and_status() -> None:
+    homes = parse_passwd_homes(
+        "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\n"
+    )
+    assert homes == {0: "/root", 1000: "/home/alice"}
+    assert parse_status_uid("Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n") == 1000
+    assert parse_status_uid("Name:\tx\n") is None
+
+
+def test_nccl_selector_syntax() -> None:
+    assert parse_selector("=mlx5_0:1,mlx5_1") == (False, True, [("mlx5_0", 1), ("mlx5_1", None)])
+    assert parse_selector("^docker,lo") == (True, False, [("docker", None), ("lo", None)])
+    assert parse_selector("^=eth0") == (True, True, [("eth0", None)])
+
+
+def test_alloc_conf_lexer_matches_c10() -> None:
+    # c10 AllocatorConfig::lexArgs: separators are tokens, spaces vanish.
+    assert lex_alloc_conf("expandable_segments: True, max_split_size_mb:128") == [
+        "expandable_segments",
+        ":",
+        "True",
+        ",",
+        "max_split_size_mb",
+        ":",
+        "128",
+    ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "expandable_segments:True",
+        "max_split_size_mb:512,garbage_collection_threshold:0.8",
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+        "roundup_power2_divisions:4",
+        "backend:cudaMallocAsync",
+        "pinned_num_register_threads:8,pinned_use_cuda_host_register:True",
+        "expandable_segments : False ,release_lock_on_cudamalloc:True",
+    ],
+)
+def test_alloc_conf_accepts_what_torch_accepts(value: str) -> None:
+    assert parse_alloc_conf(value)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("expandable_segment:True", "unknown option 'expandable_segment'"),
+        ("expandable_segments:true", "True or False"),
+        ("max_split_size_mb:16", "at least 20"),
+        ("garbage_collection_threshold:1.5", "strictly between 0 and 1"),
+        ("roundup_power2_divisions:3", "power of two"),
+        ("roundup_power2_divisions:[256:3]", "power of two"),
+        ("backend:magic", "native or cudaMallocAsync"),
+        ("pinned_num_register_threads:256", "at most 128"),
+        ("expandable_segments", "expected ':'"),
+        ("max_split_size_mb:512;expandable_segments:True", "takes a number"),
+    ],
+)
+def test_alloc_conf_rejects_what_torch_rejects(value: str, error: str) -> None:
+    errors = parse_alloc_conf(value)[1]
+    assert any(error in message for message in errors), errors
