@@ -128,7 +128,7 @@ def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_j
     from nodecheck.checks.runner import run_checks
 
     available = load_checks()
-    unknown = sorted(set(only) | set(skip) - set(available))
+    unknown = sorted((set(only) | set(skip)) - set(available))
     if unknown:
         fail_usage(f"unknown check {', '.join(unknown)} (checks: {', '.join(available)})")
     selected = [
