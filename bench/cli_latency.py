@@ -1,0 +1,89 @@
+"""Wall time of `nodecheck --help` and `nodecheck check --json` on the 8-GPU replica node.
+
+    .venv/bin/python -m bench.cli_latency [--runs 15]
+
+Prints a table: median, fastest and slowest of several runs of the installed
+console script, against the goals of 150 ms and 300 ms (issue 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.fixtures.nodegen import build_node
+from tests.fixtures.nodes import dgx_h100
+
+
+def nodecheck_command() -> str:
+    beside = Path(sys.executable).parent / "nodecheck"
+    found = str(beside) if beside.exists() else shutil.which("nodecheck")
+    if not found:
+        sys.exit("nodecheck is not installed (make .venv/bin/.installed)")
+    return found
+
+
+def time_runs(command: list[str], runs: int) -> list[float]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HOME": "/nonexistent"}
+    subprocess.run(command, capture_output=True, env=env, check=False)  # warm the page cache
+    timings = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, env=env, check=False)
+        timings.append(time.perf_counter() - started)
+        if done.returncode not in (0, 1):
+            sys.exit(f"{' '.join(command)} exited {done.returncode}: {done.stderr.decode()}")
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    runs = parser.parse_args().runs
+    shm = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="nodecheck-bench-", dir=shm if shm.is_dir() else None))
+    try:
+        build_node(dgx_h100(), root)
+        nodecheck = nodecheck_command()
+        roots = [
+            "--sysfs-root",
+            f"{root}/sys",
+            "--procfs-root",
+            f"{root}/proc",
+            "--rootfs",
+            str(root),
+        ]
+        cases = [
+            ("nodecheck --help", [nodecheck, "--help"], 0.150),
+            (
+                "nodecheck check --json (8-GPU replica)",
+                [nodecheck, *roots, "check", "--json"],
+                0.300,
+            ),
+        ]
+        header = ("command", "runs", "median ms", "min ms", "max ms", "goal ms")
+        print(
+            f"{header[0]:<42} {header[1]:>4} {header[2]:>10} "
+            + " ".join(f"{h:>8}" for h in header[3:])
+            + "  ok"
+        )
+        for label, command, goal in cases:
+            timings = time_runs(command, runs)
+            median = statistics.median(timings)
+            print(
+                f"{label:<42} {runs:>4} {median * 1e3:>10.1f} {min(timings) * 1e3:>8.1f} "
+                f"{max(timings) * 1e3:>8.1f} {goal * 1e3:>8.0f}  {'yes' if median < goal else 'NO'}"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
