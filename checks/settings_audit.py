@@ -78,5 +78,8 @@ def sources_summary(variables: Variables) -> tuple[str, dict[str, object]]:
     if processes:
         text += f", {processes} GPU process(es)"
     if variables.unreadable:
-        text += f"; could not read {len(variables.unreadable)} (run as root to audit them)"
+        text += (
+            f"; {len(variables.unreadable)} process(es) or file(s) not readable "
+            "(run as root to audit other users' jobs)"
+        )
     return text, {"sources": labels, "unreadable": variables.unreadable}
