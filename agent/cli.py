@@ -10,11 +10,14 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from nodecheck.agent.logs import LEVELS, configure_logging
+
+if TYPE_CHECKING:
+    from nodecheck.checks.node.fs import NodeFS
 
 F = TypeVar("F", bound=Callable[..., Any])
 SETTINGS_KEY = "nodecheck.settings"
@@ -78,7 +81,7 @@ def settings(ctx: click.Context) -> dict[str, str]:
     return values
 
 
-def node_fs(ctx: click.Context) -> Any:
+def node_fs(ctx: click.Context) -> NodeFS:
     """The NodeFS for the chosen roots; a root that does not exist is a usage error."""
     from nodecheck.checks.node.fs import NodeFS
 

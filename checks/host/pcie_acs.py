@@ -106,40 +106,27 @@ def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
             continue
         enabled = acs_bit_names(acs.control)
         details |= {"acs_control": f"{acs.control:#06x}", "enabled": enabled}
-        sample = Sample(REDIRECT, 1 if acs.redirecting else 0, {"bridge": bridge})
+        redirecting = " ".join(acs_bit_names(acs.redirecting))
+        remedy = ""
         if not acs.redirecting:
-            results.append(
-                Result(
-                    Status.OK,
-                    bridge_subject(bridge),
-                    f"ACS leaves peer-to-peer traffic alone on the switch port above {above}",
-                    details=details,
-                    samples=(sample,),
-                )
-            )
+            status = Status.OK
+            summary = f"ACS leaves peer-to-peer traffic alone on the switch port above {above}"
         elif vm:
-            results.append(
-                Result(
-                    Status.OK,
-                    bridge_subject(bridge),
-                    f"ACS {' '.join(acs_bit_names(acs.redirecting))} on, as a VM requires "
-                    f"({vm}); enable ATS on the NICs for GPUDirect RDMA",
-                    details=details | {"virtual_machine": vm},
-                    samples=(sample,),
-                )
+            status = Status.OK
+            summary = (
+                f"ACS {redirecting} on, as a VM requires ({vm}); "
+                "enable ATS on the NICs for GPUDirect RDMA"
             )
+            details["virtual_machine"] = vm
         else:
-            results.append(
-                Result(
-                    Status.FAIL,
-                    bridge_subject(bridge),
-                    f"ACS {' '.join(acs_bit_names(acs.redirecting))} on the switch port above "
-                    f"{above}: peer-to-peer and GPUDirect traffic detours through the root complex",
-                    remedy=setpci_remedy(bridge),
-                    details=details,
-                    samples=(sample,),
-                )
+            status = Status.FAIL
+            summary = (
+                f"ACS {redirecting} on the switch port above {above}: peer-to-peer and "
+                "GPUDirect traffic detours through the root complex"
             )
+            remedy = setpci_remedy(bridge)
+        sample = Sample(REDIRECT, 1 if acs.redirecting else 0, {"bridge": bridge})
+        results.append(Result(status, bridge_subject(bridge), summary, remedy, details, (sample,)))
     if truncated:
         results.append(
             Result(
