@@ -67,14 +67,6 @@ def parse_pci_class(text: str) -> int:
     return value >> 8
 
 
-def pcie_generation(speed_gts: float) -> int | None:
-    """PCIe generation of a link speed (2.5 GT/s is Gen1, 32 GT/s Gen5, 64 GT/s Gen6)."""
-    for generation, rate in ((1, 2.5), (2, 5.0), (3, 8.0), (4, 16.0), (5, 32.0), (6, 64.0)):
-        if abs(speed_gts - rate) < 0.01:
-            return generation
-    return None
-
-
 @dataclass(frozen=True)
 class PcieLink:
     """Negotiated and maximum link of a PCI Express device (None: "Unknown")."""

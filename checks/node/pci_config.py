@@ -23,19 +23,6 @@ EXTENDED_CAPABILITIES_START = 0x100
 CAP_ID_PCI_EXPRESS = 0x10
 EXT_CAP_ID_ACS = 0x000D
 
-# PCI Express Capabilities register, Device/Port Type (bits 7:4).
-PORT_TYPES = {
-    0x0: "endpoint",
-    0x1: "legacy endpoint",
-    0x4: "root port",
-    0x5: "upstream switch port",
-    0x6: "downstream switch port",
-    0x7: "PCIe-to-PCI bridge",
-    0x8: "PCI-to-PCIe bridge",
-    0x9: "root complex integrated endpoint",
-    0xA: "root complex event collector",
-}
-
 # ACS Capability and Control bits (the same positions in both registers), with
 # the names lspci prints (pciutils ls-ecaps.c cap_acs).
 ACS_BITS = (
@@ -135,13 +122,6 @@ def check_config_size(config: bytes) -> None:
         )
     if len(config) < EXTENDED_CONFIG_BYTES and len(config) != CONVENTIONAL_CONFIG_BYTES:
         raise ConfigSpaceError(f"{len(config)} bytes, expected {EXTENDED_CONFIG_BYTES}")
-
-
-def pcie_port_type(config: bytes) -> str | None:
-    offset = find_capability(config, CAP_ID_PCI_EXPRESS)
-    if offset is None:
-        return None
-    return PORT_TYPES.get((_u16(config, offset + 2) >> 4) & 0xF, "unknown")
 
 
 def parse_acs(config: bytes) -> AcsState | None:

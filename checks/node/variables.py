@@ -126,9 +126,6 @@ class Variables:
     unreadable: list[str] = field(default_factory=list)
     gpu_processes: list[GpuProcess] = field(default_factory=list)
 
-    def named(self, *names: str) -> list[Setting]:
-        return [s for s in self.settings if s.name in names]
-
 
 def find_gpu_processes(fs: NodeFS) -> tuple[list[GpuProcess], list[str]]:
     """Processes with a `/dev/nvidiaN` open, and the pids whose fds could not be read.

@@ -10,7 +10,7 @@ from nodecheck.checks.node.cpu import parse_cpuinfo
 from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
 from nodecheck.checks.node.net import parse_net_speed, parse_port_rate, parse_port_state
 from nodecheck.checks.node.numa import parse_node_meminfo
-from nodecheck.checks.node.pci import parse_link_speed, parse_pci_class, pcie_generation
+from nodecheck.checks.node.pci import parse_link_speed, parse_pci_class
 from nodecheck.checks.node.variables import (
     parse_environ,
     parse_nccl_conf,
@@ -63,10 +63,6 @@ def test_link_speed(text: str, gts: float | None) -> None:
 def test_link_speed_rejects_garbage() -> None:
     with pytest.raises(ValueError):
         parse_link_speed("fast")
-
-
-def test_pcie_generation() -> None:
-    assert [pcie_generation(s) for s in (2.5, 8.0, 32.0, 64.0, 3.0)] == [1, 3, 5, 6, None]
 
 
 def test_pci_class() -> None:

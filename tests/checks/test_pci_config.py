@@ -12,7 +12,6 @@ from nodecheck.checks.node.pci_config import (
     acs_bit_names,
     find_extended_capability,
     parse_acs,
-    pcie_port_type,
 )
 from tests.fixtures.nodegen import GEN5_X16, PORT_DOWNSTREAM, Device, config_space
 
@@ -45,10 +44,6 @@ def test_egress_control_counts_as_redirecting() -> None:
 
 def test_no_acs_capability() -> None:
     assert parse_acs(bridge_config(None)) is None
-
-
-def test_port_type() -> None:
-    assert pcie_port_type(bridge_config(None)) == "downstream switch port"
 
 
 def test_non_root_sees_64_bytes() -> None:
