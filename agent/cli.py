@@ -127,6 +127,7 @@ def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_j
     fs = node_fs(ctx)
     from nodecheck.agent.report import exit_code, render_json, render_table
     from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.inventory import read_hostname
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
 
@@ -137,9 +138,9 @@ def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_j
     selected = [
         c for name, c in available.items() if (not only or name in only) and name not in skip
     ]
-    context = CheckContext(fs=fs)
-    runs = run_checks(selected, context)
-    hostname = context.inventory.hostname
+    runs = run_checks(selected, CheckContext(fs=fs))
+    # Read on its own: the inventory may be what a timed-out check is stuck on.
+    hostname = read_hostname(fs)
     if as_json:
         click.echo(render_json(hostname, runs))
     else:

@@ -18,17 +18,24 @@ T = TypeVar("T")
 
 @dataclass
 class CheckContext:
-    """Shared by every check of one run. Expensive reads happen once, on first use,
-    under a lock, since the runner runs checks in parallel threads."""
+    """Shared by every check of one run. Expensive reads happen once, on first use.
+
+    The runner runs checks in parallel threads, so each shared read has its own
+    lock: a read that hangs (say, on /proc) holds up only the checks that need
+    that read, and those are reported when their deadline passes.
+    """
 
     fs: NodeFS = field(default_factory=NodeFS)
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     uid: int = field(default_factory=os.getuid)
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+    _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _once(self, key: str, compute: Callable[[], T]) -> T:
-        with self._lock:
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
             if key not in self._cache:
                 self._cache[key] = compute()
             return self._cache[key]  # type: ignore[return-value]

@@ -71,47 +71,26 @@ def run_checks(checks: Sequence[Check], ctx: CheckContext) -> list[CheckRun]:
     return runs
 
 
+def _undetermined(check: Check, duration: float, summary: str, cause: str) -> CheckRun:
+    """A check that could not say anything: one `error` result naming it and the cause."""
+    result = Result(Status.ERROR, NODE, f"check {check.name} {summary}", details={"cause": cause})
+    return CheckRun(check, [result], duration, completed=False)
+
+
 def _outcome(worker: _Worker) -> CheckRun:
     check = worker.check
     if worker.finished is None:
         log.warning("check=%s event=timeout timeout_s=%s", check.name, check.timeout_s)
-        return CheckRun(
-            check,
-            [
-                Result(
-                    Status.ERROR,
-                    NODE,
-                    f"check {check.name} did not finish within {check.timeout_s:g} s",
-                    details={"cause": "timeout"},
-                )
-            ],
-            check.timeout_s,
-            completed=False,
+        return _undetermined(
+            check, check.timeout_s, f"did not finish within {check.timeout_s:g} s", "timeout"
         )
     duration = worker.finished - worker.started
     if worker.failure is not None:
         err = worker.failure
         log.warning("check=%s event=crash error=%r", check.name, f"{type(err).__name__}: {err}")
         log.debug("check=%s traceback", check.name, exc_info=err)
-        return CheckRun(
-            check,
-            [
-                Result(
-                    Status.ERROR,
-                    NODE,
-                    f"check {check.name} failed: {type(err).__name__}: {err}",
-                    details={"cause": "exception", "exception": type(err).__name__},
-                )
-            ],
-            duration,
-            completed=False,
-        )
+        return _undetermined(check, duration, f"failed: {type(err).__name__}: {err}", "exception")
     if not worker.results:
         # Absence is never a pass: a check that says nothing could not determine.
-        return CheckRun(
-            check,
-            [Result(Status.ERROR, NODE, f"check {check.name} returned no result")],
-            duration,
-            completed=False,
-        )
+        return _undetermined(check, duration, "returned no result", "no result")
     return CheckRun(check, worker.results, duration, completed=True)

@@ -6,6 +6,9 @@ import threading
 import time
 from collections.abc import Iterable
 
+import pytest
+
+from nodecheck.checks import context as context_module
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
@@ -66,3 +69,27 @@ def test_shared_reads_happen_once(dgx: Node) -> None:
     checks = [make(f"reader{i}", healthy) for i in range(6)]
     run_checks(checks, context)
     assert context.inventory is context.inventory
+
+
+def test_a_hung_shared_read_holds_up_only_its_own_users(
+    dgx: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check stuck in the variables read must not stop the inventory users."""
+    released = threading.Event()
+
+    def stuck_read(*args: object) -> object:
+        released.wait(30)
+        raise RuntimeError("released")
+
+    monkeypatch.setattr(context_module, "read_variables", stuck_read)
+
+    def uses_variables(ctx: CheckContext) -> Iterable[Result]:
+        return [Result(Status.OK, NODE, str(len(ctx.variables.settings)))]
+
+    checks = [make("stuck", uses_variables, timeout_s=0.5), make("healthy", healthy)]
+    try:
+        runs = {run.check.name: run for run in run_checks(checks, dgx.context())}
+    finally:
+        released.set()
+    assert runs["healthy"].completed and runs["healthy"].results[0].summary == "8 GPUs"
+    assert runs["stuck"].status is Status.ERROR
