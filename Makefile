@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
-# Debian packages the tests use: lspci cross-checks the sysfs fixtures.
-DEB_PACKAGES = pciutils
+# Debian packages the tests use: lspci cross-checks the sysfs fixtures; gcc builds
+# the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev.
+DEB_PACKAGES = pciutils gcc libc6-dev
 
 .PHONY: run test lint typecheck unit system-packages clean
 
@@ -30,7 +31,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	@mkdir -p .typecheck/nodecheck
 	@for p in agent checks tuning; do ln -sfn ../../$$p .typecheck/nodecheck/$$p; done
-	MYPYPATH=.typecheck $(BIN)/mypy .typecheck/nodecheck tests bench
+	MYPYPATH=.typecheck $(BIN)/mypy .typecheck/nodecheck tests bench tools
 
 unit: $(BIN)/.installed system-packages
 	$(BIN)/pytest -q

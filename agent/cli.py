@@ -18,6 +18,7 @@ from nodecheck.agent.logs import LEVELS, configure_logging
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.fs import NodeFS
+    from nodecheck.checks.node.nvml import NvmlSession
 
 F = TypeVar("F", bound=Callable[..., Any])
 SETTINGS_KEY = "nodecheck.settings"
@@ -31,6 +32,7 @@ ROOT_OPTIONS = {
         "Root of the host filesystem, for /etc/nccl.conf and home directories.",
     ),
 }
+DEFAULT_NVML_TIMEOUT_S = 5.0
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 
@@ -45,7 +47,7 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def global_options(function: F) -> F:
-    """--sysfs-root, --procfs-root, --rootfs and --log-level, on the group and every command."""
+    """The root, NVML and logging options, on the group and every command."""
     for name, (flag, default, help_text) in reversed(ROOT_OPTIONS.items()):
         function = click.option(
             flag,
@@ -57,6 +59,29 @@ def global_options(function: F) -> F:
             is_eager=True,
             help=f"{help_text} [default: {default}]",
         )(function)
+    function = click.option(
+        "--nvml-library",
+        "nvml_library",
+        type=click.Path(dir_okay=False, path_type=str),
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        is_eager=True,
+        metavar="FILE",
+        help="Load NVML from this file instead of the system's libnvidia-ml.so.1.",
+    )(function)
+    function = click.option(
+        "--nvml-timeout",
+        "nvml_timeout",
+        type=click.FloatRange(min=0.1),
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        is_eager=True,
+        metavar="SECONDS",
+        help="Give up on NVML calls after this long; a GPU off the bus can hang them. "
+        f"[default: {DEFAULT_NVML_TIMEOUT_S:g}]",
+    )(function)
     return click.option(
         "--log-level",
         "log_level",
@@ -74,11 +99,21 @@ def fail_usage(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
-def settings(ctx: click.Context) -> dict[str, str]:
-    chosen: dict[str, str] = ctx.meta.get(SETTINGS_KEY, {})
+def settings(ctx: click.Context) -> dict[str, Any]:
+    chosen: dict[str, Any] = ctx.meta.get(SETTINGS_KEY, {})
     values = {name: chosen.get(name, default) for name, (_, default, _) in ROOT_OPTIONS.items()}
     values["log_level"] = chosen.get("log_level", "warning")
+    values["nvml_library"] = chosen.get("nvml_library")
+    values["nvml_timeout"] = chosen.get("nvml_timeout", DEFAULT_NVML_TIMEOUT_S)
     return values
+
+
+def nvml_session(ctx: click.Context) -> NvmlSession:
+    """The NVML session the global --nvml-* options describe (NVML loads on first use)."""
+    from nodecheck.checks.node.nvml import NvmlSession
+
+    values = settings(ctx)
+    return NvmlSession(deadline_s=values["nvml_timeout"], library_path=values["nvml_library"])
 
 
 def node_fs(ctx: click.Context) -> NodeFS:
@@ -116,9 +151,33 @@ def cli() -> None:
     "--skip", "skip", multiple=True, metavar="NAME", help="Do not run this check (repeatable)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
+@click.option(
+    "--expected-gpus",
+    "expected_gpus",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="GPUs this node should have; fewer visible to NVML fails gpu_count.",
+)
+@click.option(
+    "--kernel-log",
+    "kernel_log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
+    "[default: <rootfs>/dev/kmsg]",
+)
 @global_options
 @click.pass_context
-def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_json: bool) -> None:
+def check(
+    ctx: click.Context,
+    only: tuple[str, ...],
+    skip: tuple[str, ...],
+    as_json: bool,
+    expected_gpus: int | None,
+    kernel_log: Path | None,
+) -> None:
     """Run the health checks and print a verdict.
 
     Exit status: 0 no failure (warnings allowed), 1 a check failed, 2 usage or
@@ -138,7 +197,13 @@ def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_j
     selected = [
         c for name, c in available.items() if (not only or name in only) and name not in skip
     ]
-    runs = run_checks(selected, CheckContext(fs=fs))
+    context = CheckContext(
+        fs=fs,
+        nvml=nvml_session(ctx),
+        kernel_log=kernel_log,
+        expected_gpus=expected_gpus,
+    )
+    runs = run_checks(selected, context)
     # Read on its own: the inventory may be what a timed-out check is stuck on.
     hostname = read_hostname(fs)
     if as_json:
@@ -155,15 +220,18 @@ def check(ctx: click.Context, only: tuple[str, ...], skip: tuple[str, ...], as_j
 @global_options
 @click.pass_context
 def inventory(ctx: click.Context, as_json: bool) -> None:
-    """Show the node: GPUs, NICs, NUMA nodes and their PCIe relations."""
+    """Show the node: GPUs (with NVML's view), NICs, NUMA nodes and their PCIe relations."""
     fs = node_fs(ctx)
     from nodecheck.agent.inventory_view import render_inventory, render_inventory_json
     from nodecheck.checks.node.cpu import read_cpu_model
+    from nodecheck.checks.node.gpu import read_gpus
     from nodecheck.checks.node.inventory import read_inventory
 
     node = read_inventory(fs)
     model = read_cpu_model(fs)
-    click.echo(render_inventory_json(node, model) if as_json else render_inventory(node, model))
+    gpus = read_gpus(nvml_session(ctx))
+    render = render_inventory_json if as_json else render_inventory
+    click.echo(render(node, model, gpus))
 
 
 def main() -> None:

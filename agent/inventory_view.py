@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.pci import PciDevice, PcieLink
 
@@ -71,7 +72,39 @@ def topology_matrix(inventory: Inventory) -> tuple[list[str], list[list[str]]]:
     return names, matrix
 
 
-def render_inventory(inventory: Inventory, cpu_model: str) -> str:
+def _nvml_status(snapshot: GpuSnapshot) -> str:
+    if snapshot.hung is not None:
+        return str(snapshot.hung)
+    if snapshot.unavailable is not None:
+        return snapshot.unavailable.message
+    cuda = snapshot.cuda_driver_version
+    shown_cuda = f", CUDA {cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
+    return f"driver {snapshot.driver_version}{shown_cuda}"
+
+
+def _nvlink_text(reading: GpuReading) -> str:
+    if reading.nvlink_active is None:
+        return "none"
+    return f"{sum(reading.nvlink_active)}/{len(reading.nvlink_active)} active"
+
+
+def _nvml_cells(reading: GpuReading | None) -> list[str]:
+    """index, model, UUID, memory and NVLink as NVML reports them."""
+    if reading is None:
+        return ["-", "not seen by NVML", "-", "-", "-"]
+    if not reading.readable:
+        return [str(reading.index), reading.lost or reading.hung or "?", "-", "-", "-"]
+    memory = f"{reading.memory_total / 2**30:.0f} GiB" if reading.memory_total else "?"
+    return [
+        str(reading.index),
+        reading.model,
+        reading.uuid or "?",
+        memory,
+        _nvlink_text(reading),
+    ]
+
+
+def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) -> str:
     cpu = inventory.cpu
     smt = "on" if cpu.threads_per_core > 1 else "off"
     lines = [
@@ -92,12 +125,31 @@ def render_inventory(inventory: Inventory, cpu_model: str) -> str:
         ]
         or [["-", "-", "-"]],
     )
-    lines += ["", "GPUs"]
+    lines += ["", f"GPUs (NVML: {_nvml_status(gpus)})"]
+    readings = gpus.by_bus_id()
     if inventory.gpus:
         lines += _table(
-            ["index", "bus id", "NUMA", "CPUs", "PCIe link"],
             [
-                [str(i), gpu.bdf, _numa_text(inventory, gpu), _cpus_text(gpu), _link_text(gpu.link)]
+                "index",
+                "bus id",
+                "NUMA",
+                "CPUs",
+                "PCIe link",
+                "NVML",
+                "model",
+                "UUID",
+                "memory",
+                "NVLink",
+            ],
+            [
+                [
+                    str(i),
+                    gpu.bdf,
+                    _numa_text(inventory, gpu),
+                    _cpus_text(gpu),
+                    _link_text(gpu.link),
+                    *_nvml_cells(readings.get(gpu.bdf) if gpus.usable else None),
+                ]
                 for i, gpu in enumerate(inventory.gpus)
             ],
         )
@@ -138,12 +190,38 @@ def render_inventory(inventory: Inventory, cpu_model: str) -> str:
     return "\n".join(lines)
 
 
-def inventory_document(inventory: Inventory, cpu_model: str) -> dict[str, object]:
+def _nvml_dict(reading: GpuReading | None) -> dict[str, object] | None:
+    if reading is None:
+        return None
+    return {
+        "index": reading.index,
+        "name": reading.name,
+        "uuid": reading.uuid,
+        "vbios": reading.vbios,
+        "memory_total_bytes": reading.memory_total,
+        "nvlink": None
+        if reading.nvlink_active is None
+        else {"links": len(reading.nvlink_active), "active": sum(reading.nvlink_active)},
+        "lost": reading.lost,
+        "hung": reading.hung,
+    }
+
+
+def inventory_document(
+    inventory: Inventory, cpu_model: str, gpus: GpuSnapshot
+) -> dict[str, object]:
     names, matrix = topology_matrix(inventory)
     cpu = inventory.cpu
+    readings = gpus.by_bus_id()
     return {
         "schema": INVENTORY_SCHEMA,
         "hostname": inventory.hostname,
+        "nvml": {
+            "available": gpus.usable,
+            "error": None if gpus.usable else _nvml_status(gpus),
+            "driver_version": gpus.driver_version,
+            "cuda_driver_version": gpus.cuda_driver_version,
+        },
         "cpu": {
             "model": cpu_model,
             "sockets": len(cpu.packages),
@@ -164,6 +242,7 @@ def inventory_document(inventory: Inventory, cpu_model: str) -> dict[str, object
                 "cpus": format_cpulist(gpu.local_cpus) if gpu.local_cpus else None,
                 "link": _link_dict(gpu.link),
                 "problems": list(gpu.problems.values()),
+                "nvml": _nvml_dict(readings.get(gpu.bdf)),
             }
             for i, gpu in enumerate(inventory.gpus)
         ],
@@ -196,5 +275,5 @@ def _link_dict(link: PcieLink | None) -> dict[str, object] | None:
     }
 
 
-def render_inventory_json(inventory: Inventory, cpu_model: str) -> str:
-    return json.dumps(inventory_document(inventory, cpu_model), indent=2)
+def render_inventory_json(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) -> str:
+    return json.dumps(inventory_document(inventory, cpu_model, gpus), indent=2)

@@ -6,14 +6,29 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.node.gpu import GpuHistory, GpuReading, GpuSnapshot, read_gpus
 from nodecheck.checks.node.inventory import Inventory, read_inventory
+from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.variables import Variables, read_variables
 from nodecheck.checks.node.virtualization import detect_virtualization
+from nodecheck.checks.node.xid import XidLog
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """This pass's NVML snapshot, and the reading before it of each GPU (by bus id)."""
+
+    snapshot: GpuSnapshot
+    previous: dict[str, GpuReading]
+
+    def previous_of(self, gpu: GpuReading) -> GpuReading | None:
+        return self.previous.get(gpu.bus_id or "")
 
 
 @dataclass
@@ -28,6 +43,14 @@ class CheckContext:
     fs: NodeFS = field(default_factory=NodeFS)
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     uid: int = field(default_factory=os.getuid)
+    nvml: NvmlSession = field(default_factory=NvmlSession)
+    # The previous GPU readings, for rates; the agent passes the same one every pass.
+    gpu_history: GpuHistory = field(default_factory=GpuHistory)
+    # XIDs from the agent's NVML event listener; None in a one-shot run.
+    xid_log: XidLog | None = None
+    # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.
+    kernel_log: Path | None = None
+    expected_gpus: int | None = None
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -47,6 +70,19 @@ class CheckContext:
     @property
     def variables(self) -> Variables:
         return self._once("variables", lambda: read_variables(self.fs, self.environ, self.uid))
+
+    @property
+    def gpus(self) -> GpuView:
+        """What NVML says about every GPU, with each GPU's previous reading."""
+        return self._once("gpus", self._read_gpus)
+
+    def _read_gpus(self) -> GpuView:
+        snapshot = read_gpus(self.nvml)
+        return GpuView(snapshot, self.gpu_history.exchange(snapshot))
+
+    @property
+    def kernel_log_path(self) -> Path:
+        return self.kernel_log if self.kernel_log is not None else self.fs.host("/dev/kmsg")
 
     @property
     def virtualization(self) -> str | None:

@@ -18,7 +18,7 @@ from nodecheck.checks.result import Result
 CheckFunction = Callable[[CheckContext], Iterable[Result]]
 
 # Packages whose every module is a check.
-CHECK_PACKAGES = ("nodecheck.checks.host",)
+CHECK_PACKAGES = ("nodecheck.checks.host", "nodecheck.checks.gpu")
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,12 @@ def load_checks() -> dict[str, Check]:
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{package_name}.{module.name}")
     return dict(sorted(_REGISTRY.items()))
+
+
+def checks_in(package: str) -> dict[str, Check]:
+    """The registered checks whose module is in `package` ("nodecheck.checks.gpu")."""
+    return {
+        name: check
+        for name, check in load_checks().items()
+        if check.run.__module__.startswith(package + ".")
+    }

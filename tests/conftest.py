@@ -8,27 +8,41 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.registry import load_checks
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import CheckRun, run_checks
+from tests.fake_nvml.build import build_fake_nvml
 from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
+from tests.fixtures.nvml_scenarios import SCENARIOS, Scenario, write_scenario
 
 # A calling environment with nothing audited in it, so results do not depend
 # on the shell the tests run from.
 CLEAN_ENVIRON = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
 
 
+SCENARIO_VARIABLE = "FAKE_NVML_SCENARIO"
+# Short, so tests of a hung NVML call take a second, not five.
+NVML_DEADLINE_S = 1.0
+
+
 @dataclass(frozen=True)
 class Node:
-    """A replica tree and how to run checks on it."""
+    """A replica tree, the fake NVML scenario that goes with it, and how to run checks on it.
+
+    With `nvml_library` None (the live node) the system's NVML is used.
+    """
 
     root: Path
+    nvml_library: Path | None = None
+    scenario: Path | None = None
 
     @property
     def fs(self) -> NodeFS:
@@ -36,7 +50,7 @@ class Node:
 
     @property
     def cli_args(self) -> list[str]:
-        return [
+        args = [
             "--sysfs-root",
             str(self.root / "sys"),
             "--procfs-root",
@@ -44,17 +58,42 @@ class Node:
             "--rootfs",
             str(self.root),
         ]
+        if self.nvml_library is not None:
+            args += ["--nvml-library", str(self.nvml_library), "--nvml-timeout", "2"]
+        return args
 
-    def context(self, environ: Mapping[str, str] | None = None) -> CheckContext:
-        return CheckContext(fs=self.fs, environ=dict(environ or CLEAN_ENVIRON), uid=1000)
+    @property
+    def env(self) -> dict[str, str]:
+        """What a `nodecheck` subprocess needs in its environment for this node."""
+        return {SCENARIO_VARIABLE: str(self.scenario)} if self.scenario else {}
 
-    def run(self, *names: str, environ: Mapping[str, str] | None = None) -> list[CheckRun]:
+    def with_scenario(self, scenario: Scenario, path: Path) -> Node:
+        """This node with another NVML scenario, written to `path`."""
+        return replace(self, scenario=write_scenario(scenario, path))
+
+    def nvml(self, deadline_s: float = NVML_DEADLINE_S) -> NvmlSession:
+        """A fresh NVML session on this node's scenario (the fake reads it at nvmlInit)."""
+        if self.scenario is not None:
+            os.environ[SCENARIO_VARIABLE] = str(self.scenario)
+        library = None if self.nvml_library is None else str(self.nvml_library)
+        return NvmlSession(deadline_s=deadline_s, library_path=library)
+
+    def context(self, environ: Mapping[str, str] | None = None, **options: Any) -> CheckContext:
+        options.setdefault("nvml", self.nvml())
+        return CheckContext(fs=self.fs, environ=dict(environ or CLEAN_ENVIRON), uid=1000, **options)
+
+    def run(
+        self, *names: str, environ: Mapping[str, str] | None = None, **options: Any
+    ) -> list[CheckRun]:
         checks = load_checks()
         selected = [checks[name] for name in names] if names else list(checks.values())
-        return run_checks(selected, self.context(environ))
+        return run_checks(selected, self.context(environ, **options))
 
-    def results(self, *names: str, environ: Mapping[str, str] | None = None) -> list[Result]:
-        return [result for run in self.run(*names, environ=environ) for result in run.results]
+    def results(
+        self, *names: str, environ: Mapping[str, str] | None = None, **options: Any
+    ) -> list[Result]:
+        runs = self.run(*names, environ=environ, **options)
+        return [result for run in runs for result in run.results]
 
 
 def by_status(results: list[Result], *statuses: Status) -> list[Result]:
@@ -73,8 +112,15 @@ def scratch_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def build(scratch_dir: Path) -> Callable[..., Node]:
-    """Build a named node from nodes.NODES (optionally as a non-root reader sees it)."""
+def fake_nvml_library(scratch_dir: Path) -> Path:
+    """The fake libnvidia-ml.so.1, compiled once per session from tests/fake_nvml."""
+    return build_fake_nvml(scratch_dir / "fake-nvml")
+
+
+@pytest.fixture(scope="session")
+def build(scratch_dir: Path, fake_nvml_library: Path) -> Callable[..., Node]:
+    """Build a named node from nodes.NODES (optionally as a non-root reader sees it),
+    with its NVML scenario from nvml_scenarios.SCENARIOS."""
     cache: dict[tuple[str, bool], Node] = {}
 
     def make(name: str, *, unprivileged: bool = False) -> Node:
@@ -82,7 +128,9 @@ def build(scratch_dir: Path) -> Callable[..., Node]:
         if key not in cache:
             spec = replace(nodes.NODES[name](), unprivileged=unprivileged)
             root = scratch_dir / f"{name}{'-unprivileged' if unprivileged else ''}"
-            cache[key] = Node(build_node(spec, root))
+            build_node(spec, root)
+            scenario = write_scenario(SCENARIOS[name](), root / "nvml-scenario.json")
+            cache[key] = Node(root, fake_nvml_library, scenario)
         return cache[key]
 
     return make
@@ -115,7 +163,8 @@ def copy_node(scratch_dir: Path) -> Iterator[Callable[[Node], Node]]:
         root = Path(tempfile.mkdtemp(dir=scratch_dir)) / node.root.name
         shutil.copytree(node.root, root, symlinks=True)
         copies.append(root.parent)
-        return Node(root)
+        scenario = root / node.scenario.name if node.scenario else None
+        return Node(root, node.nvml_library, scenario)
 
     yield copy
     for path in copies:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from nodecheck.agent import cli as cli_module
 from nodecheck.agent.cli import cli
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.fixtures.nodes import SECRET
+from tests.fixtures.nvml_scenarios import dgx_healthy, modified
 
 NODECHECK = [sys.executable, "-m", "nodecheck.agent"]
 
@@ -53,24 +55,24 @@ def test_missing_root_is_one_clear_line() -> None:
 
 
 def test_unknown_check_is_a_usage_error(dgx: Node) -> None:
-    done = run(*dgx.cli_args, "check", "--only", "pcie_acss")
+    done = run(*dgx.cli_args, "check", "--only", "pcie_acss", env=dgx.env)
     assert done.returncode == 2
     assert "unknown check pcie_acss" in done.stderr and "pcie_acs" in done.stderr
 
 
 def test_faulty_node_table(dgx_faulty: Node) -> None:
-    done = run(*dgx_faulty.cli_args, "check")
+    done = run(*dgx_faulty.cli_args, "check", env=dgx_faulty.env)
     assert done.returncode == 1, done.stderr
     out = done.stdout
     assert "\x1b[" not in out  # colour only on a terminal
-    assert out.splitlines()[0].startswith("nodecheck dgx-h100-07: FAIL (5 fail, 1 warn, ")
+    assert out.splitlines()[0].startswith("nodecheck dgx-h100-07: FAIL (")
     assert out.index("\nFAIL\n") < out.index("\nWARN\n") < out.index("\nOK\n")
     assert "fix: sudo setpci -s 0000:39:00.0 ECAP_ACS+0x6.w=0000" in out
     assert SECRET not in out and SECRET not in done.stderr
 
 
 def test_json_contract(dgx_faulty: Node) -> None:
-    done = run(*dgx_faulty.cli_args, "check", "--json")
+    done = run(*dgx_faulty.cli_args, "check", "--json", env=dgx_faulty.env)
     assert done.returncode == 1
     document = json.loads(done.stdout)
     assert set(document) == {"schema", "hostname", "status", "results"}
@@ -86,37 +88,50 @@ def test_json_contract(dgx_faulty: Node) -> None:
 
 
 def test_exit_status_healthy_and_undetermined(dgx: Node, build: object) -> None:
-    assert run(*dgx.cli_args, "check").returncode == 0
+    assert run(*dgx.cli_args, "check", env=dgx.env).returncode == 0
     unprivileged = build("dgx-h100", unprivileged=True)  # type: ignore[operator]
-    done = run(*unprivileged.cli_args, "check", "--json")
+    done = run(*unprivileged.cli_args, "check", "--json", env=unprivileged.env)
     assert done.returncode == 3
     assert json.loads(done.stdout)["status"] == "error"
 
 
 def test_only_and_skip(dgx_faulty: Node) -> None:
-    only = json.loads(run(*dgx_faulty.cli_args, "check", "--json", "--only", "numa").stdout)
+    only = json.loads(
+        run(*dgx_faulty.cli_args, "check", "--json", "--only", "numa", env=dgx_faulty.env).stdout
+    )
     assert {r["check"] for r in only["results"]} == {"numa"}
     skipped = run(
-        *dgx_faulty.cli_args, "check", "--json", "--skip", "pcie_acs", "--skip", "pcie_link"
+        *dgx_faulty.cli_args,
+        "check",
+        "--json",
+        "--skip",
+        "pcie_acs",
+        "--skip",
+        "pcie_link",
+        env=dgx_faulty.env,
     )
     checks = {r["check"] for r in json.loads(skipped.stdout)["results"]}
-    assert checks == {"cpu", "nccl_env", "numa", "torch_alloc"}
+    assert "pcie_acs" not in checks and "pcie_link" not in checks
+    assert {"cpu", "nccl_env", "numa", "torch_alloc", "gpu_count", "gpu_xid"} <= checks
 
 
 def test_root_options_after_the_command(dgx: Node) -> None:
-    result = CliRunner().invoke(cli, ["check", "--json", *dgx.cli_args], env=CLEAN_ENVIRON)
+    environ = {**CLEAN_ENVIRON, **dgx.env}
+    result = CliRunner().invoke(cli, ["check", "--json", *dgx.cli_args], env=environ)
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["hostname"] == "dgx-h100-01"
 
 
 def test_calling_environment_is_audited(dgx: Node) -> None:
-    done = run(*dgx.cli_args, "check", "--only", "nccl_env", env={"NCCL_P2P_LEVEL": "phb"})
+    done = run(
+        *dgx.cli_args, "check", "--only", "nccl_env", env={**dgx.env, "NCCL_P2P_LEVEL": "phb"}
+    )
     assert done.returncode == 0  # a warning
     assert "NCCL_P2P_LEVEL=phb" in done.stdout and "the calling environment" in done.stdout
 
 
 def test_inventory_json(dgx: Node) -> None:
-    done = run(*dgx.cli_args, "inventory", "--json")
+    done = run(*dgx.cli_args, "inventory", "--json", env=dgx.env)
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["schema"] == "nodecheck.inventory/v1"
@@ -132,7 +147,7 @@ def test_inventory_json(dgx: Node) -> None:
 
 
 def test_inventory_table(workstation: Node) -> None:
-    done = run(*workstation.cli_args, "inventory")
+    done = run(*workstation.cli_args, "inventory", env=workstation.env)
     assert done.returncode == 0
     assert "AMD Ryzen 9 7950X 16-Core Processor, 1 socket(s), 16 cores, 32 CPUs" in done.stdout
     assert "GPU0  X     PHB" in done.stdout
@@ -152,20 +167,75 @@ def test_no_traceback_reaches_the_user(
     assert err == "nodecheck: internal error: OSError: disk on fire\n"
 
 
-def test_heavy_modules_are_not_imported(dgx: Node, tmp_path: Path) -> None:
-    """`--help` and `check` stay fast: no torch, no NVML binding, no Prometheus client."""
+@pytest.mark.parametrize(
+    ("command", "allowed"), [(["--help"], set()), (["check", "--json"], {"pynvml"})]
+)
+def test_heavy_modules_are_not_imported(dgx: Node, command: list[str], allowed: set[str]) -> None:
+    """`--help` imports nothing heavy; `check` needs the NVML binding but never torch,
+    the Prometheus client or py-cpuinfo."""
     script = (
         "import sys\n"
         "from nodecheck.agent.cli import cli\n"
-        "for args in (['--help'], [*sys.argv[1:], 'check', '--json']):\n"
-        "    try:\n"
-        "        cli.main(args, standalone_mode=False)\n"
-        "    except SystemExit:\n"
-        "        pass\n"
+        "try:\n"
+        "    cli.main(sys.argv[1:], standalone_mode=False)\n"
+        "except SystemExit:\n"
+        "    pass\n"
         "heavy = {'torch', 'pynvml', 'prometheus_client', 'cpuinfo'} & set(sys.modules)\n"
         "print('HEAVY', sorted(heavy))\n"
     )
+    args = [*dgx.cli_args, *command] if command[0] == "check" else command
     done = subprocess.run(
-        [sys.executable, "-c", script, *dgx.cli_args], capture_output=True, text=True, check=False
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **dgx.env},
     )
-    assert "HEAVY []" in done.stdout, done.stdout[-500:] + done.stderr
+    assert f"HEAVY {sorted(allowed)}" in done.stdout, done.stdout[-500:] + done.stderr
+
+
+def test_hung_nvml_call_leaves_the_cli_responsive(dgx: Node, tmp_path: Path) -> None:
+    """A GPU whose NVML calls never return (the fake sleeps for an hour): the command
+    still finishes, marks that GPU undetermined and exits 3."""
+    scenario = modified(dgx_healthy(), gpu=5, hang={"nvmlDeviceGetTemperatureV": 0})
+    node = dgx.with_scenario(scenario, tmp_path / "hang.json")
+    done = run(*node.cli_args, "check", "--json", env=node.env)
+    assert done.returncode == 3, done.stderr
+    document = json.loads(done.stdout)
+    hung = [r for r in document["results"] if r["subject"] == "gpu 0000:9c:00.0"]
+    assert any(r["summary"].startswith("NVML did not answer in 2 s") for r in hung)
+    assert {r["status"] for r in document["results"]} <= {"ok", "skip", "error"}
+
+
+def test_inventory_shows_what_nvml_sees(dgx_faulty: Node) -> None:
+    done = run(*dgx_faulty.cli_args, "inventory", env=dgx_faulty.env)
+    assert done.returncode == 0, done.stderr
+    assert "GPUs (NVML: driver 570.124.06, CUDA 12.8)" in done.stdout
+    first = next(line for line in done.stdout.splitlines() if "0000:18:00.0" in line)
+    assert "NVIDIA H100 80GB HBM3" in first and "80 GiB" in first and "18/18 active" in first
+    assert "GPU-6f0c0000-1b2e-4d5c-9a7b-000000000018" in first
+    assert "16/18 active" in next(line for line in done.stdout.splitlines() if "9a:00.0" in line)
+    missing = next(line for line in done.stdout.splitlines() if "0000:bc:00.0" in line)
+    assert "not seen by NVML" in missing
+    document = json.loads(
+        run(*dgx_faulty.cli_args, "inventory", "--json", env=dgx_faulty.env).stdout
+    )
+    assert document["nvml"]["driver_version"] == "570.124.06"
+    nvml = [gpu["nvml"] for gpu in document["gpus"]]
+    assert nvml[7] is None
+    assert nvml[4]["nvlink"] == {"links": 18, "active": 16}
+    assert [entry["index"] for entry in nvml[:7]] == list(range(7))
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has an NVML library"
+)
+def test_no_nvml_library_on_a_gpu_node_is_undetermined(dgx: Node) -> None:
+    """The system's NVML (none here): GPUs on the bus but no way to judge them."""
+    args = [arg for arg in dgx.cli_args if arg not in ("--nvml-library", str(dgx.nvml_library))]
+    done = run(*args, "check", "--json", "--only", "gpu_count", "--only", "gpu_state")
+    assert done.returncode == 3, done.stderr
+    results = {r["check"]: r for r in json.loads(done.stdout)["results"]}
+    assert results["gpu_count"]["status"] == "error"
+    assert "8 GPU(s) on the PCI bus, but NVML library not found" in results["gpu_count"]["summary"]
+    assert results["gpu_state"] == {**results["gpu_state"], "status": "skip"}

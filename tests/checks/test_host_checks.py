@@ -84,8 +84,20 @@ def test_faulty_dgx_bad_allocator_conf(dgx_faulty: Node) -> None:
     assert "'true'" in finding.summary and "at least 20" in finding.summary
 
 
+HOST_CHECKS = ("cpu", "nccl_env", "numa", "pcie_acs", "pcie_link", "torch_alloc")
+
+
+def test_host_checks_are_all_listed() -> None:
+    host = {
+        c.name
+        for c in load_checks().values()
+        if c.run.__module__.startswith("nodecheck.checks.host.")
+    }
+    assert host == set(HOST_CHECKS)
+
+
 def test_faulty_dgx_has_exactly_the_planted_faults(dgx_faulty: Node) -> None:
-    results = dgx_faulty.results()
+    results = dgx_faulty.results(*HOST_CHECKS)
     found = sorted(
         (r.status.value, r.subject)
         for r in by_status(results, Status.FAIL, Status.WARN, Status.ERROR)
@@ -113,7 +125,7 @@ def test_secrets_in_process_environments_are_never_kept(dgx_faulty: Node) -> Non
 
 
 def test_workstation(workstation: Node) -> None:
-    results = workstation.results()
+    results = workstation.results(*HOST_CHECKS)
     assert subjects(results, Status.FAIL, Status.ERROR) == []
     warnings = by_status(results, Status.WARN)
     assert sorted(r.subject for r in warnings) == ["gpu 0000:01:00.0", "node"]

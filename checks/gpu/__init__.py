@@ -1,0 +1,1 @@
+"""GPU checks that read NVML: one module per check, each judging every GPU."""

@@ -1,0 +1,173 @@
+"""GPU memory errors: ECC counts, row remapping, and retired pages on older GPUs.
+
+Thresholds (hardware.md §5.4): any volatile uncorrectable ECC error means the
+GPU needs a reset (stas00/ml-engineering); a row remapping that *failed* makes
+the GPU an RMA candidate, one that is *pending* takes effect at the next reset
+(NVML docs: "A reset will be required to actually remap the row"). Page
+retirement, the pre-Ampere mechanism, uses DCGM's limits from
+dcgm_gpu_hardware_limits.h: 15 retired pages is a warning, 60 the maximum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.gpu import GpuReading
+from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
+from nodecheck.checks.registry import register
+from nodecheck.checks.result import MetricSpec, Result, Sample, Status
+
+
+def _counter(name: str, help_text: str, labels: tuple[str, ...] = GPU_LABELS) -> MetricSpec:
+    return MetricSpec(name, "counter", help_text, labels)
+
+
+def _gauge(name: str, help_text: str, labels: tuple[str, ...] = GPU_LABELS) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_text, labels)
+
+
+ECC_SPECS = {
+    "volatile_corrected": _counter(
+        "nodecheck_gpu_ecc_volatile_corrected_errors_total",
+        "Corrected ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile)",
+    ),
+    "volatile_uncorrected": _counter(
+        "nodecheck_gpu_ecc_volatile_uncorrected_errors_total",
+        "Uncorrected ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile)",
+    ),
+    "aggregate_corrected": _counter(
+        "nodecheck_gpu_ecc_aggregate_corrected_errors_total",
+        "Corrected ECC errors over the GPU's life (nvmlDeviceGetTotalEccErrors, aggregate)",
+    ),
+    "aggregate_uncorrected": _counter(
+        "nodecheck_gpu_ecc_aggregate_uncorrected_errors_total",
+        "Uncorrected ECC errors over the GPU's life (nvmlDeviceGetTotalEccErrors, aggregate)",
+    ),
+}
+ECC_ENABLED = _gauge("nodecheck_gpu_ecc_enabled", "1 when ECC is on (nvmlDeviceGetEccMode)")
+REMAPPED_CORRECTABLE = _counter(
+    "nodecheck_gpu_remapped_rows_correctable_total",
+    "Rows remapped for correctable errors (nvmlDeviceGetRemappedRows)",
+)
+REMAPPED_UNCORRECTABLE = _counter(
+    "nodecheck_gpu_remapped_rows_uncorrectable_total",
+    "Rows remapped for uncorrectable errors (nvmlDeviceGetRemappedRows)",
+)
+REMAP_PENDING = _gauge(
+    "nodecheck_gpu_row_remap_pending", "1 when a row remapping waits for a GPU reset"
+)
+REMAP_FAILED = _gauge(
+    "nodecheck_gpu_row_remap_failed", "1 when a row remapping has ever failed on this GPU"
+)
+RETIRED = _counter(
+    "nodecheck_gpu_retired_pages_total",
+    "Memory pages retired, by cause (nvmlDeviceGetRetiredPages; GPUs before Ampere)",
+    (*GPU_LABELS, "cause"),
+)
+RETIRED_PENDING = _gauge(
+    "nodecheck_gpu_retired_pages_pending",
+    "1 when a page retirement waits for a reset (nvmlDeviceGetRetiredPagesPendingStatus)",
+)
+
+RETIRED_PAGES_WARN = 15  # DCGM_LIMIT_MAX_RETIRED_PAGES_SOFT_LIMIT
+RETIRED_PAGES_FAIL = 60  # DCGM_LIMIT_MAX_RETIRED_PAGES
+RESET = "reset the GPU when it is idle (nvidia-smi -r -i <id>), or drain and reboot"
+
+
+def judge_memory(gpu: GpuReading, _previous: GpuReading | None) -> Verdict:
+    verdict = Verdict("no memory errors")
+    labels = gpu.labels()
+    if gpu.ecc_mode is not None:
+        current, pending = gpu.ecc_mode
+        verdict.samples.append(Sample(ECC_ENABLED, int(current), labels))
+        if not current:
+            verdict.add(Status.WARN, "ECC is off", "turn ECC on (nvidia-smi -e 1) and reboot")
+        if current != pending:
+            verdict.add(
+                Status.WARN,
+                f"ECC mode change to {'on' if pending else 'off'} waits for a reboot",
+                "reboot the node to apply the ECC mode",
+            )
+    elif gpu.remapped_rows is None and gpu.retired_pages is None:
+        # GeForce and some workstation GPUs: no ECC, nothing that counts errors.
+        return Verdict("no ECC or memory error reporting on this GPU", not_applicable=True)
+    else:
+        verdict.add(Status.OK, "no ECC on this GPU")
+    for name, spec in ECC_SPECS.items():
+        value = getattr(gpu.ecc, name)
+        if value is not None:
+            verdict.samples.append(Sample(spec, value, labels))
+    volatile = gpu.ecc.volatile_uncorrected
+    if volatile:
+        verdict.add(
+            Status.FAIL,
+            f"{volatile} uncorrectable ECC error(s) since the driver loaded",
+            f"drain the node and {RESET}",
+        )
+    elif gpu.ecc.aggregate_uncorrected:
+        verdict.add(
+            Status.OK, f"{gpu.ecc.aggregate_uncorrected} uncorrectable ECC error(s) in its life"
+        )
+    _judge_rows(gpu, verdict, labels)
+    _judge_pages(gpu, verdict, labels)
+    return verdict
+
+
+def _judge_rows(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> None:
+    rows = gpu.remapped_rows
+    if rows is None:
+        return
+    verdict.samples += [
+        Sample(REMAPPED_CORRECTABLE, rows.correctable, labels),
+        Sample(REMAPPED_UNCORRECTABLE, rows.uncorrectable, labels),
+        Sample(REMAP_PENDING, int(rows.pending), labels),
+        Sample(REMAP_FAILED, int(rows.failure), labels),
+    ]
+    verdict.details["remapped_rows"] = {
+        "correctable": rows.correctable,
+        "uncorrectable": rows.uncorrectable,
+        "pending": rows.pending,
+        "failure": rows.failure,
+    }
+    if rows.failure:
+        verdict.add(
+            Status.FAIL,
+            "a row remapping failed: the GPU has run out of spare rows",
+            "drain the node; the GPU is an RMA candidate (NVIDIA: remapping failure)",
+        )
+    if rows.pending:
+        verdict.add(Status.WARN, "a row remapping is pending", RESET)
+
+
+def _judge_pages(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> None:
+    pages = gpu.retired_pages
+    if pages is None:
+        return
+    verdict.samples += [
+        Sample(RETIRED, pages.single_bit, {**labels, "cause": "multiple_single_bit_ecc"}),
+        Sample(RETIRED, pages.double_bit, {**labels, "cause": "double_bit_ecc"}),
+    ]
+    if pages.pending is not None:
+        verdict.samples.append(Sample(RETIRED_PENDING, int(pages.pending), labels))
+    total = pages.single_bit + pages.double_bit
+    if total >= RETIRED_PAGES_FAIL:
+        verdict.add(
+            Status.FAIL,
+            f"{total} retired pages (limit {RETIRED_PAGES_FAIL})",
+            "drain the node; the GPU is an RMA candidate",
+        )
+    elif total >= RETIRED_PAGES_WARN:
+        verdict.add(Status.WARN, f"{total} retired pages", "watch the count; RMA at 60")
+    if pages.pending:
+        verdict.add(Status.WARN, "a page retirement is pending", RESET)
+
+
+# The reads this check relies on; one that fails is reported, never passed over.
+QUERIES = ("ecc_mode", "ecc", "remapped_rows", "retired_pages", "retired_pages_pending")
+
+
+@register("gpu_memory_errors", interval_s=60, timeout_s=15)
+def check_gpu_memory_errors(ctx: CheckContext) -> Iterator[Result]:
+    """ECC errors, row remapping and retired pages per GPU."""
+    yield from per_gpu_results(ctx, judge_memory, QUERIES)

@@ -1,0 +1,495 @@
+"""What NVML says about each GPU, read in one pass (hardware.md §5).
+
+`read_gpus` returns a `GpuSnapshot`: one `GpuReading` per GPU NVML enumerates,
+each read on its own thread under the session's deadline. A query a GPU or
+driver does not have is recorded in `unsupported` (never an error); a GPU that
+NVML reports lost stops being read and says so in `lost`; a GPU whose reads did
+not come back in time says so in `hung`. Judging happens in the checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from nodecheck.checks.node.fs import NodeFS, read_optional_text
+from nodecheck.checks.node.nvml import (
+    ABSENT_CODES,
+    LOST_CODES,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NvmlHungError,
+    NvmlSession,
+    NvmlUnavailableError,
+    describe_error,
+    error_code,
+)
+
+T = TypeVar("T")
+
+# Field ids (nvml.h, NVML_FI_*), read in one nvmlDeviceGetFieldValues call.
+FIELD_PCIE_REPLAY = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+# Nanoseconds each clock event reason held the clocks down, since driver load.
+THROTTLE_FIELDS = {
+    "sw_power_cap": 74,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+    "sync_boost": 76,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
+    "sw_thermal": 269,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+    "hw_thermal": 270,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+    "hw_power_brake": 271,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
+}
+# NVLink error counters summed over all links (NVML_FI_DEV_NVLINK_*_TOTAL).
+NVLINK_ERROR_FIELDS = {
+    "crc_flit": 38,
+    "crc_data": 45,
+    "replay": 52,
+    "recovery": 59,
+    "ecc_data": 160,
+}
+NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in the 13.x header
+
+# nvmlFieldValue_t.valueType -> the union member that holds it.
+_VALUE_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+# Enum values from nvml.h, so this module does not import pynvml.
+MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED = 0, 1
+VOLATILE_ECC, AGGREGATE_ECC = 0, 1
+PAGE_RETIREMENT_SBE, PAGE_RETIREMENT_DBE = 0, 1
+TEMPERATURE_GPU = 0
+THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN = 0, 1
+
+
+def normalize_bus_id(raw: str | bytes) -> str:
+    """NVML's "00000000:1B:00.0" as sysfs writes it: "0000:1b:00.0"."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    text = text.strip().lower()
+    domain, _, rest = text.partition(":")
+    if not rest:
+        return text
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+@dataclass(frozen=True)
+class EccCounts:
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    single_bit: int
+    double_bit: int
+    pending: bool | None
+
+
+@dataclass(frozen=True)
+class PcieState:
+    generation: int | None
+    max_generation: int | None
+    width: int | None
+    max_width: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass
+class GpuReading:
+    """One GPU as NVML saw it. Every value is None where it could not be read."""
+
+    index: int
+    bus_id: str | None = None
+    name: str | None = None
+    uuid: str | None = None
+    vbios: str | None = None
+    minor: int | None = None
+    lost: str | None = None
+    hung: str | None = None
+    # query -> why it failed (not "unsupported": that is in `unsupported`)
+    errors: dict[str, str] = field(default_factory=dict)
+    unsupported: set[str] = field(default_factory=set)
+    memory_total: int | None = None
+    memory_used: int | None = None
+    ecc_mode: tuple[bool, bool] | None = None  # (current, pending)
+    ecc: EccCounts = field(default_factory=EccCounts)
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    clock_event_reasons: int | None = None
+    throttle_ns: dict[str, int] = field(default_factory=dict)
+    pcie: PcieState | None = None
+    pcie_replays: int | None = None
+    nvlink_active: list[bool] | None = None  # None: no NVLink on this GPU
+    nvlink_errors: dict[str, int] = field(default_factory=dict)
+    temperature_c: int | None = None
+    slowdown_c: int | None = None
+    shutdown_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    default_power_limit_w: float | None = None
+    persistence_mode: bool | None = None
+    recovery_action: int | None = None
+    utilization_pct: int | None = None
+    processes: list[GpuProcess] | None = None
+    read_at: float = 0.0  # time.monotonic() when the counters were read
+
+    @property
+    def readable(self) -> bool:
+        return self.lost is None and self.hung is None
+
+    @property
+    def model(self) -> str:
+        return self.name or "unknown"
+
+    def labels(self) -> dict[str, str]:
+        """The labels every per-GPU metric sample carries."""
+        return {"gpu": str(self.index), "bus_id": self.bus_id or "", "model": self.model}
+
+
+@dataclass
+class GpuSnapshot:
+    """Every GPU NVML enumerates, or why NVML could not be used."""
+
+    gpus: list[GpuReading] = field(default_factory=list)
+    unavailable: NvmlUnavailableError | None = None
+    hung: NvmlHungError | None = None
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    taken_at: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        return self.unavailable is None and self.hung is None
+
+    def by_bus_id(self) -> dict[str, GpuReading]:
+        return {gpu.bus_id: gpu for gpu in self.gpus if gpu.bus_id}
+
+
+class _GpuLostError(Exception):
+    pass
+
+
+class _Reader:
+    """Reads one GPU, query by query, sorting each failure into its kind."""
+
+    def __init__(self, nvml: Any, reading: GpuReading) -> None:
+        self.nvml = nvml
+        self.reading = reading
+
+    def query(self, name: str, call: Callable[[], T]) -> T | None:
+        try:
+            return call()
+        except self.nvml.NVMLError as err:
+            code = error_code(err)
+            if code in LOST_CODES:
+                self.reading.lost = describe_error(err)
+                raise _GpuLostError from err
+            if code in ABSENT_CODES:
+                self.reading.unsupported.add(name)
+            else:
+                self.reading.errors[name] = describe_error(err)
+            return None
+
+
+def _field_values(nvml: Any, handle: object, ids: list[int]) -> dict[int, int | float | None]:
+    """Field id -> value; None for a field this GPU does not report."""
+    values: dict[int, int | float | None] = {}
+    for item in nvml.nvmlDeviceGetFieldValues(handle, ids):
+        member = _VALUE_MEMBERS.get(item.valueType)
+        if item.nvmlReturn in LOST_CODES:
+            raise nvml.NVMLError(item.nvmlReturn)
+        ok = item.nvmlReturn == 0 and member is not None
+        values[item.fieldId] = getattr(item.value, member) if ok else None  # type: ignore[arg-type]
+    return values
+
+
+def _read_gpu(nvml: Any, handle: object, reading: GpuReading) -> GpuReading:
+    """Fill `reading` from NVML; stops at the first sign the GPU is lost."""
+    r = _Reader(nvml, reading)
+    try:
+        _read_identity(nvml, handle, r)
+        _read_memory(nvml, handle, r)
+        _read_clocks_and_links(nvml, handle, r)
+        _read_state(nvml, handle, r)
+    except _GpuLostError:
+        pass
+    reading.read_at = time.monotonic()
+    return reading
+
+
+def _read_identity(nvml: Any, h: object, r: _Reader) -> None:
+    reading = r.reading
+    reading.name = r.query("name", lambda: nvml.nvmlDeviceGetName(h))
+    reading.uuid = r.query("uuid", lambda: nvml.nvmlDeviceGetUUID(h))
+    reading.vbios = r.query("vbios", lambda: nvml.nvmlDeviceGetVbiosVersion(h))
+    reading.minor = r.query("minor", lambda: nvml.nvmlDeviceGetMinorNumber(h))
+    memory = r.query("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
+    if memory is not None:
+        reading.memory_total, reading.memory_used = int(memory.total), int(memory.used)
+
+
+def _read_memory(nvml: Any, h: object, r: _Reader) -> None:
+    reading = r.reading
+    mode = r.query("ecc_mode", lambda: nvml.nvmlDeviceGetEccMode(h))
+    if mode is not None:
+        reading.ecc_mode = (bool(mode[0]), bool(mode[1]))
+    if reading.ecc_mode is not None and reading.ecc_mode[0]:
+
+        def count(kind: int, counter: int) -> int | None:
+            return r.query("ecc", lambda: int(nvml.nvmlDeviceGetTotalEccErrors(h, kind, counter)))
+
+        reading.ecc = EccCounts(
+            volatile_corrected=count(MEMORY_ERROR_CORRECTED, VOLATILE_ECC),
+            volatile_uncorrected=count(MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC),
+            aggregate_corrected=count(MEMORY_ERROR_CORRECTED, AGGREGATE_ECC),
+            aggregate_uncorrected=count(MEMORY_ERROR_UNCORRECTED, AGGREGATE_ECC),
+        )
+    rows = r.query("remapped_rows", lambda: nvml.nvmlDeviceGetRemappedRows(h))
+    if rows is not None:
+        reading.remapped_rows = RemappedRows(
+            int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])
+        )
+    # Page retirement is the pre-Ampere mechanism; Ampere and later answer
+    # NOT_SUPPORTED and use row remapping instead (hardware.md §5.4).
+    sbe = r.query("retired_pages", lambda: nvml.nvmlDeviceGetRetiredPages(h, PAGE_RETIREMENT_SBE))
+    if sbe is not None:
+        dbe = r.query(
+            "retired_pages", lambda: nvml.nvmlDeviceGetRetiredPages(h, PAGE_RETIREMENT_DBE)
+        )
+        pending = r.query(
+            "retired_pages_pending", lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(h)
+        )
+        reading.retired_pages = RetiredPages(
+            len(sbe), len(dbe or []), None if pending is None else bool(pending)
+        )
+
+
+def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
+    reading = r.reading
+    reading.clock_event_reasons = r.query("clock_event_reasons", lambda: _event_reasons(nvml, h))
+    pcie = PcieState(
+        r.query("pcie", lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+        r.query("pcie", lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+        r.query("pcie", lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+        r.query("pcie", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+    )
+    if any(value is not None for value in vars(pcie).values()):
+        reading.pcie = pcie
+    reading.nvlink_active = _nvlink_states(nvml, h, r)
+    ids = [FIELD_PCIE_REPLAY, FIELD_RECOVERY_ACTION, *THROTTLE_FIELDS.values()]
+    if reading.nvlink_active is not None:
+        ids += NVLINK_ERROR_FIELDS.values()
+    fields = r.query("field_values", lambda: _field_values(nvml, h, ids))
+    if fields is None:
+        return
+    replays = fields.get(FIELD_PCIE_REPLAY)
+    reading.pcie_replays = None if replays is None else int(replays)
+    action = fields.get(FIELD_RECOVERY_ACTION)
+    reading.recovery_action = None if action is None else int(action)
+    for name, field_id in THROTTLE_FIELDS.items():
+        if (value := fields.get(field_id)) is not None:
+            reading.throttle_ns[name] = int(value)
+    for name, field_id in NVLINK_ERROR_FIELDS.items():
+        if (value := fields.get(field_id)) is not None:
+            reading.nvlink_errors[name] = int(value)
+
+
+def _event_reasons(nvml: Any, h: object) -> int:
+    """Current clock event reasons; the old "throttle reasons" call on older bindings."""
+    getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if getter is None:
+        getter = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    return int(getter(h))
+
+
+def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:
+    """Active flag per NVLink; None on a GPU without NVLink."""
+    states: list[bool] = []
+    for link in range(NVLINK_MAX_LINKS):
+        try:
+            states.append(bool(nvml.nvmlDeviceGetNvLinkState(h, link)))
+        except nvml.NVMLError as err:
+            code = error_code(err)
+            if code in LOST_CODES:
+                r.reading.lost = describe_error(err)
+                raise _GpuLostError from err
+            # Past the last link NVML answers INVALID_ARGUMENT (or NOT_SUPPORTED
+            # for every link on a GPU with none).
+            if code in ABSENT_CODES or code == NVML_ERROR_INVALID_ARGUMENT:
+                break
+            r.reading.errors["nvlink"] = describe_error(err)
+            break
+    return states or None
+
+
+def _read_state(nvml: Any, h: object, r: _Reader) -> None:
+    reading = r.reading
+    reading.temperature_c = r.query(
+        "temperature", lambda: int(nvml.nvmlDeviceGetTemperatureV(h, TEMPERATURE_GPU))
+    )
+    reading.slowdown_c = r.query(
+        "temperature_threshold",
+        lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, THRESHOLD_SLOWDOWN)),
+    )
+    reading.shutdown_c = r.query(
+        "temperature_threshold",
+        lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, THRESHOLD_SHUTDOWN)),
+    )
+
+    def watts(name: str, call: Callable[[], int]) -> float | None:
+        milliwatts = r.query(name, call)
+        return None if milliwatts is None else milliwatts / 1000
+
+    reading.power_w = watts("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
+    reading.power_limit_w = watts("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+    reading.default_power_limit_w = watts(
+        "power_limit_default", lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
+    )
+    mode = r.query("persistence_mode", lambda: nvml.nvmlDeviceGetPersistenceMode(h))
+    reading.persistence_mode = None if mode is None else bool(mode)
+    utilization = r.query("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
+    reading.utilization_pct = None if utilization is None else int(utilization.gpu)
+    processes = r.query("processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
+    if processes is not None:
+        reading.processes = [
+            GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in processes
+        ]
+
+
+def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, int | None]:
+    """Handles and bus ids of every GPU NVML sees, and the driver versions."""
+    driver = nvml.nvmlSystemGetDriverVersion()
+    try:
+        cuda: int | None = int(nvml.nvmlSystemGetCudaDriverVersion())
+    except nvml.NVMLError:
+        cuda = None
+    found: list[tuple[object, GpuReading]] = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        reading = GpuReading(index)
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            reading.bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except nvml.NVMLError as err:
+            # A lost GPU still counts: it is exactly what the checks must report.
+            reading.lost = describe_error(err)
+            handle = None
+        found.append((handle, reading))
+    return found, driver, cuda
+
+
+def read_gpus(session: NvmlSession) -> GpuSnapshot:
+    """Read every GPU, in parallel, each under the session's deadline."""
+    snapshot = GpuSnapshot(taken_at=time.monotonic())
+    try:
+        nvml = session.module()
+        found, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
+            lambda: _enumerate(nvml), "device enumeration"
+        )
+    except NvmlUnavailableError as err:
+        snapshot.unavailable = err
+        return snapshot
+    except NvmlHungError as err:
+        snapshot.hung = err
+        return snapshot
+    jobs: dict[str, Callable[[], GpuReading]] = {}
+    for handle, reading in found:
+        if handle is not None:
+            jobs[str(reading.index)] = functools.partial(_read_gpu, nvml, handle, reading)
+    outcomes = session.run_many(jobs)
+    for _handle, reading in found:
+        outcome = outcomes.get(str(reading.index))
+        if isinstance(outcome, NvmlHungError):
+            # The reading thread may still be writing into `reading`: report a
+            # fresh one that holds only what enumeration found.
+            hung = GpuReading(reading.index, bus_id=reading.bus_id, hung=str(outcome))
+            snapshot.gpus.append(hung)
+            continue
+        if isinstance(outcome, BaseException):
+            reading.errors["read"] = f"{type(outcome).__name__}: {outcome}"
+        snapshot.gpus.append(reading)
+    return snapshot
+
+
+class GpuHistory:
+    """The previous reading of each GPU, so checks can judge counters by their rate.
+
+    A one-shot `nodecheck check` starts with an empty history; the agent keeps
+    one for its lifetime. Keyed by bus id, the key everything else joins on.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[str, GpuReading] = {}
+        self._lock = threading.Lock()
+
+    def exchange(self, snapshot: GpuSnapshot) -> dict[str, GpuReading]:
+        """The readings before `snapshot`, by bus id; `snapshot` becomes the new previous.
+
+        A GPU lost since the last pass may no longer tell NVML its bus id;
+        within one NVML session its index is stable, so the id is taken from
+        the previous reading of that index.
+        """
+        with self._lock:
+            previous = dict(self._previous)
+            by_index = {gpu.index: gpu for gpu in previous.values()}
+            for gpu in snapshot.gpus:
+                if gpu.bus_id is None and gpu.index in by_index:
+                    gpu.bus_id = by_index[gpu.index].bus_id
+                if gpu.bus_id and gpu.readable:
+                    self._previous[gpu.bus_id] = gpu
+            return previous
+
+
+def counter_rate(current: int | None, previous: int | None, seconds: float) -> float | None:
+    """Increase per second between two readings of a counter.
+
+    None when either reading is missing, no time passed, or the counter went
+    down: volatile counters restart at zero when the driver reloads or the GPU
+    is reset, and a rate across that would be meaningless.
+    """
+    if current is None or previous is None or seconds <= 0 or current < previous:
+        return None
+    return (current - previous) / seconds
+
+
+# "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build ..."
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 ..."
+_MODULE_VERSION = re.compile(r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def parse_kernel_module_version(text: str) -> str | None:
+    """The loaded nvidia.ko version from /proc/driver/nvidia/version."""
+    for line in text.splitlines():
+        if match := _MODULE_VERSION.match(line):
+            return match.group(1)
+    return None
+
+
+def read_kernel_module_version(fs: NodeFS) -> str | None:
+    """None when the file is absent (no driver, or a container without it)."""
+    text = read_optional_text(fs.proc("driver", "nvidia", "version"))
+    return None if text is None else parse_kernel_module_version(text)

@@ -1,0 +1,237 @@
+"""Access to NVML (nvidia-ml-py, imported as `pynvml`) under a deadline.
+
+NVML calls go into the kernel driver, and when a GPU falls off the bus they can
+block for minutes (nvidia-smi stuck in D state: NVIDIA/gpu-monitoring-tools
+#46). So no caller ever waits on NVML directly: each job runs on its own daemon
+thread and the caller waits at most `deadline_s`. A job past its deadline is
+abandoned and the session is *wedged* until that thread comes back; while it is,
+every new job fails at once with `NvmlHungError` instead of stacking more stuck
+threads behind the driver's lock.
+
+pynvml is imported on first use, so `nodecheck --help` never pays for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# nvmlReturn_t values (nvml.h) that mean "this GPU is gone until a reset".
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+LOST_CODES = frozenset({NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED})
+# ... and "this query does not exist on this GPU or driver".
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_NOT_FOUND = 6
+ABSENT_CODES = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+
+DEFAULT_DEADLINE_S = 5.0
+
+
+class NvmlUnavailableError(Exception):
+    """NVML cannot be used on this node at all; `kind` says why, for judging."""
+
+    LIBRARY_MISSING = "library_missing"
+    DRIVER_NOT_LOADED = "driver_not_loaded"
+    VERSION_MISMATCH = "version_mismatch"
+    NO_PERMISSION = "no_permission"
+    INIT_FAILED = "init_failed"
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class NvmlHungError(Exception):
+    """NVML did not answer within the deadline."""
+
+    def __init__(self, deadline_s: float, what: str) -> None:
+        super().__init__(f"NVML did not answer in {deadline_s:g} s ({what})")
+        self.deadline_s = deadline_s
+
+
+def error_code(err: BaseException) -> int | None:
+    """The nvmlReturn_t of a pynvml.NVMLError, None for anything else."""
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def describe_error(err: BaseException) -> str:
+    """pynvml's text for an NVML error ("GPU is lost"), or the exception's."""
+    text = str(err)
+    return text if text else type(err).__name__
+
+
+@dataclass
+class _Job:
+    done: threading.Event
+    value: object = None
+    failure: BaseException | None = None
+
+
+class NvmlSession:
+    """One NVML initialisation, shared by every GPU read of a process.
+
+    `library_path` loads NVML from a given file instead of the system's
+    `libnvidia-ml.so.1` (a driver mounted somewhere unusual; the fake driver in
+    tests). Thread-safe; `close()` shuts NVML down when nothing is stuck in it.
+    """
+
+    def __init__(
+        self, *, deadline_s: float = DEFAULT_DEADLINE_S, library_path: str | None = None
+    ) -> None:
+        self.deadline_s = deadline_s
+        self.library_path = library_path
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._stuck: set[threading.Thread] = set()
+
+    # -- running jobs under the deadline ----------------------------------
+
+    @property
+    def wedged(self) -> bool:
+        with self._lock:
+            self._stuck = {thread for thread in self._stuck if thread.is_alive()}
+            return bool(self._stuck)
+
+    def run(self, job: Callable[[], T], what: str, deadline_s: float | None = None) -> T:
+        """Run `job` on its own thread; NvmlHungError when it takes longer than the deadline."""
+        outcome = self.run_many({what: job}, deadline_s)[what]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def run_many(
+        self, jobs: dict[str, Callable[[], T]], deadline_s: float | None = None
+    ) -> dict[str, T | BaseException]:
+        """Run jobs in parallel, each under the same deadline; a hung one gives NvmlHungError.
+
+        Used to read every GPU at once: one GPU that stopped answering costs
+        the pass one deadline, not one deadline per GPU.
+        """
+        deadline = self.deadline_s if deadline_s is None else deadline_s
+        if self.wedged:
+            return {
+                name: NvmlHungError(deadline, f"{name}: an earlier NVML call is still stuck")
+                for name in jobs
+            }
+        outcomes = {name: _Job(threading.Event()) for name in jobs}
+        threads: dict[str, threading.Thread] = {}
+        for name, job in jobs.items():
+            outcome = outcomes[name]
+
+            def work(job: Callable[[], T] = job, outcome: _Job = outcome) -> None:
+                try:
+                    outcome.value = job()
+                except BaseException as err:
+                    outcome.failure = err
+                finally:
+                    outcome.done.set()
+
+            threads[name] = threading.Thread(target=work, name=f"nvml-{name}", daemon=True)
+            threads[name].start()
+        results: dict[str, T | BaseException] = {}
+        end = time.monotonic() + deadline
+        for name, outcome in outcomes.items():
+            if not outcome.done.wait(max(end - time.monotonic(), 0.0)):
+                with self._lock:
+                    self._stuck.add(threads[name])
+                results[name] = NvmlHungError(deadline, name)
+            elif outcome.failure is not None:
+                results[name] = outcome.failure
+            else:
+                results[name] = outcome.value  # type: ignore[assignment]
+        return results
+
+    # -- NVML itself -------------------------------------------------------
+
+    def module(self) -> Any:
+        """pynvml, initialised; NvmlUnavailableError or NvmlHungError when it cannot be."""
+        try:
+            import pynvml
+        except ImportError as err:
+            raise NvmlUnavailableError(
+                NvmlUnavailableError.LIBRARY_MISSING, f"nvidia-ml-py is not installed ({err})"
+            ) from err
+        with self._lock:
+            if self._initialized:
+                return pynvml
+        self.run(lambda: self._init(pynvml), "nvmlInit")
+        with self._lock:
+            self._initialized = True
+        return pynvml
+
+    def _init(self, pynvml: Any) -> None:
+        chosen = None if self.library_path is None else _load_library(self.library_path)
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise _unavailable(err) from err
+        # pynvml loads "libnvidia-ml.so.1" once per process; the dynamic loader
+        # hands back the library we loaded only if none was loaded before it.
+        loaded = getattr(pynvml, "nvmlLib", None)
+        if chosen is not None and getattr(loaded, "_handle", None) != chosen._handle:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+            raise NvmlUnavailableError(
+                NvmlUnavailableError.INIT_FAILED,
+                f"cannot use {self.library_path}: another NVML library is already loaded "
+                "in this process",
+            )
+
+    def close(self) -> None:
+        """Shut NVML down, unless a call is stuck in it (then shutdown would hang too)."""
+        with self._lock:
+            initialized, self._initialized = self._initialized, False
+        if not initialized or self.wedged:
+            return
+        import pynvml
+
+        with contextlib.suppress(NvmlHungError, pynvml.NVMLError):
+            self.run(pynvml.nvmlShutdown, "nvmlShutdown")
+
+
+def _load_library(path: str) -> ctypes.CDLL:
+    """Load NVML from `path` so that pynvml's dlopen("libnvidia-ml.so.1") finds it."""
+    try:
+        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        raise NvmlUnavailableError(
+            NvmlUnavailableError.LIBRARY_MISSING, f"NVML library not found: {err}"
+        ) from err
+
+
+def _unavailable(err: BaseException) -> NvmlUnavailableError:
+    code = error_code(err)
+    text = describe_error(err)
+    if code == NVML_ERROR_LIBRARY_NOT_FOUND:
+        return NvmlUnavailableError(NvmlUnavailableError.LIBRARY_MISSING, "NVML library not found")
+    if code == NVML_ERROR_DRIVER_NOT_LOADED:
+        return NvmlUnavailableError(
+            NvmlUnavailableError.DRIVER_NOT_LOADED, "the NVIDIA kernel driver is not loaded"
+        )
+    if code == NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+        return NvmlUnavailableError(
+            NvmlUnavailableError.VERSION_MISMATCH,
+            "the NVML library and the loaded kernel driver are different versions",
+        )
+    if code == NVML_ERROR_NO_PERMISSION:
+        return NvmlUnavailableError(
+            NvmlUnavailableError.NO_PERMISSION,
+            "no permission to open the GPU devices (/dev/nvidia*)",
+        )
+    return NvmlUnavailableError(NvmlUnavailableError.INIT_FAILED, f"nvmlInit failed: {text}")

@@ -1,0 +1,349 @@
+"""XID errors: NVIDIA's catalog of what each means, and the two places they are seen.
+
+An XID is the driver's report of a GPU error. The kernel log has every one
+since boot (`NVRM: Xid (PCI:0000:1b:00): 79, pid=..., GPU has fallen off the
+bus.`); NVML delivers them as events, but only to a process waiting at the
+moment (hardware.md §5.2). So a one-shot run reads the kernel log, and the
+agent also runs `XidListener` so an XID reaches the metrics at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import errno
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
+from nodecheck.checks.node.gpu import normalize_bus_id
+from nodecheck.checks.node.nvml import NvmlHungError, NvmlSession, NvmlUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class XidAction(str, enum.Enum):
+    """NVIDIA's immediate action for an XID (the XID catalog's resolution bucket)."""
+
+    NONE = "none"
+    APP_ERROR = "application error"
+    RESTART_APP = "restart the application"
+    RESET_GPU = "drain the node and reset the GPU"
+    REBOOT = "drain the node and reboot it"
+    FOLLOW_RECOVERY_ACTION = "follow the driver's recovery action"
+    UNKNOWN = "look it up in NVIDIA's XID catalog"
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    mnemonic: str
+    action: XidAction
+
+
+# From NVIDIA's XID catalog as encoded in NVSentinel's xiderrorsmapping.csv
+# (hardware.md §5.3). 13, 31, 43, 45 and 68 are what NVIDIA's k8s device plugin
+# treats as application errors that leave the GPU healthy (internal/rm/health.go).
+_RESET = XidAction.RESET_GPU
+XID_CATALOG: dict[int, XidInfo] = {
+    8: XidInfo("FIFO_ERROR_IDLE_TIMEOUT", XidAction.RESTART_APP),
+    13: XidInfo("GR_EXCEPTION", XidAction.APP_ERROR),
+    31: XidInfo("FIFO_ERROR_MMU_ERR_FLT", XidAction.APP_ERROR),
+    32: XidInfo("PBDMA_ERROR", XidAction.RESTART_APP),
+    43: XidInfo("RESETCHANNEL_VERIF_ERROR", XidAction.APP_ERROR),
+    45: XidInfo("PREEMPTIVE_REMOVAL", XidAction.APP_ERROR),
+    46: XidInfo("GPU_TIMEOUT_ERROR", _RESET),
+    48: XidInfo("GPU_ECC_DBE", _RESET),
+    61: XidInfo("PMU_BREAKPOINT", _RESET),
+    62: XidInfo("PMU_HALT_ERROR", _RESET),
+    63: XidInfo("INFOROM_DRAM_RETIREMENT_EVENT", XidAction.NONE),
+    64: XidInfo("INFOROM_DRAM_RETIREMENT_FAILURE", _RESET),
+    68: XidInfo("NVDEC0_ERROR", XidAction.APP_ERROR),
+    74: XidInfo("NVLINK_ERROR", _RESET),
+    79: XidInfo("GPU_HAS_FALLEN_OFF_THE_BUS", XidAction.REBOOT),
+    92: XidInfo("EXCESSIVE_SBE_INTERRUPTS", XidAction.NONE),
+    94: XidInfo("CONTAINED_ERROR", XidAction.RESTART_APP),
+    95: XidInfo("UNCONTAINED_ERROR", _RESET),
+    109: XidInfo("CTXSW_TIMEOUT_ERROR", _RESET),
+    119: XidInfo("GSP_RPC_TIMEOUT", _RESET),
+    120: XidInfo("GSP_ERROR", _RESET),
+    121: XidInfo("C2C_ERROR", XidAction.NONE),
+    136: XidInfo("ALI_TRAINING_FAIL", _RESET),
+    140: XidInfo("UNRECOVERABLE_ECC_ERROR_ESCAPE", _RESET),
+    143: XidInfo("GPU_INIT_ERROR", _RESET),
+    **{xid: XidInfo("NVLINK_ERROR (NVLink5)", _RESET) for xid in range(144, 151)},
+    154: XidInfo("GPU_RECOVERY_ACTION_CHANGED", XidAction.FOLLOW_RECOVERY_ACTION),
+    155: XidInfo("NVLINK_SW_DEFINED", _RESET),
+    156: XidInfo("RESOURCE_RETIREMENT_EVENT", _RESET),
+    158: XidInfo("GPU_FATAL_TIMEOUT", _RESET),
+}
+
+
+def classify(xid: int) -> XidInfo:
+    return XID_CATALOG.get(xid, XidInfo("unknown", XidAction.UNKNOWN))
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One XID on one GPU. `at` is wall-clock seconds, None when the log had no time."""
+
+    bus_id: str
+    xid: int
+    at: float | None
+    source: str
+    message: str = ""
+
+
+# "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+# The bus id comes without the PCI function; NVIDIA GPUs are function 0.
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(\.\d)?\): (\d+)")
+# /dev/kmsg record: "priority,sequence,microseconds since boot,flags;message".
+KMSG_PREFIX = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
+# dmesg: "[12345.678901] message"
+DMESG_PREFIX = re.compile(r"^\[\s*(\d+\.\d+)\]")
+# journalctl -o short-iso / rsyslog RFC 3339: "2026-11-30T15:28:53.123456+00:00 host kernel:"
+ISO_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
+
+
+def parse_kernel_log(text: str, boot_time: float | None) -> list[XidEvent]:
+    """XID events in kernel log text: /dev/kmsg records, dmesg or syslog lines.
+
+    `boot_time` (wall-clock seconds) turns since-boot stamps into times.
+    """
+    events = []
+    for line in text.splitlines():
+        match = XID_LINE.search(line)
+        if not match:
+            continue
+        bus = normalize_bus_id(f"{match.group(1)}{match.group(2) or '.0'}")
+        message = line[match.end() :].lstrip(", ").strip()
+        events.append(
+            XidEvent(bus, int(match.group(3)), _line_time(line, boot_time), "kernel log", message)
+        )
+    return events
+
+
+def _line_time(line: str, boot_time: float | None) -> float | None:
+    if match := KMSG_PREFIX.match(line):
+        return None if boot_time is None else boot_time + int(match.group(1)) / 1e6
+    if match := DMESG_PREFIX.match(line):
+        return None if boot_time is None else boot_time + float(match.group(1))
+    if match := ISO_PREFIX.match(line):
+        try:
+            return datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def parse_boot_time(proc_stat: str) -> float | None:
+    """`btime` from /proc/stat: when the node booted, in wall-clock seconds."""
+    for line in proc_stat.splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return None
+
+
+KERNEL_LOG_LIMIT = 16 << 20
+
+
+def read_kernel_log(path: Path) -> str:
+    """The kernel log: every record of /dev/kmsg, or the tail of a log file.
+
+    /dev/kmsg hands out one record per read() and EAGAIN at the end (with
+    O_NONBLOCK); EPIPE means the ring buffer overwrote the record we were at,
+    and the next read continues with the oldest one left.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        reason = "permission denied" if err.errno in (errno.EACCES, errno.EPERM) else err.strerror
+        raise ReadError(path, reason or "cannot open") from err
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            size = os.fstat(fd).st_size
+            os.lseek(fd, max(size - KERNEL_LOG_LIMIT, 0), os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks).decode(errors="replace")
+        records = []
+        total = 0
+        while total < KERNEL_LOG_LIMIT:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as err:
+                if err.errno == errno.EPIPE:
+                    continue
+                raise ReadError(path, err.strerror or "read failed") from err
+            if not record:
+                break
+            records.append(record)
+            total += len(record)
+        return b"".join(records).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def kernel_log_xids(fs: NodeFS, path: Path) -> list[XidEvent]:
+    """XIDs in the kernel log at `path`; ReadError when it cannot be read."""
+    text = read_kernel_log(path)
+    try:
+        boot_time = parse_boot_time(read_text(fs.proc("stat")))
+    except ReadError:
+        boot_time = None
+    return parse_kernel_log(text, boot_time)
+
+
+class XidLog:
+    """XID events the listener has seen, for the checks to read (thread-safe)."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._events: list[XidEvent] = []
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def add(self, event: XidEvent) -> None:
+        with self._lock:
+            self._events.append(event)
+            del self._events[: -self._limit]
+
+    def events(self) -> list[XidEvent]:
+        with self._lock:
+            return list(self._events)
+
+
+def merge_sources(kernel: Iterable[XidEvent], nvml: Iterable[XidEvent]) -> list[XidEvent]:
+    """Both sources together, each XID once: an NVML event that the kernel log also
+    has (same GPU and XID, within 5 s) is the same error seen twice."""
+    merged = list(kernel)
+    for event in nvml:
+        duplicate = any(
+            seen.bus_id == event.bus_id
+            and seen.xid == event.xid
+            and seen.at is not None
+            and event.at is not None
+            and abs(seen.at - event.at) < 5
+            for seen in merged
+        )
+        if not duplicate:
+            merged.append(event)
+    return merged
+
+
+XID_CRITICAL_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+
+
+class XidListener:
+    """Waits for NVML XID events on a thread and records them in an `XidLog`.
+
+    `start()` returns at once; `stop()` returns within about `poll_s` plus a
+    second, since the thread only blocks in nvmlEventSetWait for `poll_s` at a
+    time. `on_event` (optional) is called on the listener thread for each
+    event, so the agent can re-judge at once instead of at the next poll.
+    """
+
+    def __init__(
+        self,
+        session: NvmlSession,
+        xid_log: XidLog,
+        *,
+        poll_s: float = 0.5,
+        on_event: Callable[[XidEvent], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.xid_log = xid_log
+        self.poll_s = poll_s
+        self.on_event = on_event
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, ready_timeout_s: float | None = None) -> None:
+        """Start listening; with `ready_timeout_s`, wait until registration is done."""
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-listener", daemon=True)
+        self._thread.start()
+        if ready_timeout_s is not None:
+            self._ready.wait(ready_timeout_s)
+
+    def stop(self) -> bool:
+        """Stop and join; False when the thread is stuck in the driver."""
+        self._stop.set()
+        if self._thread is None:
+            return True
+        self._thread.join(self.poll_s + 1.0)
+        return not self._thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            nvml = self.session.module()
+            event_set, buses = self.session.run(lambda: self._register(nvml), "register events")
+        except (NvmlUnavailableError, NvmlHungError) as err:
+            self.error = str(err)
+            log.warning("event=xid_listener_unavailable reason=%r", self.error)
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._listen(nvml, event_set, buses)
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(event_set)
+
+    def _register(self, api: Any) -> tuple[object, dict[int | None, str]]:
+        event_set = api.nvmlEventSetCreate()
+        buses: dict[int | None, str] = {}
+        for index in range(api.nvmlDeviceGetCount()):
+            try:
+                handle = api.nvmlDeviceGetHandleByIndex(index)
+                bus = normalize_bus_id(api.nvmlDeviceGetPciInfo(handle).busId)
+                supported = api.nvmlDeviceGetSupportedEventTypes(handle)
+                if supported & XID_CRITICAL_EVENT:
+                    api.nvmlDeviceRegisterEvents(handle, XID_CRITICAL_EVENT, event_set)
+                    buses[_address(handle)] = bus
+            except api.NVMLError as err:
+                log.warning("event=xid_register_failed gpu=%d error=%r", index, str(err))
+        return event_set, buses
+
+    def _listen(self, api: Any, event_set: object, buses: dict[int | None, str]) -> None:
+        timeout_ms = max(int(self.poll_s * 1000), 1)
+        while not self._stop.is_set():
+            try:
+                data = api.nvmlEventSetWait_v2(event_set, timeout_ms)
+            except api.NVMLError_Timeout:
+                continue
+            except api.NVMLError as err:
+                # Not fatal: a lost GPU can make the wait fail once; keep listening.
+                self.error = str(err)
+                log.warning("event=xid_wait_failed error=%r", self.error)
+                self._stop.wait(self.poll_s)
+                continue
+            if not data.eventType & XID_CRITICAL_EVENT:
+                continue
+            bus = buses.get(_address(data.device), "unknown")
+            event = XidEvent(bus, int(data.eventData), time.time(), "nvml event")
+            self.xid_log.add(event)
+            log.warning("event=xid gpu=%s xid=%d", bus, event.xid)
+            if self.on_event is not None:
+                self.on_event(event)
+
+
+def _address(handle: object) -> int | None:
+    """A device handle's pointer value, to match event data back to a GPU."""
+    return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]

@@ -1,0 +1,439 @@
+"""The NVML checks, run through the real nvidia-ml-py against the fake libnvidia-ml.
+
+The faulty DGX scenario puts one fault on each GPU (tests/fixtures/nvml_scenarios.py),
+so every test here also asserts that nothing is found on the wrong GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nodecheck.checks.node.gpu import GpuHistory
+from nodecheck.checks.node.xid import XidListener, XidLog
+from nodecheck.checks.registry import checks_in
+from nodecheck.checks.result import Result, Status
+from tests.conftest import Node, by_status
+from tests.fixtures.nvml_scenarios import DGX_GPUS, dgx_healthy, modified
+
+GPU_CHECKS = (
+    "gpu_count",
+    "gpu_xid",
+    "gpu_memory_errors",
+    "gpu_throttle",
+    "gpu_pcie",
+    "gpu_nvlink",
+    "gpu_state",
+)
+
+
+def test_every_gpu_check_is_tested_here() -> None:
+    assert set(checks_in("nodecheck.checks.gpu")) == set(GPU_CHECKS)
+
+
+def subject(bus_id: str) -> str:
+    return f"gpu {bus_id}"
+
+
+def statuses(results: list[Result]) -> dict[str, Status]:
+    return {result.subject: result.status for result in results}
+
+
+def one(results: list[Result], bus_id: str) -> Result:
+    [found] = [result for result in results if result.subject == subject(bus_id)]
+    return found
+
+
+def two_passes(node: Node, *names: str, pause_s: float = 0.25) -> list[Result]:
+    """Run the checks twice with one history, as the agent does, so rates can be judged."""
+    history = GpuHistory()
+    node.results(*names, gpu_history=history)
+    time.sleep(pause_s)
+    return node.results(*names, gpu_history=history)
+
+
+# -- healthy: no false alarm --------------------------------------------------------
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_healthy_dgx_has_no_finding(dgx: Node, passes: int) -> None:
+    results = node_results(dgx, passes)
+    assert by_status(results, Status.WARN, Status.FAIL, Status.ERROR) == []
+    per_gpu = {r.subject for r in results if r.subject.startswith("gpu ")}
+    assert per_gpu == {subject(bus) for bus in DGX_GPUS}
+    # Every per-GPU check judged every GPU.
+    for name in GPU_CHECKS[1:]:
+        judged = {r.subject for r in dgx.results(name)}
+        assert {subject(bus) for bus in DGX_GPUS} <= judged, name
+
+
+def node_results(node: Node, passes: int) -> list[Result]:
+    if passes == 1:
+        return node.results(*GPU_CHECKS)
+    return two_passes(node, *GPU_CHECKS)
+
+
+def test_healthy_samples_carry_gpu_labels(dgx: Node) -> None:
+    results = dgx.results("gpu_state")
+    gpu0 = one(results, "0000:18:00.0")
+    temperature = [s for s in gpu0.samples if s.metric.name == "nodecheck_gpu_temperature_celsius"]
+    assert [dict(s.labels) for s in temperature] == [
+        {"gpu": "0", "bus_id": "0000:18:00.0", "model": "NVIDIA H100 80GB HBM3"}
+    ]
+    assert temperature[0].value == 34
+    assert gpu0.details["processes"] == [
+        {"pid": 5151, "name": "python3", "used_memory_bytes": 70 << 30}
+    ]
+    assert "in use by python3 (5151)" in gpu0.summary
+
+
+def test_sw_power_cap_under_load_is_normal(dgx: Node) -> None:
+    """The healthy scenario power-caps 20 % of the time: judged ok, exported (DCGM #285)."""
+    results = two_passes(dgx, "gpu_throttle")
+    gpu0 = one(results, "0000:18:00.0")
+    assert gpu0.status is Status.OK
+    share = gpu0.details["shares"]["sw_power_cap"]  # type: ignore[index]
+    assert 0.1 < share < 0.3
+
+
+# -- faulty: every fault on its GPU --------------------------------------------------
+
+
+def test_memory_errors(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("gpu_memory_errors")
+    found = statuses(results)
+    assert found.pop(subject("0000:18:00.0")) is Status.WARN
+    assert found.pop(subject("0000:1a:00.0")) is Status.FAIL
+    assert found.pop(subject("0000:ba:00.0")) is Status.FAIL
+    assert set(found.values()) == {Status.OK}
+    pending = one(results, "0000:18:00.0")
+    assert "row remapping is pending" in pending.summary and "reset the GPU" in pending.remedy
+    ecc = one(results, "0000:1a:00.0")
+    assert "2 uncorrectable ECC error(s)" in ecc.summary and "drain" in ecc.remedy
+    failed = one(results, "0000:ba:00.0")
+    assert "row remapping failed" in failed.summary and "RMA" in failed.remedy
+
+
+def test_throttle_judged_by_time_share(dgx_faulty: Node) -> None:
+    """One sample can only warn; two readings measure the share and fail it."""
+    single = dgx_faulty.results("gpu_throttle")
+    assert one(single, "0000:3a:00.0").status is Status.WARN
+    assert (
+        "hardware slowdown active now: hw_slowdown, hw_thermal"
+        in one(single, "0000:3a:00.0").summary
+    )
+
+    results = two_passes(dgx_faulty, "gpu_throttle")
+    hot = one(results, "0000:3a:00.0")
+    assert hot.status is Status.FAIL
+    share = hot.details["shares"]["hw_thermal"]  # type: ignore[index]
+    assert 0.3 < share < 0.7  # 50 % in the scenario, over a short real interval
+    assert "cooling" in hot.remedy
+    others = [r for r in results if r.subject != subject("0000:3a:00.0")]
+    assert {r.status for r in others} == {Status.OK}
+
+
+def test_pcie_width_and_replay_rate(dgx_faulty: Node) -> None:
+    single = dgx_faulty.results("gpu_pcie")
+    narrow = one(single, "0000:9c:00.0")
+    assert narrow.status is Status.FAIL
+    assert "x8 of x16" in narrow.summary and "reseat" in narrow.remedy
+    assert "replays" not in narrow.summary  # a rate needs two readings
+
+    results = two_passes(dgx_faulty, "gpu_pcie")
+    assert "PCIe replays per minute" in one(results, "0000:9c:00.0").summary
+    assert [r.subject for r in by_status(results, Status.WARN, Status.FAIL)] == [
+        subject("0000:9c:00.0")
+    ]
+
+
+def test_nvlink_down_and_errors(dgx_faulty: Node) -> None:
+    results = two_passes(dgx_faulty, "gpu_nvlink")
+    down = one(results, "0000:9a:00.0")
+    assert down.status is Status.FAIL
+    assert "16 of 18 NVLinks active (link 3, 7 inactive)" in down.summary
+    assert "new NVLink recovery error(s)" in down.summary
+    assert [r.subject for r in by_status(results, Status.WARN, Status.FAIL)] == [down.subject]
+    links = [s for s in down.samples if s.metric.name == "nodecheck_gpu_nvlink_link_active"]
+    assert {s.labels["link"] for s in links if s.value == 0} == {"3", "7"}
+
+
+def test_state(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("gpu_state")
+    capped = one(results, "0000:ba:00.0")
+    assert capped.status is Status.WARN
+    assert "power limit lowered to 500 W from the default 700 W" in capped.summary
+    assert capped.remedy == "restore it: nvidia-smi -i 6 -pl 700"
+    hot = one(results, "0000:3a:00.0")
+    assert hot.status is Status.WARN and "86 °C, within 5 °C of slowdown" in hot.summary
+    reset = one(results, "0000:1a:00.0")
+    assert reset.status is Status.FAIL and "the driver asks for a GPU reset" in reset.summary
+    flagged = {r.subject for r in by_status(results, Status.WARN, Status.FAIL, Status.ERROR)}
+    assert flagged == {capped.subject, hot.subject, reset.subject}
+    job = one(results, "0000:3c:00.0")
+    assert job.details["processes"] == [
+        {"pid": 4242, "name": "python3", "used_memory_bytes": 12 << 30}
+    ]
+
+
+def test_count_names_the_gpu_that_fell_off(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("gpu_count")
+    missing = one(results, "0000:bc:00.0")
+    assert missing.status is Status.FAIL
+    assert "not enumerated by NVML" in missing.summary and "XID 79" in missing.remedy
+    [node] = [r for r in results if r.subject == "node"]
+    assert node.status is Status.FAIL
+    assert (
+        node.summary
+        == "1 GPU(s) on the bus are not usable: 7 GPU(s) visible to NVML, 8 on the PCI bus"
+    )
+
+
+def test_expected_count(dgx: Node) -> None:
+    [node] = [r for r in dgx.results("gpu_count", expected_gpus=8) if r.subject == "node"]
+    assert node.status is Status.OK and "8 expected" in node.summary
+    [node] = [r for r in dgx.results("gpu_count", expected_gpus=16) if r.subject == "node"]
+    assert node.status is Status.FAIL and node.summary.startswith("8 GPU(s) missing")
+
+
+def test_xid_from_the_kernel_log(dgx_faulty: Node) -> None:
+    results = dgx_faulty.results("gpu_xid")
+    dbe = one(results, "0000:1a:00.0")
+    assert dbe.status is Status.FAIL
+    assert "XID 48 GPU_ECC_DBE x1, last 30 min ago" in dbe.summary
+    assert dbe.remedy == "drain the node and reset the GPU"
+    off_the_bus = one(results, "0000:bc:00.0")
+    assert off_the_bus.status is Status.FAIL
+    assert off_the_bus.remedy == "drain the node and reboot it"
+    app = one(results, "0000:18:00.0")
+    assert (
+        app.status is Status.OK and "XID 13" in app.summary and "application error" in app.summary
+    )
+    assert {r.subject for r in by_status(results, Status.FAIL, Status.WARN)} == {
+        dbe.subject,
+        off_the_bus.subject,
+    }
+    counts = {
+        (s.labels["bus_id"], s.labels["xid"]): s.value
+        for r in results
+        for s in r.samples
+        if s.metric.name == "nodecheck_gpu_xid_errors_total"
+    }
+    assert counts == {
+        ("0000:18:00.0", "13"): 1,
+        ("0000:1a:00.0", "48"): 1,
+        ("0000:bc:00.0", "79"): 1,
+    }
+
+
+def test_xid_clears_once_the_gpu_recovered(
+    dgx: Node, copy_node: Callable[[Node], Node], tmp_path: Path
+) -> None:
+    """XID 79 ten minutes ago on a GPU that now answers, with no recovery action: cleared."""
+    node = copy_node(dgx)
+    kmsg = node.root / "dev" / "kmsg"
+    boot = time.time() - 2 * 86400
+    since_boot_us = int((time.time() - 600 - boot) * 1e6)
+    kmsg.write_text(
+        kmsg.read_text()
+        + f"4,2000,{since_boot_us},-;NVRM: Xid (PCI:0000:9a:00): 79, GPU has fallen off the bus.\n"
+    )
+    cleared = one(node.results("gpu_xid"), "0000:9a:00.0")
+    assert cleared.status is Status.OK and "recovered since" in cleared.summary
+    pending = dgx_healthy()
+    pending["gpus"][4]["recovery_action"] = 2
+    node = node.with_scenario(pending, tmp_path / "reboot.json")
+    still = one(node.results("gpu_xid"), "0000:9a:00.0")
+    assert still.status is Status.FAIL and still.remedy == "drain the node and reboot it"
+
+
+def test_xid_listener_delivers_events(dgx_faulty: Node) -> None:
+    """XID 79 arrives on GPU 3 0.3 s after init; the listener records it and stops cleanly."""
+    xid_log = XidLog()
+    session = dgx_faulty.nvml()
+    listener = XidListener(session, xid_log, poll_s=0.1)
+    listener.start(ready_timeout_s=5)
+    try:
+        deadline = time.monotonic() + 5
+        while not xid_log.events() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        assert listener.stop()
+    assert not listener.running
+    [event] = xid_log.events()
+    assert (event.bus_id, event.xid, event.source) == ("0000:3c:00.0", 79, "nvml event")
+    results = dgx_faulty.results("gpu_xid", xid_log=xid_log)
+    assert one(results, "0000:3c:00.0").status is Status.FAIL
+
+
+def test_kernel_log_unreadable_is_undetermined(dgx: Node, tmp_path: Path) -> None:
+    [result] = dgx.results("gpu_xid", kernel_log=tmp_path / "missing")
+    assert result.status is Status.ERROR
+    assert "cannot read the kernel log" in result.summary and "root" in result.remedy
+
+
+def test_driver_version_mismatch(dgx: Node, copy_node: Callable[[Node], Node]) -> None:
+    node = copy_node(dgx)
+    version = node.root / "proc" / "driver" / "nvidia" / "version"
+    version.write_text(version.read_text().replace("570.124.06", "570.86.15"))
+    [result] = [r for r in node.results("gpu_state") if r.subject == "node"]
+    assert result.status is Status.FAIL
+    assert result.summary == "NVML library 570.124.06 but kernel module 570.86.15 loaded"
+
+
+def test_vbios_mismatch(dgx: Node, tmp_path: Path) -> None:
+    scenario = modified(dgx_healthy(), gpu=2, vbios_version="96.00.74.00.1C")
+    node = dgx.with_scenario(scenario, tmp_path / "vbios.json")
+    [result] = [r for r in node.results("gpu_state") if r.subject == "node"]
+    assert result.status is Status.WARN and "96.00.74.00.1C, 96.00.99.00.01" in result.summary
+
+
+def test_workstation_without_datacenter_features(workstation: Node) -> None:
+    """No ECC, no NVLink, an idle Gen1 link: nothing to flag, NVLink not applicable."""
+    results = workstation.results(*GPU_CHECKS)
+    assert by_status(results, Status.WARN, Status.FAIL, Status.ERROR) == []
+    nvlink = workstation.results("gpu_nvlink")
+    assert [(r.status, r.summary) for r in nvlink] == [(Status.SKIP, "no NVLink on this GPU")]
+    [memory] = workstation.results("gpu_memory_errors")
+    assert (memory.status, memory.summary) == (
+        Status.SKIP,
+        "no ECC or memory error reporting on this GPU",
+    )
+
+
+# -- NVML failing -------------------------------------------------------------------
+
+
+def test_lost_gpu_mid_run(dgx: Node, tmp_path: Path) -> None:
+    scenario = modified(dgx_healthy(), gpu=2, lost_after_s=0.2)
+    node = dgx.with_scenario(scenario, tmp_path / "lost.json")
+    history = GpuHistory()
+    session = node.nvml()
+    first = node.results(*GPU_CHECKS, nvml=session, gpu_history=history)
+    assert by_status(first, Status.FAIL, Status.ERROR) == []
+    time.sleep(0.3)
+    second = node.results(*GPU_CHECKS, nvml=session, gpu_history=history)
+    lost = [r for r in second if r.subject == subject("0000:3a:00.0")]
+    assert lost and all(r.status is Status.FAIL for r in lost if "xid" not in r.summary.lower())
+    assert any("GPU is lost" in r.summary for r in lost), [(r.status, r.summary) for r in lost]
+    flagged = {r.subject for r in by_status(second, Status.FAIL, Status.ERROR, Status.WARN)}
+    assert flagged == {subject("0000:3a:00.0")}
+
+
+def test_hung_call_leaves_the_others_answering(dgx: Node, tmp_path: Path) -> None:
+    scenario = modified(dgx_healthy(), gpu=4, hang={"nvmlDeviceGetPowerUsage": 0})
+    node = dgx.with_scenario(scenario, tmp_path / "hang.json")
+    started = time.monotonic()
+    results = node.results(*GPU_CHECKS)
+    assert time.monotonic() - started < 10  # the call itself hangs for an hour
+    hung = [r for r in results if r.subject == subject("0000:9a:00.0")]
+    assert {r.status for r in hung if "XID" not in r.summary} == {Status.ERROR}
+    assert all("NVML did not answer in 1 s" in r.summary for r in hung if r.status is Status.ERROR)
+    others = [r for r in results if r.subject not in ("node", subject("0000:9a:00.0"))]
+    assert {r.status for r in others} <= {Status.OK, Status.SKIP}
+
+
+def test_hung_init(dgx: Node, tmp_path: Path) -> None:
+    node = dgx.with_scenario(modified(dgx_healthy(), init_hang_s=30), tmp_path / "init.json")
+    results = node.results(*GPU_CHECKS[2:])
+    assert {(r.status, r.subject) for r in results} == {(Status.ERROR, "node")}
+    assert all("NVML did not answer in 1 s (nvmlInit)" in r.summary for r in results)
+
+
+@pytest.mark.parametrize(
+    ("error", "count_status", "others"),
+    [
+        ("DRIVER_NOT_LOADED", Status.FAIL, Status.SKIP),
+        ("LIB_RM_VERSION_MISMATCH", Status.FAIL, Status.ERROR),
+        ("NO_PERMISSION", Status.ERROR, Status.ERROR),
+    ],
+)
+def test_init_failure(
+    dgx: Node, tmp_path: Path, error: str, count_status: Status, others: Status
+) -> None:
+    node = dgx.with_scenario(modified(dgx_healthy(), init_error=error), tmp_path / "init.json")
+    [count] = node.results("gpu_count")
+    assert count.status is count_status
+    assert "8 GPU(s) on the PCI bus" in count.summary
+    for name in GPU_CHECKS[2:]:
+        assert {r.status for r in node.results(name)} == {others}, name
+
+
+def test_library_missing(dgx: Node, tmp_path: Path) -> None:
+    """--nvml-library naming no file: the GPUs on the bus cannot be judged (error),
+    every other GPU check skips with the reason."""
+    from nodecheck.checks.node.nvml import NvmlSession
+
+    session = NvmlSession(library_path=str(tmp_path / "libnvidia-ml.so.1"))
+    [count] = dgx.results("gpu_count", nvml=session)
+    assert count.status is Status.ERROR
+    assert "NVML library not found" in count.summary and "install the NVIDIA driver" in count.remedy
+    [state] = dgx.results("gpu_state", nvml=session)
+    assert state.status is Status.SKIP and "NVML library not found" in state.summary
+
+
+def test_cpu_only_node_passes(build: Callable[..., Node]) -> None:
+    node = build("cpu-only")
+    results = node.results(*GPU_CHECKS)
+    assert {r.status for r in results} == {Status.SKIP}
+
+
+def test_faulty_dgx_has_exactly_the_planted_gpu_faults(dgx_faulty: Node) -> None:
+    """Two passes (so rates count): each planted fault found once, on its GPU, nothing else."""
+    history = GpuHistory()
+    session = dgx_faulty.nvml()
+    dgx_faulty.run(*GPU_CHECKS, nvml=session, gpu_history=history)
+    time.sleep(0.25)
+    runs = dgx_faulty.run(*GPU_CHECKS, nvml=session, gpu_history=history)
+    found = sorted(
+        (run.check.name, result.status.value, result.subject)
+        for run in runs
+        for result in by_status(run.results, Status.FAIL, Status.WARN, Status.ERROR)
+    )
+    gpu = {bus[5:7]: subject(bus) for bus in DGX_GPUS}
+    assert found == sorted(
+        [
+            ("gpu_count", "fail", gpu["bc"]),
+            ("gpu_count", "fail", "node"),
+            ("gpu_memory_errors", "fail", gpu["1a"]),
+            ("gpu_memory_errors", "fail", gpu["ba"]),
+            ("gpu_memory_errors", "warn", gpu["18"]),
+            ("gpu_nvlink", "fail", gpu["9a"]),
+            ("gpu_pcie", "fail", gpu["9c"]),
+            ("gpu_state", "fail", gpu["1a"]),
+            ("gpu_state", "warn", gpu["3a"]),
+            ("gpu_state", "warn", gpu["ba"]),
+            ("gpu_throttle", "fail", gpu["3a"]),
+            ("gpu_xid", "fail", gpu["1a"]),
+            ("gpu_xid", "fail", gpu["bc"]),
+        ]
+    )
+
+
+def test_cpu_only_node_needs_no_kernel_log(build: Callable[..., Node], tmp_path: Path) -> None:
+    """A user who cannot read /dev/kmsg still gets a clean pass on a machine with no GPU."""
+    node = build("cpu-only")
+    [result] = node.results("gpu_xid", kernel_log=tmp_path / "unreadable")
+    assert result.status is Status.SKIP
+
+
+def test_a_failed_read_is_never_a_pass(dgx: Node, tmp_path: Path) -> None:
+    """A read that fails for a reason other than "not supported" is an error, on that GPU."""
+    scenario = modified(
+        dgx_healthy(),
+        gpu=1,
+        errors={
+            "nvmlDeviceGetTotalEccErrors": "UNKNOWN",
+            "nvmlDeviceGetPowerUsage": "NO_PERMISSION",
+        },
+    )
+    node = dgx.with_scenario(scenario, tmp_path / "errors.json")
+    memory = one(node.results("gpu_memory_errors"), "0000:1a:00.0")
+    assert memory.status is Status.ERROR and memory.summary.startswith("cannot read ecc: ")
+    state = one(node.results("gpu_state"), "0000:1a:00.0")
+    assert state.status is Status.ERROR and "cannot read power: " in state.summary
+    flagged = by_status(node.results(*GPU_CHECKS), Status.ERROR, Status.WARN, Status.FAIL)
+    assert {r.subject for r in flagged} == {subject("0000:1a:00.0")}

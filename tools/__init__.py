@@ -1,0 +1,1 @@
+"""Scripts for people working on nodecheck (not installed)."""
