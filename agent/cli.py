@@ -7,6 +7,7 @@ inside the commands, so `nodecheck --help` stays fast.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ ROOT_OPTIONS = {
     ),
 }
 DEFAULT_NVML_TIMEOUT_S = 5.0
+MAX_NVML_TIMEOUT_S = 8.0
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 
@@ -41,6 +43,8 @@ log = logging.getLogger("nodecheck.cli")
 
 def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Options can come before or after the command name; the last one given wins."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
     if value is not None and param.name is not None:
         ctx.meta.setdefault(SETTINGS_KEY, {})[param.name] = value
     return value
@@ -62,7 +66,7 @@ def global_options(function: F) -> F:
     function = click.option(
         "--nvml-library",
         "nvml_library",
-        type=click.Path(dir_okay=False, path_type=str),
+        type=click.Path(exists=True, dir_okay=False, path_type=str),
         default=None,
         expose_value=False,
         callback=_remember,
@@ -73,7 +77,9 @@ def global_options(function: F) -> F:
     function = click.option(
         "--nvml-timeout",
         "nvml_timeout",
-        type=click.FloatRange(min=0.1),
+        # A GPU pass waits at most three deadlines (init, listing, reads): the
+        # cap keeps that inside the GPU checks' own 30 s timeout.
+        type=click.FloatRange(min=0.1, max=MAX_NVML_TIMEOUT_S),
         default=None,
         expose_value=False,
         callback=_remember,
@@ -162,7 +168,7 @@ def cli() -> None:
 @click.option(
     "--kernel-log",
     "kernel_log",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     metavar="FILE",
     help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
@@ -203,7 +209,10 @@ def check(
         kernel_log=kernel_log,
         expected_gpus=expected_gpus,
     )
-    runs = run_checks(selected, context)
+    try:
+        runs = run_checks(selected, context)
+    finally:
+        context.nvml.close()
     # Read on its own: the inventory may be what a timed-out check is stuck on.
     hostname = read_hostname(fs)
     if as_json:
@@ -229,7 +238,11 @@ def inventory(ctx: click.Context, as_json: bool) -> None:
 
     node = read_inventory(fs)
     model = read_cpu_model(fs)
-    gpus = read_gpus(nvml_session(ctx))
+    session = nvml_session(ctx)
+    try:
+        gpus = read_gpus(session)
+    finally:
+        session.close()
     render = render_inventory_json if as_json else render_inventory
     click.echo(render(node, model, gpus))
 

@@ -148,13 +148,18 @@ def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) ->
                     _numa_text(inventory, gpu),
                     _cpus_text(gpu),
                     _link_text(gpu.link),
-                    *_nvml_cells(readings.get(gpu.bdf) if gpus.usable else None),
+                    *(_nvml_cells(readings.get(gpu.bdf)) if gpus.usable else ["-"] * 5),
                 ]
                 for i, gpu in enumerate(inventory.gpus)
             ],
         )
     else:
         lines.append("  none on the PCI bus")
+    lines += [
+        f"  NVML also sees GPU {reading.index} at {reading.bus_id}, which is not on the PCI "
+        "bus read from sysfs"
+        for reading in _nvml_only(inventory, gpus)
+    ]
     lines += ["", "NICs"]
     if inventory.nics:
         lines += _table(
@@ -188,6 +193,12 @@ def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) ->
             lines += [f"  NIC{i}: {nic.name}" for i, nic in enumerate(inventory.nics)]
         lines += ["", LEGEND]
     return "\n".join(lines)
+
+
+def _nvml_only(inventory: Inventory, gpus: GpuSnapshot) -> list[GpuReading]:
+    """GPUs NVML answers for that sysfs does not show (a capture of another node)."""
+    on_bus = {gpu.bdf for gpu in inventory.gpus}
+    return [g for g in gpus.gpus if g.bus_id is not None and g.bus_id not in on_bus]
 
 
 def _nvml_dict(reading: GpuReading | None) -> dict[str, object] | None:
@@ -259,6 +270,9 @@ def inventory_document(
                 "link": _link_dict(nic.pci.link),
             }
             for nic in inventory.nics
+        ],
+        "gpus_only_in_nvml": [
+            {"bus_id": g.bus_id, **(_nvml_dict(g) or {})} for g in _nvml_only(inventory, gpus)
         ],
         "topology": {"devices": names, "matrix": matrix},
     }

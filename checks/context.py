@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from nodecheck.checks.node.fs import NodeFS
-from nodecheck.checks.node.gpu import GpuHistory, GpuReading, GpuSnapshot, read_gpus
+from nodecheck.checks.node.gpu import (
+    GpuHistory,
+    GpuReading,
+    GpuSnapshot,
+    read_gpus,
+    resolve_lost_bus_ids,
+)
 from nodecheck.checks.node.inventory import Inventory, read_inventory
 from nodecheck.checks.node.nvml import NvmlSession
+from nodecheck.checks.node.pci import PciDevice, read_nvidia_gpus
 from nodecheck.checks.node.variables import Variables, read_variables
 from nodecheck.checks.node.virtualization import detect_virtualization
 from nodecheck.checks.node.xid import XidLog
@@ -72,12 +79,23 @@ class CheckContext:
         return self._once("variables", lambda: read_variables(self.fs, self.environ, self.uid))
 
     @property
+    def pci_gpus(self) -> list[PciDevice]:
+        """The NVIDIA GPUs on the PCI bus: from the inventory when it is already read,
+        otherwise by a lighter read (a GPU-only pass need not read every device)."""
+        inventory = self._cache.get("inventory")
+        if isinstance(inventory, Inventory):
+            return inventory.gpus
+        return self._once("pci_gpus", lambda: read_nvidia_gpus(self.fs))
+
+    @property
     def gpus(self) -> GpuView:
         """What NVML says about every GPU, with each GPU's previous reading."""
         return self._once("gpus", self._read_gpus)
 
     def _read_gpus(self) -> GpuView:
         snapshot = read_gpus(self.nvml)
+        if any(gpu.bus_id is None for gpu in snapshot.gpus):
+            resolve_lost_bus_ids(self.nvml, snapshot, [gpu.bdf for gpu in self.pci_gpus])
         return GpuView(snapshot, self.gpu_history.exchange(snapshot))
 
     @property

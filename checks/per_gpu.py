@@ -106,9 +106,11 @@ def per_gpu_results(
             yield Result(Status.ERROR, subject, gpu.hung, details={"cause": "nvml hung"})
         elif gpu.lost is not None:
             yield Result(Status.FAIL, subject, f"NVML: {gpu.lost}", LOST_REMEDY)
+        elif gpu.error is not None:
+            yield Result(Status.ERROR, subject, gpu.error, details={"cause": "nvml error"})
         else:
             verdict = judge(gpu, view.previous_of(gpu))
-            for query in (*queries, "read"):
+            for query in queries:
                 if query in gpu.errors:
                     verdict.not_applicable = False
                     verdict.add(Status.ERROR, f"cannot read {query}: {gpu.errors[query]}")

@@ -4,6 +4,10 @@ The classic failure is a GPU that fell off the bus (XID 79): it is still in
 sysfs (and lspci) but NVML no longer enumerates it, or answers GPU_IS_LOST
 for it (hardware.md §5.8). Joining NVML's view with the sysfs inventory by PCI
 bus id names the missing GPU instead of just counting one short.
+
+Not every GPU on the bus is meant to be seen here, though: sysfs shows all of
+the host's GPUs inside a container that was given only some of them, and a GPU
+bound to vfio-pci belongs to a VM. Those are `skip`, not "fallen off the bus".
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.node.gpu import GpuReading, read_driver_gpus
 from nodecheck.checks.node.nvml import NvmlUnavailableError
-from nodecheck.checks.per_gpu import GPU_LABELS, LOST_REMEDY, nvml_unavailable_result
+from nodecheck.checks.node.pci import PciDevice
+from nodecheck.checks.per_gpu import GPU_LABELS, LOST_REMEDY, nvml_unavailable_result, subject_of
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -24,7 +31,17 @@ ON_BUS = MetricSpec(
 VISIBLE = MetricSpec(
     "nodecheck_gpus_visible_to_nvml", "gauge", "GPUs NVML enumerates (nvmlDeviceGetCount)"
 )
+ANSWERING_COUNT = MetricSpec(
+    "nodecheck_gpus_answering", "gauge", "GPUs NVML enumerates and can read (not lost)"
+)
 EXPECTED = MetricSpec("nodecheck_gpus_expected", "gauge", "GPUs this node should have (configured)")
+ANSWERS = MetricSpec(
+    "nodecheck_gpu_nvml_answering",
+    "gauge",
+    "Per GPU on the PCI bus and meant for this host: 1 when NVML enumerates it and answers "
+    "for it, 0 when it is missing from NVML or reported lost",
+    GPU_LABELS,
+)
 INFO = MetricSpec(
     "nodecheck_gpu_info",
     "gauge",
@@ -36,46 +53,79 @@ MISSING_REMEDY = (
     "NVML does not see this GPU: look for XID 79 in the kernel log; drain the node and "
     "reboot it; if the GPU stays missing, reseat or RMA it"
 )
+UNBOUND_REMEDY = (
+    "the nvidia driver did not take this GPU: look in the kernel log for NVRM errors "
+    "(RmInitAdapter failed); drain the node and reboot it; if it persists, reseat or RMA it"
+)
 
 
-@register("gpu_count", interval_s=60, timeout_s=15)
+def _not_meant_here(gpu: PciDevice, exposed: set[str] | None) -> str | None:
+    """Why a GPU on the bus is not this host's to use, or None when it is."""
+    if gpu.driver not in (None, "nvidia"):
+        return f"bound to {gpu.driver}, not the nvidia driver (passed through to a VM?)"
+    if gpu.driver == "nvidia" and exposed is not None and gpu.bdf not in exposed:
+        return "not assigned to this container (absent from /proc/driver/nvidia/gpus)"
+    return None
+
+
+@register("gpu_count", interval_s=60, timeout_s=30)
 def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     """GPUs on the PCI bus, GPUs NVML sees, and the expected count."""
-    on_bus = sorted(gpu.bdf for gpu in ctx.inventory.gpus)
+    on_bus = ctx.pci_gpus
     samples = [Sample(ON_BUS, len(on_bus))]
     if ctx.expected_gpus is not None:
         samples.append(Sample(EXPECTED, ctx.expected_gpus))
+    try:
+        exposed = read_driver_gpus(ctx.fs)
+    except ReadError as err:
+        yield Result(Status.ERROR, NODE, f"cannot list the driver's GPUs: {err}")
+        exposed = None
+    meant: list[str] = []
+    for gpu in on_bus:
+        reason = _not_meant_here(gpu, exposed)
+        if reason is None:
+            meant.append(gpu.bdf)
+        else:
+            yield Result(Status.SKIP, gpu_subject(gpu.bdf), reason)
     unavailable = nvml_unavailable_result(ctx)
     if unavailable is not None:
-        yield _without_nvml(ctx, on_bus, unavailable, samples)
+        yield _without_nvml(ctx, meant, unavailable, samples)
         return
     snapshot = ctx.gpus.snapshot
     seen = snapshot.by_bus_id()
-    samples.append(Sample(VISIBLE, len(snapshot.gpus)))
-    for gpu in snapshot.gpus:
-        labels = {
-            **gpu.labels(),
-            "uuid": gpu.uuid or "",
-            "vbios": gpu.vbios or "",
+    answering = [one for one in snapshot.gpus if one.lost is None]
+    samples += [Sample(VISIBLE, len(snapshot.gpus)), Sample(ANSWERING_COUNT, len(answering))]
+    for one in snapshot.gpus:
+        info = {
+            **one.labels(),
+            "uuid": one.uuid or "",
+            "vbios": one.vbios or "",
             "driver_version": snapshot.driver_version or "",
         }
-        samples.append(Sample(INFO, 1, labels))
-    for bus_id in on_bus:
-        if bus_id not in seen:
+        samples.append(Sample(INFO, 1, info))
+    by_bdf = {gpu.bdf: gpu for gpu in on_bus}
+    for bus_id in meant:
+        reading = seen.get(bus_id)
+        labels = reading.labels() if reading else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
+        samples.append(Sample(ANSWERS, int(reading is not None and reading.lost is None), labels))
+        if reading is None:
+            unbound = by_bdf[bus_id].driver is None
             yield Result(
                 Status.FAIL,
                 gpu_subject(bus_id),
-                "on the PCI bus but not enumerated by NVML (fallen off the bus?)",
-                MISSING_REMEDY,
+                "on the PCI bus with no driver bound"
+                if unbound
+                else "on the PCI bus but not enumerated by NVML (fallen off the bus?)",
+                UNBOUND_REMEDY if unbound else MISSING_REMEDY,
             )
-    for gpu in snapshot.gpus:
+    yield from _nvml_only_results(snapshot.gpus, set(by_bdf))
+    yield _node_result(ctx, len(meant), snapshot.gpus, samples)
+
+
+def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Result]:
+    for gpu in gpus:
         if gpu.lost is not None:
-            yield Result(
-                Status.FAIL,
-                gpu_subject(gpu.bus_id or f"index {gpu.index}"),
-                f"NVML: {gpu.lost}",
-                LOST_REMEDY,
-            )
+            yield Result(Status.FAIL, subject_of(gpu), f"NVML: {gpu.lost}", LOST_REMEDY)
         elif gpu.bus_id is not None and gpu.bus_id not in on_bus:
             # NVML answers for the running machine; a --sysfs-root capture of
             # another node is the usual cause.
@@ -85,35 +135,46 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
                 "NVML sees this GPU but it is not on the PCI bus read from sysfs",
                 "check that --sysfs-root is this node's sysfs",
             )
-    yield _node_result(ctx, len(on_bus), len(snapshot.gpus), samples)
 
 
-def _node_result(ctx: CheckContext, on_bus: int, visible: int, samples: list[Sample]) -> Result:
+def _node_result(
+    ctx: CheckContext, meant: int, gpus: list[GpuReading], samples: list[Sample]
+) -> Result:
     expected = ctx.expected_gpus
-    counts = f"{visible} GPU(s) visible to NVML, {on_bus} on the PCI bus"
-    details = {"on_pci_bus": on_bus, "visible_to_nvml": visible, "expected": expected}
+    lost = sum(1 for gpu in gpus if gpu.lost is not None)
+    answering = len(gpus) - lost
+    counts = f"{answering} GPU(s) answering NVML"
+    if lost:
+        counts += f" ({lost} lost)"
+    counts += f", {meant} on the PCI bus for this host"
+    details: dict[str, object] = {
+        "on_pci_bus": meant,
+        "visible_to_nvml": len(gpus),
+        "answering": answering,
+        "expected": expected,
+    }
     if expected is not None:
         counts += f", {expected} expected"
-        if visible < expected:
+        if answering < expected:
             return Result(
                 Status.FAIL,
                 NODE,
-                f"{expected - visible} GPU(s) missing: {counts}",
+                f"{expected - answering} GPU(s) missing: {counts}",
                 "drain the node; reboot it and check the kernel log for XID 79 and the "
                 "BMC for GPU power faults",
                 details,
                 tuple(samples),
             )
-    if visible < on_bus:
+    if answering < meant:
         return Result(
             Status.FAIL,
             NODE,
-            f"{on_bus - visible} GPU(s) on the bus are not usable: {counts}",
+            f"{meant - answering} GPU(s) on the bus are not usable: {counts}",
             "drain the node; the results for each missing GPU say what to do",
             details,
             tuple(samples),
         )
-    if expected is not None and visible > expected:
+    if expected is not None and answering > expected:
         return Result(
             Status.WARN,
             NODE,
@@ -126,19 +187,19 @@ def _node_result(ctx: CheckContext, on_bus: int, visible: int, samples: list[Sam
 
 
 def _without_nvml(
-    ctx: CheckContext, on_bus: list[str], unavailable: Result, samples: list[Sample]
+    ctx: CheckContext, meant: list[str], unavailable: Result, samples: list[Sample]
 ) -> Result:
-    """NVML cannot answer. With no GPU on the bus that is a CPU-only node: skip."""
+    """NVML cannot answer. With no GPU on the bus for this host that is a CPU node: skip."""
     cause = unavailable.details.get("cause")
     expected = ctx.expected_gpus
-    if not on_bus and not expected:
+    if not meant and not expected:
         return Result(
             Status.SKIP,
             NODE,
-            f"no GPU on the PCI bus; {unavailable.summary}",
+            f"no GPU on the PCI bus for this host; {unavailable.summary}",
             samples=tuple(samples),
         )
-    what = f"{len(on_bus)} GPU(s) on the PCI bus"
+    what = f"{len(meant)} GPU(s) on the PCI bus"
     if expected is not None:
         what += f", {expected} expected"
     if cause == NvmlUnavailableError.DRIVER_NOT_LOADED:

@@ -36,13 +36,13 @@ LINK_ACTIVE = MetricSpec(
     "nodecheck_gpu_nvlink_link_active",
     "gauge",
     "1 when this NVLink is active",
-    (*GPU_LABELS, "link"),
+    (*GPU_LABELS, "nvlink"),
 )
 ERRORS = MetricSpec(
     "nodecheck_gpu_nvlink_errors_total",
     "counter",
     "NVLink errors summed over links, by type (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL)",
-    (*GPU_LABELS, "type"),
+    (*GPU_LABELS, "error"),
 )
 
 # Model name pattern -> NVLinks the GPU has (hardware.md §5.7, MLE NVLink table).
@@ -73,8 +73,11 @@ def judge_nvlink(gpu: GpuReading, previous: GpuReading | None, *, peers: int) ->
     verdict.samples += [
         Sample(ACTIVE_LINKS, active, labels),
         Sample(EXPECTED_LINKS, expected, labels),
-        *(Sample(LINK_ACTIVE, int(up), {**labels, "link": str(i)}) for i, up in enumerate(states)),
-        *(Sample(ERRORS, n, {**labels, "type": kind}) for kind, n in gpu.nvlink_errors.items()),
+        *(
+            Sample(LINK_ACTIVE, int(up), {**labels, "nvlink": str(i)})
+            for i, up in enumerate(states)
+        ),
+        *(Sample(ERRORS, n, {**labels, "error": kind}) for kind, n in gpu.nvlink_errors.items()),
     ]
     if active < expected:
         down = [str(i) for i, up in enumerate(states) if not up]
@@ -106,10 +109,10 @@ def _judge_rates(gpu: GpuReading, previous: GpuReading, verdict: Verdict) -> Non
 
 
 # The reads this check relies on; one that fails is reported, never passed over.
-QUERIES = ("nvlink", "field_values")
+QUERIES = ("nvlink", "field_values", "nvlink_errors")
 
 
-@register("gpu_nvlink", interval_s=60, timeout_s=15)
+@register("gpu_nvlink", interval_s=60, timeout_s=30)
 def check_gpu_nvlink(ctx: CheckContext) -> Iterator[Result]:
     """NVLinks expected vs active per GPU, and their error rates."""
     gpus = ctx.gpus.snapshot.gpus

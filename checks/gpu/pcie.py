@@ -108,10 +108,10 @@ def judge_pcie(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
 
 
 # The reads this check relies on; one that fails is reported, never passed over.
-QUERIES = ("pcie", "field_values", "utilization", "processes")
+QUERIES = ("pcie", "field_values", "utilization", "processes", "pcie_replays")
 
 
-@register("gpu_pcie", interval_s=60, timeout_s=15)
+@register("gpu_pcie", interval_s=60, timeout_s=30)
 def check_gpu_pcie(ctx: CheckContext) -> Iterator[Result]:
     """NVML's PCIe generation and width per GPU, and the replay rate."""
     yield from per_gpu_results(ctx, judge_pcie, QUERIES)

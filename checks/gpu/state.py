@@ -211,10 +211,11 @@ QUERIES = (
     "utilization",
     "processes",
     "field_values",
+    "recovery_action",
 )
 
 
-@register("gpu_state", interval_s=60, timeout_s=15)
+@register("gpu_state", interval_s=60, timeout_s=30)
 def check_gpu_state(ctx: CheckContext) -> Iterator[Result]:
     """Temperature, power limit, persistence, recovery action, driver and processes per GPU."""
     if nvml_unavailable_result(ctx) is None:

@@ -116,10 +116,14 @@ def judge_throttle(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
         )
     unjudged = [name for name in active if name in HARDWARE and name not in judged_by_time]
     if unjudged:
+        # Without two readings of its counter a reason is one sample: a warning.
+        # hw_slowdown has no counter of its own (it is the union of the HW
+        # reasons), so it is never more than that.
+        untimed = [name for name in unjudged if REASONS[name][1] is None or previous is None]
+        note = " (one sample; NVML's time counters judge how long)" if untimed else ""
         verdict.add(
             Status.WARN,
-            f"hardware slowdown active now: {', '.join(unjudged)} "
-            "(one sample; a second reading judges how long)",
+            f"hardware slowdown active now: {', '.join(unjudged)}{note}",
             HARDWARE_REMEDY,
         )
     normal = [name for name in active if name in ("sw_power_cap", "sync_boost", "sw_thermal")]
@@ -144,10 +148,10 @@ def _shares(gpu: GpuReading, previous: GpuReading | None) -> dict[str, float]:
 
 
 # The reads this check relies on; one that fails is reported, never passed over.
-QUERIES = ("clock_event_reasons", "field_values")
+QUERIES = ("clock_event_reasons", "field_values", "throttle_time")
 
 
-@register("gpu_throttle", interval_s=30, timeout_s=15)
+@register("gpu_throttle", interval_s=30, timeout_s=30)
 def check_gpu_throttle(ctx: CheckContext) -> Iterator[Result]:
     """Clock throttling per GPU, by the share of time each reason was active."""
     yield from per_gpu_results(ctx, judge_throttle, QUERIES)

@@ -1,13 +1,21 @@
 """XID errors per GPU, from the kernel log and the agent's NVML event listener.
 
-Each XID is judged by NVIDIA's action for it (hardware.md §5.3): application
-errors and informational XIDs are reported but pass; "restart the app" XIDs
-warn for an hour; XIDs that need a GPU reset or a reboot fail until the GPU
-has recovered. Recovered means the GPU answers NVML normally again and either
-the driver's recovery-action field reads NONE (five minutes after the XID) or a
-day has passed without the XID recurring. That is the fix for dcgm-exporter
-#500 and k8s-device-plugin #234: a GPU is never "unhealthy forever" for an
-error that was dealt with, yet never healthy while it still needs the action.
+Each XID is judged by NVIDIA's action for it (hardware.md §5.3):
+
+- application errors and informational XIDs are reported but pass;
+- "restart the app" XIDs warn for an hour;
+- XIDs that need a GPU reset or a reboot fail until the GPU shows it has
+  recovered: it answers NVML again and the driver's recovery-action field reads
+  NONE (five minutes after the XID, so the field has caught up), or, for XID 79,
+  the GPU answers at all (a GPU off the bus cannot). Where the driver has no
+  recovery-action field, nothing can confirm a reset: after a day without the
+  XID recurring the failure becomes a warning ("recovery not confirmed"),
+  never a silent pass;
+- anything logged before the current boot was cleared by that reboot.
+
+That is the fix for dcgm-exporter #500 and k8s-device-plugin #234: a GPU is
+never "unhealthy forever" for an error that was dealt with, yet never healthy
+while the driver still asks for the action.
 """
 
 from __future__ import annotations
@@ -19,16 +27,26 @@ from dataclasses import dataclass
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading
-from nodecheck.checks.node.xid import XidAction, XidEvent, classify, kernel_log_xids, merge_sources
+from nodecheck.checks.node.xid import (
+    KernelLogXids,
+    XidAction,
+    XidEvent,
+    classify,
+    kernel_log_xids,
+    merge_sources,
+)
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
 XID_LABELS = (*GPU_LABELS, "xid")
-ERRORS = MetricSpec(
-    "nodecheck_gpu_xid_errors_total",
-    "counter",
-    "XID errors seen since boot (kernel log NVRM: Xid lines, NVML XID events)",
+# A gauge, not a counter: it is what the kernel log still holds, and it drops
+# when the ring buffer wraps, which a counter must never do.
+EVENTS = MetricSpec(
+    "nodecheck_gpu_xid_events",
+    "gauge",
+    "XIDs of this code on this GPU in the kernel log (this boot, as far as the ring buffer "
+    "reaches) and in the agent's NVML events",
     XID_LABELS,
 )
 LAST_SEEN = MetricSpec(
@@ -72,16 +90,9 @@ def group_events(events: list[XidEvent]) -> list[XidGroup]:
     return result
 
 
-def _recovered(group: XidGroup, gpu: GpuReading | None, now: float) -> bool:
-    if gpu is None or not gpu.readable or group.last_seen is None:
-        return False
-    age = now - group.last_seen
-    if gpu.recovery_action == RECOVERY_ACTION_NONE and age > RECOVERY_SETTLE_S:
-        return True
-    return age > FORGET_AFTER_S
-
-
-def judge_group(group: XidGroup, gpu: GpuReading | None, now: float) -> tuple[Status, str, str]:
+def judge_group(
+    group: XidGroup, gpu: GpuReading | None, now: float, boot_time: float | None
+) -> tuple[Status, str, str]:
     """(status, summary, remedy) for one XID on one GPU."""
     info = classify(group.xid)
     age = None if group.last_seen is None else now - group.last_seen
@@ -92,18 +103,42 @@ def judge_group(group: XidGroup, gpu: GpuReading | None, now: float) -> tuple[St
     action = info.action
     if action in (XidAction.NONE, XidAction.APP_ERROR):
         return Status.OK, f"{text}: {action.value}", ""
-    if action is XidAction.RESTART_APP:
-        recent = age is None or age < RESTART_APP_WINDOW_S
-        return (Status.WARN if recent else Status.OK), text, action.value
+    if boot_time is not None and group.last_seen is not None and group.last_seen < boot_time:
+        return Status.OK, f"{text}: before the last boot", ""
+    if action in (XidAction.RESTART_APP, XidAction.UNKNOWN):
+        window = RESTART_APP_WINDOW_S if action is XidAction.RESTART_APP else FORGET_AFTER_S
+        if age is None or age < window:
+            return Status.WARN, text, action.value
+        return Status.OK, f"{text}: {_ago(window)} without recurrence", ""
+    return _judge_recovery(text, action, age, gpu)
+
+
+def _judge_recovery(
+    text: str, action: XidAction, age: float | None, gpu: GpuReading | None
+) -> tuple[Status, str, str]:
+    """An XID whose fix is a reset or a reboot (or whatever the driver asks for)."""
+    if gpu is None or not gpu.readable:
+        return Status.FAIL, text, action.value
+    pending = gpu.recovery_action
+    if pending not in (None, RECOVERY_ACTION_NONE):
+        return Status.FAIL, f"{text}: the driver still asks for recovery", action.value
+    if action is XidAction.REBOOT:
+        # XID 79: the GPU was off the bus; answering NVML again means it was reset.
+        return Status.OK, f"{text}: the GPU answers again", ""
+    if action is XidAction.FOLLOW_RECOVERY_ACTION and pending == RECOVERY_ACTION_NONE:
+        # XID 154 announces a change of the field: the field itself is the answer.
+        return Status.OK, f"{text}: the driver reports no recovery action pending", ""
+    if pending == RECOVERY_ACTION_NONE:
+        if age is not None and age <= RECOVERY_SETTLE_S:
+            return Status.FAIL, text, action.value
+        return Status.OK, f"{text}: the driver reports no recovery action pending", ""
     if action is XidAction.FOLLOW_RECOVERY_ACTION:
-        if gpu is not None and gpu.recovery_action == RECOVERY_ACTION_NONE:
-            return Status.OK, f"{text}: the driver reports no recovery action pending", ""
-        return Status.WARN, text, "read the GPU's recovery action (gpu_state) and follow it"
-    if action is XidAction.UNKNOWN:
-        recent = age is None or age < FORGET_AFTER_S
-        return (Status.WARN if recent else Status.OK), text, action.value
-    if _recovered(group, gpu, now):
-        return Status.OK, f"{text}: recovered since", ""
+        return Status.WARN, text, "read the GPU's recovery action and follow it"
+    unconfirmed = "reset the GPU (or reboot) if that has not been done since"
+    if age is None:
+        return Status.WARN, f"{text}: time unknown, recovery not confirmed", unconfirmed
+    if age > FORGET_AFTER_S:
+        return Status.WARN, f"{text}: recovery not confirmed", unconfirmed
     return Status.FAIL, text, action.value
 
 
@@ -118,64 +153,89 @@ def _ago(seconds: float) -> str:
 
 
 def judge_gpu(
-    events: list[XidEvent], gpu: GpuReading | None, labels: dict[str, str], now: float, source: str
+    events: list[XidEvent],
+    gpu: GpuReading | None,
+    labels: dict[str, str],
+    now: float,
+    boot_time: float | None,
+    source: str,
 ) -> Verdict:
-    verdict = Verdict(f"no XID in {source}")
-    for group in group_events(events):
-        status, summary, remedy = judge_group(group, gpu, now)
+    groups = group_events(events)
+    verdict = Verdict(f"no XID in {source}" if not groups else "no action needed")
+    for group in groups:
+        status, summary, remedy = judge_group(group, gpu, now, boot_time)
         verdict.add(status, summary, remedy)
         xid_labels = {**labels, "xid": str(group.xid)}
-        verdict.samples.append(Sample(ERRORS, group.count, xid_labels))
+        verdict.samples.append(Sample(EVENTS, group.count, xid_labels))
         if group.last_seen is not None:
             verdict.samples.append(Sample(LAST_SEEN, group.last_seen, xid_labels))
-        pending = status in (Status.WARN, Status.FAIL) and classify(group.xid).action not in (
+        action = classify(group.xid).action
+        pending = status in (Status.WARN, Status.FAIL) and action not in (
             XidAction.NONE,
             XidAction.APP_ERROR,
         )
-        action = {**xid_labels, "action": classify(group.xid).action.name.lower()}
-        verdict.samples.append(Sample(ACTIVE, 1 if pending else 0, action))
-    verdict.details["xids"] = {str(g.xid): g.count for g in group_events(events)}
+        action_labels = {**xid_labels, "action": action.name.lower()}
+        verdict.samples.append(Sample(ACTIVE, 1 if pending else 0, action_labels))
+    verdict.details["xids"] = {str(g.xid): g.count for g in groups}
     return verdict
 
 
-@register("gpu_xid", interval_s=60, timeout_s=15)
+def _unreadable(err: ReadError) -> Result:
+    if err.reason == "missing":
+        remedy = "no kernel log at that path (a captured tree?): point --kernel-log at one"
+    elif err.reason == "permission denied":
+        remedy = (
+            "run as root (or with CAP_SYSLOG), set kernel.dmesg_restrict=0, or point "
+            "--kernel-log at a readable copy of the kernel log"
+        )
+    else:
+        remedy = "point --kernel-log at the kernel log (/dev/kmsg, or a kern.log file)"
+    return Result(
+        Status.ERROR,
+        NODE,
+        f"cannot read the kernel log for XIDs: {err}",
+        remedy,
+        {"cause": err.reason},
+    )
+
+
+@register("gpu_xid", interval_s=60, timeout_s=30)
 def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     """XID errors per GPU, judged by NVIDIA's recommended action."""
     path = ctx.kernel_log_path
-    snapshot = ctx.gpus.snapshot
-    readings = snapshot.by_bus_id()
-    known = {gpu.bdf for gpu in ctx.inventory.gpus} | set(readings)
-    kernel: list[XidEvent] = []
-    sources = []
     try:
         kernel = kernel_log_xids(ctx.fs, path)
-        sources.append(f"the kernel log ({path})")
+        unreadable = None
     except ReadError as err:
+        kernel = KernelLogXids([], None)
+        unreadable = err
+    view = ctx.gpus
+    readings = view.snapshot.by_bus_id()
+    known = {gpu.bdf for gpu in ctx.pci_gpus} | set(readings)
+    if unreadable is not None:
         if not known:
             yield Result(Status.SKIP, NODE, "no GPU on the PCI bus or in NVML")
             return
         if ctx.xid_log is None:
-            yield Result(
-                Status.ERROR,
-                NODE,
-                f"cannot read the kernel log for XIDs: {err}",
-                "run as root (or with CAP_SYSLOG), set kernel.dmesg_restrict=0, or point "
-                "--kernel-log at a readable copy of the kernel log",
-                {"cause": err.reason},
-            )
+            yield _unreadable(unreadable)
             return
     listened = ctx.xid_log.events() if ctx.xid_log is not None else []
+    events = merge_sources(kernel.events, listened)
+    sources = [] if unreadable is not None else [f"the kernel log ({path})"]
     if ctx.xid_log is not None:
         sources.append("NVML events")
-    events = merge_sources(kernel, listened)
-
-    buses = known | {e.bus_id for e in events}
-    now = time.time()
     source = " or ".join(sources)
-    for bus_id in sorted(buses):
-        gpu = readings.get(bus_id)
-        labels = gpu.labels() if gpu else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
-        mine = [event for event in events if event.bus_id == bus_id]
-        yield judge_gpu(mine, gpu, labels, now, source).result(gpu_subject(bus_id))
+    buses = known | {e.bus_id for e in events}
     if not buses:
         yield Result(Status.SKIP, NODE, "no GPU on the PCI bus or in NVML")
+        return
+    now = time.time()
+    for bus_id in sorted(buses):
+        gpu = readings.get(bus_id)
+        # A GPU that stopped answering keeps the labels of its last good
+        # reading, so its XID series do not split when it falls off the bus.
+        named = gpu if gpu is not None and gpu.name else view.previous.get(bus_id) or gpu
+        labels = named.labels() if named else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
+        mine = [event for event in events if event.bus_id == bus_id]
+        verdict = judge_gpu(mine, gpu, labels, now, kernel.boot_time, source)
+        yield verdict.result(gpu_subject(bus_id))

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from nodecheck.checks.node.fs import NodeFS, read_optional_text
+from nodecheck.checks.node.fs import NodeFS, list_dir, read_optional_text
 from nodecheck.checks.node.nvml import (
     ABSENT_CODES,
     LOST_CODES,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NvmlHungError,
     NvmlSession,
@@ -51,6 +52,13 @@ NVLINK_ERROR_FIELDS = {
     "ecc_data": 160,
 }
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in the 13.x header
+# The query name (GpuReading.errors key) a field's failure is filed under.
+FIELD_QUERIES = {
+    FIELD_PCIE_REPLAY: "pcie_replays",
+    FIELD_RECOVERY_ACTION: "recovery_action",
+    **dict.fromkeys(THROTTLE_FIELDS.values(), "throttle_time"),
+    **dict.fromkeys(NVLINK_ERROR_FIELDS.values(), "nvlink_errors"),
+}
 
 # nvmlFieldValue_t.valueType -> the union member that holds it.
 _VALUE_MEMBERS = {
@@ -130,6 +138,8 @@ class GpuReading:
     minor: int | None = None
     lost: str | None = None
     hung: str | None = None
+    # Set when this GPU could not be read at all for another reason (no permission).
+    error: str | None = None
     # query -> why it failed (not "unsupported": that is in `unsupported`)
     errors: dict[str, str] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
@@ -159,7 +169,7 @@ class GpuReading:
 
     @property
     def readable(self) -> bool:
-        return self.lost is None and self.hung is None
+        return self.lost is None and self.hung is None and self.error is None
 
     @property
     def model(self) -> str:
@@ -215,16 +225,49 @@ class _Reader:
             return None
 
 
-def _field_values(nvml: Any, handle: object, ids: list[int]) -> dict[int, int | float | None]:
-    """Field id -> value; None for a field this GPU does not report."""
-    values: dict[int, int | float | None] = {}
-    for item in nvml.nvmlDeviceGetFieldValues(handle, ids):
+def _field_values(
+    nvml: Any, handle: object, ids: list[int]
+) -> tuple[dict[int, int | float | None], dict[int, str]]:
+    """Field id -> value (None for a field this GPU or driver does not report), and
+    field id -> why it failed, for fields that failed for another reason.
+
+    One call for all fields. A driver older than a field id may refuse the
+    whole batch rather than that field, so on a refusal each field is asked
+    on its own and only the unknown ones come back None.
+    """
+    try:
+        items = list(nvml.nvmlDeviceGetFieldValues(handle, ids))
+    except nvml.NVMLError as err:
+        if error_code(err) in LOST_CODES or len(ids) == 1:
+            raise
+        values: dict[int, int | float | None] = {}
+        failures: dict[int, str] = {}
+        for field_id in ids:
+            try:
+                one, failed = _field_values(nvml, handle, [field_id])
+            except nvml.NVMLError as single:
+                if error_code(single) in LOST_CODES:
+                    raise
+                one, failed = {field_id: None}, {}
+            values.update(one)
+            failures.update(failed)
+        if all(value is None for value in values.values()):
+            raise  # not one field answers: the call itself is broken
+        return values, failures
+    values = {}
+    failures = {}
+    for item in items:
+        code = int(item.nvmlReturn)
+        if code in LOST_CODES:
+            raise nvml.NVMLError(code)
         member = _VALUE_MEMBERS.get(item.valueType)
-        if item.nvmlReturn in LOST_CODES:
-            raise nvml.NVMLError(item.nvmlReturn)
-        ok = item.nvmlReturn == 0 and member is not None
-        values[item.fieldId] = getattr(item.value, member) if ok else None  # type: ignore[arg-type]
-    return values
+        if code == 0 and member is not None:
+            values[item.fieldId] = getattr(item.value, member)
+            continue
+        values[item.fieldId] = None
+        if code not in ABSENT_CODES:
+            failures[item.fieldId] = describe_error(nvml.NVMLError(code))
+    return values, failures
 
 
 def _read_gpu(nvml: Any, handle: object, reading: GpuReading) -> GpuReading:
@@ -303,9 +346,12 @@ def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
     ids = [FIELD_PCIE_REPLAY, FIELD_RECOVERY_ACTION, *THROTTLE_FIELDS.values()]
     if reading.nvlink_active is not None:
         ids += NVLINK_ERROR_FIELDS.values()
-    fields = r.query("field_values", lambda: _field_values(nvml, h, ids))
-    if fields is None:
+    answer = r.query("field_values", lambda: _field_values(nvml, h, ids))
+    if answer is None:
         return
+    fields, failures = answer
+    for field_id, why in failures.items():
+        reading.errors.setdefault(FIELD_QUERIES[field_id], why)
     replays = fields.get(FIELD_PCIE_REPLAY)
     reading.pcie_replays = None if replays is None else int(replays)
     action = fields.get(FIELD_RECOVERY_ACTION)
@@ -319,11 +365,28 @@ def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
 
 
 def _event_reasons(nvml: Any, h: object) -> int:
-    """Current clock event reasons; the old "throttle reasons" call on older bindings."""
+    """Current clock event reasons; the older "throttle reasons" call where the binding
+    or the driver lacks the new name (same bits, hardware.md §5.5)."""
     getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-    if getter is None:
-        getter = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    return int(getter(h))
+    if getter is not None:
+        try:
+            return int(getter(h))
+        except nvml.NVMLError as err:
+            if error_code(err) != NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+    return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+
+
+def _temperature(nvml: Any, h: object) -> int:
+    """GPU temperature; the deprecated call where the binding or driver lacks the new one."""
+    getter = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
+    if getter is not None:
+        try:
+            return int(getter(h, TEMPERATURE_GPU))
+        except nvml.NVMLError as err:
+            if error_code(err) != NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+    return int(nvml.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU))
 
 
 def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:
@@ -348,9 +411,7 @@ def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:
 
 def _read_state(nvml: Any, h: object, r: _Reader) -> None:
     reading = r.reading
-    reading.temperature_c = r.query(
-        "temperature", lambda: int(nvml.nvmlDeviceGetTemperatureV(h, TEMPERATURE_GPU))
-    )
+    reading.temperature_c = r.query("temperature", lambda: _temperature(nvml, h))
     reading.slowdown_c = r.query(
         "temperature_threshold",
         lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, THRESHOLD_SLOWDOWN)),
@@ -383,7 +444,10 @@ def _read_state(nvml: Any, h: object, r: _Reader) -> None:
 
 def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, int | None]:
     """Handles and bus ids of every GPU NVML sees, and the driver versions."""
-    driver = nvml.nvmlSystemGetDriverVersion()
+    try:
+        driver: str | None = str(nvml.nvmlSystemGetDriverVersion())
+    except nvml.NVMLError:
+        driver = None
     try:
         cuda: int | None = int(nvml.nvmlSystemGetCudaDriverVersion())
     except nvml.NVMLError:
@@ -391,38 +455,57 @@ def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, 
     found: list[tuple[object, GpuReading]] = []
     for index in range(nvml.nvmlDeviceGetCount()):
         reading = GpuReading(index)
+        handle = None
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             reading.bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId)
         except nvml.NVMLError as err:
             # A lost GPU still counts: it is exactly what the checks must report.
-            reading.lost = describe_error(err)
+            if error_code(err) in LOST_CODES:
+                reading.lost = describe_error(err)
+            else:
+                reading.error = f"NVML cannot open it: {describe_error(err)}"
             handle = None
         found.append((handle, reading))
     return found, driver, cuda
 
 
+def _job_name(reading: GpuReading) -> str:
+    return f"GPU {reading.index}"
+
+
 def read_gpus(session: NvmlSession) -> GpuSnapshot:
-    """Read every GPU, in parallel, each under the session's deadline."""
+    """Read every GPU, in parallel, each under the session's deadline. Never raises for
+    anything NVML does: each failure lands in the snapshot or in a reading."""
     snapshot = GpuSnapshot(taken_at=time.monotonic())
     try:
         nvml = session.module()
-        found, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
-            lambda: _enumerate(nvml), "device enumeration"
-        )
     except NvmlUnavailableError as err:
         snapshot.unavailable = err
         return snapshot
     except NvmlHungError as err:
         snapshot.hung = err
         return snapshot
+    try:
+        found, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
+            lambda: _enumerate(nvml), "listing the GPUs"
+        )
+    except NvmlHungError as err:
+        snapshot.hung = err
+        return snapshot
+    except nvml.NVMLError as err:
+        snapshot.unavailable = NvmlUnavailableError(
+            NvmlUnavailableError.QUERY_FAILED,
+            f"NVML could not list the GPUs: {describe_error(err)}",
+        )
+        return snapshot
     jobs: dict[str, Callable[[], GpuReading]] = {}
     for handle, reading in found:
         if handle is not None:
-            jobs[str(reading.index)] = functools.partial(_read_gpu, nvml, handle, reading)
+            jobs[_job_name(reading)] = functools.partial(_read_gpu, nvml, handle, reading)
     outcomes = session.run_many(jobs)
     for _handle, reading in found:
-        outcome = outcomes.get(str(reading.index))
+        outcome = outcomes.get(_job_name(reading))
         if isinstance(outcome, NvmlHungError):
             # The reading thread may still be writing into `reading`: report a
             # fresh one that holds only what enumeration found.
@@ -430,9 +513,42 @@ def read_gpus(session: NvmlSession) -> GpuSnapshot:
             snapshot.gpus.append(hung)
             continue
         if isinstance(outcome, BaseException):
-            reading.errors["read"] = f"{type(outcome).__name__}: {outcome}"
+            reading.error = f"reading it failed: {type(outcome).__name__}: {outcome}"
         snapshot.gpus.append(reading)
     return snapshot
+
+
+def resolve_lost_bus_ids(session: NvmlSession, snapshot: GpuSnapshot, bus_ids: list[str]) -> None:
+    """Give lost GPUs that NVML could not name their bus id.
+
+    A GPU lost before this run answers GPU_IS_LOST to every call, its PCI info
+    included. Asking NVML for each sysfs GPU it did not list, by bus id, tells
+    lost (GPU_IS_LOST) from absent (NOT_FOUND). NVML numbers GPUs in PCI bus
+    order, so the lost readings and the lost bus ids pair up in that order.
+    """
+    nameless = [gpu for gpu in snapshot.gpus if gpu.bus_id is None and gpu.lost is not None]
+    listed = {gpu.bus_id for gpu in snapshot.gpus}
+    unlisted = [bus for bus in sorted(bus_ids) if bus not in listed]
+    if not nameless or not unlisted or not snapshot.usable:
+        return
+
+    def lost_ones() -> list[str]:
+        nvml = session.module()
+        found = []
+        for bus in unlisted:
+            try:
+                nvml.nvmlDeviceGetHandleByPciBusId(bus)
+            except nvml.NVMLError as err:
+                if error_code(err) in LOST_CODES:
+                    found.append(bus)
+        return found
+
+    try:
+        lost = session.run(lost_ones, "looking up lost GPUs")
+    except (NvmlHungError, NvmlUnavailableError):
+        return
+    for gpu, bus in zip(sorted(nameless, key=lambda g: g.index), lost, strict=False):
+        gpu.bus_id = bus
 
 
 class GpuHistory:
@@ -487,6 +603,19 @@ def parse_kernel_module_version(text: str) -> str | None:
         if match := _MODULE_VERSION.match(line):
             return match.group(1)
     return None
+
+
+def read_driver_gpus(fs: NodeFS) -> set[str] | None:
+    """Bus ids in /proc/driver/nvidia/gpus: the GPUs the nvidia driver exposes here.
+
+    In a container, libnvidia-container mounts only the assigned GPUs' folders
+    there (mount_procfs_gpu), while sysfs shows every GPU of the host. None
+    when the folder is absent (no driver loaded).
+    """
+    path = fs.proc("driver", "nvidia", "gpus")
+    if not path.is_dir():
+        return None
+    return {normalize_bus_id(name) for name in list_dir(path)}
 
 
 def read_kernel_module_version(fs: NodeFS) -> str | None:

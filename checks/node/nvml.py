@@ -49,6 +49,7 @@ class NvmlUnavailableError(Exception):
     VERSION_MISMATCH = "version_mismatch"
     NO_PERMISSION = "no_permission"
     INIT_FAILED = "init_failed"
+    QUERY_FAILED = "query_failed"
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -97,6 +98,7 @@ class NvmlSession:
         self.deadline_s = deadline_s
         self.library_path = library_path
         self._lock = threading.Lock()
+        self._init_lock = threading.Lock()
         self._initialized = False
         self._stuck: set[threading.Thread] = set()
 
@@ -160,19 +162,26 @@ class NvmlSession:
     # -- NVML itself -------------------------------------------------------
 
     def module(self) -> Any:
-        """pynvml, initialised; NvmlUnavailableError or NvmlHungError when it cannot be."""
+        """pynvml, initialised once; NvmlUnavailableError or NvmlHungError when it cannot be.
+
+        Callers that arrive while another is initialising wait for that one
+        (up to the deadline) instead of initialising again.
+        """
         try:
             import pynvml
         except ImportError as err:
             raise NvmlUnavailableError(
                 NvmlUnavailableError.LIBRARY_MISSING, f"nvidia-ml-py is not installed ({err})"
             ) from err
-        with self._lock:
-            if self._initialized:
-                return pynvml
-        self.run(lambda: self._init(pynvml), "nvmlInit")
-        with self._lock:
-            self._initialized = True
+        if self._initialized:
+            return pynvml
+        if not self._init_lock.acquire(timeout=self.deadline_s):
+            raise NvmlHungError(self.deadline_s, "nvmlInit, started by another caller")
+        try:
+            if not self._initialized:
+                self.run(lambda: self._init(pynvml), "nvmlInit")
+        finally:
+            self._init_lock.release()
         return pynvml
 
     def _init(self, pynvml: Any) -> None:
@@ -192,6 +201,10 @@ class NvmlSession:
                 f"cannot use {self.library_path}: another NVML library is already loaded "
                 "in this process",
             )
+        # Set here, not by the caller: an nvmlInit that finishes after its
+        # deadline still counts, so it is never initialised twice.
+        with self._lock:
+            self._initialized = True
 
     def close(self) -> None:
         """Shut NVML down, unless a call is stuck in it (then shutdown would hang too)."""
@@ -208,11 +221,16 @@ class NvmlSession:
 def _load_library(path: str) -> ctypes.CDLL:
     """Load NVML from `path` so that pynvml's dlopen("libnvidia-ml.so.1") finds it."""
     try:
-        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as err:
         raise NvmlUnavailableError(
             NvmlUnavailableError.LIBRARY_MISSING, f"NVML library not found: {err}"
         ) from err
+    if not hasattr(library, "nvmlInit_v2"):
+        raise NvmlUnavailableError(
+            NvmlUnavailableError.LIBRARY_MISSING, f"{path} is not an NVML library (no nvmlInit_v2)"
+        )
+    return library
 
 
 def _unavailable(err: BaseException) -> NvmlUnavailableError:

@@ -106,18 +106,28 @@ class XidEvent:
 # "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 # The bus id comes without the PCI function; NVIDIA GPUs are function 0.
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(\.\d)?\): (\d+)")
+# Where the time of a kernel log line comes from, in the order tried:
 # /dev/kmsg record: "priority,sequence,microseconds since boot,flags;message".
 KMSG_PREFIX = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
-# dmesg: "[12345.678901] message"
-DMESG_PREFIX = re.compile(r"^\[\s*(\d+\.\d+)\]")
-# journalctl -o short-iso / rsyslog RFC 3339: "2026-11-30T15:28:53.123456+00:00 host kernel:"
+# journalctl -o short-iso, rsyslog RFC 3339: "2026-11-30T15:28:53.123456+00:00 host kernel:"
 ISO_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
+# syslog RFC 3164, journalctl's default: "Nov 30 15:28:53 host kernel:" (local time, no year)
+SYSLOG_PREFIX = re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) ")
+# dmesg -T: "[Mon Nov 30 15:28:53 2026] message" (local time)
+DMESG_T_PREFIX = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]")
+# dmesg, dmesg -x, "<4>[  123.456789]": seconds since boot, in brackets before the message.
+SINCE_BOOT = re.compile(r"\[\s*(\d+\.\d+)\]")
 
 
-def parse_kernel_log(text: str, boot_time: float | None) -> list[XidEvent]:
-    """XID events in kernel log text: /dev/kmsg records, dmesg or syslog lines.
+def parse_kernel_log(
+    text: str, boot_time: float | None, now: float | None = None
+) -> list[XidEvent]:
+    """XID events in kernel log text: /dev/kmsg records, dmesg, journalctl or syslog lines.
 
-    `boot_time` (wall-clock seconds) turns since-boot stamps into times.
+    `boot_time` (wall-clock seconds) turns since-boot stamps into times; a log
+    file with only since-boot stamps is taken to be of the current boot.
+    Syslog stamps carry no year: the one that puts the line in the past
+    (relative to `now`) is assumed.
     """
     events = []
     for line in text.splitlines():
@@ -126,22 +136,42 @@ def parse_kernel_log(text: str, boot_time: float | None) -> list[XidEvent]:
             continue
         bus = normalize_bus_id(f"{match.group(1)}{match.group(2) or '.0'}")
         message = line[match.end() :].lstrip(", ").strip()
-        events.append(
-            XidEvent(bus, int(match.group(3)), _line_time(line, boot_time), "kernel log", message)
-        )
+        at = _line_time(line[: match.start()], boot_time, time.time() if now is None else now)
+        events.append(XidEvent(bus, int(match.group(3)), at, "kernel log", message))
     return events
 
 
-def _line_time(line: str, boot_time: float | None) -> float | None:
-    if match := KMSG_PREFIX.match(line):
+def _line_time(prefix: str, boot_time: float | None, now: float) -> float | None:
+    """Wall-clock time of a log line from the text before its message, None if unknown."""
+    if match := KMSG_PREFIX.match(prefix):
         return None if boot_time is None else boot_time + int(match.group(1)) / 1e6
-    if match := DMESG_PREFIX.match(line):
-        return None if boot_time is None else boot_time + float(match.group(1))
-    if match := ISO_PREFIX.match(line):
+    if match := ISO_PREFIX.match(prefix):
         try:
             return datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
         except ValueError:
             return None
+    if match := SYSLOG_PREFIX.match(prefix):
+        return _local_time_without_year(match.group(1), now)
+    if match := DMESG_T_PREFIX.match(prefix):
+        return _local_time(match.group(1), "%a %b %d %H:%M:%S %Y")
+    if match := SINCE_BOOT.search(prefix):
+        return None if boot_time is None else boot_time + float(match.group(1))
+    return None
+
+
+def _local_time(text: str, layout: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(" ".join(text.split()), layout))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _local_time_without_year(text: str, now: float) -> float | None:
+    year = time.localtime(now).tm_year
+    for candidate in (year, year - 1):
+        at = _local_time(f"{candidate} {text}", "%Y %b %d %H:%M:%S")
+        if at is not None and at <= now + 86400:
+            return at
     return None
 
 
@@ -161,49 +191,70 @@ def read_kernel_log(path: Path) -> str:
 
     /dev/kmsg hands out one record per read() and EAGAIN at the end (with
     O_NONBLOCK); EPIPE means the ring buffer overwrote the record we were at,
-    and the next read continues with the oldest one left.
+    and the next read continues with the oldest one left. A FIFO or other
+    special file is refused, not read forever.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
-        reason = "permission denied" if err.errno in (errno.EACCES, errno.EPERM) else err.strerror
-        raise ReadError(path, reason or "cannot open") from err
+        if err.errno == errno.ENOENT:
+            reason = "missing"
+        elif err.errno in (errno.EACCES, errno.EPERM):
+            reason = "permission denied"
+        else:
+            reason = err.strerror or "cannot open"
+        raise ReadError(path, reason) from err
     try:
-        if not stat.S_ISCHR(os.fstat(fd).st_mode):
-            size = os.fstat(fd).st_size
-            os.lseek(fd, max(size - KERNEL_LOG_LIMIT, 0), os.SEEK_SET)
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            return b"".join(chunks).decode(errors="replace")
-        records = []
-        total = 0
-        while total < KERNEL_LOG_LIMIT:
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError as err:
-                if err.errno == errno.EPIPE:
-                    continue
-                raise ReadError(path, err.strerror or "read failed") from err
-            if not record:
-                break
-            records.append(record)
-            total += len(record)
-        return b"".join(records).decode(errors="replace")
+        return _read_records(fd, path)
+    except OSError as err:
+        raise ReadError(path, err.strerror or type(err).__name__) from err
     finally:
         os.close(fd)
 
 
-def kernel_log_xids(fs: NodeFS, path: Path) -> list[XidEvent]:
+def _read_records(fd: int, path: Path) -> str:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(size - KERNEL_LOG_LIMIT, 0), os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    if not stat.S_ISCHR(mode):
+        raise ReadError(path, "not a log file or /dev/kmsg")
+    records = []
+    total = 0
+    while total < KERNEL_LOG_LIMIT:
+        try:
+            record = os.read(fd, 8192)
+        except BlockingIOError:
+            break
+        except OSError as err:
+            if err.errno == errno.EPIPE:
+                continue
+            raise
+        if not record:
+            break
+        records.append(record)
+        total += len(record)
+    return b"".join(records).decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class KernelLogXids:
+    events: list[XidEvent]
+    boot_time: float | None  # when this boot began, wall-clock seconds (/proc/stat btime)
+
+
+def kernel_log_xids(fs: NodeFS, path: Path) -> KernelLogXids:
     """XIDs in the kernel log at `path`; ReadError when it cannot be read."""
     text = read_kernel_log(path)
     try:
         boot_time = parse_boot_time(read_text(fs.proc("stat")))
     except ReadError:
         boot_time = None
-    return parse_kernel_log(text, boot_time)
+    return KernelLogXids(parse_kernel_log(text, boot_time), boot_time)
 
 
 class XidLog:

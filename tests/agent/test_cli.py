@@ -239,3 +239,18 @@ def test_no_nvml_library_on_a_gpu_node_is_undetermined(dgx: Node) -> None:
     assert results["gpu_count"]["status"] == "error"
     assert "8 GPU(s) on the PCI bus, but NVML library not found" in results["gpu_count"]["summary"]
     assert results["gpu_state"] == {**results["gpu_state"], "status": "skip"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nvml-timeout", "nan"], "nan is not a number of seconds"),
+        (["--nvml-timeout", "60"], "60.0 is not in the range 0.1<=x<=8.0"),
+        (["--nvml-library", "/no/such/libnvidia-ml.so.1"], "does not exist"),
+        (["check", "--kernel-log", "/no/such/kern.log"], "does not exist"),
+    ],
+)
+def test_bad_nvml_and_kernel_log_options(args: list[str], message: str) -> None:
+    done = run(*args, *([] if args[0] == "check" else ["check"]))
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr

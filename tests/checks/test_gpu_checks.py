@@ -6,6 +6,8 @@ so every test here also asserts that nothing is found on the wrong GPU.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,7 @@ from nodecheck.checks.registry import checks_in
 from nodecheck.checks.result import Result, Status
 from tests.conftest import Node, by_status
 from tests.fixtures.nvml_scenarios import DGX_GPUS, dgx_healthy, modified
+from tests.fixtures.nvml_scenarios import dgx_faulty as faulty_scenario
 
 GPU_CHECKS = (
     "gpu_count",
@@ -158,7 +161,7 @@ def test_nvlink_down_and_errors(dgx_faulty: Node) -> None:
     assert "new NVLink recovery error(s)" in down.summary
     assert [r.subject for r in by_status(results, Status.WARN, Status.FAIL)] == [down.subject]
     links = [s for s in down.samples if s.metric.name == "nodecheck_gpu_nvlink_link_active"]
-    assert {s.labels["link"] for s in links if s.value == 0} == {"3", "7"}
+    assert {s.labels["nvlink"] for s in links if s.value == 0} == {"3", "7"}
 
 
 def test_state(dgx_faulty: Node) -> None:
@@ -188,8 +191,15 @@ def test_count_names_the_gpu_that_fell_off(dgx_faulty: Node) -> None:
     assert node.status is Status.FAIL
     assert (
         node.summary
-        == "1 GPU(s) on the bus are not usable: 7 GPU(s) visible to NVML, 8 on the PCI bus"
+        == "1 GPU(s) on the bus are not usable: 7 GPU(s) answering NVML, 8 on the PCI bus "
+        "for this host"
     )
+    answering = {
+        s.labels["bus_id"]: s.value
+        for s in node.samples
+        if s.metric.name == "nodecheck_gpu_nvml_answering"
+    }
+    assert answering == {bus: 0 if bus == "0000:bc:00.0" else 1 for bus in DGX_GPUS}
 
 
 def test_expected_count(dgx: Node) -> None:
@@ -220,7 +230,7 @@ def test_xid_from_the_kernel_log(dgx_faulty: Node) -> None:
         (s.labels["bus_id"], s.labels["xid"]): s.value
         for r in results
         for s in r.samples
-        if s.metric.name == "nodecheck_gpu_xid_errors_total"
+        if s.metric.name == "nodecheck_gpu_xid_events"
     }
     assert counts == {
         ("0000:18:00.0", "13"): 1,
@@ -242,7 +252,7 @@ def test_xid_clears_once_the_gpu_recovered(
         + f"4,2000,{since_boot_us},-;NVRM: Xid (PCI:0000:9a:00): 79, GPU has fallen off the bus.\n"
     )
     cleared = one(node.results("gpu_xid"), "0000:9a:00.0")
-    assert cleared.status is Status.OK and "recovered since" in cleared.summary
+    assert cleared.status is Status.OK and "the GPU answers again" in cleared.summary
     pending = dgx_healthy()
     pending["gpus"][4]["recovery_action"] = 2
     node = node.with_scenario(pending, tmp_path / "reboot.json")
@@ -250,10 +260,13 @@ def test_xid_clears_once_the_gpu_recovered(
     assert still.status is Status.FAIL and still.remedy == "drain the node and reboot it"
 
 
-def test_xid_listener_delivers_events(dgx_faulty: Node) -> None:
-    """XID 79 arrives on GPU 3 0.3 s after init; the listener records it and stops cleanly."""
+def test_xid_listener_delivers_events(dgx: Node, tmp_path: Path) -> None:
+    """GPU 3 falls off the bus 0.3 s after init with XID 79: the listener records it at
+    once, gpu_xid fails that GPU, and the listener stops cleanly."""
+    scenario = modified(dgx_healthy(), gpu=3, xids=[{"xid": 79, "after_s": 0.3}], lost_after_s=0.3)
+    node = dgx.with_scenario(scenario, tmp_path / "xid79.json")
     xid_log = XidLog()
-    session = dgx_faulty.nvml()
+    session = node.nvml()
     listener = XidListener(session, xid_log, poll_s=0.1)
     listener.start(ready_timeout_s=5)
     try:
@@ -265,14 +278,22 @@ def test_xid_listener_delivers_events(dgx_faulty: Node) -> None:
     assert not listener.running
     [event] = xid_log.events()
     assert (event.bus_id, event.xid, event.source) == ("0000:3c:00.0", 79, "nvml event")
-    results = dgx_faulty.results("gpu_xid", xid_log=xid_log)
-    assert one(results, "0000:3c:00.0").status is Status.FAIL
+    results = node.results("gpu_xid", xid_log=xid_log, nvml=session)
+    fallen = one(results, "0000:3c:00.0")
+    assert fallen.status is Status.FAIL and fallen.remedy == "drain the node and reboot it"
+    assert "or NVML events" in one(results, "0000:3a:00.0").summary
 
 
 def test_kernel_log_unreadable_is_undetermined(dgx: Node, tmp_path: Path) -> None:
     [result] = dgx.results("gpu_xid", kernel_log=tmp_path / "missing")
     assert result.status is Status.ERROR
-    assert "cannot read the kernel log" in result.summary and "root" in result.remedy
+    assert result.summary.startswith("cannot read the kernel log for XIDs: ")
+    assert result.summary.endswith("missing: missing")
+    assert result.remedy.startswith("no kernel log at that path")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    [result] = dgx.results("gpu_xid", kernel_log=fifo)
+    assert result.status is Status.ERROR and "not a log file or /dev/kmsg" in result.summary
 
 
 def test_driver_version_mismatch(dgx: Node, copy_node: Callable[[Node], Node]) -> None:
@@ -320,7 +341,11 @@ def test_lost_gpu_mid_run(dgx: Node, tmp_path: Path) -> None:
     assert lost and all(r.status is Status.FAIL for r in lost if "xid" not in r.summary.lower())
     assert any("GPU is lost" in r.summary for r in lost), [(r.status, r.summary) for r in lost]
     flagged = {r.subject for r in by_status(second, Status.FAIL, Status.ERROR, Status.WARN)}
-    assert flagged == {subject("0000:3a:00.0")}
+    assert flagged == {subject("0000:3a:00.0"), "node"}
+    [count] = [r for r in second if r.subject == "node" and r.status is Status.FAIL]
+    assert count.summary.startswith(
+        "1 GPU(s) on the bus are not usable: 7 GPU(s) answering NVML (1 lost)"
+    )
 
 
 def test_hung_call_leaves_the_others_answering(dgx: Node, tmp_path: Path) -> None:
@@ -437,3 +462,122 @@ def test_a_failed_read_is_never_a_pass(dgx: Node, tmp_path: Path) -> None:
     assert state.status is Status.ERROR and "cannot read power: " in state.summary
     flagged = by_status(node.results(*GPU_CHECKS), Status.ERROR, Status.WARN, Status.FAIL)
     assert {r.subject for r in flagged} == {subject("0000:1a:00.0")}
+
+
+def test_field_values_refused(dgx: Node, tmp_path: Path) -> None:
+    """nvmlDeviceGetFieldValues failing outright (each field asked alone fails too) is
+    reported by every check that needs it, never read as "no throttling"."""
+    scenario = modified(dgx_healthy(), gpu=3, errors={"nvmlDeviceGetFieldValues": "UNKNOWN"})
+    node = dgx.with_scenario(scenario, tmp_path / "fields.json")
+    for name in ("gpu_throttle", "gpu_pcie", "gpu_nvlink", "gpu_state"):
+        result = one(node.results(name), "0000:3c:00.0")
+        assert result.status is Status.ERROR, name
+        assert "cannot read field_values: Unknown Error" in result.summary, name
+
+
+def test_lost_before_a_one_shot_run(dgx: Node, tmp_path: Path) -> None:
+    """A GPU lost before the run answers GPU_IS_LOST even for its PCI info: NVML is asked
+    by bus id, so the GPU is named by its slot, once, and the count says it is lost."""
+    node = dgx.with_scenario(modified(dgx_healthy(), gpu=4, lost_after_s=0), tmp_path / "l.json")
+    results = node.results(*GPU_CHECKS)
+    lost = [r for r in results if r.subject == subject("0000:9a:00.0")]
+    assert {r.status for r in lost if "XID" not in r.summary} == {Status.FAIL}
+    assert not [r for r in results if "index" in r.subject]
+    count = node.results("gpu_count")
+    assert [r.summary for r in count if r.subject == subject("0000:9a:00.0")] == [
+        "NVML: GPU is lost"
+    ]
+    [total] = [r for r in count if r.subject == "node"]
+    assert total.status is Status.FAIL and "7 GPU(s) answering NVML (1 lost)" in total.summary
+
+
+def test_gpus_not_meant_for_this_host(
+    dgx: Node, copy_node: Callable[[Node], Node], tmp_path: Path
+) -> None:
+    """In a container given one GPU, sysfs still shows all eight; a GPU bound to vfio-pci
+    belongs to a VM; neither is "fallen off the bus". A GPU with no driver at all is."""
+    node = copy_node(dgx)
+    gpus_dir = node.root / "proc" / "driver" / "nvidia" / "gpus"
+    for bus in DGX_GPUS[1:]:
+        shutil.rmtree(gpus_dir / bus)
+    scenario = dgx_healthy()
+    scenario["gpus"] = scenario["gpus"][:1]
+    node = node.with_scenario(scenario, tmp_path / "container.json")
+    results = node.results("gpu_count")
+    assert {r.subject for r in by_status(results, Status.SKIP)} == {
+        subject(bus) for bus in DGX_GPUS[1:]
+    }
+    assert "not assigned to this container" in one(results, DGX_GPUS[1]).summary
+    [total] = [r for r in results if r.subject == "node"]
+    assert (total.status, total.summary) == (
+        Status.OK,
+        "1 GPU(s) answering NVML, 1 on the PCI bus for this host",
+    )
+
+    bare = copy_node(dgx)
+    devices = bare.root / "sys" / "bus" / "pci" / "devices"
+    (bare.root / "sys" / "bus" / "pci" / "drivers" / "vfio-pci").mkdir()
+    vfio = devices / DGX_GPUS[6] / "driver"
+    vfio.unlink()
+    vfio.symlink_to(os.readlink(devices / DGX_GPUS[0] / "driver").replace("nvidia", "vfio-pci"))
+    (devices / DGX_GPUS[5] / "driver").unlink()
+    scenario = dgx_healthy()
+    del scenario["gpus"][5:7]
+    results = bare.with_scenario(scenario, tmp_path / "bare.json").results("gpu_count")
+    passed_through = one(results, DGX_GPUS[6])
+    assert passed_through.status is Status.SKIP and "bound to vfio-pci" in passed_through.summary
+    unbound = one(results, DGX_GPUS[5])
+    assert (
+        unbound.status is Status.FAIL and unbound.summary == "on the PCI bus with no driver bound"
+    )
+    assert "RmInitAdapter" in unbound.remedy
+
+
+def test_enumeration_errors(dgx: Node, tmp_path: Path) -> None:
+    """No permission to open one GPU is `error` for that GPU, not "lost"; NVML failing to
+    count the GPUs is `error` for every GPU check, never a crash."""
+    scenario = modified(
+        dgx_healthy(), gpu=2, errors={"nvmlDeviceGetHandleByIndex_v2": "NO_PERMISSION"}
+    )
+    node = dgx.with_scenario(scenario, tmp_path / "perm.json")
+    for name in GPU_CHECKS[2:]:
+        [result] = [r for r in node.results(name) if r.subject == "gpu index 2"]
+        assert result.status is Status.ERROR, name
+        assert result.summary == "NVML cannot open it: Insufficient Permissions"
+    broken = modified(dgx_healthy(), errors={"nvmlDeviceGetCount_v2": "UNKNOWN"})
+    node = dgx.with_scenario(broken, tmp_path / "count.json")
+    runs = node.run(*GPU_CHECKS)
+    assert all(run.completed for run in runs)
+    for run in runs[2:]:
+        assert [(r.status, r.summary) for r in run.results] == [
+            (Status.ERROR, "NVML could not list the GPUs: Unknown Error")
+        ]
+
+
+def test_per_field_errors_are_reported(dgx: Node, tmp_path: Path) -> None:
+    scenario = modified(
+        dgx_healthy(), gpu=0, field_errors={"230": "NO_PERMISSION", "270": "UNKNOWN"}
+    )
+    node = dgx.with_scenario(scenario, tmp_path / "fields.json")
+    state = one(node.results("gpu_state"), "0000:18:00.0")
+    assert state.status is Status.ERROR
+    assert "cannot read recovery_action: Insufficient Permissions" in state.summary
+    throttle = one(node.results("gpu_throttle"), "0000:18:00.0")
+    assert throttle.status is Status.ERROR
+    assert "cannot read throttle_time: Unknown Error" in throttle.summary
+    assert one(node.results("gpu_pcie"), "0000:18:00.0").status is Status.OK
+
+
+def test_old_driver_falls_back_to_deprecated_calls(dgx_faulty: Node, tmp_path: Path) -> None:
+    """A driver without nvmlDeviceGetTemperatureV or ...ClocksEventReasons: the older calls
+    give the same values, so a hot, throttling GPU is still found."""
+    old = "FUNCTION_NOT_FOUND"
+    scenario = modified(
+        faulty_scenario(),
+        gpu=2,
+        errors={"nvmlDeviceGetTemperatureV": old, "nvmlDeviceGetCurrentClocksEventReasons": old},
+    )
+    node = dgx_faulty.with_scenario(scenario, tmp_path / "old.json")
+    assert "86 °C" in one(node.results("gpu_state"), "0000:3a:00.0").summary
+    throttle = one(node.results("gpu_throttle"), "0000:3a:00.0")
+    assert throttle.status is Status.WARN and "hw_thermal" in throttle.summary

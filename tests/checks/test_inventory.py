@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.inventory import read_inventory
+from nodecheck.checks.node.pci import read_nvidia_gpus
 from tests.conftest import LIVE, Node
 
 
@@ -56,3 +61,10 @@ def test_live_machine_inventory_reads_without_problems() -> None:
     for interface in inventory.interfaces:
         if not interface.virtual and interface.pci_bdf is not None:
             assert interface.pci_bdf in inventory.pci
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-h100-faulty", "workstation", "cpu-only"])
+def test_gpu_only_read_matches_the_inventory(build: Callable[..., Node], name: str) -> None:
+    """The GPU checks' lighter read finds the same GPUs, read the same way."""
+    node = build(name)
+    assert read_nvidia_gpus(node.fs) == read_inventory(node.fs).gpus

@@ -136,6 +136,8 @@ typedef struct {
     unsigned power_mw, power_limit_mw, default_power_limit_mw, persistence, recovery_action;
     unsigned arch, pstate, sm_clock, max_sm_clock, mem_clock;
     unsigned nproc, nxid, nunsup, unsup[MAX_ITEMS];
+    unsigned nfielderr, fielderr_id[MAX_ITEMS];
+    nvmlReturn_t fielderr_rc[MAX_ITEMS];
     struct { unsigned pid; unsigned long long mem; } proc[MAX_ITEMS];
     struct { unsigned long long xid; double after; } xid[MAX_ITEMS];
     double lost_after;           /* < 0: never */
@@ -149,6 +151,7 @@ typedef struct {
     int cuda_version, ngpus;
     nvmlReturn_t init_error;
     double init_hang_s, hang_s, hang[N_FNS];
+    nvmlReturn_t err[N_FNS]; /* injected errors of system/global functions */
     gpu_t gpus[MAX_GPUS];
 } scen_t;
 
@@ -545,6 +548,16 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
                 if (g->nunsup == MAX_ITEMS) fail(c, e->pos, "more than %d fields", MAX_ITEMS);
                 g->unsup[g->nunsup++] = (unsigned)juint(c, e, UINT_MAX);
             }
+        } else if (IS("field_errors")) {
+            for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next) {
+                char *end;
+                unsigned long id = strtoul(r->key, &end, 10);
+                if (!*r->key || *end || id > UINT_MAX)
+                    fail(c, r->pos, "field_errors keys are field ids, not '%s'", r->key);
+                if (g->nfielderr == MAX_ITEMS) fail(c, r->pos, "more than %d fields", MAX_ITEMS);
+                g->fielderr_id[g->nfielderr] = (unsigned)id;
+                g->fielderr_rc[g->nfielderr++] = jcode(c, r);
+            }
         } else if (IS("lost_after_s")) {
             if (m->t != J_NULL) g->lost_after = jsecs(c, m);
         } else unknown_key(c, m);
@@ -578,6 +591,9 @@ static void parse_scenario(pctx *c, const jv *root, scen_t *s) {
         else if (IS("hang")) {
             for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next)
                 s->hang[jfn(c, r, N_DEV_FNS, N_FNS, "system/global")] = jsecs(c, r);
+        } else if (IS("errors")) {
+            for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next)
+                s->err[jfn(c, r, N_DEV_FNS, N_FNS, "system/global")] = jcode(c, r);
         } else if (IS("gpus")) {
             for (const jv *e = jtype(c, m, J_ARR); e; e = e->next) {
                 if (s->ngpus == MAX_GPUS) fail(c, e->pos, "more than %d GPUs", MAX_GPUS);
@@ -711,8 +727,9 @@ static nvmlReturn_t genter(int f) {
         pthread_mutex_unlock(&mu);
         return hang_until(gen, limit);
     }
+    nvmlReturn_t injected = S.err[f];
     pthread_mutex_unlock(&mu);
-    return NVML_SUCCESS;
+    return injected;
 }
 /* With mu held: the GPU's "hang", "lost_after_s" and "errors" for function f,
  * else a copy of the GPU in *out. Releases mu. */
@@ -1111,6 +1128,8 @@ static void field_value(const gpu_t *g, nvmlFieldValue_t *v) {
     if (nvl && !g->nvl_links) rc = NVML_ERROR_NOT_SUPPORTED;
     for (unsigned i = 0; i < g->nunsup; i++)
         if (g->unsup[i] == v->fieldId) rc = NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned i = 0; i < g->nfielderr; i++)
+        if (g->fielderr_id[i] == v->fieldId) rc = g->fielderr_rc[i];
     v->timestamp = wall_us();
     v->latencyUsec = 0;
     v->nvmlReturn = rc;

@@ -481,7 +481,12 @@ def test_injected_errors_and_unsupported_fields(fake: Fake) -> None:
     }
     scenario = {
         "gpus": [
-            {"bus_id": "0000:18:00.0", "errors": errors, "unsupported_fields": [94, 230]},
+            {
+                "bus_id": "0000:18:00.0",
+                "errors": errors,
+                "unsupported_fields": [94, 230],
+                "field_errors": {"270": "NO_PERMISSION"},
+            },
             {"bus_id": "0000:19:00.0"},
         ]
     }
@@ -493,12 +498,14 @@ def test_injected_errors_and_unsupported_fields(fake: Fake) -> None:
         out["h0"] = [rc(n.nvmlDeviceGetRetiredPages, h0, 0), rc(n.nvmlDeviceGetPowerUsage, h0),
                      rc(n.nvmlDeviceGetTemperatureV, h0, 0)]
         out["h1"] = [rc(n.nvmlDeviceGetRetiredPages, h1, 0), rc(n.nvmlDeviceGetPowerUsage, h1)]
-        out["fields"] = [f.nvmlReturn for f in n.nvmlDeviceGetFieldValues(h0, [94, 95, 230])]
+        out["fields"] = [
+            f.nvmlReturn for f in n.nvmlDeviceGetFieldValues(h0, [94, 95, 230, 270, 271])
+        ]
         """,
     )
     assert out["h0"] == [NOT_SUPPORTED, NO_PERMISSION, SUCCESS]
     assert out["h1"] == [SUCCESS, SUCCESS]
-    assert out["fields"] == [NOT_SUPPORTED, SUCCESS, NOT_SUPPORTED]
+    assert out["fields"] == [NOT_SUPPORTED, SUCCESS, NOT_SUPPORTED, NO_PERMISSION, SUCCESS]
 
 
 def test_lost_after(fake: Fake) -> None:
@@ -612,6 +619,25 @@ def test_hang_times_out_and_global_hang(fake: Fake) -> None:
     assert out["count_early"] == 1
     assert out["temp"][0] == UNKNOWN and 0.2 <= out["temp"][1] < 1.5
     assert out["count_late"][0] == UNKNOWN and 0.2 <= out["count_late"][1] < 1.5
+
+
+def test_global_errors(fake: Fake) -> None:
+    scenario = {
+        "errors": {
+            "nvmlDeviceGetCount_v2": "UNKNOWN",
+            "nvmlSystemGetDriverVersion": "NO_PERMISSION",
+        },
+        "gpus": [{"bus_id": "0000:18:00.0"}],
+    }
+    out, _ = fake.run(
+        scenario,
+        """
+        n.nvmlInit()
+        out["codes"] = [rc(n.nvmlDeviceGetCount), rc(n.nvmlSystemGetDriverVersion),
+                        rc(n.nvmlSystemGetCudaDriverVersion)]
+        """,
+    )
+    assert out["codes"] == [UNKNOWN, NO_PERMISSION, SUCCESS]
 
 
 def test_reload_on_changed_file_and_refcount(fake: Fake) -> None:
