@@ -17,9 +17,13 @@ from nodecheck.checks.result import NODE, Result, Sample, Status, gpu_subject, w
 
 GPU_LABELS = ("gpu", "bus_id", "model")
 LOST_REMEDY = (
-    "drain the node; reset the GPU (nvidia-smi -r -i <id>) or reboot, and check the kernel "
+    "drain the node; reset the GPU (nvidia-smi -r -i {bus_id}) or reboot, and check the kernel "
     "log for XID 79; if it recurs, reseat or RMA the GPU"
 )
+
+
+def lost_remedy(gpu: GpuReading) -> str:
+    return LOST_REMEDY.format(bus_id=gpu.bus_id or gpu.index)
 
 
 def subject_of(gpu: GpuReading) -> str:
@@ -105,7 +109,7 @@ def per_gpu_results(
         if gpu.hung is not None:
             yield Result(Status.ERROR, subject, gpu.hung, details={"cause": "nvml hung"})
         elif gpu.lost is not None:
-            yield Result(Status.FAIL, subject, f"NVML: {gpu.lost}", LOST_REMEDY)
+            yield Result(Status.FAIL, subject, f"NVML: {gpu.lost}", lost_remedy(gpu))
         elif gpu.error is not None:
             yield Result(Status.ERROR, subject, gpu.error, details={"cause": "nvml error"})
         else:

@@ -19,7 +19,7 @@ from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading, read_driver_gpus
 from nodecheck.checks.node.nvml import NvmlUnavailableError
 from nodecheck.checks.node.pci import PciDevice
-from nodecheck.checks.per_gpu import GPU_LABELS, LOST_REMEDY, nvml_unavailable_result, subject_of
+from nodecheck.checks.per_gpu import GPU_LABELS, lost_remedy, nvml_unavailable_result, subject_of
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -125,7 +125,7 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
 def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Result]:
     for gpu in gpus:
         if gpu.lost is not None:
-            yield Result(Status.FAIL, subject_of(gpu), f"NVML: {gpu.lost}", LOST_REMEDY)
+            yield Result(Status.FAIL, subject_of(gpu), f"NVML: {gpu.lost}", lost_remedy(gpu))
         elif gpu.bus_id is not None and gpu.bus_id not in on_bus:
             # NVML answers for the running machine; a --sysfs-root capture of
             # another node is the usual cause.

@@ -72,7 +72,8 @@ RETIRED_PENDING = _gauge(
 
 RETIRED_PAGES_WARN = 15  # DCGM_LIMIT_MAX_RETIRED_PAGES_SOFT_LIMIT
 RETIRED_PAGES_FAIL = 60  # DCGM_LIMIT_MAX_RETIRED_PAGES
-RESET = "reset the GPU when it is idle (nvidia-smi -r -i <id>), or drain and reboot"
+# nvidia-smi -i takes a PCI bus id as well as an index.
+RESET = "reset the GPU when it is idle (nvidia-smi -r -i {bus_id}), or drain and reboot"
 
 
 def judge_memory(gpu: GpuReading, _previous: GpuReading | None) -> Verdict:
@@ -103,7 +104,7 @@ def judge_memory(gpu: GpuReading, _previous: GpuReading | None) -> Verdict:
         verdict.add(
             Status.FAIL,
             f"{volatile} uncorrectable ECC error(s) since the driver loaded",
-            f"drain the node and {RESET}",
+            f"drain the node and {RESET.format(bus_id=gpu.bus_id)}",
         )
     elif gpu.ecc.aggregate_uncorrected:
         verdict.add(
@@ -137,7 +138,7 @@ def _judge_rows(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> No
             "drain the node; the GPU is an RMA candidate (NVIDIA: remapping failure)",
         )
     if rows.pending:
-        verdict.add(Status.WARN, "a row remapping is pending", RESET)
+        verdict.add(Status.WARN, "a row remapping is pending", RESET.format(bus_id=gpu.bus_id))
 
 
 def _judge_pages(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> None:
@@ -160,7 +161,7 @@ def _judge_pages(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> N
     elif total >= RETIRED_PAGES_WARN:
         verdict.add(Status.WARN, f"{total} retired pages", "watch the count; RMA at 60")
     if pages.pending:
-        verdict.add(Status.WARN, "a page retirement is pending", RESET)
+        verdict.add(Status.WARN, "a page retirement is pending", RESET.format(bus_id=gpu.bus_id))
 
 
 # The reads this check relies on; one that fails is reported, never passed over.

@@ -68,7 +68,7 @@ UTILIZATION = _gauge(
 TEMPERATURE_MARGIN_C = 5
 # nvmlDeviceGpuRecoveryAction_t (nvml.h) -> what the operator does.
 RECOVERY_ACTIONS = {
-    1: ("a GPU reset", "reset the GPU when idle (nvidia-smi -r -i <id>)"),
+    1: ("a GPU reset", "reset the GPU when idle (nvidia-smi -r -i {bus_id})"),
     2: ("a node reboot", "drain and reboot the node"),
     3: ("draining peer-to-peer traffic", "drain the node, then reset the GPU"),
     4: ("a drain and GPU reset", "drain the node and reset the GPU"),
@@ -106,7 +106,7 @@ def judge_state(gpu: GpuReading, _previous: GpuReading | None, ctx: CheckContext
         )
     if gpu.recovery_action in RECOVERY_ACTIONS:
         what, remedy = RECOVERY_ACTIONS[gpu.recovery_action]
-        verdict.add(Status.FAIL, f"the driver asks for {what}", remedy)
+        verdict.add(Status.FAIL, f"the driver asks for {what}", remedy.format(bus_id=gpu.bus_id))
     elif gpu.recovery_action not in (None, 0):
         verdict.add(
             Status.FAIL,

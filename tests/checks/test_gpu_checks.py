@@ -113,7 +113,8 @@ def test_memory_errors(dgx_faulty: Node) -> None:
     assert found.pop(subject("0000:ba:00.0")) is Status.FAIL
     assert set(found.values()) == {Status.OK}
     pending = one(results, "0000:18:00.0")
-    assert "row remapping is pending" in pending.summary and "reset the GPU" in pending.remedy
+    assert "row remapping is pending" in pending.summary
+    assert "reset the GPU when it is idle (nvidia-smi -r -i 0000:18:00.0)" in pending.remedy
     ecc = one(results, "0000:1a:00.0")
     assert "2 uncorrectable ECC error(s)" in ecc.summary and "drain" in ecc.remedy
     failed = one(results, "0000:ba:00.0")
