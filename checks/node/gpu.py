@@ -265,7 +265,9 @@ def _field_values(
             values[item.fieldId] = getattr(item.value, member)
             continue
         values[item.fieldId] = None
-        if code not in ABSENT_CODES:
+        # A driver older than a field id may answer INVALID_ARGUMENT for it:
+        # that field does not exist there, like NOT_SUPPORTED.
+        if code not in ABSENT_CODES and code != NVML_ERROR_INVALID_ARGUMENT:
             failures[item.fieldId] = describe_error(nvml.NVMLError(code))
     return values, failures
 

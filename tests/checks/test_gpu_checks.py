@@ -567,6 +567,10 @@ def test_per_field_errors_are_reported(dgx: Node, tmp_path: Path) -> None:
     assert throttle.status is Status.ERROR
     assert "cannot read throttle_time: Unknown Error" in throttle.summary
     assert one(node.results("gpu_pcie"), "0000:18:00.0").status is Status.OK
+    # A field id the driver does not know yet is absent, not an error.
+    older = modified(dgx_healthy(), gpu=0, field_errors={"270": "INVALID_ARGUMENT"})
+    node = dgx.with_scenario(older, tmp_path / "older.json")
+    assert one(node.results("gpu_throttle"), "0000:18:00.0").status is Status.OK
 
 
 def test_old_driver_falls_back_to_deprecated_calls(dgx_faulty: Node, tmp_path: Path) -> None:
