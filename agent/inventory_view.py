@@ -215,6 +215,8 @@ def _nvml_dict(reading: GpuReading | None) -> dict[str, object] | None:
         else {"links": len(reading.nvlink_active), "active": sum(reading.nvlink_active)},
         "lost": reading.lost,
         "hung": reading.hung,
+        # Queries this GPU or driver does not have (no ECC on a GeForce, an older driver).
+        "unsupported": sorted(reading.unsupported),
     }
 
 

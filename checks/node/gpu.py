@@ -135,7 +135,6 @@ class GpuReading:
     name: str | None = None
     uuid: str | None = None
     vbios: str | None = None
-    minor: int | None = None
     lost: str | None = None
     hung: str | None = None
     # Set when this GPU could not be read at all for another reason (no permission).
@@ -189,7 +188,6 @@ class GpuSnapshot:
     hung: NvmlHungError | None = None
     driver_version: str | None = None
     cuda_driver_version: int | None = None
-    taken_at: float = 0.0
 
     @property
     def usable(self) -> bool:
@@ -291,7 +289,6 @@ def _read_identity(nvml: Any, h: object, r: _Reader) -> None:
     reading.name = r.query("name", lambda: nvml.nvmlDeviceGetName(h))
     reading.uuid = r.query("uuid", lambda: nvml.nvmlDeviceGetUUID(h))
     reading.vbios = r.query("vbios", lambda: nvml.nvmlDeviceGetVbiosVersion(h))
-    reading.minor = r.query("minor", lambda: nvml.nvmlDeviceGetMinorNumber(h))
     memory = r.query("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
     if memory is not None:
         reading.memory_total, reading.memory_used = int(memory.total), int(memory.used)
@@ -479,7 +476,7 @@ def _job_name(reading: GpuReading) -> str:
 def read_gpus(session: NvmlSession) -> GpuSnapshot:
     """Read every GPU, in parallel, each under the session's deadline. Never raises for
     anything NVML does: each failure lands in the snapshot or in a reading."""
-    snapshot = GpuSnapshot(taken_at=time.monotonic())
+    snapshot = GpuSnapshot()
     try:
         nvml = session.module()
     except NvmlUnavailableError as err:

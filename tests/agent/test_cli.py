@@ -224,6 +224,7 @@ def test_inventory_shows_what_nvml_sees(dgx_faulty: Node) -> None:
     nvml = [gpu["nvml"] for gpu in document["gpus"]]
     assert nvml[7] is None
     assert nvml[4]["nvlink"] == {"links": 18, "active": 16}
+    assert nvml[0]["unsupported"] == []
     assert [entry["index"] for entry in nvml[:7]] == list(range(7))
 
 
@@ -254,3 +255,13 @@ def test_bad_nvml_and_kernel_log_options(args: list[str], message: str) -> None:
     done = run(*args, *([] if args[0] == "check" else ["check"]))
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_inventory_lists_what_a_geforce_lacks(workstation: Node) -> None:
+    document = json.loads(
+        run(*workstation.cli_args, "inventory", "--json", env=workstation.env).stdout
+    )
+    [gpu] = document["gpus"]
+    assert gpu["nvml"]["name"] == "NVIDIA GeForce RTX 4090"
+    assert {"ecc_mode", "remapped_rows", "retired_pages"} <= set(gpu["nvml"]["unsupported"])
+    assert gpu["nvml"]["nvlink"] is None
