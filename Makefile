@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
+# The benchmark tests run real torch: a CPU build, pinned here for the tests only
+# (users bring their own torch, usually a CUDA build).
+TORCH_VERSION = 2.13.0
 # Debian packages the tests use: lspci cross-checks the sysfs fixtures; gcc builds
 # the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev.
 DEB_PACKAGES = pciutils gcc libc6-dev
@@ -21,6 +24,11 @@ system-packages:
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# torch for the benchmark tests (and for mypy, which reads its types).
+$(BIN)/.torch: $(BIN)/.installed
+	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)'
+	touch $@
+
 run: $(BIN)/.installed
 	$(BIN)/nodecheck check
 
@@ -28,12 +36,12 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(BIN)/.installed
+typecheck: $(BIN)/.torch
 	@mkdir -p .typecheck/nodecheck
 	@for p in agent checks tuning; do ln -sfn ../../$$p .typecheck/nodecheck/$$p; done
 	MYPYPATH=.typecheck $(BIN)/mypy .typecheck/nodecheck tests bench tools
 
-unit: $(BIN)/.installed system-packages
+unit: $(BIN)/.torch system-packages
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

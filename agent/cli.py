@@ -247,6 +247,149 @@ def inventory(ctx: click.Context, as_json: bool) -> None:
     click.echo(render(node, model, gpus))
 
 
+BENCH_ORDER = ("matmul", "allreduce", "h2d")
+
+
+def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2") from None
+
+
+class _ProgressBar:
+    """One line on stderr, redrawn in place; only on a terminal."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, name: str, fraction: float) -> None:
+        if self.enabled:
+            filled = int(fraction * 30)
+            bar = "#" * filled + "." * (30 - filled)
+            click.echo(f"\r{name:<10} [{bar}] {fraction:4.0%}", err=True, nl=False)
+
+    def done(self) -> None:
+        if self.enabled:
+            click.echo("\r" + " " * 50 + "\r", err=True, nl=False)
+
+
+@cli.command()
+@click.argument("which", type=click.Choice([*BENCH_ORDER, "all"]))
+@click.option(
+    "--gpus", callback=_parse_gpus, metavar="0,1,...", help="NVML indices. [default: all]"
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    default="bf16",
+    show_default=True,
+    help="Matmul data type.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0.1, max=600),
+    default=4.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Measuring time per benchmark.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="cpu runs the same benchmarks on the CPU (gloo for all_reduce).",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=2, max=64),
+    default=2,
+    show_default=True,
+    help="all_reduce ranks with --device cpu.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where results and baselines are kept. "
+    "[default: /var/lib/nodecheck as root, else ~/.local/state/nodecheck]",
+)
+@click.option(
+    "--idle-window",
+    type=click.FloatRange(min=0, max=600),
+    default=2.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long every GPU must be idle before a benchmark starts.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Run even if GPUs look busy or a maintenance file is present (a drained "
+    "node); a process that appears during the run still stops it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
+@global_options
+@click.pass_context
+def bench(
+    ctx: click.Context,
+    which: str,
+    gpus: tuple[int, ...] | None,
+    dtype: str,
+    duration: float,
+    device: str,
+    processes: int,
+    state_dir: Path | None,
+    idle_window: float,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Run micro-benchmarks: matmul TFLOPS, all_reduce bus bandwidth, host-device copies.
+
+    Each runs in a child process with a deadline, only while every GPU is idle,
+    and is judged against the node's other GPUs, its own history and the GPU
+    model's expected rate. Same exit status as `check`.
+    """
+    fs = node_fs(ctx)
+    from nodecheck.agent.report import exit_code, render_json, render_table
+    from nodecheck.checks.bench.options import BenchOptions
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.inventory import read_hostname
+    from nodecheck.checks.registry import load_benchmarks
+    from nodecheck.checks.runner import run_checks
+
+    progress = _ProgressBar()
+    options = BenchOptions(
+        device=device,
+        gpus=gpus,
+        dtype=dtype,
+        duration_s=duration,
+        processes=processes,
+        force=force,
+        idle_window_s=idle_window,
+        on_progress=progress,
+    )
+    if state_dir is not None:
+        options.state_dir = state_dir
+    context = CheckContext(fs=fs, nvml=nvml_session(ctx), bench=options)
+    available = load_benchmarks()
+    names = BENCH_ORDER if which == "all" else (which,)
+    runs = []
+    try:
+        # One after another: two benchmarks at once would measure each other.
+        for name in names:
+            runs += run_checks([available[name]], context)
+    finally:
+        progress.done()
+        context.nvml.close()
+    hostname = read_hostname(fs)
+    click.echo(render_json(hostname, runs) if as_json else render_table(hostname, runs))
+    ctx.exit(exit_code(runs))
+
+
 def main() -> None:
     """Entry point: no traceback reaches a user (--log-level debug shows it)."""
     try:

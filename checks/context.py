@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import (
     GpuHistory,
@@ -58,6 +59,8 @@ class CheckContext:
     # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.
     kernel_log: Path | None = None
     expected_gpus: int | None = None
+    # How benchmarks run (device, durations, gate limits, state directory).
+    bench: BenchOptions = field(default_factory=BenchOptions)
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -31,21 +31,50 @@ class Check:
 
 
 _REGISTRY: dict[str, Check] = {}
+# Benchmarks are checks too, kept apart: `nodecheck check` never runs them;
+# `nodecheck bench` and the agent's benchmark schedule do, one at a time.
+_BENCHMARKS: dict[str, Check] = {}
+BENCH_PACKAGE = "nodecheck.checks.bench"
+
+
+def _register_into(
+    registry: dict[str, Check], name: str, interval_s: float, timeout_s: float
+) -> Callable[[CheckFunction], CheckFunction]:
+    def decorate(function: CheckFunction) -> CheckFunction:
+        if name in registry and registry[name].run is not function:
+            raise ValueError(f"check {name!r} registered twice")
+        description = (function.__doc__ or name).strip().splitlines()[0]
+        registry[name] = Check(name, function, interval_s, timeout_s, description)
+        return function
+
+    return decorate
 
 
 def register(
     name: str, *, interval_s: float, timeout_s: float
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check; its docstring's first line is its description."""
+    return _register_into(_REGISTRY, name, interval_s, timeout_s)
 
-    def decorate(function: CheckFunction) -> CheckFunction:
-        if name in _REGISTRY and _REGISTRY[name].run is not function:
-            raise ValueError(f"check {name!r} registered twice")
-        description = (function.__doc__ or name).strip().splitlines()[0]
-        _REGISTRY[name] = Check(name, function, interval_s, timeout_s, description)
-        return function
 
-    return decorate
+def register_benchmark(
+    name: str, *, interval_s: float, timeout_s: float
+) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a benchmark (a check that runs only when asked for, or on its own schedule)."""
+    return _register_into(_BENCHMARKS, name, interval_s, timeout_s)
+
+
+def load_benchmarks() -> dict[str, Check]:
+    """Every registered benchmark by name, importing the benchmark modules first.
+
+    Only the package's modules are imported, never its `child` subpackage,
+    which is the benchmark process and imports torch.
+    """
+    package = importlib.import_module(BENCH_PACKAGE)
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.ispkg:
+            importlib.import_module(f"{BENCH_PACKAGE}.{module.name}")
+    return dict(_BENCHMARKS)
 
 
 def load_checks() -> dict[str, Check]:

@@ -45,3 +45,16 @@ def test_no_grab_bag_modules() -> None:
         for path in (ROOT / layer).rglob("*.py")
     }
     assert not names & {"utils", "helpers", "misc", "common"}
+
+
+def test_torch_only_in_the_benchmark_process() -> None:
+    """The CLI and the daemon never import torch: only the benchmark child does."""
+    child = ROOT / "checks" / "bench" / "child"
+    importers = {
+        str(path.relative_to(ROOT))
+        for layer in ("agent", "checks", "tuning")
+        for path in (ROOT / layer).rglob("*.py")
+        if any(name == "torch" or name.startswith("torch.") for name in imported_modules(path))
+    }
+    assert importers
+    assert {path for path in importers if not (ROOT / path).is_relative_to(child)} == set()

@@ -621,3 +621,46 @@ def read_kernel_module_version(fs: NodeFS) -> str | None:
     """None when the file is absent (no driver, or a container without it)."""
     text = read_optional_text(fs.proc("driver", "nvidia", "version"))
     return None if text is None else parse_kernel_module_version(text)
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    """What the benchmark gate needs of a GPU, read quickly and often."""
+
+    index: int
+    bus_id: str | None
+    utilization_pct: int | None
+    processes: tuple[GpuProcess, ...]
+    memory_free: int | None
+    problem: str | None  # why this GPU could not be read (lost, no permission)
+
+
+def read_gpu_activity(session: NvmlSession) -> list[GpuActivity]:
+    """Utilization, compute processes and free memory of every GPU, in one job.
+
+    NvmlUnavailableError or NvmlHungError when NVML cannot answer.
+    """
+    nvml = session.module()
+
+    def read() -> list[GpuActivity]:
+        found = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId)
+                utilization = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                processes = tuple(
+                    GpuProcess(
+                        int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+                    )
+                    for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                )
+                free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
+            except nvml.NVMLError as err:
+                found.append(GpuActivity(index, None, None, (), None, describe_error(err)))
+                continue
+            found.append(GpuActivity(index, bus_id, utilization, processes, free, None))
+        return found
+
+    result: list[GpuActivity] = session.run(read, "reading GPU activity")
+    return result

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-@pytest.mark.parametrize("command", [[], ["check"], ["inventory"]])
+@pytest.mark.parametrize("command", [[], ["check"], ["inventory"], ["bench"]])
 def test_help_for_every_command(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
@@ -39,7 +40,7 @@ def test_help_for_every_command(command: list[str]) -> None:
 
 
 def test_only_commands_that_work_are_offered() -> None:
-    assert sorted(cli.commands) == ["check", "inventory"]
+    assert sorted(cli.commands) == ["bench", "check", "inventory"]
 
 
 def test_version() -> None:
@@ -167,31 +168,43 @@ def test_no_traceback_reaches_the_user(
     assert err == "nodecheck: internal error: OSError: disk on fire\n"
 
 
+HEAVY_PROBE = (
+    "import json, sys\n"
+    "from nodecheck.agent.cli import cli\n"
+    "try:\n"
+    "    cli.main(sys.argv[1:], standalone_mode=False)\n"
+    "except SystemExit:\n"
+    "    pass\n"
+    "heavy = {'torch', 'pynvml', 'prometheus_client', 'cpuinfo'} & set(sys.modules)\n"
+    "print('HEAVY ' + json.dumps(sorted(heavy)), file=sys.stderr)\n"
+)
+
+
+def run_counting_imports(
+    args: list[str], env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run the command in-process in a fresh interpreter; which heavy modules it imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", HEAVY_PROBE, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    line = next(line for line in done.stderr.splitlines() if line.startswith("HEAVY "))
+    return done, set(json.loads(line.removeprefix("HEAVY ")))
+
+
 @pytest.mark.parametrize(
     ("command", "allowed"), [(["--help"], set()), (["check", "--json"], {"pynvml"})]
 )
 def test_heavy_modules_are_not_imported(dgx: Node, command: list[str], allowed: set[str]) -> None:
     """`--help` imports nothing heavy; `check` needs the NVML binding but never torch,
     the Prometheus client or py-cpuinfo."""
-    script = (
-        "import sys\n"
-        "from nodecheck.agent.cli import cli\n"
-        "try:\n"
-        "    cli.main(sys.argv[1:], standalone_mode=False)\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = {'torch', 'pynvml', 'prometheus_client', 'cpuinfo'} & set(sys.modules)\n"
-        "print('HEAVY', sorted(heavy))\n"
-    )
     args = [*dgx.cli_args, *command] if command[0] == "check" else command
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, **dgx.env},
-    )
-    assert f"HEAVY {sorted(allowed)}" in done.stdout, done.stdout[-500:] + done.stderr
+    done, heavy = run_counting_imports(args, dgx.env)
+    assert heavy == allowed, done.stderr[-500:]
 
 
 def test_hung_nvml_call_leaves_the_cli_responsive(dgx: Node, tmp_path: Path) -> None:
@@ -265,3 +278,25 @@ def test_inventory_lists_what_a_geforce_lacks(workstation: Node) -> None:
     assert gpu["nvml"]["name"] == "NVIDIA GeForce RTX 4090"
     assert {"ecc_mode", "remapped_rows", "retired_pages"} <= set(gpu["nvml"]["unsupported"])
     assert gpu["nvml"]["nvlink"] is None
+
+
+def test_bench_on_the_cpu(build: Callable[..., Node], tmp_path: Path) -> None:
+    """The real benchmark through the command; the command itself never imports torch."""
+    node = build("cpu-only")
+    args = [*node.cli_args, "bench", "h2d", "--device", "cpu", "--duration", "0.3"]
+    args += ["--state-dir", str(tmp_path), "--json"]
+    done, heavy = run_counting_imports(args, node.env)
+    assert "torch" not in heavy, done.stderr
+    document = json.loads(done.stdout)
+    assert document["schema"] == "nodecheck.check/v1"
+    [result] = document["results"]
+    assert (result["check"], result["status"], result["subject"]) == ("h2d", "ok", "node")
+    assert (tmp_path / "benchmarks.json").exists()
+
+
+def test_bench_usage_errors(dgx: Node) -> None:
+    done = run(*dgx.cli_args, "bench", "matmul", "--gpus", "0,x", env=dgx.env)
+    assert done.returncode == 2 and "expected GPU indices like 0,1,2" in done.stderr
+    done = run(*dgx.cli_args, "bench", "matmul", "--gpus", "9", "--force", env=dgx.env)
+    assert done.returncode == 3
+    assert "GPU 9 not found or not readable through NVML" in done.stdout

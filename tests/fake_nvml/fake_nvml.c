@@ -138,7 +138,7 @@ typedef struct {
     unsigned nproc, nxid, nunsup, unsup[MAX_ITEMS];
     unsigned nfielderr, fielderr_id[MAX_ITEMS];
     nvmlReturn_t fielderr_rc[MAX_ITEMS];
-    struct { unsigned pid; unsigned long long mem; } proc[MAX_ITEMS];
+    struct { unsigned pid; unsigned long long mem; double after, until; } proc[MAX_ITEMS];
     struct { unsigned long long xid; double after; } xid[MAX_ITEMS];
     double lost_after;           /* < 0: never */
     nvmlReturn_t err[N_DEV_FNS]; /* NVML_SUCCESS: no injected error */
@@ -518,9 +518,12 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         else if (IS("processes")) {
             for (const jv *e = jtype(c, m, J_ARR); e; e = e->next) {
                 if (g->nproc == MAX_ITEMS) fail(c, e->pos, "more than %d processes", MAX_ITEMS);
+                g->proc[g->nproc].until = -1;
                 for (const jv *r = jtype(c, e, J_OBJ); r; r = r->next) {
                     if (!strcmp(r->key, "pid")) g->proc[g->nproc].pid = (unsigned)juint(c, r, UINT_MAX);
                     else if (!strcmp(r->key, "used_memory")) g->proc[g->nproc].mem = juint(c, r, ULLONG_MAX);
+                    else if (!strcmp(r->key, "after_s")) g->proc[g->nproc].after = jsecs(c, r);
+                    else if (!strcmp(r->key, "until_s")) g->proc[g->nproc].until = jsecs(c, r);
                     else unknown_key(c, r);
                 }
                 g->nproc++;
@@ -1082,11 +1085,17 @@ static nvmlReturn_t processes(nvmlDevice_t device, int f, unsigned *count,
     gpu_t g;
     nvmlReturn_t rc = enter(device, f, &g);
     if (rc || !count) return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
-    unsigned n = f == F_nvmlDeviceGetComputeRunningProcesses_v3 ? g.nproc : 0;
+    /* Only the processes alive now: from after_s on, until until_s (if given). */
+    unsigned live[MAX_ITEMS], n = 0;
+    if (f == F_nvmlDeviceGetComputeRunningProcesses_v3)
+        for (unsigned i = 0; i < g.nproc; i++)
+            if (g.t >= g.proc[i].after && (g.proc[i].until < 0 || g.t < g.proc[i].until))
+                live[n++] = i;
     if (*count < n) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
     if (n && !infos) return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned i = 0; i < n; i++)
-        infos[i] = (nvmlProcessInfo_t){g.proc[i].pid, g.proc[i].mem, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        infos[i] = (nvmlProcessInfo_t){g.proc[live[i]].pid, g.proc[live[i]].mem, 0xFFFFFFFFu,
+                                       0xFFFFFFFFu};
     *count = n;
     return NVML_SUCCESS;
 }

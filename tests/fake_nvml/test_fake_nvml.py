@@ -508,6 +508,31 @@ def test_injected_errors_and_unsupported_fields(fake: Fake) -> None:
     assert out["fields"] == [NOT_SUPPORTED, SUCCESS, NOT_SUPPORTED, NO_PERMISSION, SUCCESS]
 
 
+def test_processes_come_and_go(fake: Fake) -> None:
+    scenario = {
+        "gpus": [
+            {
+                "bus_id": "0000:18:00.0",
+                "processes": [
+                    {"pid": 10, "used_memory": 1, "until_s": 0.2},
+                    {"pid": 11, "used_memory": 2, "after_s": 0.2},
+                ],
+            }
+        ]
+    }
+    out, _ = fake.run(
+        scenario,
+        """
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        out["before"] = [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]
+        time.sleep(0.25)
+        out["after"] = [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]
+        """,
+    )
+    assert out == {"before": [10], "after": [11]}
+
+
 def test_lost_after(fake: Fake) -> None:
     scenario = {
         "gpus": [{"bus_id": "0000:18:00.0", "lost_after_s": 0.2}, {"bus_id": "0000:19:00.0"}]

@@ -1,0 +1,211 @@
+"""all_reduce bus bandwidth over torch.distributed (NCCL on GPUs, gloo on CPUs).
+
+As nccl-tests and stas00's all_reduce_bench define it: algbw = bytes / time,
+busbw = algbw x 2(n-1)/n. Each iteration is timed on its own (barrier, then
+one blocking all_reduce), and an iteration's time is the slowest rank's: the
+collective is done only when every rank is. The spread of those iterations
+is the seed's stability profile: coefficient of variation and worst iteration.
+
+Two ways in:
+- `launch(spec)`: the benchmark child starts one rank process per local
+  device on a free loopback port and relays rank 0's result;
+- `worker()`: a rank process, also what runs under torchrun or srun across
+  nodes when RANK and WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) are set:
+  `torchrun --nproc_per_node=8 -m nodecheck.checks.bench.child allreduce`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nodecheck.checks.bench.child.protocol import emit, progress
+
+MIB = 1 << 20
+GIB = 1 << 30
+LADDER = {"cuda": [64 * MIB, 256 * MIB, GIB], "cpu": [MIB, 8 * MIB, 32 * MIB]}
+WARMUP = 2
+MIN_TIMED = 5
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests AllReduceGetBw: busbw = algbw x 2(n-1)/n."""
+    return 2 * (world_size - 1) / world_size
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def launch(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one rank per local device; return rank 0's result."""
+    world = len(spec["gpus"]) if spec["device"] == "cuda" else spec["processes"]
+    if world < 2:
+        raise ValueError("all_reduce needs at least two ranks")
+    port = _free_port()
+    ranks = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            # The rank's GPU: --gpus 2,3 puts rank 0 on GPU 2.
+            "LOCAL_RANK": str(spec["gpus"][rank] if spec["device"] == "cuda" else rank),
+            "NODECHECK_BENCH_SPEC": json.dumps(spec),
+        }
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "nodecheck.checks.bench.child", "allreduce-rank"],
+                env=env,
+                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    result: dict[str, Any] | None = None
+    first = ranks[0]
+    assert first.stdout is not None
+    for line in first.stdout:
+        message = json.loads(line)
+        if "result" in message:
+            result = message["result"]
+        else:
+            emit(**message)  # progress, relayed
+    failures = []
+    for rank, process in enumerate(ranks):
+        _, err = process.communicate()
+        if process.returncode != 0:
+            failures.append(f"rank {rank} exited {process.returncode}: {err.strip()[-400:]}")
+    if failures or result is None:
+        raise RuntimeError("; ".join(failures) or "rank 0 gave no result")
+    return result
+
+
+def _rank_env() -> tuple[int, int, int]:
+    """RANK, WORLD_SIZE, LOCAL_RANK from torchrun, or from srun's SLURM_* variables."""
+    env = os.environ
+    rank = env.get("RANK", env.get("SLURM_PROCID"))
+    world = env.get("WORLD_SIZE", env.get("SLURM_NTASKS"))
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    if rank is None or world is None:
+        raise SystemExit("not a rank: set RANK and WORLD_SIZE (torchrun) or run under srun")
+    return int(rank), int(world), int(local)
+
+
+def measure(spec: dict[str, Any], on_payload: Any = None) -> dict[str, Any]:
+    """The payload ladder on this rank; every rank gets the same result back."""
+    rank, world, local = _rank_env()
+    cuda = spec["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    try:
+        ladder = spec.get("payloads") or LADDER[spec["device"]]
+        limit = spec.get("max_bytes_per_rank")
+        ladder = [size for size in ladder if limit is None or size <= limit] or ladder[:1]
+        budget = spec["duration_s"] / len(ladder)
+        rows = []
+        for step, size in enumerate(ladder):
+            rows.append(_one_payload(size, device, world, budget, cuda))
+            if on_payload is not None:
+                on_payload((step + 1) / len(ladder))
+        return {"world_size": world, "backend": dist.get_backend(), "payloads": rows}
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_payload(
+    size: int, device: torch.device, world: int, budget: float, cuda: bool
+) -> dict[str, Any]:
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    for _ in range(WARMUP):
+        dist.all_reduce(tensor)
+    sync()
+    durations = []
+    stop = time.monotonic() + budget
+    while True:
+        dist.barrier()
+        began = time.perf_counter()
+        dist.all_reduce(tensor)
+        sync()
+        durations.append(time.perf_counter() - began)
+        # Every rank must run the same number of iterations: rank 0 decides.
+        more = torch.tensor(
+            [1 if len(durations) < MIN_TIMED or time.monotonic() < stop else 0], device=device
+        )
+        dist.broadcast(more, 0)
+        if not more.item():
+            break
+    local = torch.tensor(durations, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    slowest = torch.stack(gathered).max(dim=0).values.tolist()
+    factor = bus_factor(world)
+    algbw = [size / seconds / 1e9 for seconds in slowest]
+    busbw = [value * factor for value in algbw]
+    mean = statistics.fmean(busbw)
+    return {
+        "bytes": size,
+        "iterations": len(busbw),
+        "algbw_gbps": statistics.median(algbw),
+        "busbw_gbps": statistics.median(busbw),
+        "busbw_mean_gbps": mean,
+        "busbw_worst_gbps": min(busbw),
+        "busbw_cv": statistics.pstdev(busbw) / mean if mean else 0.0,
+    }
+
+
+def rank_main() -> None:
+    """A rank started by `launch`: rank 0 speaks the protocol."""
+    spec = json.loads(os.environ["NODECHECK_BENCH_SPEC"])
+    rank, _, _ = _rank_env()
+
+    def report(fraction: float) -> None:
+        if rank == 0:
+            progress(fraction, "all_reduce")
+
+    result = measure(spec, report)
+    if rank == 0:
+        emit(result=result)
+
+
+def torchrun_main(argv: list[str]) -> None:
+    """`torchrun ... -m nodecheck.checks.bench.child allreduce`: a table on rank 0."""
+    parser = argparse.ArgumentParser(prog="nodecheck.checks.bench.child allreduce")
+    parser.add_argument("--payload-mib", type=int, action="append", help="repeatable")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds in all")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    args = parser.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    payloads = [size * MIB for size in args.payload_mib] if args.payload_mib else None
+    spec = {"device": device, "duration_s": args.duration, "payloads": payloads}
+    result = measure(spec)
+    if _rank_env()[0] == 0:
+        print(f"all_reduce over {result['world_size']} ranks ({result['backend']})")
+        print(f"{'payload':>12} {'busbw GB/s':>11} {'algbw GB/s':>11} {'cv':>6} {'worst':>7}")
+        for row in result["payloads"]:
+            print(
+                f"{row['bytes'] / MIB:>8.0f} MiB {row['busbw_gbps']:>11.2f} "
+                f"{row['algbw_gbps']:>11.2f} {row['busbw_cv']:>6.1%} "
+                f"{row['busbw_worst_gbps']:>7.2f}"
+            )

@@ -1,0 +1,148 @@
+"""Runs the benchmark child: its own process group, a hard deadline, a stop on demand.
+
+The child (`python -m nodecheck.checks.bench.child SPEC`) is the only process
+that imports torch. It starts in a new session, so its ranks share its process
+group and one killpg() ends them all. Whatever happens to it (a hang past the
+deadline, a crash, the OOM killer, a CUDA error) comes back as a
+`ChildOutcome`, never as an exception in the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+CHILD_MODULE = "nodecheck.checks.bench.child"
+STDERR_TAIL = 2000
+
+
+@dataclass
+class ChildOutcome:
+    result: dict[str, Any] | None = None
+    error: str | None = None  # what went wrong, for the summary
+    cause: str | None = None  # "timeout", "out of memory", "cuda error", "crash", "stopped"
+    stderr_tail: str = ""
+    seconds: float = 0.0
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # CUDA numbers GPUs fastest-first unless told otherwise; NVML (and so
+    # --gpus and every result) numbers them in PCI bus order.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.setdefault("PYTHONWARNINGS", "ignore")  # torch's import-time warnings
+    return env
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def run_child(
+    spec: dict[str, Any],
+    timeout_s: float,
+    *,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Callable[[float], None] | None = None,
+    stop: threading.Event | None = None,
+) -> ChildOutcome:
+    """Run the child to its end, its deadline, or `stop`; `on_start` gets its process group."""
+    began = time.monotonic()
+    outcome = ChildOutcome()
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", CHILD_MODULE, json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=_child_env(),
+            start_new_session=True,
+        )
+        if on_start is not None:
+            on_start(process.pid)
+        assert process.stdout is not None
+        try:
+            _read_until_done(process, outcome, began + timeout_s, on_progress, stop)
+        finally:
+            _kill(process)  # the whole group: ranks a crashed launcher left behind too
+            process.wait()
+            process.stdout.close()
+        stderr.seek(0)
+        outcome.stderr_tail = stderr.read().decode(errors="replace")[-STDERR_TAIL:]
+    outcome.seconds = time.monotonic() - began
+    if outcome.cause is None and outcome.result is None:
+        _explain_exit(process.returncode, outcome)
+    return outcome
+
+
+def _read_until_done(
+    process: subprocess.Popen[bytes],
+    outcome: ChildOutcome,
+    deadline: float,
+    on_progress: Callable[[float], None] | None,
+    stop: threading.Event | None,
+) -> None:
+    assert process.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    pending = b""
+    timeout_s = deadline - time.monotonic()
+    while True:
+        if stop is not None and stop.is_set():
+            outcome.cause = "stopped"
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            outcome.cause = "timeout"
+            outcome.error = f"did not finish within {timeout_s:.0f} s; killed"
+            return
+        if not selector.select(min(remaining, 0.1)):
+            continue
+        chunk = os.read(process.stdout.fileno(), 65536)
+        if not chunk:
+            return  # the child closed stdout: it is done, one way or another
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            _take(line, outcome, on_progress)
+
+
+def _take(line: bytes, outcome: ChildOutcome, on_progress: Callable[[float], None] | None) -> None:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return  # a library printing to stdout: not ours to read
+    if not isinstance(message, dict):
+        return
+    if "progress" in message and on_progress is not None:
+        on_progress(float(message["progress"]))
+    if "result" in message:
+        outcome.result = message["result"]
+    if "error" in message:
+        outcome.error = str(message["error"])
+        outcome.cause = str(message.get("cause") or "exception")
+
+
+def _explain_exit(code: int | None, outcome: ChildOutcome) -> None:
+    """A child that ended with neither a result nor an error line."""
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        outcome.cause = "crash"
+        hint = " (out of memory? see the kernel log for the OOM killer)" if -code == 9 else ""
+        outcome.error = f"the benchmark process was killed by {name}{hint}"
+        return
+    last = outcome.stderr_tail.strip().splitlines()[-1:] or ["no output"]
+    outcome.cause = "crash"
+    outcome.error = f"the benchmark process exited with status {code}: {last[0]}"

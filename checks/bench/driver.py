@@ -1,0 +1,207 @@
+"""What every benchmark does around its measurement: lock, gate, child, watch, verdict, state.
+
+A benchmark module supplies the child's spec and a `judge` that turns the
+child's result into Results (and the good values to remember); `run_benchmark`
+does the rest, the same way for all three.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodecheck.checks.bench.child_runner import run_child
+from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal, check_gate
+from nodecheck.checks.bench.options import BenchOptions, Thresholds
+from nodecheck.checks.bench.state import BenchBusyError, BenchState
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.gpu import GpuActivity, GpuReading, read_gpu_activity
+from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
+from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+
+SKIPS = MetricSpec(
+    "nodecheck_bench_skips_total",
+    "counter",
+    "Benchmark runs not started or stopped for job safety, by reason "
+    "(gpu_busy, foreign_process, maintenance, busy_lock, nvml_unavailable, gpu_unhealthy)",
+    ("reason",),
+)
+
+
+@dataclass
+class Judgement:
+    """What `judge` returns: the results, and good values to add to the baselines."""
+
+    results: list[Result]
+    good_values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A device the benchmark runs on: a GPU (NVML index and its reading) or the CPU."""
+
+    name: str  # "0".."7" or "cpu"
+    gpu: GpuReading | None = None
+
+
+def ratio_verdict(
+    value: float, reference: float | None, what: str, warn: float, fail: float
+) -> tuple[Status, str] | None:
+    """Compare with a reference rate: (status, "0.85x <what>"), None without a reference."""
+    if reference is None or reference <= 0:
+        return None
+    ratio = value / reference
+    status = Status.FAIL if ratio < fail else Status.WARN if ratio < warn else Status.OK
+    return status, f"{ratio:.2f}x {what}"
+
+
+def fold(checks: list[tuple[Status, str] | None]) -> tuple[Status, list[str]]:
+    """The worst status of several comparisons, and their texts."""
+    found = [check for check in checks if check is not None]
+    statuses = [status for status, _ in found] or [Status.OK]
+    worst = max(statuses, key=lambda status: status.severity)
+    return worst, [text for _, text in found]
+
+
+def peer_and_baseline(
+    value: float, peers: float | None, baseline: float | None, thresholds: Thresholds
+) -> list[tuple[Status, str] | None]:
+    return [
+        ratio_verdict(value, peers, "the node's median", thresholds.warn, thresholds.fail),
+        ratio_verdict(value, baseline, "its baseline", thresholds.warn, thresholds.fail),
+    ]
+
+
+def select_targets(ctx: CheckContext, options: BenchOptions) -> list[Target] | Result:
+    """The devices to run on, or the Result that says why there are none."""
+    if options.device == "cpu":
+        return [Target("cpu")]
+    snapshot = ctx.gpus.snapshot
+    if not snapshot.usable:
+        reason = snapshot.hung or snapshot.unavailable
+        return Result(
+            Status.SKIP, NODE, f"no GPU to benchmark: {reason} (--device cpu runs on the CPU)"
+        )
+    readable = [gpu for gpu in snapshot.gpus if gpu.readable]
+    by_index = {gpu.index: gpu for gpu in readable}
+    wanted = options.gpus if options.gpus is not None else tuple(sorted(by_index))
+    missing = [index for index in wanted if index not in by_index]
+    if missing:
+        return Result(
+            Status.ERROR,
+            NODE,
+            f"GPU {', '.join(map(str, missing))} not found or not readable through NVML",
+        )
+    if not wanted:
+        return Result(Status.SKIP, NODE, "NVML sees no GPU to benchmark")
+    return [Target(str(index), by_index[index]) for index in wanted]
+
+
+def memory_caps(ctx: CheckContext, targets: list[Target], fraction: float) -> dict[str, int]:
+    """The most each GPU's benchmark may allocate: a fraction of its free memory."""
+    if not any(target.gpu for target in targets):
+        return {}
+    try:
+        activity: list[GpuActivity] = read_gpu_activity(ctx.nvml)
+    except (NvmlUnavailableError, NvmlHungError):
+        return {}
+    free = {str(gpu.index): gpu.memory_free for gpu in activity if gpu.memory_free}
+    return {
+        target.name: int(free[target.name] * fraction) for target in targets if target.name in free
+    }
+
+
+def _skip(state: BenchState, refusal: Refusal) -> Result:
+    counts = state.count_skip(refusal.reason)
+    samples = tuple(Sample(SKIPS, count, {"reason": reason}) for reason, count in counts.items())
+    return Result(
+        Status.SKIP,
+        NODE,
+        f"not run: {refusal.text}",
+        "" if refusal.reason != "gpu_busy" else "--force runs it anyway on a drained node",
+        {"cause": refusal.reason},
+        samples,
+    )
+
+
+def run_benchmark(
+    ctx: CheckContext,
+    name: str,
+    spec: dict[str, Any],
+    judge: Callable[[dict[str, Any], BenchState], Judgement],
+) -> list[Result]:
+    """Lock, gate, run the child under its deadline and the watch, judge, remember."""
+    options = ctx.bench
+    state = BenchState(options.state_dir)
+    if importlib.util.find_spec("torch") is None:
+        return [
+            Result(
+                Status.ERROR,
+                NODE,
+                "torch is not installed, and the benchmarks run on it",
+                "pip install 'nodecheck[bench]' (or the CUDA build of torch your site uses)",
+            )
+        ]
+    try:
+        with state.exclusive_run():
+            results = _locked_run(ctx, options, state, name, spec, judge)
+    except BenchBusyError as err:
+        results = [_skip(state, Refusal("busy_lock", f"another benchmark is running ({err})"))]
+    if state.problem is not None:
+        results.append(Result(Status.WARN, NODE, state.problem))
+    return results
+
+
+def _locked_run(
+    ctx: CheckContext,
+    options: BenchOptions,
+    state: BenchState,
+    name: str,
+    spec: dict[str, Any],
+    judge: Callable[[dict[str, Any], BenchState], Judgement],
+) -> list[Result]:
+    if not options.force:
+        refusal = check_gate(ctx, options)
+        if refusal is not None:
+            return [_skip(state, refusal)]
+    stop = threading.Event()
+    stopped: list[Refusal] = []
+
+    def on_foreign(refusal: Refusal) -> None:
+        stopped.append(refusal)
+        stop.set()
+
+    watch = ForeignProcessWatch(ctx, options, on_foreign)
+
+    def progress(fraction: float) -> None:
+        if options.on_progress is not None:
+            options.on_progress(name, fraction)
+
+    try:
+        outcome = run_child(
+            spec,
+            options.child_timeout_s,
+            on_start=watch.start,
+            on_progress=progress,
+            stop=stop,
+        )
+    finally:
+        watch.close()
+    if stopped:
+        return [_skip(state, stopped[0])]
+    if outcome.result is None:
+        return [
+            Result(
+                Status.ERROR,
+                NODE,
+                f"{name} failed: {outcome.error}",
+                details={"cause": outcome.cause, "stderr": outcome.stderr_tail[-500:]},
+            )
+        ]
+    judgement = judge(outcome.result, state)
+    if judgement.good_values:
+        state.record(judgement.good_values, options.baseline_runs)
+    return judgement.results

@@ -1,0 +1,161 @@
+"""Job safety: when a benchmark may start, and the watch that stops it when a job arrives.
+
+Before starting (unless forced): no maintenance file, no compute process on
+any GPU, and every GPU's utilization at or under the limit through the idle
+window. While running: a compute process on any GPU that is not in the
+benchmark's own process group stops it, killed within a second (`watch`
+polls every 0.25 s). The watch applies in CPU mode too: a CPU benchmark on
+all cores would starve a GPU job's data loaders.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text, read_text
+from nodecheck.checks.node.gpu import GpuActivity, read_gpu_activity
+from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a benchmark does not run (or stopped): a short key for metrics, and the text."""
+
+    reason: str
+    text: str
+
+
+def parse_process_group(stat: str) -> int:
+    """The process group from /proc/<pid>/stat ("pid (comm) state ppid pgrp ...").
+
+    The command name may hold spaces and parentheses, so fields are counted
+    after its last ')'.
+    """
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[2])
+
+
+def process_group(fs: NodeFS, pid: int) -> int | None:
+    try:
+        return parse_process_group(read_text(fs.proc(str(pid), "stat")))
+    except (ReadError, ValueError, IndexError):
+        return None  # gone, or not visible from here: not ours
+
+
+def _describe(fs: NodeFS, pid: int) -> str:
+    try:
+        return f"pid {pid} ({read_text(fs.proc(str(pid), 'comm'))})"
+    except ReadError:
+        return f"pid {pid}"
+
+
+def _activity(ctx: CheckContext) -> list[GpuActivity] | Refusal:
+    try:
+        return read_gpu_activity(ctx.nvml)
+    except NvmlUnavailableError as err:
+        if not ctx.pci_gpus and err.kind in (
+            NvmlUnavailableError.LIBRARY_MISSING,
+            NvmlUnavailableError.DRIVER_NOT_LOADED,
+        ):
+            return []  # no GPU here, so no GPU job to disturb
+        return Refusal("nvml_unavailable", f"cannot tell whether the GPUs are idle: {err}")
+    except NvmlHungError as err:
+        return Refusal("nvml_unavailable", f"cannot tell whether the GPUs are idle: {err}")
+
+
+def check_gate(ctx: CheckContext, options: BenchOptions) -> Refusal | None:
+    """None when the benchmark may start, else why not."""
+    maintenance = ctx.fs.host(options.maintenance_file)
+    try:
+        note = read_optional_text(maintenance)
+    except ReadError:
+        note = ""  # unreadable still exists: honour it
+    if note is not None:
+        shown = f": {note.splitlines()[0]}" if note else ""
+        return Refusal("maintenance", f"maintenance file {maintenance} is present{shown}")
+    end = time.monotonic() + options.idle_window_s
+    while True:
+        activity = _activity(ctx)
+        if isinstance(activity, Refusal):
+            return activity
+        if not activity:
+            return None  # no GPU: nothing to wait for
+        for gpu in activity:
+            where = f"GPU {gpu.index} ({gpu.bus_id or 'unknown bus id'})"
+            if gpu.problem is not None:
+                return Refusal("gpu_unhealthy", f"{where} cannot be read: {gpu.problem}")
+            if gpu.processes:
+                shown = ", ".join(_describe(ctx.fs, p.pid) for p in gpu.processes)
+                return Refusal("gpu_busy", f"{where} is in use by {shown}")
+            if (
+                gpu.utilization_pct is not None
+                and gpu.utilization_pct > options.idle_utilization_pct
+            ):
+                return Refusal(
+                    "gpu_busy",
+                    f"{where} is {gpu.utilization_pct}% busy "
+                    f"(limit {options.idle_utilization_pct}%)",
+                )
+        if time.monotonic() >= end:
+            return None
+        time.sleep(min(options.watch_interval_s, max(end - time.monotonic(), 0.0)))
+
+
+class ForeignProcessWatch:
+    """Polls the GPUs' compute processes while a benchmark runs; calls `stop` on a stranger.
+
+    A process is ours when it is in the benchmark child's process group (the
+    child and every rank it starts). Processes already present when the watch
+    began (with --force) are tolerated; only newcomers stop the run.
+    """
+
+    def __init__(
+        self,
+        ctx: CheckContext,
+        options: BenchOptions,
+        stop: Callable[[Refusal], None],
+    ) -> None:
+        self.ctx = ctx
+        self.interval_s = options.watch_interval_s
+        self.stop = stop
+        self.group: int | None = None
+        self.tolerated: set[int] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
+
+    def start(self, group: int) -> None:
+        self.group = group
+        activity = _activity(self.ctx)
+        if not isinstance(activity, Refusal):
+            self.tolerated = {p.pid for gpu in activity for p in gpu.processes}
+        self._thread.start()
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            activity = _activity(self.ctx)
+            if isinstance(activity, Refusal):
+                continue  # NVML hiccup: keep watching rather than guess
+            for gpu in activity:
+                for process in gpu.processes:
+                    if process.pid in self.tolerated:
+                        continue
+                    if process_group(self.ctx.fs, process.pid) == self.group:
+                        continue
+                    where = f"GPU {gpu.index} ({gpu.bus_id})"
+                    self.stop(
+                        Refusal(
+                            "foreign_process",
+                            f"{_describe(self.ctx.fs, process.pid)} appeared on {where}",
+                        )
+                    )
+                    return

@@ -1,0 +1,138 @@
+"""The benchmark state directory: past results, baselines, skip counts, and the run lock.
+
+`benchmarks.json` holds, per key (benchmark, GPU UUID or device, dtype or
+payload), the recent *good* results; a baseline is their rolling median, so a
+GPU that degrades is compared with what it did when healthy, not with its own
+decline. Writes are atomic (a temporary file in the same directory, fsync,
+rename, fsync of the directory): a process killed mid-write leaves the old
+file or the new one, never half of either. A file that does not parse is
+moved aside (`benchmarks.json.damaged-<time>`) and reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "benchmarks.json"
+LOCK_FILE = "bench.lock"
+VERSION = 1
+
+
+class BenchBusyError(Exception):
+    """Another benchmark holds the run lock."""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def parse_state(text: str) -> dict[str, Any]:
+    """The state document; ValueError when it is not one."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError("not a nodecheck benchmark state (version 1)")
+    if not isinstance(data.get("runs"), dict) or not isinstance(data.get("skips"), dict):
+        raise ValueError("'runs' and 'skips' must be objects")
+    return data
+
+
+class BenchState:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / STATE_FILE
+        # Set when the file was damaged and moved aside during this run.
+        self.problem: str | None = None
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {"version": VERSION, "runs": {}, "skips": {}}
+        try:
+            return parse_state(text)
+        except ValueError as err:
+            aside = self.path.with_name(f"{STATE_FILE}.damaged-{int(time.time())}")
+            os.replace(self.path, aside)
+            self.problem = f"{self.path} was damaged ({err}); moved to {aside.name}"
+            return {"version": VERSION, "runs": {}, "skips": {}}
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / f"{STATE_FILE}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _update(self, change: Callable[[dict[str, Any]], None]) -> None:
+        with self._locked():
+            data = self._load()
+            change(data)
+            write_atomically(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+    def read(self) -> dict[str, Any]:
+        with self._locked():
+            return self._load()
+
+    def baseline(self, key: str) -> float | None:
+        """Median of the recent good results for `key`, None before the first one."""
+        values = [run["value"] for run in self.read()["runs"].get(key, [])]
+        return statistics.median(values) if values else None
+
+    def record(self, values: dict[str, float], keep: int) -> None:
+        """Add good results (key -> value), keeping the last `keep` of each key."""
+        now = time.time()
+
+        def change(data: dict[str, Any]) -> None:
+            for key, value in values.items():
+                runs = data["runs"].setdefault(key, [])
+                runs.append({"time": now, "value": value})
+                del runs[:-keep]
+
+        self._update(change)
+
+    def count_skip(self, reason: str) -> dict[str, int]:
+        """Count a skip by its reason; every reason's count after it."""
+        counts: dict[str, int] = {}
+
+        def change(data: dict[str, Any]) -> None:
+            data["skips"][reason] = int(data["skips"].get(reason, 0)) + 1
+            counts.update(data["skips"])
+
+        self._update(change)
+        return counts
+
+    @contextlib.contextmanager
+    def exclusive_run(self) -> Iterator[None]:
+        """Hold the run lock: two benchmarks at once would measure each other."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / LOCK_FILE, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as err:
+                raise BenchBusyError(str(self.directory / LOCK_FILE)) from err
+            yield
