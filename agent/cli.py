@@ -326,6 +326,44 @@ class _ProgressBar:
     help="How long every GPU must be idle before a benchmark starts.",
 )
 @click.option(
+    "--warn-below",
+    type=click.FloatRange(min=0, max=1),
+    default=0.9,
+    show_default=True,
+    metavar="RATIO",
+    help="Warn below this ratio to the node's median or the baseline.",
+)
+@click.option(
+    "--fail-below",
+    type=click.FloatRange(min=0, max=1),
+    default=0.8,
+    show_default=True,
+    metavar="RATIO",
+    help="Fail below this ratio to the node's median or the baseline.",
+)
+@click.option(
+    "--memory-fraction",
+    type=click.FloatRange(min=0.01, max=0.95),
+    default=0.5,
+    show_default=True,
+    help="Share of each GPU's free memory a benchmark may take.",
+)
+@click.option(
+    "--idle-utilization",
+    type=click.IntRange(min=0, max=100),
+    default=5,
+    show_default=True,
+    metavar="PERCENT",
+    help="A GPU busier than this during the idle window keeps benchmarks off.",
+)
+@click.option(
+    "--maintenance-file",
+    default="/run/nodecheck/maintenance",
+    show_default=True,
+    metavar="PATH",
+    help="While this file exists (under --rootfs), benchmarks do not start.",
+)
+@click.option(
     "--force",
     is_flag=True,
     help="Run even if GPUs look busy or a maintenance file is present (a drained "
@@ -344,6 +382,11 @@ def bench(
     processes: int,
     state_dir: Path | None,
     idle_window: float,
+    warn_below: float,
+    fail_below: float,
+    memory_fraction: float,
+    idle_utilization: int,
+    maintenance_file: str,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -351,14 +394,25 @@ def bench(
 
     Each runs in a child process with a deadline, only while every GPU is idle,
     and is judged against the node's other GPUs, its own history and the GPU
-    model's expected rate. Same exit status as `check`.
+    model's expected rate. Same exit status as `check`, and 3 when nothing
+    was measured (every benchmark skipped: busy GPUs, no GPU).
     """
+    if fail_below > warn_below:
+        fail_usage("--fail-below must not be above --warn-below")
+    if gpus is not None and (device == "cpu" or len(set(gpus)) != len(gpus)):
+        fail_usage("--gpus takes distinct GPU indices, and only with --device cuda")
     fs = node_fs(ctx)
-    from nodecheck.agent.report import exit_code, render_json, render_table
-    from nodecheck.checks.bench.options import BenchOptions
+    from nodecheck.agent.report import (
+        EXIT_UNDETERMINED,
+        exit_code,
+        render_json,
+        render_table,
+    )
+    from nodecheck.checks.bench.options import BenchOptions, Thresholds
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.inventory import read_hostname
     from nodecheck.checks.registry import load_benchmarks
+    from nodecheck.checks.result import Status
     from nodecheck.checks.runner import run_checks
 
     progress = _ProgressBar()
@@ -370,6 +424,10 @@ def bench(
         processes=processes,
         force=force,
         idle_window_s=idle_window,
+        idle_utilization_pct=idle_utilization,
+        memory_fraction=memory_fraction,
+        maintenance_file=maintenance_file,
+        thresholds=Thresholds(warn=warn_below, fail=fail_below),
         on_progress=progress,
     )
     if state_dir is not None:
@@ -387,7 +445,9 @@ def bench(
         context.nvml.close()
     hostname = read_hostname(fs)
     click.echo(render_json(hostname, runs) if as_json else render_table(hostname, runs))
-    ctx.exit(exit_code(runs))
+    code = exit_code(runs)
+    measured = any(r.status is not Status.SKIP for run in runs for r in run.results)
+    ctx.exit(code if code or measured else EXIT_UNDETERMINED)
 
 
 def main() -> None:

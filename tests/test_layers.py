@@ -58,3 +58,18 @@ def test_torch_only_in_the_benchmark_process() -> None:
     }
     assert importers
     assert {path for path in importers if not (ROOT / path).is_relative_to(child)} == set()
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject lists packages by hand (package-dir maps them under nodecheck.*): a
+    folder missing from the list works in an editable install and breaks a real one."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        "nodecheck." + ".".join(init.parent.relative_to(ROOT).parts)
+        for layer in ("agent", "checks", "tuning")
+        for init in (ROOT / layer).rglob("__init__.py")
+    }
+    assert found == listed

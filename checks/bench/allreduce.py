@@ -24,6 +24,7 @@ from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.peaks import FLOOR_MIN_PAYLOAD, allreduce_floor
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
@@ -58,12 +59,17 @@ def _what(targets: list[Target], world: int) -> str:
 
 
 def judge_allreduce(
-    result: dict[str, Any], targets: list[Target], state: BenchState, options: BenchOptions
+    result: dict[str, Any],
+    targets: list[Target],
+    state: BenchState,
+    options: BenchOptions,
+    host: str = "",
 ) -> Judgement:
     rows = result["payloads"]
     world = int(result["world_size"])
     what = _what(targets, world)
-    keys = {row["bytes"]: f"allreduce/{what}/{row['bytes']}" for row in rows}
+    # Per host: a node's fabric is its own, even in a state directory shared over NFS.
+    keys = {row["bytes"]: f"allreduce/{host}/{what}/{row['bytes']}" for row in rows}
     top = max(rows, key=lambda row: row["bytes"])
     busbw = float(top["busbw_gbps"])
     model = targets[0].gpu.model if targets and targets[0].gpu else "cpu"
@@ -124,9 +130,10 @@ def bench_allreduce(ctx: CheckContext) -> list[Result]:
         # NCCL needs room of its own beside the tensor: a quarter of the cap.
         "max_bytes_per_rank": min(caps.values()) // 4 if caps else None,
     }
+    host = read_hostname(ctx.fs)
     return run_benchmark(
         ctx,
         "allreduce",
         spec,
-        lambda result, state: judge_allreduce(result, targets, state, options),
+        lambda result, state: judge_allreduce(result, targets, state, options, host),
     )

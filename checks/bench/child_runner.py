@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CHILD_MODULE = "nodecheck.checks.bench.child"
+# Must match child/protocol.py (the child package imports torch: not imported here).
+PARENT_VARIABLE = "NODECHECK_BENCH_PARENT"
+REAP_TIMEOUT_S = 10.0
 STDERR_TAIL = 2000
 
 
@@ -38,6 +41,7 @@ class ChildOutcome:
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
+    env[PARENT_VARIABLE] = str(os.getpid())
     # CUDA numbers GPUs fastest-first unless told otherwise; NVML (and so
     # --gpus and every result) numbers them in PCI bus order.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -77,7 +81,15 @@ def run_child(
             _read_until_done(process, outcome, began + timeout_s, on_progress, stop)
         finally:
             _kill(process)  # the whole group: ranks a crashed launcher left behind too
-            process.wait()
+            try:
+                process.wait(REAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                # SIGKILL does not end a process stuck in the driver (D state).
+                outcome.cause = outcome.cause or "timeout"
+                outcome.error = (
+                    f"the benchmark process {process.pid} did not die when killed "
+                    "(stuck in the GPU driver?)"
+                )
             process.stdout.close()
         stderr.seek(0)
         outcome.stderr_tail = stderr.read().decode(errors="replace")[-STDERR_TAIL:]
@@ -123,7 +135,7 @@ def _take(line: bytes, outcome: ChildOutcome, on_progress: Callable[[float], Non
     try:
         message = json.loads(line)
     except ValueError:
-        return  # a library printing to stdout: not ours to read
+        return  # a library printing to stdout (NCCL_DEBUG=INFO): not ours to read
     if not isinstance(message, dict):
         return
     if "progress" in message and on_progress is not None:

@@ -7,6 +7,7 @@ does the rest, the same way for all three.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import threading
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from nodecheck.checks.bench.options import BenchOptions, Thresholds
 from nodecheck.checks.bench.state import BenchBusyError, BenchState
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuActivity, GpuReading, read_gpu_activity
+from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
@@ -146,13 +148,35 @@ def run_benchmark(
             )
         ]
     try:
-        with state.exclusive_run():
+        with state.exclusive_run(read_hostname(ctx.fs)):
             results = _locked_run(ctx, options, state, name, spec, judge)
+        if not any(result.status is Status.SKIP for result in results):
+            results = _with_skip_counts(state, results)
     except BenchBusyError as err:
         results = [_skip(state, Refusal("busy_lock", f"another benchmark is running ({err})"))]
+    except OSError as err:
+        return [
+            Result(
+                Status.ERROR,
+                NODE,
+                f"cannot use the state directory {options.state_dir}: {err}",
+                "point --state-dir at a writable directory",
+            )
+        ]
     if state.problem is not None:
         results.append(Result(Status.WARN, NODE, state.problem))
     return results
+
+
+def _with_skip_counts(state: BenchState, results: list[Result]) -> list[Result]:
+    """The skip counters ride on every benchmark result, so the series never vanish
+    between runs that did not skip."""
+    counts = state.read()["skips"]
+    if not counts or not results:
+        return results
+    samples = tuple(Sample(SKIPS, count, {"reason": reason}) for reason, count in counts.items())
+    first = results[0]
+    return [dataclasses.replace(first, samples=first.samples + samples), *results[1:]]
 
 
 def _locked_run(

@@ -47,6 +47,25 @@ def process_group(fs: NodeFS, pid: int) -> int | None:
         return None  # gone, or not visible from here: not ours
 
 
+BLIND_LIMIT_S = 2.0
+
+
+def parse_ns_pids(status: str) -> list[int]:
+    """The NSpid line of /proc/<pid>/status: one PID per nested PID namespace."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(field) for field in line.split()[1:]]
+    return []
+
+
+def in_pid_namespace(fs: NodeFS) -> bool:
+    """Whether we run in a PID namespace below the host's (a container without hostPID)."""
+    try:
+        return len(parse_ns_pids(read_text(fs.proc("self", "status")))) > 1
+    except ReadError:
+        return False
+
+
 def _describe(fs: NodeFS, pid: int) -> str:
     try:
         return f"pid {pid} ({read_text(fs.proc(str(pid), 'comm'))})"
@@ -121,6 +140,7 @@ class ForeignProcessWatch:
         stop: Callable[[Refusal], None],
     ) -> None:
         self.ctx = ctx
+        self.forced = options.force
         self.interval_s = options.watch_interval_s
         self.stop = stop
         self.group: int | None = None
@@ -130,9 +150,12 @@ class ForeignProcessWatch:
 
     def start(self, group: int) -> None:
         self.group = group
-        activity = _activity(self.ctx)
-        if not isinstance(activity, Refusal):
-            self.tolerated = {p.pid for gpu in activity for p in gpu.processes}
+        if self.forced:
+            # --force on a drained node: what is there already (a stuck process holding
+            # memory) is why the operator forced it; only newcomers stop the run.
+            activity = _activity(self.ctx)
+            if not isinstance(activity, Refusal):
+                self.tolerated = {p.pid for gpu in activity for p in gpu.processes}
         self._thread.start()
 
     def close(self) -> None:
@@ -141,21 +164,44 @@ class ForeignProcessWatch:
             self._thread.join(5)
 
     def _run(self) -> None:
+        blind_since: float | None = None
         while not self._done.wait(self.interval_s):
             activity = _activity(self.ctx)
             if isinstance(activity, Refusal):
-                continue  # NVML hiccup: keep watching rather than guess
-            for gpu in activity:
-                for process in gpu.processes:
-                    if process.pid in self.tolerated:
-                        continue
-                    if process_group(self.ctx.fs, process.pid) == self.group:
-                        continue
-                    where = f"GPU {gpu.index} ({gpu.bus_id})"
+                # An NVML hiccup is forgiven; going blind for longer is not: a job
+                # could arrive unseen.
+                blind_since = blind_since or time.monotonic()
+                if time.monotonic() - blind_since > BLIND_LIMIT_S:
                     self.stop(
-                        Refusal(
-                            "foreign_process",
-                            f"{_describe(self.ctx.fs, process.pid)} appeared on {where}",
-                        )
+                        Refusal("nvml_unavailable", f"lost sight of the GPUs: {activity.text}")
                     )
                     return
+                continue
+            blind_since = None
+            refusal = self._stranger(activity)
+            if refusal is not None:
+                self.stop(refusal)
+                return
+
+    def _stranger(self, activity: list[GpuActivity]) -> Refusal | None:
+        for gpu in activity:
+            for process in gpu.processes:
+                if process.pid in self.tolerated:
+                    continue
+                group = process_group(self.ctx.fs, process.pid)
+                if group == self.group:
+                    continue
+                if group is None and in_pid_namespace(self.ctx.fs):
+                    # NVML reports the host's PIDs; from inside a PID namespace they
+                    # cannot be told apart from ours.
+                    return Refusal(
+                        "pid_namespace",
+                        f"pid {process.pid} on GPU {gpu.index} cannot be identified from "
+                        "this PID namespace (run nodecheck with the host's PIDs: hostPID)",
+                    )
+                where = f"GPU {gpu.index} ({gpu.bus_id})"
+                return Refusal(
+                    "foreign_process",
+                    f"{_describe(self.ctx.fs, process.pid)} appeared on {where}",
+                )
+        return None

@@ -22,6 +22,7 @@ from nodecheck.checks.bench.driver import (
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.per_gpu import GPU_LABELS
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
@@ -46,7 +47,11 @@ REMEDY = (
 
 
 def judge_h2d(
-    result: dict[str, Any], targets: list[Target], state: BenchState, options: BenchOptions
+    result: dict[str, Any],
+    targets: list[Target],
+    state: BenchState,
+    options: BenchOptions,
+    host: str = "",
 ) -> Judgement:
     devices = result["devices"]
     judgement = Judgement([])
@@ -60,7 +65,7 @@ def judge_h2d(
     }
     for target in targets:
         measured = devices[target.name]
-        identity = target.gpu.uuid if target.gpu and target.gpu.uuid else target.name
+        identity = target.gpu.uuid if target.gpu and target.gpu.uuid else f"{host}/{target.name}"
         labels = target.gpu.labels() if target.gpu else {"gpu": "", "bus_id": "", "model": "cpu"}
         checks: list[tuple[Status, str] | None] = []
         texts = []
@@ -119,6 +124,7 @@ def bench_h2d(ctx: CheckContext) -> list[Result]:
             if t.gpu and t.gpu.bus_id in local_cpus
         },
     }
+    host = read_hostname(ctx.fs)
     return run_benchmark(
-        ctx, "h2d", spec, lambda result, state: judge_h2d(result, targets, state, options)
+        ctx, "h2d", spec, lambda result, state: judge_h2d(result, targets, state, options, host)
     )

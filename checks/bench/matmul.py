@@ -24,6 +24,7 @@ from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.peaks import achievable_tflops, matmul_rates
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.per_gpu import GPU_LABELS
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
@@ -53,22 +54,38 @@ REMEDY = (
 )
 
 
-def baseline_key(target: Target, dtype: str) -> str:
-    identity = target.gpu.uuid if target.gpu and target.gpu.uuid else target.name
-    return f"matmul/{identity}/{dtype}"
+def baseline_key(target: Target, dtype: str, shapes: list[dict[str, Any]], host: str) -> str:
+    """Per GPU (its UUID; the host and device name where there is none, so a state
+    directory shared between nodes never mixes them), dtype, and the shapes run: a
+    memory cap that shrank them makes a different measurement."""
+    identity = target.gpu.uuid if target.gpu and target.gpu.uuid else f"{host}/{target.name}"
+    shown = "+".join("x".join(map(str, shape["shape"])) for shape in shapes)
+    return f"matmul/{identity}/{dtype}/{shown}"
 
 
 def judge_matmul(
-    result: dict[str, Any], targets: list[Target], state: BenchState, options: BenchOptions
+    result: dict[str, Any],
+    targets: list[Target],
+    state: BenchState,
+    options: BenchOptions,
+    host: str = "",
 ) -> Judgement:
     devices = result["devices"]
-    rates = {target.name: float(devices[target.name]["tflops"]) for target in targets}
+    measured = [t for t in targets if "error" not in devices[t.name]]
+    rates = {target.name: float(devices[target.name]["tflops"]) for target in measured}
     peers = statistics.median(rates.values()) if len(rates) > 1 else None
     dtype = options.dtype
     judgement = Judgement([])
     for target in targets:
+        subject = gpu_subject(target.gpu.bus_id) if target.gpu and target.gpu.bus_id else NODE
+        if target.name not in rates:
+            failed = devices[target.name]["error"]
+            judgement.results.append(
+                Result(Status.ERROR, subject, f"matmul failed: {failed}", details={"cause": failed})
+            )
+            continue
         tflops = rates[target.name]
-        key = baseline_key(target, dtype)
+        key = baseline_key(target, dtype, devices[target.name]["shapes"], host)
         baseline = state.baseline(key)
         model = target.gpu.model if target.gpu else "cpu"
         expected = achievable_tflops(model, dtype)
@@ -108,7 +125,6 @@ def judge_matmul(
             "peak_tflops": peak,
             "shapes": devices[target.name]["shapes"],
         }
-        subject = gpu_subject(target.gpu.bus_id) if target.gpu and target.gpu.bus_id else NODE
         remedy = REMEDY if status is not Status.OK else ""
         judgement.results.append(Result(status, subject, summary, remedy, details, tuple(samples)))
         if status is Status.OK:
@@ -130,7 +146,12 @@ def bench_matmul(ctx: CheckContext) -> list[Result]:
         "dtype": options.dtype,
         "duration_s": options.duration_s,
         "max_bytes": memory_caps(ctx, targets, options.memory_fraction),
+        "bus_ids": {t.name: t.gpu.bus_id for t in targets if t.gpu and t.gpu.bus_id},
     }
+    host = read_hostname(ctx.fs)
     return run_benchmark(
-        ctx, "matmul", spec, lambda result, state: judge_matmul(result, targets, state, options)
+        ctx,
+        "matmul",
+        spec,
+        lambda result, state: judge_matmul(result, targets, state, options, host),
     )

@@ -19,12 +19,16 @@ class MatmulRates:
     achievable_bf16_tflops: float | None  # MAMF, best shape after a sweep
 
 
-# Order matters: the first pattern that matches wins (GH200 before H200, PCIe
-# before SXM names).
-_MATMUL = (
+# NVML names: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+# "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe". Matched
+# without regard to case; the first match wins, so PCIe and NVL cards (no NVSwitch,
+# other clocks) come before the SXM names that are substrings of theirs.
+_MATMUL: tuple[tuple[str, MatmulRates | None], ...] = (
     (r"GH200", MatmulRates("GH200", {"bf16": 989, "fp16": 989, "fp32": 67}, 828.6)),
     (r"H100.*PCIe", MatmulRates("H100 PCIe", {"bf16": 756, "fp16": 756, "fp32": 51}, None)),
-    (r"H100|H800", MatmulRates("H100 SXM", {"bf16": 989, "fp16": 989, "fp32": 67}, 794.5)),
+    (r"H100 NVL|H800", None),  # not in hardware.md §6.1: no figures rather than wrong ones
+    (r"H100", MatmulRates("H100 SXM", {"bf16": 989, "fp16": 989, "fp32": 67}, 794.5)),
+    (r"H200 NVL", None),
     # stas00: "H200 is the same" as H100 for MAMF.
     (r"H200", MatmulRates("H200 SXM", {"bf16": 989, "fp16": 989, "fp32": 67}, 794.5)),
     (r"B200", MatmulRates("B200 SXM", {"bf16": 2250, "fp16": 2250, "fp32": 80}, 1745.0)),
@@ -38,7 +42,7 @@ _MATMUL = (
 
 def matmul_rates(model: str) -> MatmulRates | None:
     for pattern, rates in _MATMUL:
-        if re.search(pattern, model):
+        if re.search(pattern, model, re.IGNORECASE):
             return rates
     return None
 
@@ -51,18 +55,23 @@ def achievable_tflops(model: str, dtype: str) -> float | None:
     return rates.achievable_bf16_tflops
 
 
-# 8-GPU nodes, all_reduce busbw in GB/s at >= 1 GiB (hardware.md §6.3; NVLS where default).
-_ALLREDUCE_FLOORS = (
+# 8-GPU NVSwitch nodes, all_reduce busbw in GB/s (hardware.md §6.3: NVLS where it is
+# the default; measured at 16 GiB, H100 at 4 GiB). PCIe and NVL cards have no NVSwitch
+# and no figure here.
+_ALLREDUCE_FLOORS: tuple[tuple[str, int, float | None], ...] = (
+    (r"PCIe|NVL", 8, None),
     (r"H100|H800", 8, 480.0),
     (r"H200", 8, 482.3),
     (r"B200", 8, 838.0),
     (r"A100", 8, 234.9),
 )
-FLOOR_MIN_PAYLOAD = 1 << 30  # the tables are for 1 GiB and up; smaller payloads fall short
+# busbw only approaches those figures from ~1 GiB up; the ladder's 4 GiB rung is
+# compared with them, smaller payloads only with their own baseline.
+FLOOR_MIN_PAYLOAD = 4 << 30
 
 
 def allreduce_floor(model: str, gpus: int) -> float | None:
     for pattern, count, busbw in _ALLREDUCE_FLOORS:
-        if gpus == count and re.search(pattern, model):
+        if gpus == count and re.search(pattern, model, re.IGNORECASE):
             return busbw
     return None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "benchmarks.json"
-LOCK_FILE = "bench.lock"
+LOCK_FILE = "bench.lock"  # .<hostname>
 VERSION = 1
 
 
@@ -52,12 +52,23 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def parse_state(text: str) -> dict[str, Any]:
-    """The state document; ValueError when it is not one."""
+    """The state document; ValueError when it is not one, down to each entry."""
     data = json.loads(text)
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise ValueError("not a nodecheck benchmark state (version 1)")
-    if not isinstance(data.get("runs"), dict) or not isinstance(data.get("skips"), dict):
+    runs, skips = data.get("runs"), data.get("skips")
+    if not isinstance(runs, dict) or not isinstance(skips, dict):
         raise ValueError("'runs' and 'skips' must be objects")
+    for key, entries in runs.items():
+        if not isinstance(entries, list) or not all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("value"), (int, float))
+            and isinstance(entry.get("time"), (int, float))
+            for entry in entries
+        ):
+            raise ValueError(f"runs[{key!r}] must be a list of {{time, value}} numbers")
+    if not all(isinstance(count, int) for count in skips.values()):
+        raise ValueError("skip counts must be integers")
     return data
 
 
@@ -127,10 +138,11 @@ class BenchState:
         return counts
 
     @contextlib.contextmanager
-    def exclusive_run(self) -> Iterator[None]:
-        """Hold the run lock: two benchmarks at once would measure each other."""
+    def exclusive_run(self, host: str) -> Iterator[None]:
+        """Hold this host's run lock: two benchmarks at once would measure each other.
+        Named after the host, so nodes sharing a state directory (NFS) do not queue."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / LOCK_FILE, "w") as lock:
+        with open(self.directory / f"{LOCK_FILE}.{host}", "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as err:

@@ -300,3 +300,24 @@ def test_bench_usage_errors(dgx: Node) -> None:
     done = run(*dgx.cli_args, "bench", "matmul", "--gpus", "9", "--force", env=dgx.env)
     assert done.returncode == 3
     assert "GPU 9 not found or not readable through NVML" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0,0"], "--gpus takes distinct GPU indices"),
+        (["--gpus", "0", "--device", "cpu"], "only with --device cuda"),
+        (["--warn-below", "0.7", "--fail-below", "0.8"], "--fail-below must not be above"),
+    ],
+)
+def test_bench_option_errors(dgx: Node, args: list[str], message: str) -> None:
+    done = run(*dgx.cli_args, "bench", "matmul", *args, env=dgx.env)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_bench_that_measured_nothing_is_undetermined(dgx: Node, tmp_path: Path) -> None:
+    """GPU 0 runs a job in the healthy scenario: the benchmark skips, and says so by exit 3."""
+    args = ["bench", "h2d", "--device", "cpu", "--idle-window", "0", "--state-dir", str(tmp_path)]
+    done = run(*dgx.cli_args, *args, env=dgx.env)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "not run: GPU 0 (0000:18:00.0) is in use by pid 5151 (python3)" in done.stdout

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -12,17 +14,24 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.checks.bench.child.protocol import parse_line
 from nodecheck.checks.bench.child_runner import run_child
+from nodecheck.checks.bench.gate import (
+    ForeignProcessWatch,
+    Refusal,
+    parse_ns_pids,
+    parse_process_group,
+)
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.registry import load_benchmarks
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import run_checks
 from tests.conftest import Node
-from tests.fixtures.nvml_scenarios import dgx_healthy, modified
+from tests.fixtures.nvml_scenarios import Scenario, dgx_healthy, modified
 
 
-def idle_dgx() -> dict[str, object]:
+def idle_dgx() -> Scenario:
     """The healthy DGX with its job gone: every GPU idle."""
     scenario = dgx_healthy()
     scenario["gpus"][0]["processes"] = []
@@ -157,11 +166,15 @@ def test_a_crashed_child_is_an_error_with_its_cause() -> None:
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")
 def test_an_exception_in_the_child_is_an_error(dgx: Node, tmp_path: Path) -> None:
-    """--device cuda where torch has no GPU: the child's exception comes back as the cause."""
-    [result] = bench(dgx, "matmul", tmp_path, device="cuda", gpus=(1, 2), force=True)
-    assert result.status is Status.ERROR
-    assert result.summary.startswith("matmul failed: RuntimeError: device 1: ")
-    assert result.details["cause"] == "cuda error"
+    """--device cuda where torch has no GPU: each GPU's exception comes back as its result."""
+    results = bench(dgx, "matmul", tmp_path, device="cuda", gpus=(1, 2), force=True)
+    assert [(r.status, r.subject) for r in results] == [
+        (Status.ERROR, "gpu 0000:1a:00.0"),
+        (Status.ERROR, "gpu 0000:3a:00.0"),
+    ]
+    for result in results:
+        assert result.summary.startswith("matmul failed: ")
+        assert "CUDA" in result.summary or "cuda" in result.summary
 
 
 # -- job safety -----------------------------------------------------------------------
@@ -211,6 +224,112 @@ def test_maintenance_file_and_lock(
         f"not run: maintenance file {note} is present: firmware update, ticket OPS-1234"
     )
     note.unlink()
-    with BenchState(tmp_path / "state").exclusive_run():
+    with BenchState(tmp_path / "state").exclusive_run("cpu-box"):
         [result] = bench(node, "matmul", tmp_path)
     assert result.status is Status.SKIP and "another benchmark is running" in result.summary
+
+
+def test_a_rank_that_dies_fails_the_run_at_once(tmp_path: Path) -> None:
+    """A payload no rank can allocate: every rank dies at start. The launcher sees it and
+    fails the run with the exit status, instead of waiting in init until the deadline."""
+    spec = {
+        "benchmark": "allreduce",
+        "device": "cpu",
+        "processes": 2,
+        "duration_s": 1,
+        "payloads": [1 << 62],
+    }
+    outcome = run_child(spec, 60.0)
+    assert outcome.cause == "exception" and outcome.seconds < 30
+    assert outcome.error is not None and "exited with status 1" in outcome.error
+    assert "RuntimeError" in outcome.stderr_tail or "Error" in outcome.stderr_tail
+
+
+def test_the_child_dies_with_nodecheck(build: Callable[..., Node], tmp_path: Path) -> None:
+    """SIGTERM to `nodecheck bench` (or Ctrl-C): the benchmark, in its own session and
+    so out of reach of the terminal, goes too instead of holding the GPUs."""
+    node = build("cpu-only")
+    command = [sys.executable, "-m", "nodecheck.agent", *node.cli_args, "bench", "matmul"]
+    command += ["--device", "cpu", "--duration", "60", "--state-dir", str(tmp_path)]
+    cli = subprocess.Popen(command, env={**os.environ, **node.env})
+    try:
+        child = wait_for_child(cli.pid)
+        cli.send_signal(signal.SIGTERM)
+        cli.wait(10)
+        deadline = time.monotonic() + 5
+        while pid_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(child)
+    finally:
+        cli.kill()
+
+
+def wait_for_child(parent: int) -> int:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if ppid == parent and b"nodecheck.checks.bench.child" in cmdline:
+                return int(entry.name)
+        time.sleep(0.05)
+    raise AssertionError("the benchmark child never started")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_the_watch_knows_its_own(dgx: Node, tmp_path: Path) -> None:
+    """Real processes: one in the benchmark's process group (ours), one outside it."""
+    ours = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        scenario = idle_dgx()
+        scenario["gpus"][1]["processes"] = [{"pid": ours.pid, "used_memory": 1 << 20}]
+        node = dgx.with_scenario(scenario, tmp_path / "ours.json")
+        live = Node(Path("/"), node.nvml_library, node.scenario)  # the real /proc
+        stopped: list[Refusal] = []
+        options = BenchOptions(watch_interval_s=0.05)
+        watch = ForeignProcessWatch(live.context(), options, stopped.append)
+        watch.start(ours.pid)
+        time.sleep(0.3)
+        watch.close()
+        assert stopped == []
+
+        scenario["gpus"][2]["processes"] = [{"pid": stranger.pid, "used_memory": 1 << 20}]
+        node = dgx.with_scenario(scenario, tmp_path / "stranger.json")
+        live = Node(Path("/"), node.nvml_library, node.scenario)
+        watch = ForeignProcessWatch(live.context(), options, stopped.append)
+        watch.start(ours.pid)
+        time.sleep(0.3)
+        watch.close()
+        [refusal] = stopped
+        assert refusal == Refusal(
+            "foreign_process", f"pid {stranger.pid} (sleep) appeared on GPU 2 (0000:3a:00.0)"
+        )
+    finally:
+        ours.kill()
+        stranger.kill()
+        ours.wait()
+        stranger.wait()
+
+
+def test_process_parsers() -> None:
+    stat = "4242 (python3 (train)) S 1 4242 4242 0 -1 4194560 5 0 0 0"
+    assert parse_process_group(stat) == 4242
+    assert parse_ns_pids("Name:\tpython\nNSpid:\t812\t7\nNSsid:\t1\n") == [812, 7]
+    assert parse_ns_pids("Name:\tpython\n") == []
+    assert parse_line(b'{"progress": 0.5}') == {"progress": 0.5}
+    assert parse_line(b"NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>") is None
+    assert parse_line(b"[1, 2]") is None

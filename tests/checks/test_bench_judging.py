@@ -68,6 +68,14 @@ def test_a_damaged_state_is_moved_aside_and_reported(tmp_path: Path) -> None:
     )
 
 
+def test_a_wrongly_shaped_state_is_damage_too(tmp_path: Path) -> None:
+    """Valid JSON with entries that are not {time, value}: moved aside, never a crash."""
+    (tmp_path / STATE_FILE).write_text('{"version": 1, "runs": {"k": [5.0]}, "skips": {}}')
+    state = BenchState(tmp_path)
+    assert state.baseline("k") is None
+    assert state.problem is not None and "runs['k']" in state.problem
+
+
 def test_baseline_is_a_rolling_median(tmp_path: Path) -> None:
     state = BenchState(tmp_path)
     for value in (700, 710, 690, 720, 100):
@@ -106,12 +114,12 @@ def test_matmul_against_peers_and_model(tmp_path: Path, slow: float, status: Sta
     assert f"{slow / 780:.2f}x the node's median" in last.summary
     assert f"{slow / 989:.0%} of the 989 TFLOPS peak" in last.summary
     # Only good results feed the baselines: a degraded GPU is not its own yardstick.
-    assert ("matmul/GPU-7/bf16" in judgement.good_values) == (status is Status.OK)
+    assert ("matmul/GPU-7/bf16/8192x8192x8192" in judgement.good_values) == (status is Status.OK)
 
 
 def test_matmul_against_its_baseline(tmp_path: Path) -> None:
     state = BenchState(tmp_path)
-    state.record({"matmul/GPU-0/bf16": 780.0}, keep=10)
+    state.record({"matmul/GPU-0/bf16/8192x8192x8192": 780.0}, keep=10)
     judgement = judge_matmul(matmul_result([690.0]), [h100(0)], state, BenchOptions())
     [result] = judgement.results
     assert result.status is Status.WARN  # 0.88 of its baseline; 0.87 of MAMF is still ok
@@ -119,10 +127,10 @@ def test_matmul_against_its_baseline(tmp_path: Path) -> None:
 
 
 def test_allreduce_against_the_node_floor(tmp_path: Path) -> None:
-    """8x H100 at 1 GiB: 480 GB/s expected (NVLS). 300 is 0.62 of it: fail."""
+    """8x H100 at 4 GiB: 480 GB/s expected (NVLS). 300 is 0.62 of it: fail."""
     rows = [
         {
-            "bytes": 1 << 30,
+            "bytes": 4 << 30,
             "iterations": 20,
             "algbw_gbps": 300 / 1.75,
             "busbw_gbps": 300.0,
@@ -147,6 +155,9 @@ def test_reference_tables() -> None:
     assert matmul_rates("NVIDIA GH200 480GB").model == "GH200"  # type: ignore[union-attr]
     assert matmul_rates("NVIDIA A100-SXM4-80GB").model == "A100 SXM"  # type: ignore[union-attr]
     assert matmul_rates("NVIDIA GeForce RTX 4090") is None
+    assert matmul_rates("NVIDIA A100-PCIE-40GB").model == "A100 PCIe"  # type: ignore[union-attr]
+    assert matmul_rates("NVIDIA H100 NVL") is None
+    assert allreduce_floor("NVIDIA H100 PCIe", 8) is None
     assert achievable_tflops("NVIDIA H200", "bf16") == 794.5
     assert achievable_tflops("NVIDIA H200", "fp32") is None
     assert allreduce_floor("NVIDIA H200", 8) == 482.3

@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-from nodecheck.checks.bench.child.protocol import emit
+from nodecheck.checks.bench.child.protocol import die_with_parent, emit
 
 
 def _cause(err: BaseException) -> str:
@@ -45,6 +45,8 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] != ["allreduce"]:  # started by nodecheck (not by torchrun by hand)
+        die_with_parent()
     if argv[:1] == ["allreduce-rank"]:
         from nodecheck.checks.bench.child import allreduce
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import selectors
 import socket
 import statistics
 import subprocess
@@ -29,11 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nodecheck.checks.bench.child.protocol import emit, progress
+from nodecheck.checks.bench.child.protocol import PARENT_VARIABLE, emit, parse_line, progress
 
 MIB = 1 << 20
 GIB = 1 << 30
-LADDER = {"cuda": [64 * MIB, 256 * MIB, GIB], "cpu": [MIB, 8 * MIB, 32 * MIB]}
+# Published busbw figures are for 4-16 GiB (hardware.md §6.3): the ladder reaches 4 GiB
+# where the memory cap allows.
+LADDER = {"cuda": [64 * MIB, 256 * MIB, GIB, 4 * GIB], "cpu": [MIB, 8 * MIB, 32 * MIB]}
 WARMUP = 2
 MIN_TIMED = 5
 
@@ -50,7 +53,13 @@ def _free_port() -> int:
 
 
 def launch(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one rank per local device; return rank 0's result."""
+    """Run one rank per local device; return rank 0's result.
+
+    Ranks write their stderr straight into the child's (no pipe to fill and
+    block on); the launcher watches them all, so a rank that dies at start
+    fails the run at once with its exit status instead of leaving the others
+    waiting in init until the deadline.
+    """
     world = len(spec["gpus"]) if spec["device"] == "cuda" else spec["processes"]
     if world < 2:
         raise ValueError("all_reduce needs at least two ranks")
@@ -66,32 +75,48 @@ def launch(spec: dict[str, Any]) -> dict[str, Any]:
             # The rank's GPU: --gpus 2,3 puts rank 0 on GPU 2.
             "LOCAL_RANK": str(spec["gpus"][rank] if spec["device"] == "cuda" else rank),
             "NODECHECK_BENCH_SPEC": json.dumps(spec),
+            PARENT_VARIABLE: str(os.getpid()),
         }
         ranks.append(
             subprocess.Popen(
                 [sys.executable, "-m", "nodecheck.checks.bench.child", "allreduce-rank"],
                 env=env,
                 stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
             )
         )
-    result: dict[str, Any] | None = None
     first = ranks[0]
     assert first.stdout is not None
-    for line in first.stdout:
-        message = json.loads(line)
-        if "result" in message:
-            result = message["result"]
-        else:
-            emit(**message)  # progress, relayed
-    failures = []
-    for rank, process in enumerate(ranks):
-        _, err = process.communicate()
-        if process.returncode != 0:
-            failures.append(f"rank {rank} exited {process.returncode}: {err.strip()[-400:]}")
-    if failures or result is None:
-        raise RuntimeError("; ".join(failures) or "rank 0 gave no result")
+    result: dict[str, Any] | None = None
+    selector = selectors.DefaultSelector()
+    selector.register(first.stdout, selectors.EVENT_READ)
+    pending = b""
+    while True:
+        failed = [(r, p.returncode) for r, p in enumerate(ranks) if p.poll() not in (None, 0)]
+        if failed:
+            for process in ranks:
+                process.kill()
+            rank, code = failed[0]
+            raise RuntimeError(f"rank {rank} of {world} exited with status {code} (see stderr)")
+        if not selector.select(0.2):
+            continue
+        chunk = os.read(first.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            message = parse_line(line)
+            if message is None:
+                continue
+            if "result" in message:
+                result = message["result"]
+            else:
+                emit(**message)  # progress, relayed
+    codes = [process.wait() for process in ranks]
+    if any(codes) or result is None:
+        raise RuntimeError(
+            f"ranks exited with {codes}; rank 0 gave {'no ' if result is None else ''}result"
+        )
     return result
 
 
@@ -103,6 +128,11 @@ def _rank_env() -> tuple[int, int, int]:
     local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
     if rank is None or world is None:
         raise SystemExit("not a rank: set RANK and WORLD_SIZE (torchrun) or run under srun")
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        raise SystemExit(
+            "set MASTER_ADDR and MASTER_PORT (torchrun sets them; under plain srun: "
+            "export MASTER_ADDR=$(scontrol show hostnames | head -n1) MASTER_PORT=29500)"
+        )
     return int(rank), int(world), int(local)
 
 

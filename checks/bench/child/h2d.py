@@ -24,9 +24,12 @@ BUFFER_BYTES = 256 << 20
 MIN_TIMED = 3
 
 
+ORIGINAL_AFFINITY = os.sched_getaffinity(0)
+
+
 def _bind(cpus: list[int] | None) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    """The GPU's NUMA node's CPUs, or every CPU we started with when it has none."""
+    os.sched_setaffinity(0, cpus or ORIGINAL_AFFINITY)
 
 
 def _rates(copy: Any, size: int, budget: float, cuda: bool) -> dict[str, float]:

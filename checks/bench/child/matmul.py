@@ -33,12 +33,34 @@ WARMUP_SHARE = 0.2
 MIN_TIMED = 3
 
 
-def _fit(shape: tuple[int, int, int], itemsize: int, limit: int | None) -> tuple[int, int, int]:
-    """Halve the shape until A, B and C fit in `limit` bytes (the memory cap)."""
+def _fit(
+    shape: tuple[int, int, int], itemsize: int, limit: int | None, reserved: int
+) -> tuple[int, int, int]:
+    """Halve the shape until A, B and C fit in `limit` bytes beside `reserved` (the flush
+    buffer; cuBLAS's workspace comes out of the caching allocator's cap, set per GPU)."""
     m, n, k = shape
-    while limit is not None and (m * k + k * n + m * n) * itemsize > limit and m > 256:
+    while limit is not None and (m * k + k * n + m * n) * itemsize + reserved > limit and m > 256:
         m, n, k = m // 2, n // 2, k // 2
     return m, n, k
+
+
+def _cap_memory(device: torch.device, limit: int | None) -> None:
+    """Make the cap binding: the caching allocator refuses to grow past it (an
+    out-of-memory in the benchmark, never in a job that arrives next to it)."""
+    if device.type == "cuda" and limit is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(limit / total, 1.0), device)
+
+
+def _check_bus_id(device: torch.device, expected: str | None) -> None:
+    """CUDA's index must be NVML's (CUDA_DEVICE_ORDER=PCI_BUS_ID makes it so); MIG or an
+    odd driver could break that, and the result would land on the wrong GPU."""
+    if device.type != "cuda" or expected is None:
+        return
+    properties = torch.cuda.get_device_properties(device)
+    bus = getattr(properties, "pci_bus_id", None)
+    if bus is not None and int(expected.split(":")[1], 16) != int(bus):
+        raise RuntimeError(f"CUDA device {device.index} is not the GPU at {expected}")
 
 
 class _Timer:
@@ -72,12 +94,14 @@ def measure_device(
 ) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    flush = torch.empty(FLUSH_BYTES[device.type] // 4, dtype=torch.float32, device=device)
+        _cap_memory(device, limit)
+    flush_bytes = FLUSH_BYTES[device.type]
+    flush = torch.empty(flush_bytes // 4, dtype=torch.float32, device=device)
     timer = _Timer(device)
     per_shape: list[dict[str, Any]] = []
     budget = duration_s / len(shapes)
     for shape in shapes:
-        m, n, k = _fit(shape, torch.tensor([], dtype=dtype).element_size(), limit)
+        m, n, k = _fit(shape, torch.tensor([], dtype=dtype).element_size(), limit, flush_bytes)
         a = torch.randn(m, k, dtype=dtype, device=device)
         b = torch.randn(k, n, dtype=dtype, device=device)
         c = torch.empty(m, n, dtype=dtype, device=device)
@@ -127,15 +151,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             progress(done[0] / total, "matmul")
 
     results: dict[str, Any] = {}
-    failures: dict[str, BaseException] = {}
+    bus_ids: dict[str, str] = spec.get("bus_ids") or {}
 
     def one(name: str, device: torch.device) -> None:
+        # One GPU failing (a CUDA error, out of memory) is that GPU's result.
         try:
+            _check_bus_id(device, bus_ids.get(name))
             results[name] = measure_device(
                 device, dtype, shapes, spec["duration_s"], limits.get(name), shape_done
             )
-        except BaseException as err:
-            failures[name] = err
+        except Exception as err:
+            results[name] = {"error": f"{type(err).__name__}: {err}"}
 
     # One thread per device: torch releases the GIL inside kernels and syncs,
     # so every GPU runs at once, as under a real job.
@@ -144,7 +170,4 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         thread.start()
     for thread in threads:
         thread.join()
-    if failures:
-        name, err = next(iter(failures.items()))
-        raise RuntimeError(f"device {name}: {type(err).__name__}: {err}") from err
     return {"devices": results, "dtype": spec["dtype"], "torch": torch.__version__}
