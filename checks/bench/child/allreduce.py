@@ -113,10 +113,12 @@ def launch(spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 emit(**message)  # progress, relayed
     codes = [process.wait() for process in ranks]
-    if any(codes) or result is None:
-        raise RuntimeError(
-            f"ranks exited with {codes}; rank 0 gave {'no ' if result is None else ''}result"
-        )
+    failed = [(rank, code) for rank, code in enumerate(codes) if code]
+    if failed:
+        rank, code = failed[0]
+        raise RuntimeError(f"rank {rank} of {world} exited with status {code} (see stderr)")
+    if result is None:
+        raise RuntimeError("rank 0 ended without a result")
     return result
 
 
