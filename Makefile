@@ -6,8 +6,9 @@ BIN = $(VENV)/bin
 # (users bring their own torch, usually a CUDA build).
 TORCH_VERSION = 2.13.0
 # Debian packages the tests use: lspci cross-checks the sysfs fixtures; gcc builds
-# the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev.
-DEB_PACKAGES = pciutils gcc libc6-dev
+# the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev;
+# prometheus and promtool scrape the agent and lint its metrics.
+DEB_PACKAGES = pciutils gcc libc6-dev prometheus
 
 .PHONY: run test lint typecheck unit system-packages clean
 
@@ -30,7 +31,7 @@ $(BIN)/.torch: $(BIN)/.installed
 	touch $@
 
 run: $(BIN)/.installed
-	$(BIN)/nodecheck check
+	$(BIN)/nodecheck agent
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

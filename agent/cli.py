@@ -247,6 +247,73 @@ def inventory(ctx: click.Context, as_json: bool) -> None:
     click.echo(render(node, model, gpus))
 
 
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The agent's TOML configuration. [default: /etc/nodecheck/config.toml if it exists, "
+    "else embedded defaults]",
+)
+
+
+def _config_or_exit(path: Path | None) -> Any:
+    from nodecheck.agent.config import DEFAULT_PATH, ConfigError, load_config
+    from nodecheck.checks.registry import load_checks
+
+    try:
+        return load_config(path or DEFAULT_PATH, set(load_checks()))
+    except ConfigError as err:
+        fail_usage(f"bad configuration: {err}")
+
+
+@cli.command()
+@CONFIG_OPTION
+@click.option(
+    "--listen", default=None, metavar="HOST:PORT", help="Override the configured listen address."
+)
+@global_options
+@click.pass_context
+def agent(ctx: click.Context, config_path: Path | None, listen: str | None) -> None:
+    """Run the checks on their schedule and serve them to Prometheus.
+
+    /metrics, /healthz and /results on port 19410 by default; with no
+    configuration file, embedded defaults (every check, no GPU needed).
+    SIGTERM stops it, SIGHUP reloads the configuration.
+    """
+    fs = node_fs(ctx)
+    from dataclasses import replace
+
+    from nodecheck.agent.config import DEFAULT_PATH
+    from nodecheck.agent.daemon import Agent
+
+    _config_or_exit(config_path)  # refuse a bad file before starting anything
+    daemon = Agent(fs, config_path or DEFAULT_PATH, settings(ctx)["nvml_library"])
+    if listen is not None:
+        daemon.config = replace(daemon.config, listen=listen)
+    daemon.run_until_signalled()
+
+
+@cli.group()
+def config() -> None:
+    """Show or validate the agent's configuration."""
+
+
+@config.command("show")
+@CONFIG_OPTION
+def config_show(config_path: Path | None) -> None:
+    """Print the effective configuration (the file over the embedded defaults)."""
+    click.echo(_config_or_exit(config_path).show(), nl=False)
+
+
+@config.command("check")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def config_check(path: Path) -> None:
+    """Validate a configuration file: exit 0 when usable, 2 with file, line and key if not."""
+    _config_or_exit(path)
+    click.echo(f"{path}: ok")
+
+
 BENCH_ORDER = ("matmul", "allreduce", "h2d")
 
 

@@ -32,7 +32,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-@pytest.mark.parametrize("command", [[], ["check"], ["inventory"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["check"], ["inventory"], ["bench"], ["agent"]])
 def test_help_for_every_command(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
@@ -40,7 +40,7 @@ def test_help_for_every_command(command: list[str]) -> None:
 
 
 def test_only_commands_that_work_are_offered() -> None:
-    assert sorted(cli.commands) == ["bench", "check", "inventory"]
+    assert sorted(cli.commands) == ["agent", "bench", "check", "config", "inventory"]
 
 
 def test_version() -> None:

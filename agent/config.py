@@ -1,0 +1,251 @@
+"""The agent's configuration: embedded defaults, optionally overridden by a TOML file.
+
+    [agent]
+    listen = ":19410"            # host:port for /metrics, /healthz, /results; "" for none
+    textfile_dir = ""            # also write nodecheck.prom there (node_exporter's textfile)
+    expected_gpus = 8
+    kernel_log = "/dev/kmsg"
+    nvml_timeout = 5.0
+    state_dir = "/var/lib/nodecheck"
+
+    [checks.pcie_acs]            # any registered check
+    enabled = true
+    interval = 300               # seconds
+    timeout = 10
+
+    [benchmarks]
+    enabled = false
+    interval = 86400
+    duration = 4.0
+    device = "cuda"
+
+A bad file is refused whole, with the file, line and key named: the agent
+keeps running on what it had.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_PATH = Path("/etc/nodecheck/config.toml")
+DEFAULT_PORT = 19410
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used: where, and why."""
+
+    def __init__(self, path: Path | str, line: int | None, key: str, reason: str) -> None:
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {key}: {reason}" if key else f"{where}: {reason}")
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    enabled: bool = True
+    interval_s: float | None = None  # None: the check's own default
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    enabled: bool = False
+    interval_s: float = 86400.0
+    duration_s: float = 4.0
+    device: str = "cuda"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    source: str = "embedded defaults"
+    listen: str = f":{DEFAULT_PORT}"
+    textfile_dir: Path | None = None
+    expected_gpus: int | None = None
+    kernel_log: Path | None = None
+    nvml_timeout_s: float = 5.0
+    state_dir: Path | None = None
+    checks: dict[str, CheckSettings] = field(default_factory=dict)
+    benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+
+    def check(self, name: str) -> CheckSettings:
+        return self.checks.get(name, CheckSettings())
+
+    def show(self) -> str:
+        """The effective configuration, as TOML."""
+        lines = [f"# effective configuration ({self.source})", "[agent]"]
+        lines.append(f'listen = "{self.listen}"')
+        lines.append(f'textfile_dir = "{self.textfile_dir or ""}"')
+        if self.expected_gpus is not None:
+            lines.append(f"expected_gpus = {self.expected_gpus}")
+        if self.kernel_log is not None:
+            lines.append(f'kernel_log = "{self.kernel_log}"')
+        lines.append(f"nvml_timeout = {self.nvml_timeout_s}")
+        if self.state_dir is not None:
+            lines.append(f'state_dir = "{self.state_dir}"')
+        for name, settings in sorted(self.checks.items()):
+            lines += ["", f"[checks.{name}]", f"enabled = {str(settings.enabled).lower()}"]
+            if settings.interval_s is not None:
+                lines.append(f"interval = {settings.interval_s}")
+            if settings.timeout_s is not None:
+                lines.append(f"timeout = {settings.timeout_s}")
+        bench = self.benchmarks
+        lines += [
+            "",
+            "[benchmarks]",
+            f"enabled = {str(bench.enabled).lower()}",
+            f"interval = {bench.interval_s}",
+            f"duration = {bench.duration_s}",
+            f'device = "{bench.device}"',
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def key_line(text: str, table: tuple[str, ...], key: str | None) -> int | None:
+    """The line of `key` in `[table]` (or of the table header when key is None)."""
+    current: tuple[str, ...] = ()
+    header = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = header.match(line)
+        if match:
+            current = tuple(part.strip().strip('"') for part in match.group(1).split("."))
+            if key is None and current == table:
+                return number
+            continue
+        if (
+            key is not None
+            and current == table
+            and re.match(rf"^\s*\"?{re.escape(key)}\"?\s*=", line)
+        ):
+            return number
+    return None
+
+
+class _Reader:
+    """Takes values out of one parsed table, checking each one's type."""
+
+    def __init__(self, path: Path, text: str, table: tuple[str, ...], data: dict[str, Any]):
+        self.path, self.text, self.table, self.data = path, text, table, dict(data)
+
+    def fail(self, key: str | None, reason: str) -> ConfigError:
+        line = key_line(self.text, self.table, key)
+        if line is None and key is not None:  # a table, not a value: [agent.extra]
+            line = key_line(self.text, (*self.table, key), None)
+        dotted = ".".join((*self.table, key) if key else self.table)
+        return ConfigError(self.path, line, dotted, reason)
+
+    def take(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        if key not in self.data:
+            return default
+        value = self.data.pop(key)
+        # bool is an int in Python; a number where a bool goes (or the reverse) is a mistake.
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        wrong_bool = isinstance(value, bool) and bool not in kinds
+        if wrong_bool or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.fail(key, f"expected {names}, got {value!r}")
+        return value
+
+    def positive(self, key: str, default: float | None) -> float | None:
+        value = self.take(key, (int, float), default)
+        if value is not None and value <= 0:
+            raise self.fail(key, f"must be greater than 0, got {value!r}")
+        return None if value is None else float(value)
+
+    def done(self) -> None:
+        for key in self.data:
+            raise self.fail(key, "unknown key")
+
+
+def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
+    """AgentConfig from TOML text; ConfigError naming the file, line and key."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        match = re.search(r"line (\d+)", str(err))
+        raise ConfigError(path, int(match.group(1)) if match else None, "", str(err)) from err
+    config = AgentConfig(source=str(path))
+    root = _Reader(path, text, (), document)
+    agent = root.take("agent", dict, {})
+    checks = root.take("checks", dict, {})
+    benchmarks = root.take("benchmarks", dict, {})
+    root.done()
+
+    section = _Reader(path, text, ("agent",), agent)
+    listen = section.take("listen", str, config.listen)
+    if listen and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[\w.-]*):\d{1,5}", listen):
+        raise section.fail("listen", f"expected host:port (or :port), got {listen!r}")
+    textfile = section.take("textfile_dir", str, "")
+    expected = section.take("expected_gpus", int, None)
+    if expected is not None and expected < 0:
+        raise section.fail("expected_gpus", f"must be 0 or more, got {expected}")
+    kernel_log = section.take("kernel_log", str, None)
+    timeout = section.positive("nvml_timeout", config.nvml_timeout_s)
+    if timeout is not None and timeout > 8:
+        raise section.fail("nvml_timeout", "must be at most 8 seconds (checks time out at 30)")
+    state_dir = section.take("state_dir", str, None)
+    section.done()
+
+    settings: dict[str, CheckSettings] = {}
+    for name, values in checks.items():
+        table = _Reader(path, text, ("checks", name), {})
+        if name not in known_checks:
+            raise table.fail(
+                None, f"no check named {name!r} (checks: {', '.join(sorted(known_checks))})"
+            )
+        if not isinstance(values, dict):
+            raise _Reader(path, text, ("checks",), {}).fail(name, "expected a table")
+        table = _Reader(path, text, ("checks", name), values)
+        settings[name] = CheckSettings(
+            enabled=table.take("enabled", bool, True),
+            interval_s=table.positive("interval", None),
+            timeout_s=table.positive("timeout", None),
+        )
+        table.done()
+
+    bench = _Reader(path, text, ("benchmarks",), benchmarks)
+    defaults = BenchmarkSettings()
+    device = bench.take("device", str, defaults.device)
+    if device not in ("cuda", "cpu"):
+        raise bench.fail("device", f'expected "cuda" or "cpu", got {device!r}')
+    bench_settings = BenchmarkSettings(
+        enabled=bench.take("enabled", bool, defaults.enabled),
+        interval_s=bench.positive("interval", defaults.interval_s) or defaults.interval_s,
+        duration_s=bench.positive("duration", defaults.duration_s) or defaults.duration_s,
+        device=device,
+    )
+    bench.done()
+    return replace(
+        config,
+        listen=listen,
+        textfile_dir=Path(textfile) if textfile else None,
+        expected_gpus=expected,
+        kernel_log=Path(kernel_log) if kernel_log else None,
+        nvml_timeout_s=timeout or config.nvml_timeout_s,
+        state_dir=Path(state_dir) if state_dir else None,
+        checks=settings,
+        benchmarks=bench_settings,
+    )
+
+
+def load_config(path: Path | None, known_checks: set[str]) -> AgentConfig:
+    """The file's configuration; the embedded defaults when `path` is None, or when it is
+    the default path and absent (a node set up without a file)."""
+    if path is None:
+        return AgentConfig()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if path == DEFAULT_PATH:
+            return AgentConfig()
+        raise ConfigError(path, None, "", "no such file") from None
+    except OSError as err:
+        raise ConfigError(path, None, "", err.strerror or str(err)) from err
+    return parse_config(text, path, known_checks)

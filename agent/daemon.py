@@ -1,0 +1,227 @@
+"""`nodecheck agent`: the checks on their schedule, exported to Prometheus, under systemd.
+
+- READY=1 is sent to systemd once every enabled check has a first result, and
+  STATUS= carries a one-line summary after each run.
+- WATCHDOG=1 is sent only while the scheduler loop turns: a stalled scheduler
+  stops the pings and systemd restarts the agent.
+- SIGTERM/SIGINT stop it within 2 s; SIGHUP reloads the configuration (a bad
+  file keeps the old one, says so in the log and in
+  nodecheck_config_last_reload_successful).
+- An NVML XID event re-runs gpu_xid at once instead of at the next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import replace
+from http.server import ThreadingHTTPServer
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+
+from nodecheck.agent.config import AgentConfig, ConfigError, load_config
+from nodecheck.agent.exporter import (
+    ResultCollector,
+    make_registry,
+    results_document,
+    serve,
+    write_textfile,
+)
+from nodecheck.agent.scheduler import ResultStore, Scheduler
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.node.gpu import GpuHistory
+from nodecheck.checks.node.inventory import read_hostname
+from nodecheck.checks.node.nvml import NvmlSession
+from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
+from nodecheck.checks.registry import Check, load_checks
+from nodecheck.checks.result import Status
+from nodecheck.checks.runner import CheckRun
+
+log = logging.getLogger(__name__)
+TEXTFILE_EVERY_S = 15.0
+
+
+def notify(message: str) -> None:
+    """sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET, if set."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # an abstract socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(message.encode(), address)
+    except OSError as err:
+        log.warning("event=notify_failed error=%r", str(err))
+
+
+def _version() -> str:
+    try:
+        return metadata.version("nodecheck")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Agent:
+    def __init__(self, fs: NodeFS, config_path: Path | None, nvml_library: str | None) -> None:
+        self.fs = fs
+        self.config_path = config_path
+        self.nvml_library = nvml_library
+        self.available = load_checks()
+        self.config = load_config(config_path, set(self.available))
+        self.reload_ok = True
+        self.store = ResultStore()
+        self.history = GpuHistory()
+        self.xid_log = XidLog()
+        self.nvml = NvmlSession(deadline_s=self.config.nvml_timeout_s, library_path=nvml_library)
+        self.hostname = read_hostname(fs)
+        self.registry = make_registry(
+            ResultCollector(self.store, _version(), lambda: self.reload_ok)
+        )
+        self.scheduler = self._scheduler()
+        self.listener: XidListener | None = None
+        self.server: ThreadingHTTPServer | None = None
+        self._stop = threading.Event()
+        self._ready = False
+
+    # -- wiring ------------------------------------------------------------------
+
+    def _checks(self, config: AgentConfig) -> list[tuple[Check, float]]:
+        chosen = []
+        for name, registered in self.available.items():
+            settings = config.check(name)
+            if not settings.enabled:
+                continue
+            check = registered
+            if settings.timeout_s is not None:
+                check = replace(registered, timeout_s=settings.timeout_s)
+            chosen.append((check, settings.interval_s or check.interval_s))
+        return chosen
+
+    def _context(self) -> CheckContext:
+        config = self.config
+        return CheckContext(
+            fs=self.fs,
+            environ={},  # the agent's own environment is not a job's
+            nvml=self.nvml,
+            gpu_history=self.history,
+            xid_log=self.xid_log,
+            kernel_log=config.kernel_log,
+            expected_gpus=config.expected_gpus,
+        )
+
+    def _scheduler(self) -> Scheduler:
+        return Scheduler(self._checks(self.config), self._context, self.store, self._after_run)
+
+    def _after_run(self, run: CheckRun) -> None:
+        stored = self.store.all()
+        enabled = {check.name for check, _ in self._checks(self.config)}
+        have = {s.run.check.name for s in stored}
+        statuses = [result.status for s in stored for result in s.run.results]
+        worst = max(statuses, key=lambda status: status.severity, default=Status.SKIP)
+        failing = sorted({s.run.check.name for s in stored if s.run.status is Status.FAIL})
+        summary = f"{worst.value}: {len(have)} checks" + (
+            f", failing: {', '.join(failing)}" if failing else ""
+        )
+        if not self._ready and enabled <= have:
+            self._ready = True
+            notify(f"READY=1\nSTATUS={summary}")
+            log.info("event=ready checks=%d", len(have))
+        elif self._ready:
+            notify(f"STATUS={summary}")
+
+    def _on_xid(self, event: XidEvent) -> None:
+        log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
+        self.scheduler.run_now("gpu_xid")
+
+    # -- life ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.scheduler.start()
+        if self.config.listen:
+            self.server = serve(
+                self.config.listen,
+                self.registry,
+                lambda: results_document(self.store, self.hostname),
+                self.healthy,
+            )
+            log.info("event=listening address=%s", self.config.listen)
+        self.listener = XidListener(self.nvml, self.xid_log, on_event=self._on_xid)
+        self.listener.start()
+        threading.Thread(target=self._background, name="agent-background", daemon=True).start()
+
+    def healthy(self) -> bool:
+        return self.scheduler.alive and time.monotonic() - self.scheduler.heartbeat < 10
+
+    def _background(self) -> None:
+        """The watchdog pings and the textfile, both only while the scheduler lives."""
+        watchdog_us = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
+        ping_every = watchdog_us / 1e6 / 2 if watchdog_us else None
+        last_textfile = 0.0
+        while not self._stop.wait(min(ping_every or 1.0, 1.0)):
+            if ping_every and self.healthy():
+                notify("WATCHDOG=1")
+            directory = self.config.textfile_dir
+            if directory and time.monotonic() - last_textfile >= TEXTFILE_EVERY_S:
+                last_textfile = time.monotonic()
+                try:
+                    write_textfile(directory, self.registry)
+                except OSError as err:
+                    log.error("event=textfile_failed dir=%s error=%r", directory, str(err))
+
+    def reload(self) -> None:
+        try:
+            config = load_config(self.config_path, set(self.available))
+        except ConfigError as err:
+            self.reload_ok = False
+            log.error("event=reload_failed keeping=previous error=%r", str(err))
+            return
+        self.reload_ok = True
+        self.config = config
+        old = self.scheduler
+        self.scheduler = self._scheduler()
+        old.stop()
+        self.scheduler.start()
+        enabled = {check.name for check, _ in self._checks(config)}
+        self.store.forget({s.run.check.name for s in self.store.all()} - enabled)
+        log.info("event=reloaded source=%r checks=%d", config.source, len(enabled))
+
+    def stop(self) -> None:
+        notify("STOPPING=1")
+        self._stop.set()
+        self.scheduler.stop()
+        if self.listener is not None:
+            self.listener.stop()
+        if self.server is not None:
+            self.server.shutdown()
+        if self.config.textfile_dir:
+            with contextlib.suppress(OSError):
+                write_textfile(self.config.textfile_dir, self.registry)
+
+    def run_until_signalled(self) -> None:
+        stop = threading.Event()
+        hup = threading.Event()
+
+        def on_stop(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            hup.set()
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+        self.start()
+        while not stop.wait(0.2):
+            if hup.is_set():
+                hup.clear()
+                self.reload()
+        log.info("event=stopping")
+        self.stop()

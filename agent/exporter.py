@@ -1,0 +1,197 @@
+"""Prometheus exposition of the cached results: over HTTP and as a textfile.
+
+Built fresh on every scrape from the ResultStore (the prometheus_client
+custom-collector pattern): a scrape never runs a check, and one check's odd
+sample never fails the scrape (it is left out, and logged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from nodecheck.agent.report import check_document
+from nodecheck.agent.scheduler import ResultStore
+from nodecheck.checks.result import MetricSpec, Sample, Status, worst
+
+log = logging.getLogger(__name__)
+STATUSES = [status.value for status in Status]
+TEXTFILE_NAME = "nodecheck.prom"
+
+
+class ResultCollector(Collector):
+    def __init__(self, store: ResultStore, version: str, reload_ok: Callable[[], bool]) -> None:
+        self.store = store
+        self.version = version
+        self.reload_ok = reload_ok
+
+    def collect(self) -> Iterator[Metric]:
+        runs = self.store.all()
+        status = GaugeMetricFamily(
+            "nodecheck_check_status",
+            "1 for the status of the latest result of this check on this subject",
+            labels=["check", "subject", "status"],
+        )
+        success = GaugeMetricFamily(
+            "nodecheck_check_run_success",
+            "1 when the check ran to completion (no crash, no timeout)",
+            labels=["check"],
+        )
+        duration = GaugeMetricFamily(
+            "nodecheck_check_duration_seconds", "How long the last run took", labels=["check"]
+        )
+        last = GaugeMetricFamily(
+            "nodecheck_check_last_run_timestamp_seconds",
+            "When the last run finished",
+            labels=["check"],
+        )
+        interval = GaugeMetricFamily(
+            "nodecheck_check_interval_seconds", "How often the check runs", labels=["check"]
+        )
+        families: dict[str, tuple[MetricSpec, list[Sample]]] = {}
+        for stored in runs:
+            run = stored.run
+            name = run.check.name
+            success.add_metric([name], 1 if run.completed else 0)
+            duration.add_metric([name], run.duration_s)
+            last.add_metric([name], stored.finished_at)
+            interval.add_metric([name], stored.interval_s)
+            # A check may judge one subject several ways (cpu: governor and SMT on
+            # "node"): one series per subject, with the worst of its statuses.
+            by_subject: dict[str, Status] = {}
+            for result in run.results:
+                previous = by_subject.get(result.subject, Status.SKIP)
+                by_subject[result.subject] = worst([previous, result.status])
+                for sample in result.samples:
+                    families.setdefault(sample.metric.name, (sample.metric, []))[1].append(sample)
+            for subject, current in by_subject.items():
+                for value in STATUSES:
+                    status.add_metric([name, subject, value], int(current.value == value))
+        yield from (status, success, duration, last, interval)
+        for spec, samples in families.values():
+            family = _family(spec, samples)
+            if family is not None:
+                yield family
+        info = GaugeMetricFamily(
+            "nodecheck_build_info", "nodecheck's version, value 1", labels=["version", "python"]
+        )
+        info.add_metric([self.version, platform.python_version()], 1)
+        yield info
+        reload_ok = GaugeMetricFamily(
+            "nodecheck_config_last_reload_successful",
+            "1 when the last configuration (re)load succeeded",
+        )
+        reload_ok.add_metric([], 1 if self.reload_ok() else 0)
+        yield reload_ok
+
+
+def _family(spec: MetricSpec, samples: list[Sample]) -> Metric | None:
+    """One family from a check's samples; None (logged) when they do not fit its labels."""
+    from prometheus_client.core import CounterMetricFamily
+
+    name = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
+    maker = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+    family = maker(name, spec.help, labels=list(spec.labels))
+    seen: set[tuple[str, ...]] = set()
+    for sample in samples:
+        values = tuple(str(sample.labels.get(label, "")) for label in spec.labels)
+        if set(sample.labels) - set(spec.labels) or values in seen:
+            log.warning("event=bad_sample metric=%s labels=%r", spec.name, dict(sample.labels))
+            continue
+        seen.add(values)
+        family.add_metric(list(values), sample.value)
+    return family
+
+
+def make_registry(collector: ResultCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
+
+
+def write_textfile(directory: Path, registry: CollectorRegistry) -> None:
+    """node_exporter's textfile collector reads *.prom: write a temporary name, then
+    rename, so it never reads half a file."""
+    data = exposition(registry)
+    handle, temporary = tempfile.mkstemp(prefix=f".{TEXTFILE_NAME}.", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, directory / TEXTFILE_NAME)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:
+    """/results: the nodecheck.check/v1 document of `nodecheck check`, plus each check's age."""
+    stored = store.all()
+    document = check_document(hostname, [s.run for s in stored])
+    now = time.time()
+    ages = {s.run.check.name: round(now - s.finished_at, 3) for s in stored}
+    results: list[dict[str, Any]] = document["results"]  # type: ignore[assignment]
+    for result in results:
+        result["age_seconds"] = ages.get(result["check"])
+    return document
+
+
+def serve(
+    listen: str,
+    registry: CollectorRegistry,
+    results: Callable[[], dict[str, Any]],
+    healthy: Callable[[], bool],
+) -> ThreadingHTTPServer:
+    """Start the HTTP server on a thread: /metrics, /healthz, /results."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "nodecheck"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, exposition(registry), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/healthz":
+                ok = healthy()
+                self._send(
+                    200 if ok else 503, b"ok\n" if ok else b"scheduler stalled\n", "text/plain"
+                )
+            elif path == "/results":
+                body = json.dumps(results(), indent=2, default=str).encode()
+                self._send(200, body, "application/json")
+            else:
+                self._send(404, b"not found: try /metrics, /healthz or /results\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("event=http " + format, *args)
+
+    server = ThreadingHTTPServer((host, int(port)), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return server

@@ -1,0 +1,153 @@
+"""The agent's scheduler: each check on its own interval, with jitter, never two at once.
+
+Every check runs through the same runner as `nodecheck check` (its own thread,
+its own deadline), from a thread of its own here, so a check that hangs holds
+up nobody: the scheduler notes it as running and moves on, and the check is
+not started again until that run ends. Results land in the ResultStore with
+the time they finished; a scrape reads the store and never runs a check.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.registry import Check
+from nodecheck.checks.runner import CheckRun, run_checks
+
+log = logging.getLogger(__name__)
+JITTER = 0.1  # up to 10 % of the interval, so a fleet's nodes do not all run at once
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    run: CheckRun
+    finished_at: float  # wall clock
+    interval_s: float
+
+
+class ResultStore:
+    """The latest run of each check (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, StoredRun] = {}
+        self._lock = threading.Lock()
+
+    def put(self, run: CheckRun, interval_s: float) -> None:
+        with self._lock:
+            self._runs[run.check.name] = StoredRun(run, time.time(), interval_s)
+
+    def all(self) -> list[StoredRun]:
+        with self._lock:
+            return [self._runs[name] for name in sorted(self._runs)]
+
+    def forget(self, names: set[str]) -> None:
+        with self._lock:
+            for name in names:
+                self._runs.pop(name, None)
+
+
+def _stuck_checks() -> set[str]:
+    """Checks whose earlier run the runner abandoned at its deadline and that is still
+    stuck (its thread alive): not started again until it comes back, so a check hung
+    for good costs one thread, not one per interval. Its last result, the timeout
+    error, ages meanwhile, and the staleness alert sees it."""
+    return {
+        thread.name.removeprefix("check-")
+        for thread in threading.enumerate()
+        if thread.name.startswith("check-")
+    }
+
+
+@dataclass
+class Scheduled:
+    check: Check
+    interval_s: float
+    due: float  # time.monotonic()
+    running: bool = False
+
+
+class Scheduler:
+    """Runs checks when due. `run_now(name)` brings one forward (an XID event)."""
+
+    def __init__(
+        self,
+        checks: list[tuple[Check, float]],
+        make_context: Callable[[], CheckContext],
+        store: ResultStore,
+        on_run: Callable[[CheckRun], None] | None = None,
+    ) -> None:
+        now = time.monotonic()
+        self.jobs = {check.name: Scheduled(check, interval, now) for check, interval in checks}
+        self.make_context = make_context
+        self.store = store
+        self.on_run = on_run
+        self.heartbeat = time.monotonic()  # the loop's last turn, for the watchdog
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(2)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def run_now(self, name: str) -> None:
+        with self._lock:
+            job = self.jobs.get(name)
+            if job is not None:
+                job.due = time.monotonic()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.heartbeat = time.monotonic()
+            now = time.monotonic()
+            stuck = _stuck_checks()
+            with self._lock:
+                due = [
+                    job
+                    for job in self.jobs.values()
+                    if job.due <= now and not job.running and job.check.name not in stuck
+                ]
+                for job in due:
+                    job.running = True
+                    job.due = now + job.interval_s * (1 + random.uniform(0, JITTER))
+                nearest = min((job.due for job in self.jobs.values()), default=now + 60)
+            for job in due:
+                threading.Thread(
+                    target=self._run, args=(job,), name=f"run-{job.check.name}", daemon=True
+                ).start()
+            self._wake.wait(min(max(nearest - time.monotonic(), 0.05), 1.0))
+            self._wake.clear()
+
+    def _run(self, job: Scheduled) -> None:
+        try:
+            [run] = run_checks([job.check], self.make_context())
+            self.store.put(run, job.interval_s)
+            log.info(
+                "event=check check=%s status=%s duration_s=%.3f",
+                run.check.name,
+                run.status.value,
+                run.duration_s,
+            )
+            if self.on_run is not None:
+                self.on_run(run)
+        except Exception as err:  # the runner already turns checks' failures into results
+            log.error("event=scheduler_error check=%s error=%r", job.check.name, str(err))
+        finally:
+            with self._lock:
+                job.running = False

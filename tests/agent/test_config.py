@@ -1,0 +1,93 @@
+"""The agent's configuration: defaults, a file over them, and bad files named precisely."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodecheck.agent.config import AgentConfig, ConfigError, load_config, parse_config
+from nodecheck.checks.registry import load_checks
+from tests.agent.test_cli import run
+
+CHECKS = set(load_checks())
+GOOD = """\
+# a node of the training cluster
+[agent]
+listen = "127.0.0.1:19410"
+textfile_dir = "/var/lib/node_exporter/textfile"
+expected_gpus = 8
+
+[checks.pcie_acs]
+interval = 600
+
+[checks.cpu]
+enabled = false
+
+[benchmarks]
+enabled = true
+device = "cpu"
+"""
+
+
+def test_embedded_defaults_need_no_file() -> None:
+    config = load_config(None, CHECKS)
+    assert config == AgentConfig()
+    assert config.listen == ":19410" and config.check("gpu_xid").enabled
+
+
+def test_a_file_over_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(GOOD)
+    config = load_config(path, CHECKS)
+    assert config.listen == "127.0.0.1:19410" and config.expected_gpus == 8
+    assert config.check("pcie_acs").interval_s == 600 and not config.check("cpu").enabled
+    assert config.benchmarks.enabled and config.benchmarks.device == "cpu"
+    # show() prints TOML that reads back to the same configuration.
+    again = parse_config(config.show(), path, CHECKS)
+    assert again == config
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[agent]\nlisten = "nope"\n', "c.toml:2: agent.listen: expected host:port"),
+        (
+            "[agent]\nexpected_gpus = true\n",
+            "c.toml:2: agent.expected_gpus: expected int, got True",
+        ),
+        ("[agent]\nexpected_gpu = 8\n", "c.toml:2: agent.expected_gpu: unknown key"),
+        ("\n[checks.pcie_acss]\ninterval = 5\n", "c.toml:2: checks.pcie_acss: no check named"),
+        (
+            "[checks.numa]\n\ninterval = -5\n",
+            "c.toml:3: checks.numa.interval: must be greater than 0",
+        ),
+        ("[agent]\nnvml_timeout = 30\n", "c.toml:2: agent.nvml_timeout: must be at most 8"),
+        ('[benchmarks]\ndevice = "tpu"\n', 'c.toml:2: benchmarks.device: expected "cuda" or "cpu"'),
+        ("[agent\nlisten = 1\n", "c.toml:1: "),
+        ("[agents]\n", "c.toml:1: agents: unknown key"),
+    ],
+)
+def test_bad_files_name_file_line_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, CHECKS)
+    assert str(caught.value).startswith(str(tmp_path / message)), str(caught.value)
+
+
+def test_config_commands(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    done = run("config", "check", str(good))
+    assert done.returncode == 0 and done.stdout == f"{good}: ok\n"
+    shown = run("config", "show", "--config", str(good))
+    assert shown.returncode == 0 and 'listen = "127.0.0.1:19410"' in shown.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[agent]\nlisten = 19410\n")
+    done = run("config", "check", str(bad))
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"nodecheck: bad configuration: {bad}:2: agent.listen: expected str, got 19410\n"
+    )
+    assert run("config", "check", str(tmp_path / "missing.toml")).returncode == 2

@@ -1,0 +1,306 @@
+"""`nodecheck agent` as a real process on the faulty 8-GPU replica and the fake NVML,
+scraped over HTTP, by promtool and by a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodecheck.agent.scheduler import ResultStore, Scheduler
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.registry import Check
+from nodecheck.checks.result import NODE, Result, Status
+from tests.conftest import Node
+from tests.fixtures.nvml_scenarios import dgx_healthy, modified
+
+NEEDS_PROMETHEUS = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="Debian's prometheus package (make test installs it)",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@dataclass
+class RunningAgent:
+    process: subprocess.Popen[bytes]
+    port: int
+    config: Path
+    textfile_dir: Path
+    notifications: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def results(self) -> dict[str, Any]:
+        status, body = get(f"{self.url}/results")
+        assert status == 200
+        document: dict[str, Any] = json.loads(body)
+        return document
+
+    def metrics(self) -> str:
+        status, body = get(f"{self.url}/metrics")
+        assert status == 200
+        return body.decode()
+
+
+def wait_for(condition: Callable[[], Any], seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+CONFIG = """\
+[agent]
+listen = "127.0.0.1:{port}"
+textfile_dir = "{textfile}"
+expected_gpus = 8
+nvml_timeout = 2
+
+[checks.gpu_xid]
+interval = 3600     # only an NVML event can re-run it within the test
+
+[checks.gpu_throttle]
+interval = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def agent(build: Callable[..., Node]) -> Iterator[RunningAgent]:
+    """The agent on the healthy DGX, where GPU 3 falls off the bus (XID 79) 3 s in."""
+    node = build("dgx-h100")
+    work = Path(tempfile.mkdtemp(prefix="nodecheck-agent-"))
+    scenario = modified(dgx_healthy(), gpu=3, xids=[{"xid": 79, "after_s": 3}], lost_after_s=3)
+    node = node.with_scenario(scenario, work / "scenario.json")
+    port = free_port()
+    textfile = work / "textfile"
+    textfile.mkdir()
+    config = work / "config.toml"
+    config.write_text(CONFIG.format(port=port, textfile=textfile))
+    notify_path = work / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    env = {**os.environ, **node.env, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "2000000"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nodecheck.agent", *node.cli_args, "agent", "--config", str(config)],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    running = RunningAgent(process, port, config, textfile)
+
+    def collect() -> None:
+        while True:
+            try:
+                running.notifications.append(listener.recv(4096).decode())
+            except OSError:
+                return
+
+    threading.Thread(target=collect, daemon=True).start()
+    try:
+
+        def serving() -> bool:
+            if process.poll() is not None:
+                pytest.fail(process.stderr.read().decode() if process.stderr else "agent died")
+            try:
+                return get(f"{running.url}/healthz")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(serving, 20, "the agent to serve")
+        yield running
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        listener.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_serves_every_check_and_tells_systemd(agent: RunningAgent) -> None:
+    ready = wait_for(lambda: [n for n in agent.notifications if "READY=1" in n], 20, "READY=1")
+    assert "STATUS=" in ready[0]
+    checks = {result["check"] for result in agent.results()["results"]}
+    assert {"gpu_count", "gpu_xid", "pcie_acs", "nccl_env"} <= checks
+    assert all(isinstance(r["age_seconds"], float) for r in agent.results()["results"])
+    wait_for(lambda: any(n == "WATCHDOG=1" for n in agent.notifications), 5, "a watchdog ping")
+    text = agent.metrics()
+    assert 'nodecheck_check_status{check="gpu_count",status="ok",subject="node"} 1.0' in text
+    assert "nodecheck_gpu_temperature_celsius{" in text
+    assert "nodecheck_build_info{" in text
+
+
+def test_an_xid_event_is_judged_at_once(agent: RunningAgent) -> None:
+    """gpu_xid's interval is an hour; the NVML event brings it forward."""
+
+    def failing() -> list[dict[str, Any]]:
+        return [
+            r
+            for r in agent.results()["results"]
+            if r["check"] == "gpu_xid"
+            and r["subject"] == "gpu 0000:3c:00.0"
+            and r["status"] == "fail"
+        ]
+
+    [result] = wait_for(failing, 15, "gpu_xid to fail GPU 3")
+    assert "XID 79" in result["summary"] and result["remedy"] == "drain the node and reboot it"
+    others = [
+        r
+        for r in agent.results()["results"]
+        if r["check"] == "gpu_xid" and r["subject"] != "gpu 0000:3c:00.0"
+    ]
+    assert others and {r["status"] for r in others} == {"ok"}
+
+
+@NEEDS_PROMETHEUS
+def test_metrics_lint_clean(agent: RunningAgent) -> None:
+    done = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=agent.metrics(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
+
+
+def test_textfile(agent: RunningAgent) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    path = agent.textfile_dir / "nodecheck.prom"
+    wait_for(path.exists, 20, "the textfile")
+    names = {family.name for family in text_string_to_metric_families(path.read_text())}
+    assert {"nodecheck_check_status", "nodecheck_build_info"} <= names
+    assert not [p for p in agent.textfile_dir.iterdir() if p.name.startswith(".")]
+
+
+@NEEDS_PROMETHEUS
+def test_a_real_prometheus_scrapes_it(agent: RunningAgent, tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: nodecheck\n    static_configs: [{{targets: ['127.0.0.1:{agent.port}']}}]\n"
+    )
+    prometheus = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        query = (
+            'nodecheck_check_status{check="gpu_xid",subject="gpu 0000:3c:00.0",status="fail"} == 1'
+        )
+
+        def answered() -> list[Any]:
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(
+                {"query": query}
+            )
+            try:
+                status, body = get(url, 2)
+            except OSError:
+                return []
+            result: list[Any] = json.loads(body)["data"]["result"] if status == 200 else []
+            return result
+
+        [series] = wait_for(answered, 30, "Prometheus to see GPU 3 failing")
+        assert series["metric"]["job"] == "nodecheck"
+        assert agent.process.poll() is None  # and the agent still serves
+    finally:
+        prometheus.terminate()
+        prometheus.wait(10)
+
+
+def test_reload_keeps_the_old_config_when_the_new_one_is_bad(agent: RunningAgent) -> None:
+    good = agent.config.read_text()
+    try:
+        agent.config.write_text(good + "\n[checks.nope]\n")
+        agent.process.send_signal(signal.SIGHUP)
+        wait_for(
+            lambda: "nodecheck_config_last_reload_successful 0.0" in agent.metrics(), 10, "reload"
+        )
+        assert get(f"{agent.url}/healthz")[0] == 200
+    finally:
+        agent.config.write_text(good)
+    agent.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: "nodecheck_config_last_reload_successful 1.0" in agent.metrics(), 10, "fix")
+
+
+def test_sigterm_stops_within_two_seconds(agent: RunningAgent) -> None:
+    """Last in this module: it ends the agent."""
+    started = time.monotonic()
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(5) == 0
+    assert time.monotonic() - started < 2
+    assert any("STOPPING=1" in n for n in agent.notifications)
+
+
+def test_a_hung_check_stalls_nothing() -> None:
+    """One check never returns; the other keeps its schedule, and the hung one is reported
+    once its timeout passes and is not started again meanwhile."""
+    calls = {"quick": 0, "hung": 0}
+    release = threading.Event()
+
+    def quick(ctx: CheckContext) -> list[Result]:
+        calls["quick"] += 1
+        return [Result(Status.OK, NODE, "fine")]
+
+    def hung(ctx: CheckContext) -> list[Result]:
+        calls["hung"] += 1
+        release.wait(30)
+        return [Result(Status.OK, NODE, "late")]
+
+    store = ResultStore()
+    scheduler = Scheduler(
+        [(Check("quick", quick, 0.1, 5, ""), 0.1), (Check("hung", hung, 0.1, 0.5, ""), 0.1)],
+        CheckContext,
+        store,
+    )
+    scheduler.start()
+    try:
+        time.sleep(1.5)
+    finally:
+        scheduler.stop()
+        release.set()
+    assert calls["quick"] >= 5
+    stored = {s.run.check.name: s.run for s in store.all()}
+    assert stored["hung"].results[0].summary == "check hung did not finish within 0.5 s"
+    assert calls["hung"] == 1  # not started again while the first run is stuck
