@@ -7,8 +7,9 @@ BIN = $(VENV)/bin
 TORCH_VERSION = 2.13.0
 # Debian packages the tests use: lspci cross-checks the sysfs fixtures; gcc builds
 # the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev;
-# prometheus and promtool scrape the agent and lint its metrics.
-DEB_PACKAGES = pciutils gcc libc6-dev prometheus
+# prometheus and promtool scrape the agent and lint its metrics and alert rules;
+# systemd-analyze verifies the units.
+DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd
 
 .PHONY: run test lint typecheck unit system-packages clean
 

@@ -272,9 +272,18 @@ def _config_or_exit(path: Path | None) -> Any:
 @click.option(
     "--listen", default=None, metavar="HOST:PORT", help="Override the configured listen address."
 )
+@click.option(
+    "--snapshot",
+    "snapshot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve the root-only checks from this `nodecheck snapshot` file (privilege separation).",
+)
 @global_options
 @click.pass_context
-def agent(ctx: click.Context, config_path: Path | None, listen: str | None) -> None:
+def agent(
+    ctx: click.Context, config_path: Path | None, listen: str | None, snapshot_path: Path | None
+) -> None:
     """Run the checks on their schedule and serve them to Prometheus.
 
     /metrics, /healthz and /results on port 19410 by default; with no
@@ -282,16 +291,49 @@ def agent(ctx: click.Context, config_path: Path | None, listen: str | None) -> N
     SIGTERM stops it, SIGHUP reloads the configuration.
     """
     fs = node_fs(ctx)
-    from dataclasses import replace
-
     from nodecheck.agent.config import DEFAULT_PATH
     from nodecheck.agent.daemon import Agent
 
     _config_or_exit(config_path)  # refuse a bad file before starting anything
-    daemon = Agent(fs, config_path or DEFAULT_PATH, settings(ctx)["nvml_library"])
+    overrides: dict[str, Any] = {}
     if listen is not None:
-        daemon.config = replace(daemon.config, listen=listen)
+        overrides["listen"] = listen
+    if snapshot_path is not None:
+        overrides["snapshot"] = snapshot_path
+    daemon = Agent(fs, config_path or DEFAULT_PATH, settings(ctx)["nvml_library"], overrides)
     daemon.run_until_signalled()
+
+
+@cli.command()
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/run/nodecheck/snapshot.json"),
+    show_default=True,
+    help="Where to write the snapshot (atomically).",
+)
+@global_options
+@click.pass_context
+def snapshot(ctx: click.Context, output: Path) -> None:
+    """Run the checks that need root and write their results for the agent.
+
+    For nodecheck-snapshot.timer: the agent, unprivileged, serves these results
+    (ACS from PCIe config space, the environments of other users' jobs).
+    """
+    fs = node_fs(ctx)
+    from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, write_snapshot
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.inventory import read_hostname
+    from nodecheck.checks.registry import load_checks
+    from nodecheck.checks.runner import run_checks
+
+    available = load_checks()
+    runs = run_checks([available[name] for name in SNAPSHOT_CHECKS], CheckContext(fs=fs))
+    try:
+        write_snapshot(output, read_hostname(fs), runs)
+    except OSError as err:
+        fail_usage(f"cannot write {output}: {err.strerror or err}")
+    click.echo(f"{output}: {sum(len(run.results) for run in runs)} results")
 
 
 @cli.group()

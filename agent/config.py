@@ -7,6 +7,7 @@
     kernel_log = "/dev/kmsg"
     nvml_timeout = 5.0
     state_dir = "/var/lib/nodecheck"
+    snapshot = "/run/nodecheck/snapshot.json"   # root-only checks, from nodecheck snapshot
 
     [checks.pcie_acs]            # any registered check
     enabled = true
@@ -72,6 +73,8 @@ class AgentConfig:
     kernel_log: Path | None = None
     nvml_timeout_s: float = 5.0
     state_dir: Path | None = None
+    # The root snapshot (nodecheck-snapshot.timer) the agent serves root-only checks from.
+    snapshot: Path | None = None
     checks: dict[str, CheckSettings] = field(default_factory=dict)
     benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
 
@@ -90,6 +93,8 @@ class AgentConfig:
         lines.append(f"nvml_timeout = {self.nvml_timeout_s}")
         if self.state_dir is not None:
             lines.append(f'state_dir = "{self.state_dir}"')
+        if self.snapshot is not None:
+            lines.append(f'snapshot = "{self.snapshot}"')
         for name, settings in sorted(self.checks.items()):
             lines += ["", f"[checks.{name}]", f"enabled = {str(settings.enabled).lower()}"]
             if settings.interval_s is not None:
@@ -191,6 +196,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     if timeout is not None and timeout > 8:
         raise section.fail("nvml_timeout", "must be at most 8 seconds (checks time out at 30)")
     state_dir = section.take("state_dir", str, None)
+    snapshot = section.take("snapshot", str, None)
     section.done()
 
     settings: dict[str, CheckSettings] = {}
@@ -230,6 +236,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         kernel_log=Path(kernel_log) if kernel_log else None,
         nvml_timeout_s=timeout or config.nvml_timeout_s,
         state_dir=Path(state_dir) if state_dir else None,
+        snapshot=Path(snapshot) if snapshot else None,
         checks=settings,
         benchmarks=bench_settings,
     )

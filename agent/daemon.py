@@ -34,6 +34,7 @@ from nodecheck.agent.exporter import (
     write_textfile,
 )
 from nodecheck.agent.scheduler import ResultStore, Scheduler
+from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
@@ -70,12 +71,20 @@ def _version() -> str:
 
 
 class Agent:
-    def __init__(self, fs: NodeFS, config_path: Path | None, nvml_library: str | None) -> None:
+    def __init__(
+        self,
+        fs: NodeFS,
+        config_path: Path | None,
+        nvml_library: str | None,
+        overrides: dict[str, object] | None = None,
+    ) -> None:
         self.fs = fs
         self.config_path = config_path
         self.nvml_library = nvml_library
+        # Command-line settings over the file's, kept across reloads.
+        self.overrides = overrides or {}
         self.available = load_checks()
-        self.config = load_config(config_path, set(self.available))
+        self.config = self._load()
         self.reload_ok = True
         self.store = ResultStore()
         self.history = GpuHistory()
@@ -100,8 +109,10 @@ class Agent:
             if not settings.enabled:
                 continue
             check = registered
+            if config.snapshot is not None and name in SNAPSHOT_CHECKS:
+                check = from_snapshot(registered, config.snapshot)
             if settings.timeout_s is not None:
-                check = replace(registered, timeout_s=settings.timeout_s)
+                check = replace(check, timeout_s=settings.timeout_s)
             chosen.append((check, settings.interval_s or check.interval_s))
         return chosen
 
@@ -176,9 +187,13 @@ class Agent:
                 except OSError as err:
                     log.error("event=textfile_failed dir=%s error=%r", directory, str(err))
 
+    def _load(self) -> AgentConfig:
+        config = load_config(self.config_path, set(self.available))
+        return replace(config, **self.overrides)  # type: ignore[arg-type]
+
     def reload(self) -> None:
         try:
-            config = load_config(self.config_path, set(self.available))
+            config = self._load()
         except ConfigError as err:
             self.reload_ok = False
             log.error("event=reload_failed keeping=previous error=%r", str(err))

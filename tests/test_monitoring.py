@@ -1,0 +1,82 @@
+"""The shipped alert rules: valid, unit-tested alert by alert, and about metrics that exist."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodecheck.checks.registry import load_benchmarks, load_checks
+from nodecheck.checks.result import MetricSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "monitoring" / "alerts.yml"
+RULE_TESTS = ROOT / "tests" / "monitoring" / "alerts_test.yml"
+pytestmark = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian's prometheus; make test installs it)"
+)
+# Families the exporter builds itself (agent/exporter.py), besides the checks' samples.
+EXPORTER_METRICS = {
+    "nodecheck_check_status",
+    "nodecheck_check_run_success",
+    "nodecheck_check_duration_seconds",
+    "nodecheck_check_last_run_timestamp_seconds",
+    "nodecheck_check_interval_seconds",
+    "nodecheck_build_info",
+    "nodecheck_config_last_reload_successful",
+}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["promtool", *args], capture_output=True, text=True, check=False, cwd=RULE_TESTS.parent
+    )
+
+
+def test_rules_are_valid() -> None:
+    done = promtool("check", "rules", str(RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 13 rules found" in done.stdout
+
+
+def test_every_alert_is_unit_tested() -> None:
+    alerts = set(re.findall(r"^\s*- alert: (\w+)", RULES.read_text(), re.MULTILINE))
+    tests = RULE_TESTS.read_text()
+    tested = set(re.findall(r"alertname: (\w+)\n\s+exp_alerts:\n", tests))
+    assert alerts and alerts == tested
+    done = promtool("test", "rules", RULE_TESTS.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_broken_alert_fails_its_test(tmp_path: Path) -> None:
+    """The unit tests would notice: raise a threshold and the straggler alert goes quiet."""
+    broken = tmp_path / "alerts.yml"
+    broken.write_text(RULES.read_text().replace("peer_ratio < 0.9", "peer_ratio < 0.5"))
+    tests = tmp_path / "alerts_test.yml"
+    tests.write_text(RULE_TESTS.read_text().replace("../../monitoring/alerts.yml", str(broken)))
+    done = subprocess.run(
+        ["promtool", "test", "rules", str(tests)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0 and "NodecheckMatmulStraggler" in done.stdout + done.stderr
+
+
+def exported_metrics() -> set[str]:
+    load_checks()
+    load_benchmarks()
+    names = set(EXPORTER_METRICS)
+    for module in list(sys.modules.values()):
+        if module is not None and getattr(module, "__name__", "").startswith("nodecheck.checks."):
+            for value in vars(module).values():
+                candidates = value.values() if isinstance(value, dict) else [value]
+                names |= {c.name for c in candidates if isinstance(c, MetricSpec)}
+    return names
+
+
+def test_alerts_use_metrics_that_exist() -> None:
+    used = set(re.findall(r"\bnodecheck_[a-z_]+", RULES.read_text()))
+    missing = used - exported_metrics()
+    assert used and missing == set()
