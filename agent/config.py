@@ -19,6 +19,7 @@
     interval = 86400
     duration = 4.0
     device = "cuda"
+    idle_window = 60.0           # seconds every GPU must be idle before one starts
 
 A bad file is refused whole, with the file, line and key named: the agent
 keeps running on what it had.
@@ -62,6 +63,7 @@ class BenchmarkSettings:
     interval_s: float = 86400.0
     duration_s: float = 4.0
     device: str = "cuda"
+    idle_window_s: float = 60.0  # the agent waits a minute of idleness, the CLI two seconds
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class AgentConfig:
             f"interval = {bench.interval_s}",
             f"duration = {bench.duration_s}",
             f'device = "{bench.device}"',
+            f"idle_window = {bench.idle_window_s}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -221,11 +224,15 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     device = bench.take("device", str, defaults.device)
     if device not in ("cuda", "cpu"):
         raise bench.fail("device", f'expected "cuda" or "cpu", got {device!r}')
+    idle_window = bench.take("idle_window", (int, float), defaults.idle_window_s)
+    if idle_window < 0:
+        raise bench.fail("idle_window", f"must be 0 or more, got {idle_window!r}")
     bench_settings = BenchmarkSettings(
         enabled=bench.take("enabled", bool, defaults.enabled),
         interval_s=bench.positive("interval", defaults.interval_s) or defaults.interval_s,
         duration_s=bench.positive("duration", defaults.duration_s) or defaults.duration_s,
         device=device,
+        idle_window_s=float(idle_window),
     )
     bench.done()
     return replace(

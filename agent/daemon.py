@@ -35,13 +35,14 @@ from nodecheck.agent.exporter import (
 )
 from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
+from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
-from nodecheck.checks.registry import Check, load_checks
+from nodecheck.checks.registry import Check, load_benchmarks, load_checks
 from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun
 
@@ -84,6 +85,7 @@ class Agent:
         # Command-line settings over the file's, kept across reloads.
         self.overrides = overrides or {}
         self.available = load_checks()
+        self.benchmarks = load_benchmarks()
         self.config = self._load()
         self.reload_ok = True
         self.store = ResultStore()
@@ -114,6 +116,9 @@ class Agent:
             if settings.timeout_s is not None:
                 check = replace(check, timeout_s=settings.timeout_s)
             chosen.append((check, settings.interval_s or check.interval_s))
+        if config.benchmarks.enabled:
+            # Rarely, one at a time, and each only through its job-safety gate.
+            chosen += [(bench, config.benchmarks.interval_s) for bench in self.benchmarks.values()]
         return chosen
 
     def _context(self) -> CheckContext:
@@ -126,14 +131,33 @@ class Agent:
             xid_log=self.xid_log,
             kernel_log=config.kernel_log,
             expected_gpus=config.expected_gpus,
+            bench=self._bench_options(config),
         )
 
+    @staticmethod
+    def _bench_options(config: AgentConfig) -> BenchOptions:
+        options = BenchOptions(
+            device=config.benchmarks.device,
+            duration_s=config.benchmarks.duration_s,
+            idle_window_s=config.benchmarks.idle_window_s,
+        )
+        if config.state_dir is not None:
+            options.state_dir = config.state_dir
+        return options
+
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self._checks(self.config), self._context, self.store, self._after_run)
+        return Scheduler(
+            self._checks(self.config),
+            self._context,
+            self.store,
+            self._after_run,
+            exclusive=set(self.benchmarks),
+        )
 
     def _after_run(self, run: CheckRun) -> None:
         stored = self.store.all()
-        enabled = {check.name for check, _ in self._checks(self.config)}
+        # READY after the first pass of the fast checks: benchmarks come later, gated.
+        enabled = {check.name for check, _ in self._checks(self.config)} - set(self.benchmarks)
         have = {s.run.check.name for s in stored}
         statuses = [result.status for s in stored for result in s.run.results]
         worst = max(statuses, key=lambda status: status.severity, default=Status.SKIP)

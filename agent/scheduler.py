@@ -70,6 +70,7 @@ class Scheduled:
     interval_s: float
     due: float  # time.monotonic()
     running: bool = False
+    group: str | None = None  # jobs of one group never run at once (the benchmarks)
 
 
 class Scheduler:
@@ -81,9 +82,17 @@ class Scheduler:
         make_context: Callable[[], CheckContext],
         store: ResultStore,
         on_run: Callable[[CheckRun], None] | None = None,
+        exclusive: set[str] | None = None,
     ) -> None:
+        """`exclusive` names checks that must run one at a time (each benchmark would
+        measure the others); they queue rather than skip."""
         now = time.monotonic()
-        self.jobs = {check.name: Scheduled(check, interval, now) for check, interval in checks}
+        self.jobs = {
+            check.name: Scheduled(
+                check, interval, now, group="exclusive" if check.name in (exclusive or ()) else None
+            )
+            for check, interval in checks
+        }
         self.make_context = make_context
         self.store = store
         self.on_run = on_run
@@ -118,11 +127,16 @@ class Scheduler:
             now = time.monotonic()
             stuck = _stuck_checks()
             with self._lock:
-                due = [
-                    job
-                    for job in self.jobs.values()
-                    if job.due <= now and not job.running and job.check.name not in stuck
-                ]
+                busy = {job.group for job in self.jobs.values() if job.running and job.group}
+                due = []
+                for job in self.jobs.values():
+                    if job.due > now or job.running or job.check.name in stuck:
+                        continue
+                    if job.group is not None:
+                        if job.group in busy:
+                            continue  # stays due: runs when the group is free
+                        busy.add(job.group)
+                    due.append(job)
                 for job in due:
                     job.running = True
                     job.due = now + job.interval_s * (1 + random.uniform(0, JITTER))

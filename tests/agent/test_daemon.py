@@ -3,6 +3,7 @@ scraped over HTTP, by promtool and by a real Prometheus."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from nodecheck.checks.result import NODE, Result, Status
 from tests.conftest import Node
 from tests.fixtures.nvml_scenarios import dgx_healthy, modified
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 NEEDS_PROMETHEUS = pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("promtool") is None,
     reason="Debian's prometheus package (make test installs it)",
@@ -87,6 +89,7 @@ CONFIG = """\
 [agent]
 listen = "127.0.0.1:{port}"
 textfile_dir = "{textfile}"
+state_dir = "{state}"
 expected_gpus = 8
 nvml_timeout = 2
 
@@ -95,21 +98,30 @@ interval = 3600     # only an NVML event can re-run it within the test
 
 [checks.gpu_throttle]
 interval = 1
+
+[benchmarks]
+enabled = true
+device = "cpu"
+duration = 0.5
+idle_window = 0
 """
 
 
 @pytest.fixture(scope="module")
 def agent(build: Callable[..., Node]) -> Iterator[RunningAgent]:
-    """The agent on the healthy DGX, where GPU 3 falls off the bus (XID 79) 3 s in."""
+    """The agent on the healthy DGX, idle (so the CPU benchmarks pass their gate), where
+    GPU 3 falls off the bus (XID 79) 15 s in, once the benchmarks have run: a node with
+    a lost GPU is never benchmarked."""
     node = build("dgx-h100")
     work = Path(tempfile.mkdtemp(prefix="nodecheck-agent-"))
-    scenario = modified(dgx_healthy(), gpu=3, xids=[{"xid": 79, "after_s": 3}], lost_after_s=3)
+    scenario = modified(dgx_healthy(), gpu=3, xids=[{"xid": 79, "after_s": 15}], lost_after_s=15)
+    scenario["gpus"][0].update(processes=[], utilization={"gpu": 0, "memory": 0})
     node = node.with_scenario(scenario, work / "scenario.json")
     port = free_port()
     textfile = work / "textfile"
     textfile.mkdir()
     config = work / "config.toml"
-    config.write_text(CONFIG.format(port=port, textfile=textfile))
+    config.write_text(CONFIG.format(port=port, textfile=textfile, state=work / "state"))
     notify_path = work / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(notify_path))
@@ -174,7 +186,7 @@ def test_an_xid_event_is_judged_at_once(agent: RunningAgent) -> None:
             and r["status"] == "fail"
         ]
 
-    [result] = wait_for(failing, 15, "gpu_xid to fail GPU 3")
+    [result] = wait_for(failing, 40, "gpu_xid to fail GPU 3")
     assert "XID 79" in result["summary"] and result["remedy"] == "drain the node and reboot it"
     others = [
         r
@@ -206,47 +218,89 @@ def test_textfile(agent: RunningAgent) -> None:
     assert not [p for p in agent.textfile_dir.iterdir() if p.name.startswith(".")]
 
 
-@NEEDS_PROMETHEUS
-def test_a_real_prometheus_scrapes_it(agent: RunningAgent, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def prometheus(agent: RunningAgent) -> Iterator[str]:
+    """A real Prometheus scraping the agent every second, with the shipped alert rules."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("Debian's prometheus package (make test installs it)")
+    work = Path(tempfile.mkdtemp(prefix="nodecheck-prometheus-"))
     port = free_port()
-    config = tmp_path / "prometheus.yml"
+    config = work / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{ROOT / 'monitoring' / 'alerts.yml'}']\n"
         "scrape_configs:\n"
         f"  - job_name: nodecheck\n    static_configs: [{{targets: ['127.0.0.1:{agent.port}']}}]\n"
     )
-    prometheus = subprocess.Popen(
+    process = subprocess.Popen(
         [
             "prometheus",
             f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--storage.tsdb.path={work / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        query = (
-            'nodecheck_check_status{check="gpu_xid",subject="gpu 0000:3c:00.0",status="fail"} == 1'
-        )
-
-        def answered() -> list[Any]:
-            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(
-                {"query": query}
-            )
-            try:
-                status, body = get(url, 2)
-            except OSError:
-                return []
-            result: list[Any] = json.loads(body)["data"]["result"] if status == 200 else []
-            return result
-
-        [series] = wait_for(answered, 30, "Prometheus to see GPU 3 failing")
-        assert series["metric"]["job"] == "nodecheck"
-        assert agent.process.poll() is None  # and the agent still serves
+        yield f"http://127.0.0.1:{port}"
     finally:
-        prometheus.terminate()
-        prometheus.wait(10)
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def query(prometheus: str, expr: str) -> list[Any]:
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        status, body = get(url, 2)
+    except OSError:
+        return []
+    result: list[Any] = json.loads(body)["data"]["result"] if status == 200 else []
+    return result
+
+
+def test_a_real_prometheus_scrapes_it(agent: RunningAgent, prometheus: str) -> None:
+    failing = (
+        'nodecheck_check_status{check="gpu_xid",subject="gpu 0000:3c:00.0",status="fail"} == 1'
+    )
+    [series] = wait_for(lambda: query(prometheus, failing), 30, "Prometheus to see GPU 3 failing")
+    assert series["metric"]["job"] == "nodecheck"
+    assert agent.process.poll() is None  # and the agent still serves
+
+
+def test_the_alert_names_gpu_3_and_only_gpu_3(agent: RunningAgent, prometheus: str) -> None:
+    def firing() -> list[dict[str, Any]]:
+        try:
+            status, body = get(f"{prometheus}/api/v1/alerts", 2)
+        except OSError:
+            return []
+        alerts: list[dict[str, Any]] = json.loads(body)["data"]["alerts"] if status == 200 else []
+        return [a for a in alerts if a["state"] == "firing"]
+
+    def xid_alert() -> list[dict[str, Any]]:
+        return [a for a in firing() if a["labels"]["alertname"] == "NodecheckXidNeedsDrain"]
+
+    [alert] = wait_for(xid_alert, 30, "NodecheckXidNeedsDrain to fire")
+    assert alert["labels"]["bus_id"] == "0000:3c:00.0" and alert["labels"]["xid"] == "79"
+    assert "drain 127.0.0.1:" in alert["annotations"]["description"]
+    about_gpus = {a["labels"].get("bus_id") for a in firing()} - {None}
+    assert about_gpus == {"0000:3c:00.0"}  # the other seven GPUs stay healthy
+
+
+def test_every_dashboard_panel_has_data(agent: RunningAgent, prometheus: str) -> None:
+    dashboard = json.loads((ROOT / "monitoring" / "grafana" / "nodecheck.json").read_text())
+    assert dashboard["uid"] == "nodecheck-node"
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "instance"} <= variables
+    exprs = [
+        (panel["title"], target["expr"].replace("$instance", ".*"))
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    ]
+    assert len(exprs) >= 8
+    for title, expr in exprs:
+        wait_for(functools.partial(query, prometheus, expr), 60, f"data for panel {title!r}")
 
 
 def test_reload_keeps_the_old_config_when_the_new_one_is_bad(agent: RunningAgent) -> None:
