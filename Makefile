@@ -8,8 +8,8 @@ TORCH_VERSION = 2.13.0
 # Debian packages the tests use: lspci cross-checks the sysfs fixtures; gcc builds
 # the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev;
 # prometheus and promtool scrape the agent and lint its metrics and alert rules;
-# systemd-analyze verifies the units.
-DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd
+# systemd-analyze verifies the units; openssl makes a test certificate.
+DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl
 
 .PHONY: run test lint typecheck unit system-packages clean
 

@@ -291,7 +291,7 @@ def agent(
     SIGTERM stops it, SIGHUP reloads the configuration.
     """
     fs = node_fs(ctx)
-    from nodecheck.agent.config import DEFAULT_PATH
+    from nodecheck.agent.config import DEFAULT_PATH, ConfigError
     from nodecheck.agent.daemon import Agent
 
     _config_or_exit(config_path)  # refuse a bad file before starting anything
@@ -300,7 +300,10 @@ def agent(
         overrides["listen"] = listen
     if snapshot_path is not None:
         overrides["snapshot"] = snapshot_path
-    daemon = Agent(fs, config_path or DEFAULT_PATH, settings(ctx)["nvml_library"], overrides)
+    try:
+        daemon = Agent(fs, config_path or DEFAULT_PATH, settings(ctx)["nvml_library"], overrides)
+    except ConfigError as err:
+        fail_usage(f"bad configuration: {err}")
     daemon.run_until_signalled()
 
 

@@ -8,6 +8,9 @@
     nvml_timeout = 5.0
     state_dir = "/var/lib/nodecheck"
     snapshot = "/run/nodecheck/snapshot.json"   # root-only checks, from nodecheck snapshot
+    tls_cert_file = ""           # HTTPS when both are set
+    tls_key_file = ""
+    basic_auth_file = ""         # "user:<bcrypt hash>" lines, as htpasswd -B writes them
 
     [checks.pcie_acs]            # any registered check
     enabled = true
@@ -77,6 +80,10 @@ class AgentConfig:
     state_dir: Path | None = None
     # The root snapshot (nodecheck-snapshot.timer) the agent serves root-only checks from.
     snapshot: Path | None = None
+    # HTTPS and basic auth for /metrics and /results (as Prometheus exporters' web config).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    basic_auth_file: Path | None = None  # "user:<bcrypt hash>" lines (htpasswd -B)
     checks: dict[str, CheckSettings] = field(default_factory=dict)
     benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
 
@@ -97,6 +104,13 @@ class AgentConfig:
             lines.append(f'state_dir = "{self.state_dir}"')
         if self.snapshot is not None:
             lines.append(f'snapshot = "{self.snapshot}"')
+        for key, value in (
+            ("tls_cert_file", self.tls_cert_file),
+            ("tls_key_file", self.tls_key_file),
+            ("basic_auth_file", self.basic_auth_file),
+        ):
+            if value is not None:
+                lines.append(f'{key} = "{value}"')
         for name, settings in sorted(self.checks.items()):
             lines += ["", f"[checks.{name}]", f"enabled = {str(settings.enabled).lower()}"]
             if settings.interval_s is not None:
@@ -200,6 +214,13 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         raise section.fail("nvml_timeout", "must be at most 8 seconds (checks time out at 30)")
     state_dir = section.take("state_dir", str, None)
     snapshot = section.take("snapshot", str, None)
+    web = {
+        key: section.take(key, str, None)
+        for key in ("tls_cert_file", "tls_key_file", "basic_auth_file")
+    }
+    if bool(web["tls_cert_file"]) != bool(web["tls_key_file"]):
+        missing = "tls_key_file" if web["tls_cert_file"] else "tls_cert_file"
+        raise section.fail(missing, "TLS needs both tls_cert_file and tls_key_file")
     section.done()
 
     settings: dict[str, CheckSettings] = {}
@@ -244,6 +265,9 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         nvml_timeout_s=timeout or config.nvml_timeout_s,
         state_dir=Path(state_dir) if state_dir else None,
         snapshot=Path(snapshot) if snapshot else None,
+        tls_cert_file=Path(web["tls_cert_file"]) if web["tls_cert_file"] else None,
+        tls_key_file=Path(web["tls_key_file"]) if web["tls_key_file"] else None,
+        basic_auth_file=Path(web["basic_auth_file"]) if web["basic_auth_file"] else None,
         checks=settings,
         benchmarks=bench_settings,
     )

@@ -27,8 +27,10 @@ from types import FrameType
 
 from nodecheck.agent.config import AgentConfig, ConfigError, load_config
 from nodecheck.agent.exporter import (
+    BasicAuth,
     ResultCollector,
     make_registry,
+    parse_basic_auth,
     results_document,
     serve,
     write_textfile,
@@ -87,6 +89,7 @@ class Agent:
         self.available = load_checks()
         self.benchmarks = load_benchmarks()
         self.config = self._load()
+        self.auth = self._auth(self.config)
         self.reload_ok = True
         self.store = ResultStore()
         self.history = GpuHistory()
@@ -181,11 +184,17 @@ class Agent:
     def start(self) -> None:
         self.scheduler.start()
         if self.config.listen:
+            config = self.config
+            tls = None
+            if config.tls_cert_file and config.tls_key_file:
+                tls = (config.tls_cert_file, config.tls_key_file)
             self.server = serve(
-                self.config.listen,
+                config.listen,
                 self.registry,
                 lambda: results_document(self.store, self.hostname),
                 self.healthy,
+                tls,
+                self.auth,
             )
             log.info("event=listening address=%s", self.config.listen)
         self.listener = XidListener(self.nvml, self.xid_log, on_event=self._on_xid)
@@ -211,6 +220,17 @@ class Agent:
                 except OSError as err:
                     log.error("event=textfile_failed dir=%s error=%r", directory, str(err))
 
+    @staticmethod
+    def _auth(config: AgentConfig) -> BasicAuth | None:
+        """The basic-auth users; ConfigError naming the file and line when unusable."""
+        path = config.basic_auth_file
+        if path is None:
+            return None
+        try:
+            return BasicAuth(parse_basic_auth(path.read_text(), str(path)))
+        except (OSError, ValueError) as err:
+            raise ConfigError(path, None, "", str(err)) from err
+
     def _load(self) -> AgentConfig:
         config = load_config(self.config_path, set(self.available))
         return replace(config, **self.overrides)  # type: ignore[arg-type]
@@ -222,6 +242,14 @@ class Agent:
             self.reload_ok = False
             log.error("event=reload_failed keeping=previous error=%r", str(err))
             return
+        try:
+            auth = self._auth(config)
+        except ConfigError as err:
+            self.reload_ok = False
+            log.error("event=reload_failed keeping=previous error=%r", str(err))
+            return
+        if auth is not None and self.auth is not None:
+            self.auth.users = auth.users  # the running server's check, updated in place
         self.reload_ok = True
         self.config = config
         old = self.scheduler

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import platform
+import ssl
 import tempfile
 import threading
 import time
@@ -153,13 +154,68 @@ def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:
     return document
 
 
+def parse_basic_auth(text: str, source: str) -> dict[str, bytes]:
+    """ "user:<bcrypt hash>" lines (htpasswd -B; blank lines and # comments skipped)."""
+    users: dict[str, bytes] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, _, hashed = line.partition(":")
+        if not user or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise ValueError(f"{source}:{number}: expected user:<bcrypt hash>")
+        users[user] = hashed.encode()
+    if not users:
+        raise ValueError(f"{source}: no users")
+    return users
+
+
+class BasicAuth:
+    """Checks Authorization headers against bcrypt hashes; a good pair is remembered (by a
+    salted digest, never the password) so each scrape does not pay bcrypt's cost again."""
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        self.users = users
+        self._good: set[bytes] = set()
+        self._salt = os.urandom(16)
+        self._lock = threading.Lock()
+
+    def allows(self, header: str | None) -> bool:
+        import base64
+        import hashlib
+
+        import bcrypt
+
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        digest = hashlib.sha256(self._salt + header.encode()).digest()
+        with self._lock:
+            if digest in self._good:
+                return True
+        if not bcrypt.checkpw(password.encode(), hashed):
+            return False
+        with self._lock:
+            self._good.add(digest)
+        return True
+
+
 def serve(
     listen: str,
     registry: CollectorRegistry,
     results: Callable[[], dict[str, Any]],
     healthy: Callable[[], bool],
+    tls: tuple[Path, Path] | None = None,
+    auth: BasicAuth | None = None,
 ) -> ThreadingHTTPServer:
-    """Start the HTTP server on a thread: /metrics, /healthz, /results."""
+    """Start the HTTP(S) server on a thread: /metrics, /results (behind basic auth when
+    configured) and /healthz (never: it tells nothing but whether the agent lives)."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
 
@@ -168,6 +224,16 @@ def serve(
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if (
+                auth is not None
+                and path != "/healthz"
+                and not auth.allows(self.headers.get("Authorization"))
+            ):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="nodecheck"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if path == "/metrics":
                 self._send(200, exposition(registry), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/healthz":
@@ -193,5 +259,10 @@ def serve(
 
     server = ThreadingHTTPServer((host, int(port)), Handler)
     server.daemon_threads = True
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(tls[0]), str(tls[1]))
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -1,0 +1,111 @@
+"""HTTPS and basic auth in front of /metrics and /results."""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from tests.agent.test_daemon import free_port
+from tests.conftest import Node
+
+
+def fetch(url: str, context: ssl.SSLContext, user: str | None = None, password: str = "") -> int:
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_https_with_basic_auth(build: Callable[..., Node], tmp_path: Path) -> None:
+    node = build("cpu-only")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    users = tmp_path / "users"
+    users.write_text(f"# scrapers\nprometheus:{hashed}\n")
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[agent]\nlisten = "127.0.0.1:{port}"\ntls_cert_file = "{cert}"\n'
+        f'tls_key_file = "{key}"\nbasic_auth_file = "{users}"\n'
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "nodecheck.agent", *node.cli_args, "agent", "--config", str(config)],
+        env={**os.environ, **node.env},
+        stderr=subprocess.PIPE,
+    )
+    context = ssl.create_default_context(cafile=str(cert))
+    base = f"https://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert fetch(f"{base}/healthz", context) == 200  # no auth: no data in it
+                break
+            except urllib.error.URLError:
+                assert agent.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert fetch(f"{base}/metrics", context) == 401
+        assert fetch(f"{base}/metrics", context, "prometheus", "wrong") == 401
+        assert fetch(f"{base}/metrics", context, "nobody", "s3cret") == 401
+        assert fetch(f"{base}/metrics", context, "prometheus", "s3cret") == 200
+        assert fetch(f"{base}/results", context, "prometheus", "s3cret") == 200
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    finally:
+        agent.terminate()
+        agent.wait(10)
+
+
+def test_a_bad_users_file_is_refused(build: Callable[..., Node], tmp_path: Path) -> None:
+    node = build("cpu-only")
+    users = tmp_path / "users"
+    users.write_text("prometheus:plaintext\n")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[agent]\nlisten = "127.0.0.1:{free_port()}"\nbasic_auth_file = "{users}"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "nodecheck.agent", *node.cli_args, "agent", "--config", str(config)],
+        env={**os.environ, **node.env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"{users}:1: expected user:<bcrypt hash>" in done.stderr
