@@ -23,6 +23,9 @@
     duration = 4.0
     device = "cuda"
     idle_window = 60.0           # seconds every GPU must be idle before one starts
+    warn_below = 0.9             # ratio to the node's median GPU and to the baseline
+    fail_below = 0.8
+    memory_fraction = 0.5        # of each GPU's free memory
 
 A bad file is refused whole, with the file, line and key named: the agent
 keeps running on what it had.
@@ -67,6 +70,9 @@ class BenchmarkSettings:
     duration_s: float = 4.0
     device: str = "cuda"
     idle_window_s: float = 60.0  # the agent waits a minute of idleness, the CLI two seconds
+    warn_below: float = 0.9  # ratios to the node's median and the baseline
+    fail_below: float = 0.8
+    memory_fraction: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,9 @@ class AgentConfig:
             f"duration = {bench.duration_s}",
             f'device = "{bench.device}"',
             f"idle_window = {bench.idle_window_s}",
+            f"warn_below = {bench.warn_below}",
+            f"fail_below = {bench.fail_below}",
+            f"memory_fraction = {bench.memory_fraction}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -248,12 +257,21 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     idle_window = bench.take("idle_window", (int, float), defaults.idle_window_s)
     if idle_window < 0:
         raise bench.fail("idle_window", f"must be 0 or more, got {idle_window!r}")
+    ratios = {}
+    for key in ("warn_below", "fail_below", "memory_fraction"):
+        value = bench.take(key, (int, float), getattr(defaults, key))
+        if not 0 < value <= 1:
+            raise bench.fail(key, f"must be a ratio in (0, 1], got {value!r}")
+        ratios[key] = float(value)
+    if ratios["fail_below"] > ratios["warn_below"]:
+        raise bench.fail("fail_below", "must not be above warn_below")
     bench_settings = BenchmarkSettings(
         enabled=bench.take("enabled", bool, defaults.enabled),
         interval_s=bench.positive("interval", defaults.interval_s) or defaults.interval_s,
         duration_s=bench.positive("duration", defaults.duration_s) or defaults.duration_s,
         device=device,
         idle_window_s=float(idle_window),
+        **ratios,
     )
     bench.done()
     return replace(

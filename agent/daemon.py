@@ -28,6 +28,7 @@ from types import FrameType
 from nodecheck.agent.config import AgentConfig, ConfigError, load_config
 from nodecheck.agent.exporter import (
     BasicAuth,
+    CachedExposition,
     ResultCollector,
     make_registry,
     parse_basic_auth,
@@ -37,7 +38,7 @@ from nodecheck.agent.exporter import (
 )
 from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
-from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.bench.options import BenchOptions, Thresholds
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
@@ -139,10 +140,13 @@ class Agent:
 
     @staticmethod
     def _bench_options(config: AgentConfig) -> BenchOptions:
+        bench = config.benchmarks
         options = BenchOptions(
-            device=config.benchmarks.device,
-            duration_s=config.benchmarks.duration_s,
-            idle_window_s=config.benchmarks.idle_window_s,
+            device=bench.device,
+            duration_s=bench.duration_s,
+            idle_window_s=bench.idle_window_s,
+            memory_fraction=bench.memory_fraction,
+            thresholds=Thresholds(warn=bench.warn_below, fail=bench.fail_below),
         )
         if config.state_dir is not None:
             options.state_dir = config.state_dir
@@ -190,7 +194,7 @@ class Agent:
                 tls = (config.tls_cert_file, config.tls_key_file)
             self.server = serve(
                 config.listen,
-                self.registry,
+                CachedExposition(self.registry, self.store, lambda: self.reload_ok),
                 lambda: results_document(self.store, self.hostname),
                 self.healthy,
                 tls,

@@ -127,6 +127,26 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
+class CachedExposition:
+    """The rendered /metrics, rebuilt only when a result changed: results change once per
+    check interval, scrapes come far more often (and from several Prometheus servers).
+    Every value in it is absolute (timestamps, not ages), so a cached copy is exact."""
+
+    def __init__(self, registry: CollectorRegistry, store: ResultStore, key: Callable[[], object]):
+        self.registry = registry
+        self.store = store
+        self.key = key  # anything else the text depends on (the reload flag)
+        self._cached: tuple[object, bytes] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bytes:
+        key = (self.store.generation, self.key())
+        with self._lock:
+            if self._cached is None or self._cached[0] != key:
+                self._cached = (key, exposition(self.registry))
+            return self._cached[1]
+
+
 def write_textfile(directory: Path, registry: CollectorRegistry) -> None:
     """node_exporter's textfile collector reads *.prom: write a temporary name, then
     rename, so it never reads half a file."""
@@ -208,7 +228,7 @@ class BasicAuth:
 
 def serve(
     listen: str,
-    registry: CollectorRegistry,
+    metrics: Callable[[], bytes],
     results: Callable[[], dict[str, Any]],
     healthy: Callable[[], bool],
     tls: tuple[Path, Path] | None = None,
@@ -235,7 +255,7 @@ def serve(
                 self.end_headers()
                 return
             if path == "/metrics":
-                self._send(200, exposition(registry), "text/plain; version=0.0.4; charset=utf-8")
+                self._send(200, metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/healthz":
                 ok = healthy()
                 self._send(

@@ -37,10 +37,12 @@ class ResultStore:
     def __init__(self) -> None:
         self._runs: dict[str, StoredRun] = {}
         self._lock = threading.Lock()
+        self.generation = 0  # bumped on every change: what a cached exposition keys on
 
     def put(self, run: CheckRun, interval_s: float) -> None:
         with self._lock:
             self._runs[run.check.name] = StoredRun(run, time.time(), interval_s)
+            self.generation += 1
 
     def all(self) -> list[StoredRun]:
         with self._lock:
@@ -50,6 +52,7 @@ class ResultStore:
         with self._lock:
             for name in names:
                 self._runs.pop(name, None)
+            self.generation += 1
 
 
 def _stuck_checks() -> set[str]:

@@ -64,16 +64,51 @@ def test_a_broken_alert_fails_its_test(tmp_path: Path) -> None:
     assert done.returncode != 0 and "NodecheckMatmulStraggler" in done.stdout + done.stderr
 
 
-def exported_metrics() -> set[str]:
+def metric_specs() -> list[MetricSpec]:
+    """Every MetricSpec the checks and benchmarks declare (module globals, or in a dict)."""
     load_checks()
     load_benchmarks()
-    names = set(EXPORTER_METRICS)
+    specs = []
     for module in list(sys.modules.values()):
         if module is not None and getattr(module, "__name__", "").startswith("nodecheck.checks."):
             for value in vars(module).values():
                 candidates = value.values() if isinstance(value, dict) else [value]
-                names |= {c.name for c in candidates if isinstance(c, MetricSpec)}
-    return names
+                specs += [c for c in candidates if isinstance(c, MetricSpec)]
+    return specs
+
+
+def exported_metrics() -> set[str]:
+    return EXPORTER_METRICS | {spec.name for spec in metric_specs()}
+
+
+# promtool misses these (conventions.md): units must be base units, plural, lower case.
+NOT_BASE_UNITS = (
+    "_percent",
+    "_pct",
+    "_ms",
+    "_milliseconds",
+    "_mhz",
+    "_kb",
+    "_mb",
+    "_gb",
+    "_gbps",
+    "_tflops",
+    "_mw",
+    "_kelvin",
+    "_minutes",
+    "_hours",
+)
+
+
+def test_metric_names_follow_the_conventions() -> None:
+    specs = metric_specs()
+    assert len(specs) > 40
+    for spec in specs:
+        assert re.fullmatch(r"nodecheck_[a-z0-9_]+", spec.name), spec.name
+        assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
+        assert not spec.name.endswith(NOT_BASE_UNITS), spec.name
+        assert spec.help and spec.kind in ("gauge", "counter")
+        assert "type" not in spec.labels and "hostname" not in spec.labels, spec.name
 
 
 def test_alerts_use_metrics_that_exist() -> None:

@@ -66,6 +66,8 @@ def test_a_file_over_the_defaults(tmp_path: Path) -> None:
         ('[benchmarks]\ndevice = "tpu"\n', 'c.toml:2: benchmarks.device: expected "cuda" or "cpu"'),
         ("[agent\nlisten = 1\n", "c.toml:1: "),
         ("[agents]\n", "c.toml:1: agents: unknown key"),
+        ("[benchmarks]\nwarn_below = 0.7\nfail_below = 0.8\n", "c.toml:3: benchmarks.fail_below"),
+        ("[benchmarks]\nmemory_fraction = 2\n", "c.toml:2: benchmarks.memory_fraction: must be"),
     ],
 )
 def test_bad_files_name_file_line_and_key(tmp_path: Path, text: str, message: str) -> None:

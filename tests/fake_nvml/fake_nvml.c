@@ -1235,7 +1235,9 @@ static nvmlReturn_t event_wait(int f, nvmlEventSet_t set, nvmlEventData_t *data,
         pthread_mutex_unlock(&mu);
         double left = deadline - mono();
         if (rc != NVML_ERROR_TIMEOUT || left <= 0) return rc;
-        nap(left < 0.005 ? left : 0.005);
+        /* 20 ms steps: events arrive within that, and a waiting listener (the agent's,
+           always waiting) costs a real driver's idle, not a busy loop's. */
+        nap(left < 0.02 ? left : 0.02);
     }
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
