@@ -195,6 +195,26 @@ class _Reader:
             raise self.fail(key, "unknown key")
 
 
+def _unusable(key: str, path: Path) -> str | None:
+    """Why a file the configuration names cannot be used, or None."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        return f"{path}: {err.strerror or err}"
+    if key == "basic_auth_file":
+        from nodecheck.agent.exporter import parse_basic_auth
+
+        try:
+            parse_basic_auth(text, str(path))
+        except ValueError as err:
+            return str(err)
+    if key == "tls_cert_file" and "BEGIN CERTIFICATE" not in text:
+        return f"{path}: not a PEM certificate"
+    if key == "tls_key_file" and "PRIVATE KEY" not in text:
+        return f"{path}: not a PEM private key"
+    return None
+
+
 def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     """AgentConfig from TOML text; ConfigError naming the file, line and key."""
     try:
@@ -213,6 +233,8 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     listen = section.take("listen", str, config.listen)
     if listen and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[\w.-]*):\d{1,5}", listen):
         raise section.fail("listen", f"expected host:port (or :port), got {listen!r}")
+    if listen and not 0 < int(listen.rpartition(":")[2]) < 65536:
+        raise section.fail("listen", f"port out of range in {listen!r}")
     textfile = section.take("textfile_dir", str, "")
     expected = section.take("expected_gpus", int, None)
     if expected is not None and expected < 0:
@@ -230,6 +252,11 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     if bool(web["tls_cert_file"]) != bool(web["tls_key_file"]):
         missing = "tls_key_file" if web["tls_cert_file"] else "tls_cert_file"
         raise section.fail(missing, "TLS needs both tls_cert_file and tls_key_file")
+    for key, value in web.items():
+        if value:
+            problem = _unusable(key, Path(value))
+            if problem:
+                raise section.fail(key, problem)
     section.done()
 
     settings: dict[str, CheckSettings] = {}

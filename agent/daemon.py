@@ -152,19 +152,19 @@ class Agent:
             options.state_dir = config.state_dir
         return options
 
-    def _scheduler(self) -> Scheduler:
+    def _scheduler(self, previous: Scheduler | None = None) -> Scheduler:
         return Scheduler(
             self._checks(self.config),
             self._context,
             self.store,
             self._after_run,
             exclusive=set(self.benchmarks),
+            previous=previous,
         )
 
     def _after_run(self, run: CheckRun) -> None:
         stored = self.store.all()
-        # READY after the first pass of the fast checks: benchmarks come later, gated.
-        enabled = {check.name for check, _ in self._checks(self.config)} - set(self.benchmarks)
+        enabled = self._fast_checks(self.config)
         have = {s.run.check.name for s in stored}
         statuses = [result.status for s in stored for result in s.run.results]
         worst = max(statuses, key=lambda status: status.severity, default=Status.SKIP)
@@ -179,6 +179,10 @@ class Agent:
         elif self._ready:
             notify(f"STATUS={summary}")
 
+    def _fast_checks(self, config: AgentConfig) -> set[str]:
+        """READY waits for the first pass of these: benchmarks come later, gated."""
+        return {check.name for check, _ in self._checks(config)} - set(self.benchmarks)
+
     def _on_xid(self, event: XidEvent) -> None:
         log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
         self.scheduler.run_now("gpu_xid")
@@ -187,6 +191,9 @@ class Agent:
 
     def start(self) -> None:
         self.scheduler.start()
+        if not self._fast_checks(self.config):
+            self._ready = True  # nothing to wait for
+            notify("READY=1\nSTATUS=no checks enabled")
         if self.config.listen:
             config = self.config
             tls = None
@@ -252,13 +259,22 @@ class Agent:
             self.reload_ok = False
             log.error("event=reload_failed keeping=previous error=%r", str(err))
             return
+        served = (self.config.listen, self.config.tls_cert_file, self.config.tls_key_file)
+        wanted = (config.listen, config.tls_cert_file, config.tls_key_file)
+        if served != wanted or (auth is None) != (self.auth is None):
+            self.reload_ok = False
+            log.error(
+                "event=reload_failed keeping=previous error=%r",
+                "listen, TLS and turning basic auth on or off take a restart",
+            )
+            return
         if auth is not None and self.auth is not None:
             self.auth.users = auth.users  # the running server's check, updated in place
         self.reload_ok = True
         self.config = config
         old = self.scheduler
-        self.scheduler = self._scheduler()
         old.stop()
+        self.scheduler = self._scheduler(previous=old)
         self.scheduler.start()
         enabled = {check.name for check, _ in self._checks(config)}
         self.store.forget({s.run.check.name for s in self.store.all()} - enabled)
@@ -272,6 +288,7 @@ class Agent:
             self.listener.stop()
         if self.server is not None:
             self.server.shutdown()
+            self.server.server_close()
         if self.config.textfile_dir:
             with contextlib.suppress(OSError):
                 write_textfile(self.config.textfile_dir, self.registry)

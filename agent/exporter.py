@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import platform
+import socket
 import ssl
 import tempfile
 import threading
@@ -106,14 +107,17 @@ def _family(spec: MetricSpec, samples: list[Sample]) -> Metric | None:
     name = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
     maker = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
     family = maker(name, spec.help, labels=list(spec.labels))
-    seen: set[tuple[str, ...]] = set()
+    # The same series from two checks (the benchmarks' shared skip counters): the
+    # larger value, which for a counter is the fresher.
+    values: dict[tuple[str, ...], float] = {}
     for sample in samples:
-        values = tuple(str(sample.labels.get(label, "")) for label in spec.labels)
-        if set(sample.labels) - set(spec.labels) or values in seen:
+        key = tuple(str(sample.labels.get(label, "")) for label in spec.labels)
+        if set(sample.labels) - set(spec.labels):
             log.warning("event=bad_sample metric=%s labels=%r", spec.name, dict(sample.labels))
             continue
-        seen.add(values)
-        family.add_metric(list(values), sample.value)
+        values[key] = max(values.get(key, sample.value), sample.value)
+    for key, value in values.items():
+        family.add_metric(list(key), value)
     return family
 
 
@@ -195,10 +199,21 @@ class BasicAuth:
     salted digest, never the password) so each scrape does not pay bcrypt's cost again."""
 
     def __init__(self, users: dict[str, bytes]) -> None:
-        self.users = users
+        self._users = users
         self._good: set[bytes] = set()
         self._salt = os.urandom(16)
         self._lock = threading.Lock()
+
+    @property
+    def users(self) -> dict[str, bytes]:
+        return self._users
+
+    @users.setter
+    def users(self, users: dict[str, bytes]) -> None:
+        """New users (a reload): every remembered password is forgotten with the old ones."""
+        with self._lock:
+            self._users = users
+            self._good.clear()
 
     def allows(self, header: str | None) -> bool:
         import base64
@@ -212,7 +227,7 @@ class BasicAuth:
             user, _, password = base64.b64decode(header[6:]).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
+        hashed = self._users.get(user)
         if hashed is None:
             return False
         digest = hashlib.sha256(self._salt + header.encode()).digest()
@@ -241,6 +256,7 @@ def serve(
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "nodecheck"
+        timeout = 10  # a client that sends nothing does not hold a thread for ever
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -277,12 +293,27 @@ def serve(
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("event=http " + format, *args)
 
-    server = ThreadingHTTPServer((host, int(port)), Handler)
-    server.daemon_threads = True
+    context = None
     if tls is not None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(tls[0]), str(tls[1]))
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+        def get_request(self) -> tuple[socket.socket, Any]:
+            connection, address = self.socket.accept()
+            if context is not None:
+                # The handshake happens on the request's own thread at its first read,
+                # never in accept(): a client that connects and stays silent must not
+                # stop the server (or its shutdown).
+                connection = context.wrap_socket(
+                    connection, server_side=True, do_handshake_on_connect=False
+                )
+            return connection, address
+
+    server = Server((host, int(port)), Handler)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -67,6 +67,17 @@ def _stuck_checks() -> set[str]:
     }
 
 
+def _running_elsewhere(scheduler: Scheduler) -> set[str]:
+    """Checks another (replaced) scheduler is still running: threads named run-<check>
+    that are not this scheduler's."""
+    mine = {job.check.name for job in scheduler.jobs.values() if job.running}
+    return {
+        thread.name.removeprefix("run-")
+        for thread in threading.enumerate()
+        if thread.name.startswith("run-")
+    } - mine
+
+
 @dataclass
 class Scheduled:
     check: Check
@@ -86,13 +97,20 @@ class Scheduler:
         store: ResultStore,
         on_run: Callable[[CheckRun], None] | None = None,
         exclusive: set[str] | None = None,
+        previous: Scheduler | None = None,
     ) -> None:
         """`exclusive` names checks that must run one at a time (each benchmark would
-        measure the others); they queue rather than skip."""
+        measure the others); they queue rather than skip. `previous` is the scheduler
+        this one replaces (a reload): its due times carry over, so a reload does not
+        rerun the daily benchmarks, and its runs still going count as running."""
         now = time.monotonic()
-        self.jobs = {
+        carried: dict[str, Scheduled] = previous.jobs if previous is not None else {}
+        self.jobs: dict[str, Scheduled] = {
             check.name: Scheduled(
-                check, interval, now, group="exclusive" if check.name in (exclusive or ()) else None
+                check,
+                interval,
+                carried[check.name].due if check.name in carried else now,
+                group="exclusive" if check.name in (exclusive or ()) else None,
             )
             for check, interval in checks
         }
@@ -129,11 +147,16 @@ class Scheduler:
             self.heartbeat = time.monotonic()
             now = time.monotonic()
             stuck = _stuck_checks()
+            elsewhere = _running_elsewhere(self)
             with self._lock:
-                busy = {job.group for job in self.jobs.values() if job.running and job.group}
+                busy = {
+                    job.group
+                    for job in self.jobs.values()
+                    if job.group and (job.running or job.check.name in elsewhere)
+                }
                 due = []
                 for job in self.jobs.values():
-                    if job.due > now or job.running or job.check.name in stuck:
+                    if job.due > now or job.running or job.check.name in stuck | elsewhere:
                         continue
                     if job.group is not None:
                         if job.group in busy:
@@ -154,6 +177,8 @@ class Scheduler:
     def _run(self, job: Scheduled) -> None:
         try:
             [run] = run_checks([job.check], self.make_context())
+            if self._stop.is_set():
+                return  # replaced by a reload meanwhile: the new scheduler speaks now
             self.store.put(run, job.interval_s)
             log.info(
                 "event=check check=%s status=%s duration_s=%.3f",

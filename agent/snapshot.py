@@ -64,7 +64,8 @@ def snapshot_document(hostname: str, runs: Sequence[CheckRun]) -> dict[str, Any]
 def write_snapshot(path: Path, hostname: str, runs: Sequence[CheckRun]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(snapshot_document(hostname, runs), indent=1, default=str)
-    write_atomically(path, text + "\n")
+    # World-readable: the agent reading it runs as another (transient) user.
+    write_atomically(path, text + "\n", mode=0o644)
 
 
 def _result(entry: dict[str, Any]) -> Result:

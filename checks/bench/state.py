@@ -31,13 +31,14 @@ class BenchBusyError(Exception):
     """Another benchmark holds the run lock."""
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole."""
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w") as file:
             file.write(text)
             file.flush()
+            os.fchmod(file.fileno(), mode)
             os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:

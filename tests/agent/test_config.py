@@ -66,6 +66,11 @@ def test_a_file_over_the_defaults(tmp_path: Path) -> None:
         ('[benchmarks]\ndevice = "tpu"\n', 'c.toml:2: benchmarks.device: expected "cuda" or "cpu"'),
         ("[agent\nlisten = 1\n", "c.toml:1: "),
         ("[agents]\n", "c.toml:1: agents: unknown key"),
+        ('[agent]\nlisten = ":99999"\n', "c.toml:2: agent.listen: port out of range"),
+        (
+            '[agent]\ntls_cert_file = "/nonexistent.crt"\ntls_key_file = "/nonexistent.key"\n',
+            "c.toml:2: agent.tls_cert_file: /nonexistent.crt: No such file",
+        ),
         ("[benchmarks]\nwarn_below = 0.7\nfail_below = 0.8\n", "c.toml:3: benchmarks.fail_below"),
         ("[benchmarks]\nmemory_fraction = 2\n", "c.toml:2: benchmarks.memory_fraction: must be"),
     ],

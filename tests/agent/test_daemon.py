@@ -358,3 +358,17 @@ def test_a_hung_check_stalls_nothing() -> None:
     stored = {s.run.check.name: s.run for s in store.all()}
     assert stored["hung"].results[0].summary == "check hung did not finish within 0.5 s"
     assert calls["hung"] == 1  # not started again while the first run is stuck
+
+
+def test_a_reload_keeps_the_schedule() -> None:
+    """A new scheduler (SIGHUP) takes over the due times: the daily benchmark is not rerun
+    by every reload."""
+
+    def quick(ctx: CheckContext) -> list[Result]:
+        return [Result(Status.OK, NODE, "fine")]
+
+    daily = Check("daily", quick, 86400, 5, "")
+    old = Scheduler([(daily, 86400)], CheckContext, ResultStore())
+    old.jobs["daily"].due = time.monotonic() + 86000
+    new = Scheduler([(daily, 86400)], CheckContext, ResultStore(), previous=old)
+    assert new.jobs["daily"].due == old.jobs["daily"].due

@@ -20,6 +20,7 @@ def test_snapshot_round_trip(dgx_faulty: Node, tmp_path: Path) -> None:
     output = tmp_path / "snapshot.json"
     done = run(*dgx_faulty.cli_args, "snapshot", "--output", str(output), env=dgx_faulty.env)
     assert done.returncode == 0, done.stderr
+    assert output.stat().st_mode & 0o777 == 0o644  # the agent reads it as another user
     direct = {r.subject: r for r in dgx_faulty.results("pcie_acs")}
     served = {r.subject: r for r in results_from_snapshot(output, "pcie_acs")}
     assert set(served) == set(direct)

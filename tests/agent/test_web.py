@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -81,6 +82,15 @@ def test_https_with_basic_auth(build: Callable[..., Node], tmp_path: Path) -> No
             except urllib.error.URLError:
                 assert agent.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
+        # A client that connects and says nothing holds up nobody (the TLS handshake
+        # runs on its own request thread, not in accept()).
+        silent = socket.create_connection(("127.0.0.1", port))
+        try:
+            started = time.monotonic()
+            assert fetch(f"{base}/healthz", context) == 200
+            assert time.monotonic() - started < 5
+        finally:
+            silent.close()
         assert fetch(f"{base}/metrics", context) == 401
         assert fetch(f"{base}/metrics", context, "prometheus", "wrong") == 401
         assert fetch(f"{base}/metrics", context, "nobody", "s3cret") == 401
@@ -108,4 +118,34 @@ def test_a_bad_users_file_is_refused(build: Callable[..., Node], tmp_path: Path)
         check=False,
     )
     assert done.returncode == 2
-    assert f"{users}:1: expected user:<bcrypt hash>" in done.stderr
+    assert (
+        f"{config}:3: agent.basic_auth_file: {users}:1: expected user:<bcrypt hash>" in done.stderr
+    )
+
+
+def test_new_users_forget_old_passwords() -> None:
+    from nodecheck.agent.exporter import BasicAuth
+
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(b"old", bcrypt.gensalt(rounds=4))})
+    header = "Basic " + base64.b64encode(b"prometheus:old").decode()
+    assert auth.allows(header) and auth.allows(header)  # the second from the cache
+    auth.users = {"prometheus": bcrypt.hashpw(b"new", bcrypt.gensalt(rounds=4))}
+    assert not auth.allows(header)
+
+
+def test_ipv6_listen_address() -> None:
+    from nodecheck.agent.exporter import serve
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = serve(f"[::1]:{port}", lambda: b"", lambda: {}, lambda: True)
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{port}/healthz", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
