@@ -39,7 +39,7 @@ from nodecheck.agent.exporter import (
 from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
 from nodecheck.checks.bench.options import BenchOptions, Thresholds
-from nodecheck.checks.context import CheckContext
+from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.inventory import read_hostname
@@ -51,6 +51,9 @@ from nodecheck.checks.runner import CheckRun
 
 log = logging.getLogger(__name__)
 TEXTFILE_EVERY_S = 15.0
+# The GPU checks fall due within seconds of each other: one NVML read serves them all.
+# Below the 30 s of gpu_throttle, so rates are still taken between distinct readings.
+SHARED_READS_TTL_S = 10.0
 
 
 def notify(message: str) -> None:
@@ -94,6 +97,7 @@ class Agent:
         self.reload_ok = True
         self.store = ResultStore()
         self.history = GpuHistory()
+        self.shared = SharedReads(ttl_s=SHARED_READS_TTL_S)
         self.xid_log = XidLog()
         self.nvml = NvmlSession(deadline_s=self.config.nvml_timeout_s, library_path=nvml_library)
         self.hostname = read_hostname(fs)
@@ -136,6 +140,7 @@ class Agent:
             kernel_log=config.kernel_log,
             expected_gpus=config.expected_gpus,
             bench=self._bench_options(config),
+            shared=self.shared,
         )
 
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,28 @@ class GpuView:
         return self.previous.get(gpu.bus_id or "")
 
 
+class SharedReads:
+    """Reads that checks running close together may share (the agent's GPU checks fall due
+    within seconds of each other): one NVML snapshot serves them all for `ttl_s`, instead
+    of one per check. A one-shot run has no need: its context is shared already."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, object]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, compute: Callable[[], T]) -> T:
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            entry = self._entries.get(key)
+            if entry is None or time.monotonic() - entry[0] > self.ttl_s:
+                entry = (time.monotonic(), compute())
+                self._entries[key] = entry
+            return entry[1]  # type: ignore[return-value]
+
+
 @dataclass
 class CheckContext:
     """Shared by every check of one run. Expensive reads happen once, on first use.
@@ -59,11 +82,18 @@ class CheckContext:
     # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.
     kernel_log: Path | None = None
     expected_gpus: int | None = None
+    # Set by the agent: reads shared between the contexts of checks run close together.
+    shared: SharedReads | None = None
     # How benchmarks run (device, durations, gate limits, state directory).
     bench: BenchOptions = field(default_factory=BenchOptions)
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _shared(self, key: str, compute: Callable[[], T]) -> T:
+        if self.shared is not None:
+            return self.shared.get(key, compute)
+        return self._once(key, compute)
 
     def _once(self, key: str, compute: Callable[[], T]) -> T:
         with self._locks_lock:
@@ -88,12 +118,12 @@ class CheckContext:
         inventory = self._cache.get("inventory")
         if isinstance(inventory, Inventory):
             return inventory.gpus
-        return self._once("pci_gpus", lambda: read_nvidia_gpus(self.fs))
+        return self._shared("pci_gpus", lambda: read_nvidia_gpus(self.fs))
 
     @property
     def gpus(self) -> GpuView:
         """What NVML says about every GPU, with each GPU's previous reading."""
-        return self._once("gpus", self._read_gpus)
+        return self._shared("gpus", self._read_gpus)
 
     def _read_gpus(self) -> GpuView:
         snapshot = read_gpus(self.nvml)

@@ -347,7 +347,15 @@ class XidListener:
             event_set, buses = self.session.run(lambda: self._register(nvml), "register events")
         except (NvmlUnavailableError, NvmlHungError) as err:
             self.error = str(err)
-            log.warning("event=xid_listener_unavailable reason=%r", self.error)
+            quiet = isinstance(err, NvmlUnavailableError) and err.kind in (
+                NvmlUnavailableError.LIBRARY_MISSING,
+                NvmlUnavailableError.DRIVER_NOT_LOADED,
+            )  # a CPU-only node: nothing to listen to, nothing to warn about
+            log.log(
+                logging.INFO if quiet else logging.WARNING,
+                "event=xid_listener_unavailable reason=%r",
+                self.error,
+            )
             self._ready.set()
             return
         self._ready.set()

@@ -588,3 +588,16 @@ def test_old_driver_falls_back_to_deprecated_calls(dgx_faulty: Node, tmp_path: P
     assert "86 °C" in one(node.results("gpu_state"), "0000:3a:00.0").summary
     throttle = one(node.results("gpu_throttle"), "0000:3a:00.0")
     assert throttle.status is Status.WARN and "hw_thermal" in throttle.summary
+
+
+def test_the_agents_checks_share_one_nvml_read(dgx: Node) -> None:
+    """Contexts sharing reads (the agent's) take one NVML snapshot within the TTL."""
+    from nodecheck.checks.context import SharedReads
+
+    shared = SharedReads(ttl_s=0.5)
+    session = dgx.nvml()
+    first, second = (dgx.context(nvml=session, shared=shared) for _ in range(2))
+    view = first.gpus
+    assert second.gpus is view and first.pci_gpus is second.pci_gpus
+    time.sleep(0.6)
+    assert dgx.context(nvml=session, shared=shared).gpus is not view
