@@ -190,6 +190,7 @@ class Agent:
 
     def _on_xid(self, event: XidEvent) -> None:
         log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
+        self.shared.forget()  # gpu_xid must judge the GPU as it is now, not 10 s ago
         self.scheduler.run_now("gpu_xid")
 
     # -- life ------------------------------------------------------------------------

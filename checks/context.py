@@ -51,14 +51,21 @@ class SharedReads:
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
+    def forget(self) -> None:
+        """Drop everything: something happened (an XID) that the next read must see."""
+        with self._lock:
+            self._entries.clear()
+
     def get(self, key: str, compute: Callable[[], T]) -> T:
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            entry = self._entries.get(key)
+            with self._lock:
+                entry = self._entries.get(key)
             if entry is None or time.monotonic() - entry[0] > self.ttl_s:
                 entry = (time.monotonic(), compute())
-                self._entries[key] = entry
+                with self._lock:
+                    self._entries[key] = entry
             return entry[1]  # type: ignore[return-value]
 
 
