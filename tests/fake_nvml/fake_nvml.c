@@ -1222,6 +1222,18 @@ static int next_xid(struct nvmlEventSet_st *es, nvmlEventData_t *data) {
     data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
     return 1;
 }
+/* Seconds until the set's next undelivered XID falls due; 1e300 when none will (mu held). */
+static double next_due(const struct nvmlEventSet_st *es) {
+    double t = mono() - t0, best = 1e300;
+    for (int s = 0; s < S.ngpus; s++) {
+        const gpu_t *g = &S.gpus[s];
+        if (!g->visible || !(es->reg[s] & nvmlEventTypeXidCriticalError)) continue;
+        for (unsigned i = 0; i < g->nxid; i++)
+            if (!(es->delivered[s] >> i & 1) && g->xid[i].after - t < best)
+                best = g->xid[i].after - t;
+    }
+    return best;
+}
 static nvmlReturn_t event_wait(int f, nvmlEventSet_t set, nvmlEventData_t *data, unsigned ms) {
     nvmlReturn_t rc = genter(f);
     if (rc) return rc;
@@ -1232,12 +1244,15 @@ static nvmlReturn_t event_wait(int f, nvmlEventSet_t set, nvmlEventData_t *data,
         rc = !refcount ? NVML_ERROR_UNINITIALIZED
            : !es || !data ? NVML_ERROR_INVALID_ARGUMENT
            : next_xid(es, data) ? NVML_SUCCESS : NVML_ERROR_TIMEOUT;
+        double due = rc == NVML_ERROR_TIMEOUT && es ? next_due(es) : 0;
         pthread_mutex_unlock(&mu);
         double left = deadline - mono();
         if (rc != NVML_ERROR_TIMEOUT || left <= 0) return rc;
-        /* 20 ms steps: events arrive within that, and a waiting listener (the agent's,
-           always waiting) costs a real driver's idle, not a busy loop's. */
-        nap(left < 0.02 ? left : 0.02);
+        /* Sleep until the next XID is due or the wait times out, as a real driver blocks,
+           but at most 0.25 s, to notice a scenario reload: a waiting listener (the agent's
+           waits all the time) must cost next to nothing, as it does on a real node. */
+        double step = due < left ? due : left;
+        nap(step < 0.001 ? 0.001 : step > 0.25 ? 0.25 : step);
     }
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
