@@ -14,6 +14,7 @@ from typing import Any
 from nodecheck.checks.bench.driver import (
     Judgement,
     Target,
+    base_spec,
     fold,
     memory_caps,
     ratio_verdict,
@@ -122,11 +123,8 @@ def bench_allreduce(ctx: CheckContext) -> list[Result]:
         return [Result(Status.SKIP, NODE, "all_reduce needs at least two GPUs")]
     caps = memory_caps(ctx, targets, options.memory_fraction)
     spec = {
-        "benchmark": "allreduce",
-        "device": options.device,
-        "gpus": [int(t.name) for t in targets if t.gpu],
+        **base_spec("allreduce", options, targets),
         "processes": options.processes,
-        "duration_s": options.duration_s,
         # NCCL needs room of its own beside the tensor: a quarter of the cap.
         "max_bytes_per_rank": min(caps.values()) // 4 if caps else None,
     }

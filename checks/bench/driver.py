@@ -102,6 +102,16 @@ def select_targets(ctx: CheckContext, options: BenchOptions) -> list[Target] | R
     return [Target(str(index), by_index[index]) for index in wanted]
 
 
+def base_spec(name: str, options: BenchOptions, targets: list[Target]) -> dict[str, Any]:
+    """What every child spec holds: the benchmark, the device, the GPUs and the duration."""
+    return {
+        "benchmark": name,
+        "device": options.device,
+        "gpus": [int(target.name) for target in targets if target.gpu],
+        "duration_s": options.duration_s,
+    }
+
+
 def memory_caps(ctx: CheckContext, targets: list[Target], fraction: float) -> dict[str, int]:
     """The most each GPU's benchmark may allocate: a fraction of its free memory."""
     if not any(target.gpu for target in targets):

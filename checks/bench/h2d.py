@@ -13,6 +13,7 @@ from typing import Any
 from nodecheck.checks.bench.driver import (
     Judgement,
     Target,
+    base_spec,
     fold,
     memory_caps,
     peer_and_baseline,
@@ -113,10 +114,7 @@ def bench_h2d(ctx: CheckContext) -> list[Result]:
         return [targets]
     local_cpus = {gpu.bdf: sorted(gpu.local_cpus) for gpu in ctx.pci_gpus if gpu.local_cpus}
     spec = {
-        "benchmark": "h2d",
-        "device": options.device,
-        "gpus": [int(t.name) for t in targets if t.gpu],
-        "duration_s": options.duration_s,
+        **base_spec("h2d", options, targets),
         "max_bytes": memory_caps(ctx, targets, options.memory_fraction),
         "cpus": {
             t.name: local_cpus[t.gpu.bus_id]

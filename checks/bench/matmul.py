@@ -13,6 +13,7 @@ from typing import Any
 from nodecheck.checks.bench.driver import (
     Judgement,
     Target,
+    base_spec,
     fold,
     memory_caps,
     peer_and_baseline,
@@ -140,11 +141,8 @@ def bench_matmul(ctx: CheckContext) -> list[Result]:
     if isinstance(targets, Result):
         return [targets]
     spec = {
-        "benchmark": "matmul",
-        "device": options.device,
-        "gpus": [int(t.name) for t in targets if t.gpu],
+        **base_spec("matmul", options, targets),
         "dtype": options.dtype,
-        "duration_s": options.duration_s,
         "max_bytes": memory_caps(ctx, targets, options.memory_fraction),
         "bus_ids": {t.name: t.gpu.bus_id for t in targets if t.gpu and t.gpu.bus_id},
     }
