@@ -359,6 +359,109 @@ def config_check(path: Path) -> None:
     click.echo(f"{path}: ok")
 
 
+@cli.command()
+@click.option(
+    "--params",
+    type=click.FloatRange(min=1, min_open=False),
+    required=True,
+    help="Model parameters (70e9 for 70B).",
+)
+@click.option("--seqlen", type=click.IntRange(min=1), required=True, help="Sequence length.")
+@click.option(
+    "--global-batch",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Sequences per iteration, across all GPUs.",
+)
+@click.option(
+    "--iter-time",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    metavar="SECONDS",
+    help="Seconds per iteration.",
+)
+@click.option(
+    "--gpus", "gpu_count", type=click.IntRange(min=1), required=True, help="GPUs in the job."
+)
+@click.option(
+    "--no-recompute", is_flag=True, help="Activations are not recomputed (x3 instead of x4)."
+)
+@click.option(
+    "--gpu-model",
+    default=None,
+    metavar="NAME",
+    help="H100-SXM, A100-PCIe, ... [default: this node's GPU, through NVML]",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    default="bf16",
+    show_default=True,
+    help="The data type whose dense peak MFU is against.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@global_options
+@click.pass_context
+def mfu(
+    ctx: click.Context,
+    params: float,
+    seqlen: int,
+    global_batch: int,
+    iter_time: float,
+    gpu_count: int,
+    no_recompute: bool,
+    gpu_model: str | None,
+    dtype: str,
+    as_json: bool,
+) -> None:
+    """Achieved TFLOPS per GPU and MFU of a training run, by the seed's formula."""
+    import json
+
+    from nodecheck.tuning.mfu import compute_mfu
+
+    if gpu_model is None:
+        from nodecheck.checks.node.gpu import read_gpus
+
+        session = nvml_session(ctx)
+        try:
+            readings = [g for g in read_gpus(session).gpus if g.name]
+        finally:
+            session.close()
+        gpu_model = readings[0].name if readings else None
+    figures = compute_mfu(
+        params,
+        seqlen,
+        global_batch,
+        iter_time,
+        gpu_count,
+        recompute=not no_recompute,
+        gpu_model=gpu_model,
+        dtype=dtype,
+    )
+    if as_json:
+        document = {
+            "schema": "nodecheck.mfu/v1",
+            "tflops_per_gpu": figures.tflops_per_gpu,
+            "mfu": figures.mfu,
+            "peak_tflops": figures.peak_tflops,
+            "gpu_model": figures.model,
+            "dtype": dtype,
+            "formula": figures.formula(),
+        }
+        click.echo(json.dumps(document, indent=2))
+        return
+    click.echo(f"achieved: {figures.tflops_per_gpu:.1f} TFLOPS per GPU")
+    click.echo(f"  = {figures.formula()} / 1e12")
+    if figures.mfu is None:
+        what = f"the peak of {figures.model!r} is not known" if figures.model else "no GPU here"
+        click.echo(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
+    else:
+        click.echo(
+            f"MFU: {figures.mfu:.1%} of the {figures.model}'s {figures.peak_tflops:g} TFLOPS "
+            f"dense {dtype} peak"
+        )
+
+
 BENCH_ORDER = ("matmul", "allreduce", "h2d")
 
 

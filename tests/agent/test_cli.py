@@ -40,7 +40,15 @@ def test_help_for_every_command(command: list[str]) -> None:
 
 
 def test_only_commands_that_work_are_offered() -> None:
-    assert sorted(cli.commands) == ["agent", "bench", "check", "config", "inventory", "snapshot"]
+    assert sorted(cli.commands) == [
+        "agent",
+        "bench",
+        "check",
+        "config",
+        "inventory",
+        "mfu",
+        "snapshot",
+    ]
 
 
 def test_version() -> None:

@@ -1,0 +1,61 @@
+"""MFU by the seed's formula, and `nodecheck mfu`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nodecheck.tuning.mfu import compute_mfu
+from tests.agent.test_cli import run
+from tests.conftest import Node
+
+LLAMA_70B = ["--params", "70e9", "--seqlen", "4096", "--global-batch", "1024"]
+
+
+def test_the_seed_formula() -> None:
+    # 70e9 x 2 x 4096 x 1024 x 4 / (12.5 s x 512 GPUs) = 367.0e12 FLOP/s per GPU
+    figures = compute_mfu(70e9, 4096, 1024, 12.5, 512, gpu_model="H100-SXM")
+    assert figures.tflops_per_gpu == pytest.approx(367.0, abs=0.05)
+    assert figures.peak_tflops == 989 and figures.mfu == pytest.approx(0.3711, abs=1e-4)
+    without = compute_mfu(70e9, 4096, 1024, 12.5, 512, recompute=False, gpu_model="H100-SXM")
+    assert without.tflops_per_gpu == pytest.approx(figures.tflops_per_gpu * 3 / 4)
+    assert compute_mfu(70e9, 4096, 1024, 12.5, 512, gpu_model="A100-PCIe").peak_tflops == 312
+    unknown = compute_mfu(70e9, 4096, 1024, 12.5, 512, gpu_model="NVIDIA GeForce RTX 4090")
+    assert unknown.mfu is None
+    with pytest.raises(ValueError):
+        compute_mfu(70e9, 4096, 1024, 0, 512)
+
+
+def test_mfu_command_detects_the_gpu(dgx: Node) -> None:
+    done = run(
+        *dgx.cli_args, "mfu", *LLAMA_70B, "--iter-time", "12.5", "--gpus", "512", env=dgx.env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "achieved: 367.0 TFLOPS per GPU",
+        "  = 7e+10 params x 2 x 4096 seqlen x 1024 global batch x 4 (with recomputation) / "
+        "(12.5 s x 512 GPUs) / 1e12",
+        "MFU: 37.1% of the H100 SXM's 989 TFLOPS dense bf16 peak",
+    ]
+
+
+def test_mfu_command_without_a_gpu(build: object) -> None:
+    node = build("cpu-only")  # type: ignore[operator]
+    done = run(
+        *node.cli_args,
+        "mfu",
+        *LLAMA_70B,
+        "--iter-time",
+        "12.5",
+        "--gpus",
+        "512",
+        "--no-recompute",
+        "--json",
+        env=node.env,
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["mfu"] is None and document["tflops_per_gpu"] == pytest.approx(275.25, 0.01)
+    bad = run("mfu", *LLAMA_70B, "--iter-time", "12.5", "--gpus", "0")
+    assert bad.returncode == 2 and "--gpus" in bad.stderr
