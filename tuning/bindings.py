@@ -1,4 +1,5 @@
-"""Which CPUs and memory each local rank should use: the GPU's own NUMA node, split fairly.
+"""Which CPUs, memory and NICs each local rank should use: the GPU's own NUMA node, split
+fairly, and the RDMA NIC nearest its GPU.
 
 Local rank N drives the Nth GPU in PCI bus order (what CUDA_DEVICE_ORDER=PCI_BUS_ID
 gives), or the Nth of CUDA_VISIBLE_DEVICES when that names GPUs by index. Each
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.pci import PciDevice
+from nodecheck.checks.node.topology import Relation
 
 
 @dataclass(frozen=True)
@@ -81,3 +83,45 @@ def bind_ranks(
             threads = [cpu for core in mine for cpu in (core if with_smt_siblings else core[:1])]
             bindings.append(RankBinding(rank, placed[rank][0].bdf, node, tuple(sorted(threads))))
     return sorted(bindings, key=lambda binding: binding.local_rank)
+
+
+@dataclass(frozen=True)
+class NicPairing:
+    gpu: str  # PCI bus id
+    nics: tuple[str, ...]  # RDMA device names (mlx5_0), nearest first
+    relation: str | None  # PIX, PXB, PHB, NODE or SYS; None without an RDMA NIC
+    note: str
+
+
+def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
+    """Each GPU's nearest RDMA NIC(s) by PCIe relation (PIX before PXB before PHB
+    before NODE before SYS, as NCCL ranks them). GPUs with the same nearest NICs (two
+    GPUs and two NICs behind one switch) get them dealt out in bus order, one each,
+    so no NIC carries two GPUs' traffic while another idles."""
+    rdma = [nic for nic in inventory.nics if nic.is_rdma]
+    best: dict[str, tuple[Relation, list[str]]] = {}
+    for gpu in gpus:
+        if not rdma:
+            continue
+        relations = [(inventory.relation(gpu, nic.pci), nic.name) for nic in rdma]
+        nearest = min(relation for relation, _ in relations)
+        best[gpu.bdf] = (nearest, [name for relation, name in relations if relation == nearest])
+    shares: dict[tuple[str, ...], int] = {}
+    pairings = []
+    for gpu in gpus:
+        if gpu.bdf not in best:
+            note = "no RDMA NIC on this node: NCCL uses sockets between nodes"
+            pairings.append(NicPairing(gpu.bdf, (), None, note))
+            continue
+        relation, names = best[gpu.bdf]
+        turn = shares.get(tuple(names), 0)
+        shares[tuple(names)] = turn + 1
+        ordered = tuple(names[turn % len(names) :] + names[: turn % len(names)])
+        note = ""
+        if relation >= Relation.PHB:
+            note = (
+                f"the nearest RDMA NIC is {relation.name} from this GPU: NCCL does not use "
+                "GPUDirect RDMA that far by default (NCCL_NET_GDR_LEVEL)"
+            )
+        pairings.append(NicPairing(gpu.bdf, ordered, relation.name, note))
+    return pairings

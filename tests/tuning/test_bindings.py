@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from nodecheck.checks.node.inventory import read_inventory
-from nodecheck.tuning.bindings import bind_ranks
+from nodecheck.tuning.bindings import bind_ranks, pair_nics
 from tests.conftest import Node
 
 
@@ -38,3 +38,18 @@ def test_one_gpu_and_no_gpu(workstation: Node, build: Callable[..., Node]) -> No
     [binding] = bind_ranks(read_inventory(workstation.fs), {})
     assert binding.gpu == "0000:01:00.0" and len(binding.cpus) == 16  # every core of the box
     assert bind_ranks(read_inventory(build("cpu-only").fs), {}) == []
+
+
+def test_each_gpu_gets_the_nic_behind_its_switch(dgx: Node) -> None:
+    inventory = read_inventory(dgx.fs)
+    pairings = pair_nics(inventory, inventory.gpus)
+    assert [(p.gpu, p.nics[0], p.relation) for p in pairings] == [
+        (gpu.bdf, f"mlx5_{i}", "PIX") for i, gpu in enumerate(inventory.gpus)
+    ]
+    assert all(p.note == "" for p in pairings)
+
+
+def test_no_rdma_nic(workstation: Node) -> None:
+    inventory = read_inventory(workstation.fs)
+    [pairing] = pair_nics(inventory, inventory.gpus)
+    assert pairing.nics == () and "no RDMA NIC" in pairing.note
