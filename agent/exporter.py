@@ -13,7 +13,6 @@ import os
 import platform
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from nodecheck.agent.report import check_document
 from nodecheck.agent.scheduler import ResultStore
+from nodecheck.checks.node.fs import write_atomically
 from nodecheck.checks.result import MetricSpec, Sample, Status, worst
 
 log = logging.getLogger(__name__)
@@ -152,18 +152,9 @@ class CachedExposition:
 
 
 def write_textfile(directory: Path, registry: CollectorRegistry) -> None:
-    """node_exporter's textfile collector reads *.prom: write a temporary name, then
-    rename, so it never reads half a file."""
-    data = exposition(registry)
-    handle, temporary = tempfile.mkstemp(prefix=f".{TEXTFILE_NAME}.", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, directory / TEXTFILE_NAME)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """node_exporter's textfile collector reads *.prom: replaced atomically, so it never
+    reads half a file; world-readable, as node_exporter runs as another user."""
+    write_atomically(directory / TEXTFILE_NAME, exposition(registry).decode(), mode=0o644)
 
 
 def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:

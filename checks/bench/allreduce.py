@@ -25,7 +25,6 @@ from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.peaks import FLOOR_MIN_PAYLOAD, allreduce_floor
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
@@ -128,10 +127,4 @@ def bench_allreduce(ctx: CheckContext) -> list[Result]:
         # NCCL needs room of its own beside the tensor: a quarter of the cap.
         "max_bytes_per_rank": min(caps.values()) // 4 if caps else None,
     }
-    host = read_hostname(ctx.fs)
-    return run_benchmark(
-        ctx,
-        "allreduce",
-        spec,
-        lambda result, state: judge_allreduce(result, targets, state, options, host),
-    )
+    return run_benchmark(ctx, spec, targets, judge_allreduce)

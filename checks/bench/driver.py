@@ -41,6 +41,11 @@ class Judgement:
     good_values: dict[str, float] = field(default_factory=dict)
 
 
+Judge = Callable[
+    [dict[str, Any], "list[Target]", BenchState, BenchOptions, str], Judgement
+]  # (the child's result, targets, state, options, host name)
+
+
 @dataclass(frozen=True)
 class Target:
     """A device the benchmark runs on: a GPU (NVML index and its reading) or the CPU."""
@@ -140,13 +145,11 @@ def _skip(state: BenchState, refusal: Refusal) -> Result:
 
 
 def run_benchmark(
-    ctx: CheckContext,
-    name: str,
-    spec: dict[str, Any],
-    judge: Callable[[dict[str, Any], BenchState], Judgement],
+    ctx: CheckContext, spec: dict[str, Any], targets: list[Target], judge: Judge
 ) -> list[Result]:
     """Lock, gate, run the child under its deadline and the watch, judge, remember."""
     options = ctx.bench
+    host = read_hostname(ctx.fs)
     state = BenchState(options.state_dir)
     if importlib.util.find_spec("torch") is None:
         return [
@@ -158,8 +161,14 @@ def run_benchmark(
             )
         ]
     try:
-        with state.exclusive_run(read_hostname(ctx.fs)):
-            results = _locked_run(ctx, options, state, name, spec, judge)
+        with state.exclusive_run(host):
+            results = _locked_run(
+                ctx,
+                options,
+                state,
+                spec,
+                lambda result: judge(result, targets, state, options, host),
+            )
         if not any(result.status is Status.SKIP for result in results):
             results = _with_skip_counts(state, results)
     except BenchBusyError as err:
@@ -193,9 +202,8 @@ def _locked_run(
     ctx: CheckContext,
     options: BenchOptions,
     state: BenchState,
-    name: str,
     spec: dict[str, Any],
-    judge: Callable[[dict[str, Any], BenchState], Judgement],
+    judge: Callable[[dict[str, Any]], Judgement],
 ) -> list[Result]:
     if not options.force:
         refusal = check_gate(ctx, options)
@@ -212,7 +220,7 @@ def _locked_run(
 
     def progress(fraction: float) -> None:
         if options.on_progress is not None:
-            options.on_progress(name, fraction)
+            options.on_progress(spec["benchmark"], fraction)
 
     try:
         outcome = run_child(
@@ -231,11 +239,11 @@ def _locked_run(
             Result(
                 Status.ERROR,
                 NODE,
-                f"{name} failed: {outcome.error}",
+                f"{spec['benchmark']} failed: {outcome.error}",
                 details={"cause": outcome.cause, "stderr": outcome.stderr_tail[-500:]},
             )
         ]
-    judgement = judge(outcome.result, state)
+    judgement = judge(outcome.result)
     if judgement.good_values:
         state.record(judgement.good_values, options.baseline_runs)
     return judgement.results

@@ -23,7 +23,6 @@ from nodecheck.checks.bench.driver import (
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.per_gpu import GPU_LABELS
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
@@ -122,7 +121,4 @@ def bench_h2d(ctx: CheckContext) -> list[Result]:
             if t.gpu and t.gpu.bus_id in local_cpus
         },
     }
-    host = read_hostname(ctx.fs)
-    return run_benchmark(
-        ctx, "h2d", spec, lambda result, state: judge_h2d(result, targets, state, options, host)
-    )
+    return run_benchmark(ctx, spec, targets, judge_h2d)

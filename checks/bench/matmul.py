@@ -25,7 +25,6 @@ from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.peaks import achievable_tflops, matmul_rates
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.per_gpu import GPU_LABELS
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
@@ -146,10 +145,4 @@ def bench_matmul(ctx: CheckContext) -> list[Result]:
         "max_bytes": memory_caps(ctx, targets, options.memory_fraction),
         "bus_ids": {t.name: t.gpu.bus_id for t in targets if t.gpu and t.gpu.bus_id},
     }
-    host = read_hostname(ctx.fs)
-    return run_benchmark(
-        ctx,
-        "matmul",
-        spec,
-        lambda result, state: judge_matmul(result, targets, state, options, host),
-    )
+    return run_benchmark(ctx, spec, targets, judge_matmul)

@@ -16,11 +16,12 @@ import fcntl
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from nodecheck.checks.node.fs import write_atomically
 
 STATE_FILE = "benchmarks.json"
 LOCK_FILE = "bench.lock"  # .<hostname>
@@ -29,27 +30,6 @@ VERSION = 1
 
 class BenchBusyError(Exception):
     """Another benchmark holds the run lock."""
-
-
-def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fchmod(file.fileno(), mode)
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def parse_state(text: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The node's filesystem roots and the one way nodecheck reads a file.
+"""The node's filesystem roots, the one way nodecheck reads a file, and how it writes one.
 
 Every read goes through `NodeFS`, so tests and containers can point nodecheck
 at another tree (`--sysfs-root`, `--procfs-root`, `--rootfs`), as
@@ -7,8 +7,10 @@ node_exporter does with `--path.sysfs`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +90,27 @@ def list_dir(path: Path) -> list[str]:
         return []
     except OSError as err:
         raise ReadError(path, _reason(err)) from err
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fchmod(file.fileno(), mode)
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from nodecheck.checks.result import Status
 WRITER = """
 import sys
 from pathlib import Path
-from nodecheck.checks.bench.state import write_atomically
+from nodecheck.checks.node.fs import write_atomically
 path = Path(sys.argv[1])
 big = {"A": "a" * 4_000_000, "B": "b" * 4_000_000}
 print("ready", flush=True)
