@@ -9,7 +9,7 @@ TORCH_VERSION = 2.13.0
 # the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev;
 # prometheus and promtool scrape the agent and lint its metrics and alert rules;
 # systemd-analyze verifies the units; openssl makes a test certificate.
-DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl
+DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl numactl
 
 .PHONY: run test lint typecheck unit system-packages clean
 

@@ -465,6 +465,141 @@ def mfu(
 BENCH_ORDER = ("matmul", "allreduce", "h2d")
 
 
+def local_rank_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--local-rank", type=click.IntRange(min=0), default=None, metavar="N", help=help_text
+    )
+
+
+def job_options(function: F) -> F:
+    """What `tune` and `exec` are told about the job."""
+    function = click.option(
+        "--with-smt-siblings",
+        is_flag=True,
+        help="Give each rank its cores' SMT siblings too (hyperthreads).",
+    )(function)
+    function = click.option(
+        "--single-switch",
+        is_flag=True,
+        help="Every node's NICs hang off one switch (sets NCCL_CROSS_NIC=1).",
+    )(function)
+    return click.option(
+        "--nodes",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Nodes the job spans. [default: from SLURM_JOB_NUM_NODES or WORLD_SIZE/"
+        "LOCAL_WORLD_SIZE when set]",
+    )(function)
+
+
+def _tune_plan(
+    ctx: click.Context, nodes: int | None, single_switch: bool, with_smt_siblings: bool
+) -> Any:
+    import os
+
+    fs = node_fs(ctx)
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.cgroup import read_allowed_cpus
+    from nodecheck.tuning.nccl import JobShape
+    from nodecheck.tuning.plan import TuneOptions, make_plan
+    from nodecheck.tuning.pytorch import installed_torch_version
+
+    options = TuneOptions(
+        shape=JobShape(nodes, single_switch),
+        with_smt_siblings=with_smt_siblings,
+        allowed_cpus=read_allowed_cpus(fs),
+        torch_version=installed_torch_version(),
+    )
+    return make_plan(CheckContext(fs=fs, environ=dict(os.environ), uid=os.getuid()), options)
+
+
+@cli.command()
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "shell", "env", "json"]),
+    default=None,
+    help="text: a table with reasons; shell: export lines for bash; env: a systemd "
+    "EnvironmentFile; json: the nodecheck.tune/v1 document. [default: text on a "
+    "terminal, else shell]",
+)
+@local_rank_option("Only this local rank (and its own variables in shell and env output).")
+@job_options
+@global_options
+@click.pass_context
+def tune(
+    ctx: click.Context,
+    output_format: str | None,
+    local_rank: int | None,
+    nodes: int | None,
+    single_switch: bool,
+    with_smt_siblings: bool,
+) -> None:
+    """Recommend CPU/NUMA bindings and NCCL, allocator and thread settings per local rank.
+
+    Each recommendation carries its reason and source, marked keep, set, change
+    or unset against the current environment. Local rank N drives the Nth GPU
+    in PCI bus order (of CUDA_VISIBLE_DEVICES, when set).
+    """
+    plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+    from nodecheck.agent.tune_view import RENDERERS
+
+    if local_rank is not None and plan.rank(local_rank) is None:
+        visible = len(plan.ranks)
+        fail_usage(
+            f"--local-rank {local_rank}: "
+            + (f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU")
+        )
+    chosen = output_format or ("text" if sys.stdout.isatty() else "shell")
+    click.echo(RENDERERS[chosen](plan, local_rank), nl=False)
+
+
+@cli.command(
+    "exec",
+    context_settings={"allow_interspersed_args": False},
+)
+@local_rank_option(
+    "The local rank. [default: LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK]"
+)
+@job_options
+@click.option("--quiet", is_flag=True, help="Do not print what was applied to stderr.")
+@global_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+@click.pass_context
+def exec_command(
+    ctx: click.Context,
+    local_rank: int | None,
+    nodes: int | None,
+    single_switch: bool,
+    with_smt_siblings: bool,
+    quiet: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run CMD bound to its local rank's CPUs and NUMA node, with that rank's environment.
+
+    For launchers: torchrun --no-python nodecheck exec -- python train.py, or
+    srun nodecheck exec -- python train.py. Exit status: CMD's own; 2 for a bad or
+    missing rank, no GPU for it, or no CMD; 127 when CMD is not found.
+    """
+    import os
+
+    from nodecheck.agent.rank_exec import ExecError, local_rank_from, prepare, rank_plan_for
+
+    try:
+        if not command:
+            raise ExecError("no command: nodecheck exec [OPTIONS] -- CMD [ARGS...]", EXIT_USAGE)
+        rank, _ = local_rank_from(local_rank, os.environ)
+        plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+        launch = prepare(plan, rank_plan_for(plan, rank), list(command), os.environ)
+        from nodecheck.agent.rank_exec import replace_process
+
+        replace_process(launch, quiet)
+    except ExecError as err:
+        click.echo(f"nodecheck exec: {err}", err=True)
+        ctx.exit(err.code)
+
+
 def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     if value is None:
         return None

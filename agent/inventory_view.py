@@ -36,7 +36,8 @@ def _link_text(link: PcieLink | None) -> str:
     )
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def text_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell, indented two spaces."""
     widths = [
         max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)
     ]
@@ -113,7 +114,7 @@ def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) ->
         "",
         "NUMA nodes",
     ]
-    lines += _table(
+    lines += text_table(
         ["node", "CPUs", "memory"],
         [
             [
@@ -128,7 +129,7 @@ def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) ->
     lines += ["", f"GPUs (NVML: {_nvml_status(gpus)})"]
     readings = gpus.by_bus_id()
     if inventory.gpus:
-        lines += _table(
+        lines += text_table(
             [
                 "index",
                 "bus id",
@@ -162,7 +163,7 @@ def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) ->
     ]
     lines += ["", "NICs"]
     if inventory.nics:
-        lines += _table(
+        lines += text_table(
             ["name", "bus id", "kind", "rate", "state", "NUMA", "interfaces"],
             [
                 [
@@ -187,7 +188,7 @@ def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) ->
             [name, *cells, _cpus_text(device), _numa_text(inventory, device)]
             for name, cells, device in zip(names, matrix, devices, strict=False)
         ]
-        lines += _table(["", *names, "CPU Affinity", "NUMA Affinity"], rows)
+        lines += text_table(["", *names, "CPU Affinity", "NUMA Affinity"], rows)
         if inventory.nics:
             lines += ["", "NIC Legend:", ""]
             lines += [f"  NIC{i}: {nic.name}" for i, nic in enumerate(inventory.nics)]

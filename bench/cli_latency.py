@@ -1,10 +1,13 @@
-"""Wall time of `nodecheck --help` and `nodecheck check --json` on the 8-GPU replica node.
+"""Wall time of `nodecheck --help`, `check --json` and `tune --format json` on the 8-GPU
+replica node.
 
     .venv/bin/python -m bench.cli_latency [--runs 15]
 
 Prints a table: median, fastest and slowest of several runs of the installed
-console script, against the goals of 150 ms and 300 ms (issue 2). `check` runs
-every check, the GPU ones through the fake NVML of tests/fake_nvml.
+console script, against the goals of 150 ms and 300 ms (issues 2 and 6). `check`
+runs every check, the GPU ones through the fake NVML of tests/fake_nvml; `tune`
+reads the inventory and the variables of every GPU process, as an engineer's
+`nodecheck tune` does before a launch.
 """
 
 from __future__ import annotations
@@ -74,10 +77,15 @@ def main() -> None:
                 [nodecheck, *roots, "check", "--json"],
                 0.300,
             ),
+            (
+                "nodecheck tune --format json (8-GPU replica)",
+                [nodecheck, *roots, "tune", "--format", "json"],
+                0.300,
+            ),
         ]
         header = ("command", "runs", "median ms", "min ms", "max ms", "goal ms")
         print(
-            f"{header[0]:<42} {header[1]:>4} {header[2]:>10} "
+            f"{header[0]:<44} {header[1]:>4} {header[2]:>10} "
             + " ".join(f"{h:>8}" for h in header[3:])
             + "  ok"
         )
@@ -85,7 +93,7 @@ def main() -> None:
             timings = time_runs(command, runs, {"FAKE_NVML_SCENARIO": str(scenario)})
             median = statistics.median(timings)
             print(
-                f"{label:<42} {runs:>4} {median * 1e3:>10.1f} {min(timings) * 1e3:>8.1f} "
+                f"{label:<44} {runs:>4} {median * 1e3:>10.1f} {min(timings) * 1e3:>8.1f} "
                 f"{max(timings) * 1e3:>8.1f} {goal * 1e3:>8.0f}  {'yes' if median < goal else 'NO'}"
             )
     finally:

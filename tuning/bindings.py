@@ -24,8 +24,9 @@ from nodecheck.checks.node.topology import Relation
 class RankBinding:
     local_rank: int
     gpu: str  # PCI bus id
-    numa_node: int | None  # None: the node cannot be told (no NUMA, or firmware says -1)
+    numa_node: int | None  # the node its CPUs and memory are bound to; None: not bound to one
     cpus: tuple[int, ...]  # the rank's cores (with their SMT siblings when asked for)
+    note: str = ""  # why the binding is not the GPU's own NUMA node, when it is not
 
     def numactl(self) -> list[str]:
         """The numactl command line that applies this binding (before the command)."""
@@ -40,17 +41,19 @@ class RankBinding:
 
 def visible_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciDevice]:
     """The GPUs local ranks count, in order: every GPU in PCI bus order, or those
-    CUDA_VISIBLE_DEVICES names by index (UUIDs cannot be matched from sysfs: all GPUs)."""
+    CUDA_VISIBLE_DEVICES names by index. CUDA stops at the first entry it cannot
+    use, so "" or "-1" hide every GPU; UUIDs cannot be matched from sysfs: all GPUs."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return gpus
     picked = []
     for raw in visible.split(","):
         item = raw.strip()
-        if not item.isdigit():
+        if item.startswith(("GPU-", "MIG-")):
             return gpus
-        if int(item) < len(gpus):
-            picked.append(gpus[int(item)])
+        if not item.isdigit() or int(item) >= len(gpus):
+            break
+        picked.append(gpus[int(item)])
     return picked
 
 
@@ -60,28 +63,70 @@ def _cores_of(inventory: Inventory, cpus: frozenset[int]) -> list[tuple[int, ...
     return sorted(cores)
 
 
+def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str]:
+    """The GPU's NUMA node, and a note when it had to be inferred from its host bridge
+    (firmware left numa_node at -1, Documentation/ABI/testing/sysfs-bus-pci)."""
+    node = inventory.numa_node_of(gpu)
+    if node is not None or not gpu.host_bridge:
+        return node, ""
+    neighbours = inventory.host_bridge_numa_nodes(gpu)
+    if len(neighbours) != 1:
+        return None, ""
+    [inferred] = neighbours
+    return inferred, (
+        f"firmware gives GPU {gpu.bdf} no NUMA node (numa_node -1); the other devices under "
+        f"its host bridge {gpu.host_bridge} are on node {inferred}, so it is bound there"
+    )
+
+
 def bind_ranks(
     inventory: Inventory,
     environ: Mapping[str, str],
     *,
+    allowed: frozenset[int] | None = None,
     with_smt_siblings: bool = False,
 ) -> list[RankBinding]:
-    """One binding per visible GPU (one rank per GPU)."""
+    """One binding per visible GPU (one rank per GPU), inside the CPUs `allowed`
+    (this process's cpuset; None: every online CPU)."""
     gpus = visible_gpus(inventory.gpus, environ)
-    node_cpus = {node.number: node.cpus for node in inventory.numa_nodes if node.cpus}
-    placed = [(gpu, inventory.numa_node_of(gpu)) for gpu in gpus]
+    usable = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
+    if allowed is not None:
+        usable &= allowed
+    node_cpus = {node.number: node.cpus & usable for node in inventory.numa_nodes}
+    located = [gpu_numa_node(inventory, gpu) for gpu in gpus]
+    placed = [(gpu, node) for gpu, (node, _) in zip(gpus, located, strict=True)]
+    groups: dict[int | None, list[int]] = {}
+    for rank, (_, node) in enumerate(placed):
+        groups.setdefault(node if node is not None and node_cpus.get(node) else None, []).append(
+            rank
+        )
     bindings = []
-    for node in sorted({n for _, n in placed}, key=lambda n: (n is None, n or 0)):
-        ranks = [rank for rank, (_, n) in enumerate(placed) if n == node]
-        cpus = node_cpus.get(node) if node is not None else None
-        if cpus is None:  # no NUMA locality: share every CPU of the machine
-            cpus = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
+    for node, ranks in sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or 0)):
+        note = ""
+        if node is not None:
+            cpus = node_cpus[node]
+        else:
+            # No locality to follow: the GPU's node is unknown (firmware says -1, or
+            # one node), or this cpuset holds none of its CPUs. Prefer CPUs no other
+            # rank is bound to.
+            taken = frozenset().union(*(node_cpus[n] for n in groups if n is not None))
+            cpus = (usable - taken) or usable
+            lost = sorted({n for r in ranks if (n := placed[r][1]) is not None})
+            if lost:
+                note = (
+                    f"this process may not use any CPU of NUMA node(s) "
+                    f"{', '.join(map(str, lost))} (cpuset {format_cpulist(usable)}): the rank "
+                    "runs away from its GPU; ask the scheduler for CPUs on every GPU's socket"
+                )
         cores = _cores_of(inventory, cpus)
         share = max(len(cores) // len(ranks), 1)
         for position, rank in enumerate(ranks):
             mine = cores[position * share : (position + 1) * share] or cores[-1:]
             threads = [cpu for core in mine for cpu in (core if with_smt_siblings else core[:1])]
-            bindings.append(RankBinding(rank, placed[rank][0].bdf, node, tuple(sorted(threads))))
+            why = "; ".join(filter(None, (located[rank][1], note)))
+            bindings.append(
+                RankBinding(rank, placed[rank][0].bdf, node, tuple(sorted(threads)), why)
+            )
     return sorted(bindings, key=lambda binding: binding.local_rank)
 
 

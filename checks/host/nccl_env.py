@@ -111,6 +111,13 @@ def _matches(name: str, pattern: str, exact: bool) -> bool:
     return name == pattern if exact else name.startswith(pattern)
 
 
+def selected_names(value: str, names: list[str]) -> list[str]:
+    """The names (interfaces, HCAs) an NCCL list such as "ibp", "=eth0" or "^docker" selects."""
+    exclude, exact, entries = parse_selector(value)
+    patterns = [pattern for pattern, _ in entries]
+    return [name for name in names if any(_matches(name, p, exact) for p in patterns) != exclude]
+
+
 def rule_level(name: str, value: str, facts: NodeFacts) -> Finding | None:
     text = value.strip()
     if text.upper() in LEVELS and text not in LEVELS:
@@ -257,13 +264,7 @@ def rule_ib_hca(name: str, value: str, facts: NodeFacts) -> Finding | None:
 
 
 def rule_socket_ifname(name: str, value: str, facts: NodeFacts) -> Finding | None:
-    exclude, exact, entries = parse_selector(value)
-    patterns = [pattern for pattern, _ in entries]
-    matched = [
-        interface
-        for interface in facts.interfaces
-        if any(_matches(interface, pattern, exact) for pattern in patterns) != exclude
-    ]
+    matched = selected_names(value, list(facts.interfaces))
     if not matched:
         return Finding(
             Status.FAIL,

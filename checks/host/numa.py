@@ -75,13 +75,7 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
         sample = Sample(GPU_NUMA_NODE, -1 if gpu_node is None else gpu_node, {"bus_id": gpu.bdf})
         spread.setdefault("unknown" if gpu_node is None else str(gpu_node), []).append(gpu.bdf)
         if gpu_node is None and multi_node:
-            neighbours = {
-                other.numa_node
-                for other in inventory.pci.values()
-                if other.host_bridge == gpu.host_bridge
-                and other.numa_node is not None
-                and other.numa_node >= 0
-            }
+            neighbours = inventory.host_bridge_numa_nodes(gpu)
             attr = f"/sys/bus/pci/devices/{gpu.bdf}/numa_node"
             if len(neighbours) == 1:
                 guess = neighbours.pop()

@@ -112,6 +112,19 @@ class Inventory:
     def numa_node_of(self, device: PciDevice) -> int | None:
         return effective_numa_node(device, self.numa_node_count)
 
+    def host_bridge_numa_nodes(self, device: PciDevice) -> set[int]:
+        """NUMA nodes the other devices under this device's host bridge report. Every device
+        under one host bridge sits on one socket, so a single node here is the device's too,
+        whatever its own numa_node (firmware without ACPI _PXM leaves -1)."""
+        return {
+            other.numa_node
+            for other in self.pci.values()
+            if other.host_bridge == device.host_bridge
+            and other.bdf != device.bdf
+            and other.numa_node is not None
+            and other.numa_node >= 0
+        }
+
     def relation(self, a: PciDevice, b: PciDevice) -> Relation:
         return pcie_relation(a, b, self.numa_node_count)
 

@@ -53,6 +53,7 @@ class NetInterface:
     operstate: str | None = None
     speed_mbps: int | None = None
     arp_type: int | None = None
+    bond: bool = False  # a bonding master (bond0): virtual, yet as fast as its ports
     problems: dict[str, str] = field(default_factory=dict)
 
 
@@ -92,6 +93,7 @@ def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
             name=name, pci_bdf=None if virtual else _pci_of(fs, real), virtual=virtual
         )
         directory = fs.sys("class", "net", name)
+        interface.bond = (directory / "bonding").is_dir()
         try:
             interface.operstate = read_optional_text(directory / "operstate")
         except ReadError as err:
@@ -113,6 +115,50 @@ def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
             interface.problems["type"] = f"{directory / 'type'}: {err}"
         interfaces.append(interface)
     return interfaces
+
+
+# include/net/ipv6.h: IPV6_ADDR_LOOPBACK 0x10, IPV6_ADDR_LINKLOCAL 0x20 (the scope
+# column of /proc/net/if_inet6). Such addresses cannot reach another node.
+IPV6_LOCAL_SCOPES = {0x10, 0x20}
+
+
+def parse_ipv4_routes(text: str) -> set[str]:
+    """Interfaces with an IPv4 route, from /proc/net/route (net/ipv4/fib_trie.c
+    fib_route_seq_show: a header line, then "Iface\tDestination\tGateway..." rows).
+    An interface with an address has at least its subnet's route."""
+    interfaces = set()
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8:
+            interfaces.add(fields[0])
+    return interfaces
+
+
+def parse_ipv6_addresses(text: str) -> set[str]:
+    """Interfaces with an IPv6 address another node can reach, from /proc/net/if_inet6
+    (net/ipv6/addrconf.c if6_seq_show: address, ifindex, prefix, scope, flags, name)."""
+    interfaces = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 6 and int(fields[3], 16) not in IPV6_LOCAL_SCOPES:
+            interfaces.add(fields[5])
+    return interfaces
+
+
+def read_addressed_interfaces(fs: NodeFS) -> set[str] | None:
+    """Interfaces with an IPv4 route or a global IPv6 address; None if neither file
+    could be read (then whether an interface can reach other nodes is unknown)."""
+    found: set[str] = set()
+    readable = False
+    for name, parse in (("route", parse_ipv4_routes), ("if_inet6", parse_ipv6_addresses)):
+        try:
+            text = read_optional_text(fs.proc("net", name))
+        except ReadError:
+            continue
+        if text is not None:
+            readable = True
+            found |= parse(text)
+    return found if readable else None
 
 
 def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:

@@ -32,7 +32,9 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-@pytest.mark.parametrize("command", [[], ["check"], ["inventory"], ["bench"], ["agent"]])
+@pytest.mark.parametrize(
+    "command", [[], ["check"], ["inventory"], ["bench"], ["agent"], ["tune"], ["exec"]]
+)
 def test_help_for_every_command(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
@@ -45,9 +47,11 @@ def test_only_commands_that_work_are_offered() -> None:
         "bench",
         "check",
         "config",
+        "exec",
         "inventory",
         "mfu",
         "snapshot",
+        "tune",
     ]
 
 
@@ -205,12 +209,13 @@ def run_counting_imports(
 
 
 @pytest.mark.parametrize(
-    ("command", "allowed"), [(["--help"], set()), (["check", "--json"], {"pynvml"})]
+    ("command", "allowed"),
+    [(["--help"], set()), (["check", "--json"], {"pynvml"}), (["tune", "--format", "json"], set())],
 )
 def test_heavy_modules_are_not_imported(dgx: Node, command: list[str], allowed: set[str]) -> None:
-    """`--help` imports nothing heavy; `check` needs the NVML binding but never torch,
-    the Prometheus client or py-cpuinfo."""
-    args = [*dgx.cli_args, *command] if command[0] == "check" else command
+    """`--help` and `tune` import nothing heavy; `check` needs the NVML binding but never
+    torch, the Prometheus client or py-cpuinfo."""
+    args = command if command == ["--help"] else [*dgx.cli_args, *command]
     done, heavy = run_counting_imports(args, dgx.env)
     assert heavy == allowed, done.stderr[-500:]
 

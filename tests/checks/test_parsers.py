@@ -6,9 +6,16 @@ import pytest
 
 from nodecheck.checks.host.nccl_env import parse_selector
 from nodecheck.checks.host.torch_alloc import lex_alloc_conf, parse_alloc_conf
+from nodecheck.checks.node.cgroup import parse_proc_cgroup
 from nodecheck.checks.node.cpu import parse_cpuinfo
 from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
-from nodecheck.checks.node.net import parse_net_speed, parse_port_rate, parse_port_state
+from nodecheck.checks.node.net import (
+    parse_ipv4_routes,
+    parse_ipv6_addresses,
+    parse_net_speed,
+    parse_port_rate,
+    parse_port_state,
+)
 from nodecheck.checks.node.numa import parse_node_meminfo
 from nodecheck.checks.node.pci import parse_link_speed, parse_pci_class
 from nodecheck.checks.node.variables import (
@@ -188,3 +195,41 @@ def test_alloc_conf_accepts_what_torch_accepts(value: str) -> None:
 def test_alloc_conf_rejects_what_torch_rejects(value: str, error: str) -> None:
     errors = parse_alloc_conf(value)[1]
     assert any(error in message for message in errors), errors
+
+
+# /proc/net/route as Linux 6.1 prints it: a header, tab-separated rows padded to 127.
+PROC_NET_ROUTE = (
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"
+    "                                                       \n"
+    "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0"
+    "                                                                               \n"
+    "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0"
+    "                                                                               \n"
+    "ibp25s0\t0000640A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+)
+PROC_NET_IF_INET6 = (
+    "fe8000000000000000fc00fffe000001 04 40 20 80     eth0\n"
+    "fd000000000000000000000000000002 04 40 00 82     eth0\n"
+    "00000000000000000000000000000001 01 80 10 80       lo\n"
+    "fe800000000000000a0027fffe1e4a5b 05 40 20 80  ibp27s0\n"
+)
+
+
+def test_interfaces_with_routes_and_addresses() -> None:
+    assert parse_ipv4_routes(PROC_NET_ROUTE) == {"eth0", "ibp25s0"}
+    assert parse_ipv4_routes(PROC_NET_ROUTE.splitlines()[0]) == set()
+    # Link-local (scope 20) and loopback (scope 10) addresses reach no other node.
+    assert parse_ipv6_addresses(PROC_NET_IF_INET6) == {"eth0"}
+
+
+def test_proc_cgroup() -> None:
+    v1 = "12:cpuset:/slurm/uid_1000/job_42/step_0\n4:cpu,cpuacct:/\n0::/user.slice\n"
+    assert parse_proc_cgroup(v1) == {
+        "cpuset": "/slurm/uid_1000/job_42/step_0",
+        "cpu": "/",
+        "cpuacct": "/",
+        "": "/user.slice",
+    }
+    assert parse_proc_cgroup("0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0") == {
+        "": "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.tuning.bindings import bind_ranks, pair_nics
@@ -53,3 +54,13 @@ def test_no_rdma_nic(workstation: Node) -> None:
     inventory = read_inventory(workstation.fs)
     [pairing] = pair_nics(inventory, inventory.gpus)
     assert pairing.nics == () and "no RDMA NIC" in pairing.note
+
+
+def test_far_nic_is_noted(dgx: Node) -> None:
+    """Only the storage RoCE port (socket 1, its own host bridge): NODE from socket 1's
+    GPUs, SYS from socket 0's; either way no GPUDirect RDMA by default."""
+    inventory = read_inventory(dgx.fs)
+    storage_only = replace(inventory, nics=[n for n in inventory.nics if n.name == "mlx5_8"])
+    pairings = pair_nics(storage_only, inventory.gpus)
+    assert [p.relation for p in pairings] == ["SYS"] * 4 + ["NODE"] * 4
+    assert all(p.nics == ("mlx5_8",) and "GPUDirect RDMA" in p.note for p in pairings)

@@ -1,0 +1,270 @@
+"""How `nodecheck tune` prints a plan: a table with reasons, bash exports, a systemd
+EnvironmentFile, or the nodecheck.tune/v1 JSON document."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import textwrap
+from typing import Any
+
+from nodecheck.agent.inventory_view import text_table
+from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
+from nodecheck.tuning.plan import Plan, RankPlan
+from nodecheck.tuning.recommendation import Action, Recommendation
+
+TUNE_SCHEMA = "nodecheck.tune/v1"
+FORMATS = ("text", "shell", "env", "json")
+WRAP = 96
+# Characters a systemd EnvironmentFile value may hold unquoted (systemd.exec(5),
+# src/basic/env-file.c: whitespace, quotes, backslashes and '$' need quoting).
+ENV_FILE_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/+@%^-]*$")
+
+
+def _selected(plan: Plan, local_rank: int | None) -> list[RankPlan]:
+    if local_rank is None:
+        return plan.ranks
+    rank = plan.rank(local_rank)
+    return [rank] if rank is not None else []
+
+
+def _shared_rank_env(plan: Plan, ranks: list[RankPlan]) -> tuple[dict[str, str], list[str]]:
+    """Rank variables every selected rank gives the same value (safe to export once), and
+    the names that differ between ranks."""
+    values: dict[str, set[str]] = {}
+    for rank in ranks:
+        for recommendation in rank.env:
+            if recommendation.value is not None:
+                values.setdefault(recommendation.name, set()).add(recommendation.value)
+    same = {name: next(iter(v)) for name, v in values.items() if len(v) == 1}
+    return same, sorted(name for name, v in values.items() if len(v) > 1)
+
+
+def exported(plan: Plan, local_rank: int | None) -> dict[str, str]:
+    """What the shell and env formats set."""
+    ranks = _selected(plan, local_rank)
+    same, _ = _shared_rank_env(plan, ranks)
+    return {**plan.environment(None), **same}
+
+
+def _header(plan: Plan, local_rank: int | None) -> list[str]:
+    ranks = _selected(plan, local_rank)
+    lines = [f"# nodecheck tune for {plan.hostname}"]
+    if local_rank is not None and ranks:
+        rank = ranks[0]
+        node = rank.binding.numa_node
+        lines[0] += (
+            f", local rank {local_rank}: GPU {rank.binding.gpu}, "
+            f"NUMA node {'?' if node is None else node}, CPUs {rank.cpulist}"
+        )
+    for rank in ranks:
+        lines.append(
+            f"# rank {rank.local_rank}: {shlex.join(rank.binding.numactl())} CMD"
+            "  (or: nodecheck exec -- CMD)"
+        )
+    _, differing = _shared_rank_env(plan, ranks)
+    if differing:
+        lines.append(
+            f"# {', '.join(differing)} differ between ranks: use --local-rank N, or nodecheck exec"
+        )
+    return lines
+
+
+def _removal_comment(removal: Recommendation) -> str:
+    fix = removal.source.split("to fix: ", 1)[-1]
+    return f"# {removal.name}={removal.flagged_value}: {fix}"
+
+
+def render_shell(plan: Plan, local_rank: int | None) -> str:
+    """`export` lines bash can source; red flags are unset, those in files are named."""
+    values = exported(plan, local_rank)
+    lines = _header(plan, local_rank)
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
+    for removal in plan.removals:
+        if removal.name in values:
+            continue  # replaced by the export above
+        if removal.current is not None:
+            lines.append(f"unset {removal.name}  # {textwrap.shorten(removal.reason, 90)}")
+        if removal.found_in != (CALLING_ENVIRONMENT.label,):
+            lines.append(_removal_comment(removal))
+    return "\n".join(lines) + "\n"
+
+
+def env_file_value(value: str) -> str:
+    if ENV_FILE_SAFE.match(value):
+        return value
+    escaped = re.sub(r'(["\\`$])', r"\\\1", value)
+    return f'"{escaped}"'
+
+
+def render_env(plan: Plan, local_rank: int | None) -> str:
+    """A file for systemd's EnvironmentFile= (one NAME=value a line)."""
+    values = exported(plan, local_rank)
+    lines = [*_header(plan, local_rank), "# for EnvironmentFile= in a unit (systemd.exec(5))"]
+    lines += [f"{name}={env_file_value(value)}" for name, value in values.items()]
+    for removal in plan.removals:
+        if removal.name not in values:
+            lines.append(
+                _removal_comment(removal) + f" (in a unit: UnsetEnvironment={removal.name})"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _recommendation_json(recommendation: Recommendation) -> dict[str, Any]:
+    return {
+        "name": recommendation.name,
+        "value": recommendation.value,
+        "action": recommendation.action.value,
+        "current": recommendation.current,
+        "reason": recommendation.reason,
+        "source": recommendation.source,
+        **(
+            {
+                "found_in": list(recommendation.found_in),
+                "flagged_value": recommendation.flagged_value,
+            }
+            if recommendation.found_in
+            else {}
+        ),
+    }
+
+
+def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
+    ranks = _selected(plan, local_rank)
+    return {
+        "schema": TUNE_SCHEMA,
+        "hostname": plan.hostname,
+        "env": plan.environment(None),
+        "ranks": [
+            {
+                "local_rank": rank.local_rank,
+                "gpu": rank.binding.gpu,
+                "numa_node": rank.binding.numa_node,
+                "cpus": list(rank.binding.cpus),
+                "cpulist": rank.cpulist,
+                "numactl": rank.binding.numactl(),
+                "env": {r.name: r.value for r in rank.env if r.value is not None},
+                "nics": list(rank.nics.nics),
+                "nic_relation": rank.nics.relation,
+                "dataloader": {
+                    "num_workers": rank.dataloader.num_workers,
+                    "pin_memory": rank.dataloader.pin_memory,
+                },
+                "recommendations": [_recommendation_json(r) for r in rank.env],
+                **({"note": rank.binding.note} if rank.binding.note else {}),
+            }
+            for rank in ranks
+        ],
+        "recommendations": [_recommendation_json(r) for r in plan.env],
+        "unset": [_recommendation_json(r) for r in plan.removals],
+        "left_unset": [
+            {
+                "names": list(left.names),
+                "reason": left.reason,
+                "source": left.source,
+                "set_now": list(left.found),
+            }
+            for left in plan.left_unset
+        ],
+        "notes": plan.notes,
+    }
+
+
+def render_json(plan: Plan, local_rank: int | None) -> str:
+    return json.dumps(tune_document(plan, local_rank), indent=2)
+
+
+def _explained(head: str, reason: str, source: str) -> list[str]:
+    lines = [f"  {head}"]
+    lines += textwrap.wrap(reason, WRAP, initial_indent=" " * 10, subsequent_indent=" " * 10)
+    lines += textwrap.wrap(f"[{source}]", WRAP, initial_indent=" " * 10, subsequent_indent=" " * 11)
+    return lines
+
+
+def _recommendation_head(recommendation: Recommendation, shown_value: str | None = None) -> str:
+    action = recommendation.action
+    value = shown_value if shown_value is not None else recommendation.value
+    head = f"{action.value:<7} {recommendation.name}"
+    if action is Action.UNSET:
+        return head
+    head += f"={value}"
+    if action is Action.CHANGE:
+        head += f"  (now {recommendation.current})"
+    return head
+
+
+def render_text(plan: Plan, local_rank: int | None) -> str:
+    ranks = _selected(plan, local_rank)
+    lines = [f"nodecheck tune: {plan.hostname}"]
+    if ranks:
+        lines[0] += (
+            f", {len(plan.ranks)} GPU rank(s); local rank N drives the Nth GPU in PCI bus order"
+        )
+        rows = [
+            [
+                str(rank.local_rank),
+                rank.binding.gpu,
+                "-" if rank.binding.numa_node is None else str(rank.binding.numa_node),
+                rank.cpulist,
+                ", ".join(f"{r.name}={r.value}" for r in rank.env),
+                str(rank.dataloader.num_workers),
+                f"{rank.nics.nics[0]} ({rank.nics.relation})" if rank.nics.nics else "-",
+            ]
+            for rank in ranks
+        ]
+        lines += ["", *text_table(["RANK", "GPU", "NUMA", "CPUS", "ENV", "WORKERS", "NIC"], rows)]
+        lines += ["", "Bind each rank (or launch it with `nodecheck exec -- CMD`):"]
+        lines += [
+            f"  rank {rank.local_rank}: {shlex.join(rank.binding.numactl())} CMD" for rank in ranks
+        ]
+    if plan.env:
+        lines += ["", "Environment for every rank:"]
+        for recommendation in plan.env:
+            lines += _explained(
+                _recommendation_head(recommendation), recommendation.reason, recommendation.source
+            )
+    if ranks and ranks[0].env:
+        lines += ["", "Each rank's own (the ENV column):"]
+        for recommendation in ranks[0].env:
+            shown = "<ENV>" if len(ranks) > 1 else None
+            lines += _explained(
+                _recommendation_head(recommendation, shown),
+                recommendation.reason,
+                recommendation.source,
+            )
+        hint = ranks[0].dataloader
+        lines += _explained(
+            "DataLoader(..., num_workers=<WORKERS>, pin_memory=True)  (in the training script)",
+            hint.reason,
+            hint.source,
+        )
+    if plan.removals:
+        lines += ["", "Remove (flagged by the checks):"]
+        for removal in plan.removals:
+            lines += _explained(
+                f"unset   {removal.name}={removal.flagged_value}  "
+                f"(found in {', '.join(removal.found_in)})",
+                removal.reason,
+                removal.source,
+            )
+    if plan.left_unset:
+        lines += ["", "Left unset on purpose:"]
+        for left in plan.left_unset:
+            reason = left.reason
+            if left.found:
+                reason += f" (set now: {'; '.join(left.found)})"
+            lines += _explained(", ".join(left.names), reason, left.source)
+    if plan.notes:
+        lines += ["", "Notes:"]
+        for note in plan.notes:
+            lines += textwrap.wrap(note, WRAP, initial_indent="  - ", subsequent_indent="    ")
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS = {
+    "text": render_text,
+    "shell": render_shell,
+    "env": render_env,
+    "json": render_json,
+}

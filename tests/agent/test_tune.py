@@ -1,0 +1,296 @@
+"""`nodecheck tune` output as bash, systemd and programs read it, and `nodecheck exec`
+applying a rank's binding and environment to a real child process on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodecheck.agent.tune_view import env_file_value, render_env
+from nodecheck.tuning.plan import Plan
+from nodecheck.tuning.recommendation import Recommendation
+from tests.agent.test_cli import run
+from tests.conftest import Node
+from tests.fixtures.nodegen import build_node
+from tests.fixtures.nodes import SECRET, two_gpu_box
+
+ENVIRONMENT_D_GENERATOR = Path(
+    "/usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator"
+)
+# The child of `nodecheck exec` reports what it was given.
+REPORT = (
+    "import json, os, sys\n"
+    "maps = open('/proc/self/numa_maps').readline().split()\n"
+    "json.dump({'affinity': sorted(os.sched_getaffinity(0)), 'policy': maps[1],\n"
+    "           'env': dict(os.environ)}, open(sys.argv[1], 'w'))\n"
+)
+
+
+def document(node: Node, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = run(*node.cli_args, "tune", "--format", "json", *args, env=env)
+    assert done.returncode == 0, done.stderr
+    parsed: dict[str, Any] = json.loads(done.stdout)
+    return parsed
+
+
+def test_json_document(dgx: Node) -> None:
+    doc = document(dgx)
+    assert doc["schema"] == "nodecheck.tune/v1" and doc["hostname"] == "dgx-h100-01"
+    ranks = doc["ranks"]
+    assert isinstance(ranks, list) and len(ranks) == 8
+    assert [r["numa_node"] for r in ranks] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [r["nics"][0] for r in ranks] == [f"mlx5_{i}" for i in range(8)]
+    cpus = [set(r["cpus"]) for r in ranks]
+    assert len(set().union(*cpus)) == 8 * 14
+    assert ranks[5]["numactl"] == ["numactl", "--physcpubind=70-83", "--membind=1"]
+    assert ranks[5]["env"] == {"OMP_NUM_THREADS": "14"}
+    assert ranks[5]["dataloader"] == {"num_workers": 12, "pin_memory": True}
+    assert doc["env"]["NCCL_SOCKET_IFNAME"] == "ibp"
+    recommendation = doc["recommendations"][0]
+    assert set(recommendation) >= {"name", "value", "action", "current", "reason", "source"}
+    assert [r["local_rank"] for r in document(dgx, "--local-rank", "6")["ranks"]] == [6]
+
+
+def test_faulty_node_shows_the_red_flags_as_unset(dgx_faulty: Node) -> None:
+    doc = document(dgx_faulty)
+    unset = {entry["name"]: entry for entry in doc["unset"]}
+    assert set(unset) == {"NCCL_P2P_DISABLE", "PYTORCH_CUDA_ALLOC_CONF"}
+    assert {entry["action"] for entry in unset.values()} == {"unset"}
+    assert unset["NCCL_P2P_DISABLE"]["found_in"] == ["pid 4242 (python3)"]
+    done = run(*dgx_faulty.cli_args, "tune", "--format", "text")
+    assert "unset   NCCL_P2P_DISABLE=1  (found in pid 4242 (python3))" in done.stdout
+    # Other variables of the job's environment are never read out, let alone printed.
+    assert SECRET not in done.stdout + done.stderr
+
+
+def test_text_is_a_table_with_reasons(dgx: Node) -> None:
+    done = run(
+        *dgx.cli_args, "tune", "--format", "text", "--nodes", "16", env={"NCCL_DEBUG": "INFO"}
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "  RANK  GPU           NUMA  CPUS    ENV                 WORKERS  NIC" in out
+    assert "  7     0000:bc:00.0  1     98-111  OMP_NUM_THREADS=14  12       mlx5_7 (PIX)" in out
+    assert "  set     NCCL_IB_QPS_PER_CONNECTION=4" in out
+    assert "  unset   NCCL_DEBUG=INFO  (found in the calling environment)" in out
+    assert "Left unset on purpose:" in out and "  NCCL_ALGO, NCCL_PROTO" in out
+
+
+def test_shell_output_sourced_in_bash(dgx_faulty: Node, tmp_path: Path) -> None:
+    """bash sources the exports; the environment it ends with is the JSON's, for rank 3."""
+    calling = {"OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eno1"}
+    done = run(*dgx_faulty.cli_args, "tune", "--local-rank", "3", env=calling)  # a pipe: shell
+    assert done.returncode == 0, done.stderr
+    script = tmp_path / "tune.sh"
+    script.write_text(done.stdout)
+    shell = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", f"source {script} && env -0"],
+        env={"PATH": os.environ["PATH"], **calling},
+        capture_output=True,
+        check=True,
+    )
+    after = dict(entry.split("=", 1) for entry in shell.stdout.decode().split("\0") if entry)
+    doc = document(dgx_faulty, "--local-rank", "3", env=calling)
+    expected = {**doc["env"], **doc["ranks"][0]["env"]}
+    assert {name: after.get(name) for name in expected} == expected
+    assert expected["NCCL_SOCKET_IFNAME"] == "ibp" and expected["OMP_NUM_THREADS"] == "14"
+    assert "NCCL_DEBUG" not in after  # the red flag is unset
+
+
+def test_env_output_read_by_systemd(dgx: Node, tmp_path: Path) -> None:
+    """systemd's own env-file parser (via its environment.d generator) reads the file."""
+    done = run(*dgx.cli_args, "tune", "--format", "env", "--nodes", "16", "--local-rank", "0")
+    assert done.returncode == 0, done.stderr
+    parsed = systemd_reads(done.stdout, tmp_path)
+    doc = document(dgx, "--nodes", "16", "--local-rank", "0")
+    expected = {**doc["env"], **doc["ranks"][0]["env"]}
+    assert {name: parsed.get(name) for name in expected} == expected
+
+
+def test_env_file_quoting_survives_systemd(tmp_path: Path) -> None:
+    awkward = 'a b "c" \\d `e` #f ;g'
+    plan = Plan("n", [Recommendation("AWKWARD", awkward, "r", "s")], [], [], [], [])
+    assert systemd_reads(render_env(plan, None), tmp_path)["AWKWARD"] == awkward
+    assert env_file_value("a$HOME") == '"a\\$HOME"'  # no expansion by EnvironmentFile=
+
+
+def systemd_reads(text: str, tmp_path: Path) -> dict[str, str]:
+    assert ENVIRONMENT_D_GENERATOR.exists(), "the systemd package is missing: run make"
+    directory = tmp_path / "config" / "environment.d"
+    directory.mkdir(parents=True)
+    (directory / "50-nodecheck.conf").write_text(text)
+    out = subprocess.run(
+        [str(ENVIRONMENT_D_GENERATOR)],
+        env={"XDG_CONFIG_HOME": str(tmp_path / "config")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    # It prints each variable as NAME=value, a value with other characters in double
+    # quotes with \ before each of "\`$ (systemd's SHELL_NEED_ESCAPE).
+    parsed = {}
+    for line in filter(None, out.splitlines()):
+        name, _, value = line.partition("=")
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = re.sub(r'\\(["\\`$])', r"\1", value[1:-1])
+        parsed[name] = value
+    return parsed
+
+
+def test_bad_local_rank(dgx: Node, build: Callable[..., Node]) -> None:
+    done = run(*dgx.cli_args, "tune", "--local-rank", "8")
+    assert done.returncode == 2
+    assert done.stderr == "nodecheck: --local-rank 8: this node has 8 GPU rank(s), 0-7\n"
+    cpu_only = build("cpu-only")
+    done = run(*cpu_only.cli_args, "tune", "--format", "text")
+    assert done.returncode == 0 and "no NVIDIA GPU on this node" in done.stdout
+
+
+# nodecheck exec -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def box(scratch_dir: Path) -> Node:
+    """Two GPUs on one NUMA node with this machine's first two CPUs: rank 0 gets CPU 0,
+    rank 1 CPU 1, and both can be applied here."""
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
+    if not Path("/sys/devices/system/node/node0").is_dir():
+        pytest.skip("needs NUMA node 0 for --membind=0")
+    root = scratch_dir / "two-gpu-box"
+    if not root.exists():
+        build_node(two_gpu_box(cores=2), root)
+    return Node(root)
+
+
+@pytest.fixture
+def numactl() -> Iterator[str]:
+    path = shutil.which("numactl")
+    assert path is not None, "numactl is missing: run make (it installs the Debian packages)"
+    yield path
+
+
+def exec_report(
+    node: Node, tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    report = tmp_path / "report.json"
+    done = run(
+        *node.cli_args, "exec", *args, "--", sys.executable, "-c", REPORT, str(report), env=env
+    )
+    assert done.returncode == 0, done.stderr
+    parsed: dict[str, object] = json.loads(report.read_text())
+    return done, parsed
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_exec_binds_the_child(box: Node, numactl: str, tmp_path: Path, rank: int) -> None:
+    done, child = exec_report(box, tmp_path, env={"LOCAL_RANK": str(rank), "NCCL_DEBUG": "INFO"})
+    assert child["affinity"] == [rank]
+    assert child["policy"] == "bind:0"  # numactl --membind=0
+    env = child["env"]
+    assert isinstance(env, dict)
+    doc = document(box, "--local-rank", str(rank), env={"NCCL_DEBUG": "INFO"})
+    expected = {**doc["env"], **doc["ranks"][0]["env"]}
+    assert {name: env.get(name) for name in expected} == expected
+    assert expected["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "NCCL_DEBUG" not in env
+    assert f"local rank {rank} -> GPU" in done.stderr and "through numactl" in done.stderr
+    assert "unset NCCL_DEBUG" in done.stderr
+
+
+def test_exec_without_numactl(box: Node, tmp_path: Path) -> None:
+    """numactl not on PATH: the CPU affinity alone, and it says so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "nodecheck.agent", *box.cli_args),
+            *("exec", "--local-rank", "1", "--", "python3", "-c", REPORT, str(report)),
+        ],
+        env={
+            "PATH": str(bin_dir),
+            **({"PYTHONPATH": p} if (p := os.environ.get("PYTHONPATH")) else {}),
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    child = json.loads(report.read_text())
+    assert child["affinity"] == [1] and child["policy"] != "bind:0"
+    assert "numactl is not installed: CPU affinity only" in done.stderr
+
+
+def test_exec_rank_from_slurm(box: Node, numactl: str, tmp_path: Path) -> None:
+    _, child = exec_report(box, tmp_path, "--quiet", env={"SLURM_LOCALID": "1"})
+    assert child["affinity"] == [1]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "message"),
+    [
+        ([], {"LOCAL_RANK": "0"}, 2, "no command"),
+        (["--", "true"], {}, 2, "no local rank: pass --local-rank N"),
+        (["--", "true"], {"LOCAL_RANK": "one"}, 2, "LOCAL_RANK='one' is not a local rank"),
+        (["--local-rank", "2", "--", "true"], {}, 2, "no GPU for local rank 2: this node has 2"),
+        (["--local-rank", "0", "--", "no-such-command-x"], {}, 127, "command not found"),
+    ],
+)
+def test_exec_errors(
+    box: Node, args: list[str], env: dict[str, str], code: int, message: str
+) -> None:
+    done = run(*box.cli_args, "exec", *args, env=env)
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_exec_on_a_node_without_gpus(build: Callable[..., Node]) -> None:
+    done = run(*build("cpu-only").cli_args, "exec", "--local-rank", "0", "--", "true")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "nodecheck exec: no GPU for local rank 0: no NVIDIA GPU on this node: no ranks to "
+        "bind, and no GPU settings\n"
+    )
+
+
+def test_exec_under_torchrun(box: Node, numactl: str, tmp_path: Path) -> None:
+    """torchrun --no-python ... nodecheck exec -- CMD: each worker bound to its own CPU."""
+    pytest.importorskip("torch")
+    nodecheck = Path(sys.executable).with_name("nodecheck")
+    assert nodecheck.exists()
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    child = (
+        "import json, os\n"
+        "json.dump({'affinity': sorted(os.sched_getaffinity(0)), 'env': dict(os.environ)},\n"
+        f"          open('{reports}/' + os.environ['LOCAL_RANK'] + '.json', 'w'))\n"
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+            *("--nproc-per-node", "2", "--no-python", str(nodecheck), *box.cli_args),
+            *("exec", "--quiet", "--", sys.executable, "-c", child),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for rank in (0, 1):
+        seen = json.loads((reports / f"{rank}.json").read_text())
+        assert seen["affinity"] == [rank]
+        assert seen["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

@@ -1,0 +1,282 @@
+"""What `nodecheck tune` recommends on the replica nodes, and how it marks it against the
+calling environment."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from nodecheck.checks.node.inventory import read_inventory
+from nodecheck.checks.node.net import NetInterface
+from nodecheck.tuning.bindings import bind_ranks
+from nodecheck.tuning.nccl import JobShape, ifname_value, job_nodes, socket_candidates
+from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
+from nodecheck.tuning.pytorch import allocator, parse_version
+from nodecheck.tuning.recommendation import Action, Recommendation
+from tests.conftest import Node
+
+IB_RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
+
+
+def plan_for(
+    node: Node,
+    environ: Mapping[str, str] | None = None,
+    *,
+    nodes: int | None = None,
+    single_switch: bool = False,
+    torch_version: tuple[int, int] | None = (2, 13),
+) -> Plan:
+    options = TuneOptions(shape=JobShape(nodes, single_switch), torch_version=torch_version)
+    return make_plan(node.context(environ or {}), options)
+
+
+def by_name(recommendations: list[Recommendation]) -> dict[str, Recommendation]:
+    return {r.name: r for r in recommendations}
+
+
+def left_names(plan: Plan) -> set[str]:
+    return {name for left in plan.left_unset for name in left.names}
+
+
+def test_dgx_recommendations(dgx: Node) -> None:
+    plan = plan_for(dgx)
+    assert plan.environment(None) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+        # The eight IPoIB interfaces (400 Gb/s) share a prefix that selects nothing else:
+        # not eno1 (1 Gb/s), the RoCE port (200 Gb/s), docker0 (down) or lo.
+        "NCCL_SOCKET_IFNAME": "ibp",
+        # The storage RoCE port mlx5_8 is nearest no GPU: the rails are named exactly.
+        "NCCL_IB_HCA": IB_RAILS,
+    }
+    assert all(r.action is Action.SET and r.reason and r.source for r in plan.env)
+    assert "mlx5_8 (Ethernet, another fabric)" in by_name(plan.env)["NCCL_IB_HCA"].reason
+    assert plan.removals == []  # the healthy node's job has nothing flagged
+    assert {"NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "NCCL_IB_GID_INDEX"} <= left_names(plan)
+    # Without --nodes the job's size is unknown: QPS and CROSS_NIC wait for it.
+    assert {"NCCL_IB_QPS_PER_CONNECTION", "NCCL_CROSS_NIC"} <= left_names(plan)
+    timeout = next(left for left in plan.left_unset if left.names == ("NCCL_IB_TIMEOUT",))
+    assert timeout.found == ("NCCL_IB_TIMEOUT=22 in /etc/nccl.conf line 1",)
+    assert [(r.binding.numa_node, r.nics.nics[0], r.nics.relation) for r in plan.ranks] == [
+        (i // 4, f"mlx5_{i}", "PIX") for i in range(8)
+    ]
+    for rank in plan.ranks:
+        assert plan.environment(rank)["OMP_NUM_THREADS"] == "14"
+        assert rank.dataloader.num_workers == 12 and rank.dataloader.pin_memory
+    assert any("3200 Gb/s" in note and ": enough;" in note for note in plan.notes)
+
+
+def dgx_with_debug_job(dgx: Node, copy_node: Callable[[Node], Node]) -> Node:
+    """The healthy node whose training job (pid 5151) also runs with NCCL_DEBUG=INFO."""
+    node = copy_node(dgx)
+    environ = node.root / "proc" / "5151" / "environ"
+    environ.write_bytes(environ.read_bytes() + b"NCCL_DEBUG=INFO\0")
+    return node
+
+
+def test_marks_against_the_calling_environment(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    environ = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "OMP_NUM_THREADS": "1",  # what torchrun sets
+        "NCCL_SOCKET_IFNAME": "eno1",  # up and routed, but 1 Gb/s
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
+        "NCCL_IB_HCA": "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7",
+        "NCCL_DEBUG": "INFO",
+    }
+    plan = plan_for(dgx, environ)
+    env = by_name(plan.env)
+    assert env["CUDA_DEVICE_ORDER"].action is Action.KEEP
+    assert env["NCCL_SOCKET_IFNAME"].action is Action.CHANGE
+    assert env["NCCL_SOCKET_IFNAME"].current == "eno1"
+    # The user's own allocator option stays; expandable segments join it.
+    assert env["PYTORCH_CUDA_ALLOC_CONF"].value == "max_split_size_mb:512,expandable_segments:True"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"].action is Action.CHANGE
+    assert env["PYTORCH_ALLOC_CONF"].action is Action.SET
+    # An exact list of the eight rails is kept as written.
+    assert env["NCCL_IB_HCA"].action is Action.KEEP
+    [omp] = plan.ranks[0].env
+    assert (omp.name, omp.value, omp.action) == ("OMP_NUM_THREADS", "14", Action.CHANGE)
+    [debug] = plan.removals
+    assert (debug.name, debug.action, debug.current) == ("NCCL_DEBUG", Action.UNSET, "INFO")
+    assert debug.found_in == ("the calling environment",)
+    # The same name flagged only in a job on the GPUs leaves this shell's own value alone.
+    elsewhere = plan_for(dgx_with_debug_job(dgx, copy_node), {"NCCL_DEBUG": "WARN"})
+    [debug] = elsewhere.removals
+    assert debug.found_in == ("pid 5151 (python3)",) and debug.current is None
+    kept = plan_for(dgx, {"NCCL_SOCKET_IFNAME": "=ibp25s0", "OMP_NUM_THREADS": "8"})
+    assert by_name(kept.env)["NCCL_SOCKET_IFNAME"].action is Action.KEEP
+    assert kept.ranks[0].env[0].action is Action.KEEP  # 8 of 14 cores: the user's choice
+
+
+def test_faulty_node_red_flags_are_unset(dgx_faulty: Node) -> None:
+    plan = plan_for(dgx_faulty)
+    removals = {r.name: r for r in plan.removals}
+    assert set(removals) == {"NCCL_P2P_DISABLE", "PYTORCH_CUDA_ALLOC_CONF"}
+    assert all(r.action is Action.UNSET for r in removals.values())
+    p2p = removals["NCCL_P2P_DISABLE"]
+    assert p2p.found_in == ("pid 4242 (python3)",) and p2p.flagged_value == "1"
+    assert "peer-to-peer" in p2p.reason and "nccl_env" in p2p.source
+    assert "torch will abort" in removals["PYTORCH_CUDA_ALLOC_CONF"].reason
+    # The replacement the node should run with instead:
+    assert plan.environment(None)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    # The GPU whose firmware gives no NUMA node is placed by its host bridge's devices.
+    rank6 = plan.rank(6)
+    assert rank6 is not None and rank6.binding.numa_node == 1
+    assert "numa_node -1" in rank6.binding.note
+    cpus = [set(r.binding.cpus) for r in plan.ranks]
+    assert len(set().union(*cpus)) == sum(len(c) for c in cpus)  # still disjoint
+
+
+def test_red_flag_in_a_config_file(dgx: Node, copy_node: Callable[[Node], Node]) -> None:
+    node = copy_node(dgx)
+    (node.root / "etc" / "nccl.conf").write_text("NCCL_IB_TIMEOUT=22\nNCCL_ALGO=Ring\n")
+    [algo] = plan_for(node).removals
+    assert algo.name == "NCCL_ALGO" and algo.current is None
+    assert algo.found_in == ("/etc/nccl.conf line 2",)
+    assert "remove line 2 (NCCL_ALGO) from /etc/nccl.conf" in algo.source
+
+
+@pytest.mark.parametrize(
+    ("nodes", "single_switch", "qps", "cross_nic"),
+    [
+        (8, False, None, None),  # 64 GPUs: one switch's worth
+        (9, False, "4", None),  # 72 GPUs
+        (4, True, None, "1"),
+        (1, True, None, None),  # one node: no network traffic at all
+    ],
+)
+def test_fabric_settings_follow_the_job(
+    dgx: Node, nodes: int, single_switch: bool, qps: str | None, cross_nic: str | None
+) -> None:
+    env = plan_for(dgx, nodes=nodes, single_switch=single_switch).environment(None)
+    assert env.get("NCCL_IB_QPS_PER_CONNECTION") == qps
+    assert env.get("NCCL_CROSS_NIC") == cross_nic
+
+
+def test_job_size_from_the_launcher(dgx: Node) -> None:
+    assert job_nodes({"SLURM_JOB_NUM_NODES": "16"}) == (16, "SLURM_JOB_NUM_NODES")
+    assert job_nodes({"WORLD_SIZE": "128", "LOCAL_WORLD_SIZE": "8"})[0] == 16
+    assert job_nodes({"WORLD_SIZE": "8"}) == (None, "")
+    plan = plan_for(dgx, {"SLURM_JOB_NUM_NODES": "16"})
+    assert plan.environment(None)["NCCL_IB_QPS_PER_CONNECTION"] == "4"
+    assert "the job spans 16 node(s), from SLURM_JOB_NUM_NODES" in plan.notes
+    assert any("128 GPUs need 800-1000 Gb/s" in note for note in plan.notes)
+
+
+def test_workstation(workstation: Node) -> None:
+    plan = plan_for(workstation)
+    env = plan.environment(None)
+    assert env["NCCL_SOCKET_IFNAME"] == "enp14s0"
+    assert "NCCL_IB_HCA" not in env
+    assert {"NCCL_IB_QPS_PER_CONNECTION", "NCCL_CROSS_NIC"} <= left_names(plan)
+    [rank] = plan.ranks
+    assert rank.binding.cpus == tuple(range(16)) and rank.nics.nics == ()
+    assert any("no RDMA NIC" in note for note in plan.notes)
+    assert any("2.5 Gb/s" in note and "too little" in note for note in plan.notes)
+
+
+def test_cpu_only_node(build: Callable[..., Node]) -> None:
+    plan = plan_for(build("cpu-only"))
+    assert plan.ranks == [] and plan.env == []
+    assert plan.notes == ["no NVIDIA GPU on this node: no ranks to bind, and no GPU settings"]
+
+
+def test_cuda_visible_devices(dgx: Node) -> None:
+    assert [r.binding.gpu for r in plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "1,7,-1,2"}).ranks] == [
+        "0000:1a:00.0",
+        "0000:bc:00.0",
+    ]  # CUDA stops at the first index it cannot use
+    hidden = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": ""})
+    assert hidden.ranks == [] and "hides them all" in hidden.notes[0]
+    uuids = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "GPU-6f0c0000-1b2e"})
+    assert len(uuids.ranks) == 8 and any("UUID" in note for note in uuids.notes)
+
+
+def test_binding_stays_inside_the_cpuset(dgx: Node) -> None:
+    """A job given socket 0's cores only: ranks of socket 1's GPUs cannot run next to
+    them, share what is left, and say so."""
+    inventory = read_inventory(dgx.fs)
+    node0 = next(n.cpus for n in inventory.numa_nodes if n.number == 0)
+    bindings = bind_ranks(inventory, {}, allowed=node0)
+    assert all(set(b.cpus) <= node0 for b in bindings)
+    assert [b.numa_node for b in bindings] == [0, 0, 0, 0, None, None, None, None]
+    assert "may not use any CPU of NUMA node(s) 1" in bindings[4].note
+    assert len(set().union(*(set(b.cpus) for b in bindings[:4]))) == 4 * 14
+
+
+@pytest.mark.parametrize(
+    ("current", "value"),
+    [
+        (None, "expandable_segments:True"),
+        ("expandable_segments:True", "expandable_segments:True"),
+        (
+            "garbage_collection_threshold:0.6",
+            "garbage_collection_threshold:0.6,expandable_segments:True",
+        ),
+        ("expandable_segments:true,max_split_size_mb:16", "expandable_segments:True"),
+        # Deliberate choices stand: IPC users turn segments off; cudaMallocAsync has its own pool.
+        ("expandable_segments:False", "expandable_segments:False"),
+        ("backend:cudaMallocAsync", "backend:cudaMallocAsync"),
+    ],
+)
+def test_allocator_value(current: str | None, value: str) -> None:
+    environ = {} if current is None else {"PYTORCH_CUDA_ALLOC_CONF": current}
+    recommendations = allocator(environ, (2, 13))
+    assert [r.value for r in recommendations] == [value, value]
+
+
+def test_allocator_name_follows_the_torch_version() -> None:
+    assert [r.name for r in allocator({}, (2, 8))] == ["PYTORCH_CUDA_ALLOC_CONF"]
+    assert [r.name for r in allocator({}, (2, 9))] == [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ]
+    assert len(allocator({}, None)) == 2  # unknown version: both, the same value
+    assert parse_version("2.9.1+cu128") == (2, 9) and parse_version("nightly") is None
+
+
+def interface(name: str, speed: int | None, **overrides: object) -> NetInterface:
+    values: dict[str, object] = {
+        "pci_bdf": "0000:01:00.0",
+        "virtual": False,
+        "operstate": "up",
+        "speed_mbps": speed,
+        "arp_type": 1,
+    }
+    values.update(overrides)
+    return NetInterface(name, **values)  # type: ignore[arg-type]
+
+
+def test_socket_candidates() -> None:
+    interfaces = [
+        interface("lo", None, virtual=True, arp_type=772, operstate="unknown"),
+        interface("docker0", 10000, virtual=True),
+        interface("virbr0", 10000, virtual=True),
+        interface("bond0", 200000, virtual=True, bond=True),
+        interface("eth0", 100000),
+        interface("eth1", 100000, operstate="down"),
+        interface("eth2", 400000),  # up but without an address
+    ]
+    addressed = {"lo", "docker0", "virbr0", "bond0", "eth0", "eth1"}
+    assert [i.name for i in socket_candidates(interfaces, addressed)] == ["bond0", "eth0"]
+    # Without /proc/net the addresses are unknown: speed alone orders them.
+    assert [i.name for i in socket_candidates(interfaces, None)] == ["eth2", "bond0", "eth0"]
+
+
+@pytest.mark.parametrize(
+    ("chosen", "every", "value"),
+    [
+        (["ibp25s0", "ibp27s0"], ["lo", "eno1", "ibp25s0", "ibp27s0"], "ibp"),
+        # "ibp" would also take the slower ibp9s0: exact names instead.
+        (["ibp25s0", "ibp27s0"], ["ibp25s0", "ibp27s0", "ibp9s0"], "=ibp25s0,ibp27s0"),
+        (["eth1"], ["eth0", "eth1", "eth10"], "=eth1"),  # eth1 as a prefix takes eth10 too
+        (["eno1"], ["lo", "eno1"], "eno1"),
+        (["eth0", "enp3s0"], ["eth0", "enp3s0", "eno1"], "=eth0,enp3s0"),
+    ],
+)
+def test_ifname_value(chosen: list[str], every: list[str], value: str) -> None:
+    assert ifname_value(chosen, every) == value

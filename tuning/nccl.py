@@ -1,0 +1,354 @@
+"""NCCL settings for this node: the bootstrap interface, the HCAs, the fabric knobs the
+job's size calls for, what to leave to NCCL, and whether the network is fast enough.
+
+Rules: NCCL's environment documentation (2.30, env.rst) as summarised in
+hardware.md §3; the seed article (ML Engineering, network chapter):
+NCCL_IB_QPS_PER_CONNECTION=4 beyond 64 GPUs, NCCL_CROSS_NIC=1 when every NIC
+hangs off one switch, at least 400 Gbps per node for ZeRO-style sharding and
+800-1000 Gbps beyond 64 GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nodecheck.checks.host.nccl_env import selected_names
+from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
+from nodecheck.tuning.bindings import NicPairing
+from nodecheck.tuning.recommendation import LeftUnset, Recommendation
+
+NCCL_DOCS = "NCCL docs, Environment Variables"
+SEED = "ML Engineering book, network chapter (the seed article)"
+# Above this many GPUs a job outgrows one switch (an NDR InfiniBand switch has 64
+# ports) and traffic crosses several levels that need routing entropy (seed, MLE).
+LARGE_JOB_GPUS = 64
+ZERO_GBPS = 400  # per node, for ZeRO/FSDP-style sharding (seed)
+LARGE_JOB_GBPS = 800  # per node, beyond 64 GPUs (seed: 800-1000)
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the user tells about the job: nodes it spans and whether one switch joins them."""
+
+    nodes: int | None = None
+    single_switch: bool = False
+
+
+@dataclass(frozen=True)
+class NcclAdvice:
+    env: list[Recommendation]
+    left_unset: list[LeftUnset]
+    notes: list[str]
+
+
+def job_nodes(environ: Mapping[str, str]) -> tuple[int | None, str]:
+    """Nodes the job spans as its launcher tells it (Slurm, or torchrun's world sizes),
+    and the variable it came from; (None, "") outside a job."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value), name
+    world, local = environ.get("WORLD_SIZE", ""), environ.get("LOCAL_WORLD_SIZE", "")
+    if world.isdigit() and local.isdigit() and 0 < int(local) <= int(world):
+        return -(-int(world) // int(local)), "WORLD_SIZE / LOCAL_WORLD_SIZE"
+    return None, ""
+
+
+def socket_candidates(
+    interfaces: list[NetInterface], addressed: set[str] | None
+) -> list[NetInterface]:
+    """Interfaces NCCL may bootstrap over: up, with an address other nodes can reach,
+    and real: never lo, and no virtual interface (docker0, virbr0, veth, cni bridges)
+    except a bond, which is as real as the ports under it. Fastest first."""
+    usable = [
+        interface
+        for interface in interfaces
+        if interface.arp_type != ARPHRD_LOOPBACK
+        and interface.name != "lo"
+        and (not interface.virtual or interface.bond)
+        and interface.operstate == "up"
+        and (addressed is None or interface.name in addressed)
+    ]
+    return sorted(usable, key=lambda i: (-(i.speed_mbps or 0), i.name))
+
+
+def ifname_value(chosen: list[str], every_interface: list[str]) -> str:
+    """An NCCL_SOCKET_IFNAME naming exactly `chosen`: their common alphabetic stem ("ibp",
+    not "ibp2", which would also take ibp2s0 elsewhere) where it selects nothing else here,
+    as it then does on every node of a homogeneous cluster; else exact names."""
+    if len(chosen) == 1 and selected_names(chosen[0], every_interface) == chosen:
+        return chosen[0]
+    # A character prefix is meant: NCCL matches interface names by string prefix.
+    prefix = os.path.commonprefix(chosen).rstrip("0123456789")  # noqa: RUF071
+    if len(prefix) >= 2 and sorted(selected_names(prefix, every_interface)) == sorted(chosen):
+        return prefix
+    return "=" + ",".join(chosen)
+
+
+def _socket_ifname(
+    inventory: Inventory, addressed: set[str] | None, environ: Mapping[str, str]
+) -> tuple[list[Recommendation], list[str], list[NetInterface]]:
+    names = [i.name for i in inventory.interfaces]
+    candidates = socket_candidates(inventory.interfaces, addressed)
+    if not candidates:
+        note = (
+            "no network interface is up with an address other nodes can reach "
+            "(lo and virtual bridges do not count): a multi-node job cannot bootstrap NCCL"
+        )
+        return [], [note], []
+    best = candidates[0].speed_mbps or 0
+    fastest = [i for i in candidates if (i.speed_mbps or 0) == best]
+    speed = f"{best / 1000:g} Gb/s" if best else "speed unknown"
+    current = environ.get("NCCL_SOCKET_IFNAME")
+    good = {i.name for i in fastest}
+    if current is not None and (picked := selected_names(current, names)) and set(picked) <= good:
+        value = current
+        reason = f"already names the fastest usable interface(s) ({', '.join(picked)}, {speed})"
+    else:
+        value = ifname_value([i.name for i in fastest], names)
+        reason = (
+            f"bootstrap (and socket traffic without RDMA) over {', '.join(sorted(good))} "
+            f"({speed}, up, with an address); NCCL on its own takes the first ib* interface, "
+            "else any but lo and docker*, which can be a virtual bridge or an unrouted link"
+        )
+    notes = []
+    if addressed is None:
+        notes.append(
+            "/proc/net/route and /proc/net/if_inet6 could not be read: NCCL_SOCKET_IFNAME is "
+            "chosen without knowing which interfaces have addresses"
+        )
+    source = f"{NCCL_DOCS}: NCCL_SOCKET_IFNAME; /sys/class/net and /proc/net/route"
+    return [Recommendation("NCCL_SOCKET_IFNAME", value, reason, source)], notes, fastest
+
+
+def _ib_hca(
+    inventory: Inventory, pairings: list[NicPairing], environ: Mapping[str, str]
+) -> tuple[list[Recommendation], list[LeftUnset], list[str]]:
+    """Restrict NCCL to the GPUs' own NICs only when another active HCA could draw traffic."""
+    active = {r.name: r for r in inventory.rdma if r.active}
+    used = list(dict.fromkeys(name for p in pairings for name in p.nics if name in active))
+    extra = [name for name in active if name not in used]
+    if not used:
+        return [], [], []
+    source = f"{NCCL_DOCS}: NCCL_IB_HCA; /sys/class/infiniband"
+    if not extra:
+        reason = (
+            "NCCL finds each GPU's nearest NIC itself, and every active HCA here is one "
+            "(the per-rank pairing shows which)"
+        )
+        return [], [LeftUnset(("NCCL_IB_HCA",), reason, source)], used
+    layers = {
+        name: next((p.link_layer for p in active[name].ports if p.link_layer), "?")
+        for name in active
+    }
+    used_layers = {layers[name] for name in used}
+    described = [
+        f"{name} ({layers[name]}"
+        + (", another fabric" if layers[name] not in used_layers else "")
+        + ")"
+        for name in extra
+    ]
+    current = environ.get("NCCL_IB_HCA")
+    if current is not None and sorted(selected_names(current, list(active))) == sorted(used):
+        value = current
+    else:
+        ports = [
+            f"{name}:{port.number}"
+            for name in used
+            for port in active[name].ports
+            if port.state == "ACTIVE"
+        ]
+        value = "=" + ",".join(ports)
+    reason = (
+        f"keeps collectives on the {len(used)} NIC(s) nearest the GPUs; "
+        f"{', '.join(described)} is nearest no GPU, and NCCL would otherwise weigh every "
+        "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
+    )
+    return [Recommendation("NCCL_IB_HCA", value, reason, source)], [], used
+
+
+def _fabric(
+    shape: JobShape, ranks: int, rdma_nics: int
+) -> tuple[list[Recommendation], list[LeftUnset]]:
+    """NCCL_IB_QPS_PER_CONNECTION and NCCL_CROSS_NIC by the seed's rules."""
+    names_qps = ("NCCL_IB_QPS_PER_CONNECTION",)
+    names_cross = ("NCCL_CROSS_NIC",)
+    qps_source = f"{SEED}; {NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION"
+    cross_source = f"{SEED}; {NCCL_DOCS}: NCCL_CROSS_NIC"
+    if rdma_nics == 0:
+        reason = "no active RDMA NIC: these InfiniBand/RoCE settings do nothing"
+        return [], [LeftUnset(names_qps + names_cross, reason, NCCL_DOCS)]
+    if shape.nodes is None:
+        return [], [
+            LeftUnset(
+                names_qps,
+                f"depends on the job's size: give --nodes; beyond {LARGE_JOB_GPUS} GPUs set it "
+                "to 4 for routing entropy across switch levels",
+                qps_source,
+            ),
+            LeftUnset(
+                names_cross,
+                "depends on the fabric: NCCL's default (2) keeps a ring on one rail when it can, "
+                "right for rail-optimized fabrics; give --single-switch if every NIC hangs off "
+                "one switch",
+                cross_source,
+            ),
+        ]
+    if shape.nodes == 1:
+        reason = "a one-node job sends nothing over the network"
+        return [], [LeftUnset(names_qps + names_cross, reason, NCCL_DOCS)]
+    env: list[Recommendation] = []
+    left: list[LeftUnset] = []
+    gpus = shape.nodes * ranks
+    if gpus > LARGE_JOB_GPUS:
+        env.append(
+            Recommendation(
+                "NCCL_IB_QPS_PER_CONNECTION",
+                "4",
+                f"{gpus} GPUs outgrow one switch ({LARGE_JOB_GPUS} ports): four queue pairs per "
+                "connection spread each flow over more paths between switch levels (each costs "
+                "some GPU memory)",
+                qps_source,
+            )
+        )
+    else:
+        left.append(
+            LeftUnset(
+                names_qps,
+                f"{gpus} GPUs fit under one switch: NCCL's one queue pair per connection is "
+                f"enough, and more cost GPU memory (set 4 beyond {LARGE_JOB_GPUS} GPUs)",
+                qps_source,
+            )
+        )
+    if rdma_nics < 2:
+        left.append(LeftUnset(names_cross, "one RDMA NIC: nothing to cross to", cross_source))
+    elif shape.single_switch:
+        env.append(
+            Recommendation(
+                "NCCL_CROSS_NIC",
+                "1",
+                "every NIC reaches every other through one switch, so a ring may leave on one "
+                "NIC and arrive on another at no cost",
+                cross_source,
+            )
+        )
+    else:
+        left.append(
+            LeftUnset(
+                names_cross,
+                "NCCL's default (2) keeps a ring on one rail when it can, right for "
+                "rail-optimized fabrics; set 1 only when every NIC hangs off one switch "
+                "(--single-switch)",
+                cross_source,
+            )
+        )
+    return env, left
+
+
+def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[LeftUnset]:
+    far = sorted({p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS")})
+    gdr = (
+        "NCCL reads the PCIe and NVLink topology and uses peer-to-peer and GPUDirect RDMA "
+        "wherever the path allows (up to PXB by default)"
+    )
+    if far:
+        gdr += (
+            f"; here a GPU's nearest NIC is {'/'.join(far)}, so GPUDirect RDMA stays off: "
+            "raising NCCL_NET_GDR_LEVEL is a trade to measure, not a default"
+        )
+    left = [
+        LeftUnset(
+            ("NCCL_ALGO", "NCCL_PROTO"),
+            "NCCL models each algorithm's and protocol's latency and bandwidth per message size "
+            "and topology and takes the fastest; forcing one is a debugging step",
+            f"{NCCL_DOCS}: Debugging",
+        ),
+        LeftUnset(("NCCL_P2P_LEVEL", "NCCL_NET_GDR_LEVEL"), gdr, f"{NCCL_DOCS}: Debugging"),
+        LeftUnset(
+            ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_BUFFSIZE", "NCCL_NTHREADS"),
+            "NCCL sizes channels, buffers and threads for the GPU and topology it finds",
+            f"{NCCL_DOCS}: Debugging",
+        ),
+    ]
+    if inventory.nvswitches:
+        left.append(
+            LeftUnset(
+                ("NCCL_NVLS_ENABLE",),
+                "NVLink SHARP is on by default on NVSwitch systems and speeds all_reduce about "
+                "1.3x (482 vs 368 GB/s on 8x H200)",
+                f"{NCCL_DOCS}: NCCL_NVLS_ENABLE; ML Engineering book, network benchmarks",
+            )
+        )
+    if any(r.active for r in inventory.rdma):
+        left.append(
+            LeftUnset(
+                ("NCCL_IB_TIMEOUT",),
+                "the default 20 (4.3 s a try, about 30 s with retries) suits most fabrics; "
+                "raise it to 22-23 only on a large fabric that reports IBV_WC_RETRY_EXC_ERR",
+                f"{NCCL_DOCS}: NCCL_IB_TIMEOUT",
+            )
+        )
+    if any(p.link_layer == "Ethernet" for r in inventory.rdma for p in r.ports):
+        left.append(
+            LeftUnset(
+                ("NCCL_IB_GID_INDEX",),
+                "NCCL 2.21 and later find the RoCE v2 GID themselves",
+                f"{NCCL_DOCS}: NCCL_IB_GID_INDEX",
+            )
+        )
+    return left
+
+
+def network_note(
+    inventory: Inventory,
+    used_hcas: list[str],
+    sockets: list[NetInterface],
+    shape: JobShape,
+    ranks: int,
+) -> str:
+    """The node's inter-node bandwidth against the seed's guidance."""
+    if shape.nodes == 1:
+        return "one-node job: the network carries no collective traffic"
+    if used_hcas:
+        rates = {
+            r.name: max((p.rate_gbps or 0 for p in r.ports if p.state == "ACTIVE"), default=0)
+            for r in inventory.rdma
+            if r.name in used_hcas
+        }
+        total = sum(rates.values())
+        speeds = "/".join(f"{rate:g}" for rate in sorted(set(rates.values())))
+        what = f"{len(rates)} RDMA NIC(s) at {speeds} Gb/s"
+    elif sockets:
+        total = sum((i.speed_mbps or 0) / 1000 for i in sockets)
+        what = f"no RDMA; TCP sockets over {', '.join(i.name for i in sockets)}"
+    else:
+        return "no usable network interface: this node cannot join a multi-node job"
+    gpus = shape.nodes * ranks if shape.nodes is not None else None
+    if gpus is not None and gpus > LARGE_JOB_GPUS:
+        need, why = LARGE_JOB_GBPS, f"{gpus} GPUs need 800-1000 Gb/s per node"
+    else:
+        need, why = ZERO_GBPS, "ZeRO/FSDP-style sharding needs at least 400 Gb/s per node"
+        if gpus is None:
+            why += f" (800-1000 beyond {LARGE_JOB_GPUS} GPUs)"
+    verdict = "enough" if total >= need else "too little"
+    return f"network: {total:g} Gb/s between nodes ({what}): {verdict}; {why} ({SEED})"
+
+
+def nccl_advice(
+    inventory: Inventory,
+    pairings: list[NicPairing],
+    addressed: set[str] | None,
+    environ: Mapping[str, str],
+    shape: JobShape,
+    ranks: int,
+) -> NcclAdvice:
+    env, notes, sockets = _socket_ifname(inventory, addressed, environ)
+    hca_env, hca_left, used = _ib_hca(inventory, pairings, environ)
+    fabric_env, fabric_left = _fabric(shape, ranks, len(used))
+    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings)
+    notes += list(dict.fromkeys(p.note for p in pairings if p.note))
+    notes.append(network_note(inventory, used, sockets, shape, ranks))
+    return NcclAdvice(env + hca_env + fabric_env, left, notes)
