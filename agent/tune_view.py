@@ -63,6 +63,7 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
             f"# rank {rank.local_rank}: {shlex.join(rank.binding.numactl())} CMD"
             "  (or: nodecheck exec -- CMD)"
         )
+    lines += [f"# note: {note}" for note in plan.notes]
     _, differing = _shared_rank_env(plan, ranks)
     if differing:
         lines.append(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from nodecheck.checks.node.cgroup import read_allowed_cpus
 from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.pci import read_nvidia_gpus
 from tests.conftest import LIVE, Node
@@ -68,3 +72,53 @@ def test_gpu_only_read_matches_the_inventory(build: Callable[..., Node], name: s
     """The GPU checks' lighter read finds the same GPUs, read the same way."""
     node = build(name)
     assert read_nvidia_gpus(node.fs) == read_inventory(node.fs).gpus
+
+
+def cgroup_tree(tmp_path: Path, proc_cgroup: str, files: dict[str, str]) -> NodeFS:
+    fs = NodeFS(sysfs=tmp_path / "sys", procfs=tmp_path / "proc", rootfs=tmp_path)
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text(proc_cgroup)
+    for path, text in files.items():
+        target = tmp_path / "sys" / "fs" / "cgroup" / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return fs
+
+
+def test_cpuset_of_a_slurm_step_v1(tmp_path: Path) -> None:
+    fs = cgroup_tree(
+        tmp_path,
+        "12:cpuset:/slurm/uid_1000/job_42/step_0\n4:memory:/slurm/uid_1000/job_42/step_0\n",
+        {
+            "cpuset/cpuset.effective_cpus": "0-223\n",
+            "cpuset/slurm/uid_1000/job_42/step_0/cpuset.effective_cpus": "0-13,112-125\n",
+        },
+    )
+    assert read_allowed_cpus(fs) == set(range(14)) | set(range(112, 126))
+
+
+def test_cpuset_v2_falls_back_to_the_nearest_ancestor_with_one(tmp_path: Path) -> None:
+    """cpuset.cpus.effective exists only where the cpuset controller is enabled."""
+    fs = cgroup_tree(
+        tmp_path,
+        "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n",
+        {
+            "cpuset.cpus.effective": "0-223\n",
+            "system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective": "56-69\n",
+            "system.slice/slurmstepd.scope/job_42/step_0/user/task_0/cgroup.procs": "4242\n",
+        },
+    )
+    assert read_allowed_cpus(fs) == set(range(56, 70))
+
+
+def test_no_cpuset_to_read(tmp_path: Path, dgx: Node) -> None:
+    assert read_allowed_cpus(dgx.fs) is None  # a replica tree has no /proc/self
+    fs = cgroup_tree(tmp_path, "0::/\n", {})  # cgroup2 without the cpuset controller
+    assert read_allowed_cpus(fs) is None
+
+
+def test_live_cpuset_holds_this_process() -> None:
+    allowed = read_allowed_cpus(LIVE.fs)
+    if allowed is None:
+        pytest.skip("no cpuset on this machine")
+    assert os.sched_getaffinity(0) <= allowed
