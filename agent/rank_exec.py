@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.plan import Plan, RankPlan
+from nodecheck.tuning.recommendation import Action
 
 RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 EXIT_USAGE = 2
@@ -42,9 +44,10 @@ def local_rank_from(option: int | None, environ: Mapping[str, str]) -> tuple[int
         value = environ.get(name)
         if value is None:
             continue
-        if not value.strip().isdigit():
+        rank = parse_count(value)
+        if rank is None:
             raise ExecError(f"{name}={value!r} is not a local rank", EXIT_USAGE)
-        return int(value), name
+        return rank, name
     raise ExecError(
         "no local rank: pass --local-rank N, or run under a launcher that sets "
         f"{' or '.join(RANK_VARIABLES)} (torchrun, srun, mpirun)",
@@ -56,10 +59,6 @@ def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
     rank = plan.rank(local_rank)
     if rank is not None:
         return rank
-    if len(plan.ranks) == 1:
-        # One GPU visible to this process (srun --gpus-per-task=1 sets
-        # CUDA_VISIBLE_DEVICES to one GPU per task): whatever its number, the rank drives it.
-        return plan.ranks[0]
     if not plan.ranks:
         raise ExecError(f"no GPU for local rank {local_rank}: {plan.notes[0]}", EXIT_USAGE)
     raise ExecError(
@@ -73,40 +72,65 @@ def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
 class Launch:
     argv: list[str]
     env: dict[str, str]
-    affinity: frozenset[int] | None  # set by this process when numactl is not there
+    affinity: frozenset[int]
     summary: str
+
+
+def applied_environment(
+    plan: Plan, rank: RankPlan, environ: Mapping[str, str]
+) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    """The child's environment: (env, names set, names unset, names kept though flagged
+    or advised against).
+
+    What the user set and works stays: an advisory change (their NCCL_SOCKET_IFNAME
+    where another interface is faster) and a warning (NCCL_DEBUG=INFO, NCCL_PROTO=^LL128
+    as a workaround) are theirs to decide, and `nodecheck tune` explains them. A value
+    the checks fail (NCCL_P2P_DISABLE=1 on NVLink, an allocator setting torch rejects)
+    is replaced or removed.
+    """
+    env = dict(environ)
+    flagged = {r.name: r for r in plan.removals if r.current is not None}
+    changed, kept = [], []
+    for recommendation in plan.env + rank.env:
+        if recommendation.value is None or env.get(recommendation.name) == recommendation.value:
+            continue
+        own = flagged.get(recommendation.name)
+        if recommendation.action is Action.CHANGE and recommendation.advisory and own is None:
+            kept.append(recommendation.name)
+            continue
+        env[recommendation.name] = recommendation.value
+        changed.append(recommendation.name)
+    removed = []
+    for name, removal in flagged.items():
+        if name in changed or env.get(name) != removal.current:
+            continue
+        if removal.severity == "fail":
+            del env[name]
+            removed.append(name)
+        else:
+            kept.append(name)
+    return env, changed, removed, kept
 
 
 def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str, str]) -> Launch:
     """The command line, environment and affinity that apply `rank` to `command`."""
     if not command:
         raise ExecError("no command: nodecheck exec [OPTIONS] -- CMD [ARGS...]", EXIT_USAGE)
-    env = dict(environ)
-    if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+    path = environ.get("PATH", os.defpath)
+    if shutil.which(command[0], path=path) is None:
         raise ExecError(f"{command[0]}: command not found", EXIT_NOT_FOUND)
-    values = plan.environment(rank)
-    changed = [name for name, value in values.items() if env.get(name) != value]
-    env.update(values)
-    removed = [
-        r.name
-        for r in plan.removals
-        if r.current is not None and r.name not in values and env.get(r.name) == r.current
-    ]
-    for name in removed:
-        del env[name]
+    env, changed, removed, kept = applied_environment(plan, rank, environ)
     binding = rank.binding
     where = (
-        f"local rank {rank.local_rank} -> GPU {binding.gpu}, NUMA node "
+        f"local rank {binding.local_rank} -> GPU {binding.gpu}, NUMA node "
         f"{'?' if binding.numa_node is None else binding.numa_node}, CPUs {rank.cpulist}"
     )
-    numactl = shutil.which("numactl", path=env.get("PATH", os.defpath))
-    affinity: frozenset[int] | None = None
+    numactl = shutil.which("numactl", path=path)
     if numactl is not None:
         argv = [numactl, *binding.numactl()[1:], "--", *command]
         how = "through numactl"
     else:
         argv = list(command)
-        affinity = frozenset(binding.cpus)
         how = (
             "numactl is not installed: CPU affinity only, memory is not bound "
             "(it follows first touch)"
@@ -116,12 +140,20 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
         summary += f"; set {', '.join(changed)}"
     if removed:
         summary += f"; unset {', '.join(removed)}"
-    return Launch(argv, env, affinity, summary)
+    if kept:
+        summary += f"; kept your {', '.join(kept)} (see nodecheck tune)"
+    return Launch(argv, env, frozenset(binding.cpus), summary)
 
 
 def replace_process(launch: Launch, quiet: bool) -> None:
-    """Bind, then exec; returns only by raising ExecError."""
-    if launch.affinity is not None:
+    """Bind, then exec; returns only by raising ExecError.
+
+    The CPU affinity is set here in every case: a launcher may have narrowed this
+    process's affinity already (srun --cpu-bind, mpirun --bind-to, taskset), and numactl
+    accepts only CPUs inside the affinity it starts with; a process may widen its own
+    affinity anywhere inside its cpuset.
+    """
+    if launch.affinity:
         try:
             os.sched_setaffinity(0, launch.affinity)
         except OSError as err:

@@ -20,6 +20,22 @@ WRAP = 96
 # Characters a systemd EnvironmentFile value may hold unquoted (systemd.exec(5),
 # src/basic/env-file.c: whitespace, quotes, backslashes and '$' need quoting).
 ENV_FILE_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/+@%^-]*$")
+SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def printable(line: str) -> str:
+    """The line with control characters escaped. Names, values and process names found on
+    the node (any user's job) pass through here, so a newline in one cannot start a
+    command in sourced shell output, a variable in an EnvironmentFile, or an escape
+    sequence on a terminal."""
+    return "".join(
+        char if char.isprintable() or char == "\t" else char.encode("unicode_escape").decode()
+        for char in line
+    )
+
+
+def _lines(lines: list[str]) -> str:
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def _selected(plan: Plan, local_rank: int | None) -> list[RankPlan]:
@@ -85,14 +101,18 @@ def render_shell(plan: Plan, local_rank: int | None) -> str:
     for removal in plan.removals:
         if removal.name in values:
             continue  # replaced by the export above
-        if removal.current is not None:
+        if removal.current is not None and SHELL_NAME.match(removal.name):
             lines.append(f"unset {removal.name}  # {textwrap.shorten(removal.reason, 90)}")
         if removal.found_in != (CALLING_ENVIRONMENT.label,):
             lines.append(_removal_comment(removal))
-    return "\n".join(lines) + "\n"
+    return _lines(lines)
 
 
 def env_file_value(value: str) -> str:
+    """The value as EnvironmentFile= reads it back; values are single-line by construction
+    (tuning keeps only printable values), and a control character is refused."""
+    if not value.isprintable():
+        raise ValueError(f"not a single-line printable value: {value!r}")
     if ENV_FILE_SAFE.match(value):
         return value
     escaped = re.sub(r'(["\\`$])', r"\\\1", value)
@@ -109,7 +129,7 @@ def render_env(plan: Plan, local_rank: int | None) -> str:
             lines.append(
                 _removal_comment(removal) + f" (in a unit: UnsetEnvironment={removal.name})"
             )
-    return "\n".join(lines) + "\n"
+    return _lines(lines)
 
 
 def _recommendation_json(recommendation: Recommendation) -> dict[str, Any]:
@@ -260,7 +280,7 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
         lines += ["", "Notes:"]
         for note in plan.notes:
             lines += textwrap.wrap(note, WRAP, initial_indent="  - ", subsequent_indent="    ")
-    return "\n".join(lines) + "\n"
+    return _lines(lines)
 
 
 RENDERERS = {

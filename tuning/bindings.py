@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
+from nodecheck.checks.node.variables import parse_count
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,19 @@ def visible_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciD
         item = raw.strip()
         if item.startswith(("GPU-", "MIG-")):
             return gpus
-        if not item.isdigit() or int(item) >= len(gpus):
+        index = parse_count(item)
+        if index is None or index >= len(gpus):
             break
-        picked.append(gpus[int(item)])
+        picked.append(gpus[index])
     return picked
 
 
 def _cores_of(inventory: Inventory, cpus: frozenset[int]) -> list[tuple[int, ...]]:
-    """The physical cores among `cpus`, each as its SMT threads (lowest first), in order."""
+    """The physical cores among `cpus`, each as its SMT threads (lowest first), in order.
+    A CPU whose topology could not be read counts as a core of its own."""
     cores = {tuple(sorted(core & cpus)) for core in inventory.cpu.cores if core & cpus}
+    known = {cpu for core in cores for cpu in core}
+    cores |= {(cpu,) for cpu in cpus - known}
     return sorted(cores)
 
 
@@ -79,6 +84,24 @@ def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str
     )
 
 
+def sharing_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciDevice] | None:
+    """Every GPU of this job step on the node, when the launcher shows that this process
+    sees only some of them: `srun --gpus-per-task` or `--gpu-bind` give each task its own
+    CUDA_VISIBLE_DEVICES, while SLURM_STEP_GPUS (or SLURM_JOB_GPUS) lists the step's GPUs
+    by index. Sibling tasks then share the node's cores, and each must take only its
+    GPU's share. None when there is nothing to share with."""
+    visible = visible_gpus(gpus, environ)
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        try:
+            indices = parse_cpulist(environ.get(name, ""))  # the same "0,1,4-7" list format
+        except ValueError:
+            continue
+        step = [gpu for index, gpu in enumerate(gpus) if index in indices]
+        if len(step) > len(visible) and all(gpu in step for gpu in visible):
+            return step
+    return None
+
+
 def bind_ranks(
     inventory: Inventory,
     environ: Mapping[str, str],
@@ -87,47 +110,55 @@ def bind_ranks(
     with_smt_siblings: bool = False,
 ) -> list[RankBinding]:
     """One binding per visible GPU (one rank per GPU), inside the CPUs `allowed`
-    (this process's cpuset; None: every online CPU)."""
+    (this process's cpuset; None: every online CPU). The cores of each NUMA node are
+    split among the GPUs on it that this job uses: the visible ones, or the whole
+    step's when each task sees only its own (sharing_gpus)."""
     gpus = visible_gpus(inventory.gpus, environ)
+    sharers = sharing_gpus(inventory.gpus, environ) or gpus
     usable = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
     if allowed is not None:
         usable &= allowed
     node_cpus = {node.number: node.cpus & usable for node in inventory.numa_nodes}
-    located = [gpu_numa_node(inventory, gpu) for gpu in gpus]
-    placed = [(gpu, node) for gpu, (node, _) in zip(gpus, located, strict=True)]
-    groups: dict[int | None, list[int]] = {}
-    for rank, (_, node) in enumerate(placed):
+    located = {gpu.bdf: gpu_numa_node(inventory, gpu) for gpu in sharers}
+    groups: dict[int | None, list[str]] = {}
+    for gpu in sharers:
+        node = located[gpu.bdf][0]
         groups.setdefault(node if node is not None and node_cpus.get(node) else None, []).append(
-            rank
+            gpu.bdf
         )
-    bindings = []
-    for node, ranks in sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or 0)):
-        note = ""
-        if node is not None:
-            cpus = node_cpus[node]
+    pools: dict[int | None, frozenset[int]] = {n: node_cpus[n] for n in groups if n is not None}
+    notes: dict[str, str] = {bdf: note for bdf, (_, note) in located.items() if note}
+    unplaced = groups.pop(None, [])
+    if unplaced:
+        # No locality to follow: the GPU's node is unknown (firmware says -1), or this
+        # cpuset holds none of its node's CPUs. Use CPUs no other rank is bound to; if
+        # there are none, join the largest group, so every rank still has its own cores.
+        free = usable - frozenset().union(*pools.values())
+        if free or not groups:
+            groups[None], pools[None] = unplaced, free or usable
         else:
-            # No locality to follow: the GPU's node is unknown (firmware says -1, or
-            # one node), or this cpuset holds none of its CPUs. Prefer CPUs no other
-            # rank is bound to.
-            taken = frozenset().union(*(node_cpus[n] for n in groups if n is not None))
-            cpus = (usable - taken) or usable
-            lost = sorted({n for r in ranks if (n := placed[r][1]) is not None})
-            if lost:
-                note = (
-                    f"this process may not use any CPU of NUMA node(s) "
-                    f"{', '.join(map(str, lost))} (cpuset {format_cpulist(usable)}): the rank "
-                    "runs away from its GPU; ask the scheduler for CPUs on every GPU's socket"
+            largest = max(groups, key=lambda n: len(pools[n]))
+            groups[largest] = groups[largest] + unplaced
+        for bdf in unplaced:
+            if located[bdf][0] is not None:
+                notes[bdf] = (
+                    f"this process may not use any CPU of NUMA node {located[bdf][0]} "
+                    f"(cpuset {format_cpulist(usable)}): the rank runs away from its GPU; ask "
+                    "the scheduler for CPUs on every GPU's socket"
                 )
-        cores = _cores_of(inventory, cpus)
-        share = max(len(cores) // len(ranks), 1)
-        for position, rank in enumerate(ranks):
+    slices: dict[str, tuple[int | None, tuple[int, ...]]] = {}
+    for node, members in groups.items():
+        cores = _cores_of(inventory, pools[node])
+        share = max(len(cores) // len(members), 1)
+        for position, bdf in enumerate(members):
             mine = cores[position * share : (position + 1) * share] or cores[-1:]
             threads = [cpu for core in mine for cpu in (core if with_smt_siblings else core[:1])]
-            why = "; ".join(filter(None, (located[rank][1], note)))
-            bindings.append(
-                RankBinding(rank, placed[rank][0].bdf, node, tuple(sorted(threads)), why)
-            )
-    return sorted(bindings, key=lambda binding: binding.local_rank)
+            bound = node if bdf not in unplaced else None
+            slices[bdf] = (bound, tuple(sorted(threads)))
+    return [
+        RankBinding(rank, gpu.bdf, *slices[gpu.bdf], notes.get(gpu.bdf, ""))
+        for rank, gpu in enumerate(gpus)
+    ]
 
 
 @dataclass(frozen=True)
@@ -143,7 +174,8 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     before NODE before SYS, as NCCL ranks them). GPUs with the same nearest NICs (two
     GPUs and two NICs behind one switch) get them dealt out in bus order, one each,
     so no NIC carries two GPUs' traffic while another idles."""
-    rdma = [nic for nic in inventory.nics if nic.is_rdma]
+    # A NIC without an ACTIVE port carries nothing (NCCL skips it).
+    rdma = [nic for nic in inventory.nics if nic.is_rdma and nic.state == "ACTIVE"]
     best: dict[str, tuple[Relation, list[str]]] = {}
     for gpu in gpus:
         if not rdma:
@@ -155,7 +187,7 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     pairings = []
     for gpu in gpus:
         if gpu.bdf not in best:
-            note = "no RDMA NIC on this node: NCCL uses sockets between nodes"
+            note = "no RDMA NIC with an active port: NCCL uses sockets between nodes"
             pairings.append(NicPairing(gpu.bdf, (), None, note))
             continue
         relation, names = best[gpu.bdf]

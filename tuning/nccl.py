@@ -14,11 +14,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodecheck.checks.host.nccl_env import selected_names
+from nodecheck.checks.host.nccl_env import (
+    node_facts,
+    rule_ib_hca,
+    rule_socket_ifname,
+    selected_names,
+)
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
+from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.bindings import NicPairing
-from nodecheck.tuning.recommendation import LeftUnset, Recommendation
+from nodecheck.tuning.recommendation import LeftUnset, Recommendation, plain
 
 NCCL_DOCS = "NCCL docs, Environment Variables"
 SEED = "ML Engineering book, network chapter (the seed article)"
@@ -27,6 +33,11 @@ SEED = "ML Engineering book, network chapter (the seed article)"
 LARGE_JOB_GPUS = 64
 ZERO_GBPS = 400  # per node, for ZeRO/FSDP-style sharding (seed)
 LARGE_JOB_GBPS = 800  # per node, beyond 64 GPUs (seed: 800-1000)
+
+
+# Interfaces of container runtimes and overlays, by the names they give them; NCCL itself
+# skips docker* by default (NCCL docs: NCCL_SOCKET_IFNAME).
+CONTAINER_INTERFACES = ("docker", "veth", "virbr", "cni", "flannel", "cali", "vxlan", "kube")
 
 
 @dataclass(frozen=True)
@@ -48,12 +59,13 @@ def job_nodes(environ: Mapping[str, str]) -> tuple[int | None, str]:
     """Nodes the job spans as its launcher tells it (Slurm, or torchrun's world sizes),
     and the variable it came from; (None, "") outside a job."""
     for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value), name
-    world, local = environ.get("WORLD_SIZE", ""), environ.get("LOCAL_WORLD_SIZE", "")
-    if world.isdigit() and local.isdigit() and 0 < int(local) <= int(world):
-        return -(-int(world) // int(local)), "WORLD_SIZE / LOCAL_WORLD_SIZE"
+        nodes = parse_count(environ.get(name, ""))
+        if nodes:
+            return nodes, name
+    world = parse_count(environ.get("WORLD_SIZE", ""))
+    local = parse_count(environ.get("LOCAL_WORLD_SIZE", ""))
+    if world and local and local <= world:
+        return -(-world // local), "WORLD_SIZE / LOCAL_WORLD_SIZE"
     return None, ""
 
 
@@ -61,14 +73,16 @@ def socket_candidates(
     interfaces: list[NetInterface], addressed: set[str] | None
 ) -> list[NetInterface]:
     """Interfaces NCCL may bootstrap over: up, with an address other nodes can reach,
-    and real: never lo, and no virtual interface (docker0, virbr0, veth, cni bridges)
-    except a bond, which is as real as the ports under it. Fastest first."""
+    and on the host's own network: never lo, a bridge (docker0, virbr0, cni0), tun/tap,
+    veth or an overlay (flannel, calico, vxlan). A bond, VLAN or macvlan is as real as
+    the ports under it. Fastest first."""
     usable = [
         interface
         for interface in interfaces
         if interface.arp_type != ARPHRD_LOOPBACK
         and interface.name != "lo"
-        and (not interface.virtual or interface.bond)
+        and not interface.name.startswith(CONTAINER_INTERFACES)
+        and (not interface.virtual or interface.kind in ("bond", "stacked"))
         and interface.operstate == "up"
         and (addressed is None or interface.name in addressed)
     ]
@@ -104,7 +118,8 @@ def _socket_ifname(
     speed = f"{best / 1000:g} Gb/s" if best else "speed unknown"
     current = environ.get("NCCL_SOCKET_IFNAME")
     good = {i.name for i in fastest}
-    if current is not None and (picked := selected_names(current, names)) and set(picked) <= good:
+    picked = selected_names(current, names) if current is not None else []
+    if current is not None and plain(current) and picked and set(picked) <= good:
         value = current
         reason = f"already names the fastest usable interface(s) ({', '.join(picked)}, {speed})"
     else:
@@ -121,7 +136,9 @@ def _socket_ifname(
             "chosen without knowing which interfaces have addresses"
         )
     source = f"{NCCL_DOCS}: NCCL_SOCKET_IFNAME; /sys/class/net and /proc/net/route"
-    return [Recommendation("NCCL_SOCKET_IFNAME", value, reason, source)], notes, fastest
+    works = current is not None and rule_socket_ifname("", current, node_facts(inventory)) is None
+    recommendation = Recommendation("NCCL_SOCKET_IFNAME", value, reason, source, advisory=works)
+    return [recommendation], notes, fastest
 
 
 def _ib_hca(
@@ -152,7 +169,8 @@ def _ib_hca(
         for name in extra
     ]
     current = environ.get("NCCL_IB_HCA")
-    if current is not None and sorted(selected_names(current, list(active))) == sorted(used):
+    chosen = selected_names(current, list(active)) if current is not None else []
+    if current is not None and plain(current) and sorted(chosen) == sorted(used):
         value = current
     else:
         ports = [
@@ -167,7 +185,8 @@ def _ib_hca(
         f"{', '.join(described)} is nearest no GPU, and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
-    return [Recommendation("NCCL_IB_HCA", value, reason, source)], [], used
+    works = current is not None and rule_ib_hca("", current, node_facts(inventory)) is None
+    return [Recommendation("NCCL_IB_HCA", value, reason, source, advisory=works)], [], used
 
 
 def _fabric(

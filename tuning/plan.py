@@ -7,13 +7,22 @@ shares, each rank's own variables, what to remove, what to leave alone, and note
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
 from nodecheck.checks.node.net import read_addressed_interfaces
+from nodecheck.checks.node.pci import PciDevice
 from nodecheck.tuning import nccl, pytorch
-from nodecheck.tuning.bindings import NicPairing, RankBinding, bind_ranks, pair_nics, visible_gpus
+from nodecheck.tuning.bindings import (
+    NicPairing,
+    RankBinding,
+    bind_ranks,
+    pair_nics,
+    sharing_gpus,
+    visible_gpus,
+)
 from nodecheck.tuning.nccl import JobShape
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation
 from nodecheck.tuning.red_flags import removals
@@ -53,12 +62,42 @@ class Plan:
     notes: list[str]
 
     def rank(self, local_rank: int) -> RankPlan | None:
-        return next((r for r in self.ranks if r.local_rank == local_rank), None)
+        """The plan for a local rank. With one GPU visible (a node with one GPU, or
+        `srun --gpus-per-task=1` giving each task its own), every rank drives that GPU."""
+        found = next((r for r in self.ranks if r.local_rank == local_rank), None)
+        if found is None and len(self.ranks) == 1:
+            only = self.ranks[0]
+            return replace(only, binding=replace(only.binding, local_rank=local_rank))
+        return found
 
     def environment(self, rank: RankPlan | None) -> dict[str, str]:
         """The variables to set: the shared ones, and the rank's own when given."""
         chosen = self.env + (rank.env if rank is not None else [])
         return {r.name: r.value for r in chosen if r.value is not None}
+
+
+def _visibility_notes(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[str]:
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
+    entries = [item.strip() for item in visible.split(",")]
+    if any(item.startswith(("GPU-", "MIG-")) for item in entries):
+        return [
+            "CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance, which sysfs cannot "
+            "match: ranks are counted over every GPU"
+        ]
+    step = environ.get("SLURM_STEP_GPUS", environ.get("SLURM_JOB_GPUS"))
+    if visible and step is not None and sharing_gpus(gpus, environ) is None:
+        shown = visible_gpus(gpus, environ)
+        try:
+            indices = parse_cpulist(step)
+        except ValueError:
+            return []
+        if any(gpus.index(gpu) not in indices for gpu in shown):
+            return [
+                f"CUDA_VISIBLE_DEVICES={visible} names GPUs outside this step's "
+                f"(SLURM_STEP_GPUS={step}): Slurm's ConstrainDevices numbers them from 0 "
+                "inside the job, so the GPU bound here may not be the one CUDA uses"
+            ]
+    return []
 
 
 def _with_current(left: LeftUnset, ctx: CheckContext, flagged: list[Recommendation]) -> LeftUnset:
@@ -81,8 +120,9 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         allowed=options.allowed_cpus,
         with_smt_siblings=options.with_smt_siblings,
     )
-    gpus = visible_gpus(inventory.gpus, environ)
-    pairings = {p.gpu: p for p in pair_nics(inventory, gpus)}
+    # Every GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on every
+    # rank of the node, and NICs are dealt out in bus order.
+    pairings = {p.gpu: p for p in pair_nics(inventory, inventory.gpus)}
     notes: list[str] = []
     shape = options.shape
     if shape.nodes is None:
@@ -100,12 +140,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             else "no NVIDIA GPU on this node: no ranks to bind, and no GPU settings"
         )
     else:
-        visible = environ.get("CUDA_VISIBLE_DEVICES", "")
-        if visible.strip().startswith(("GPU-", "MIG-")):
-            notes.append(
-                "CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance, which sysfs cannot "
-                "match: ranks are counted over every GPU"
-            )
+        notes += _visibility_notes(inventory.gpus, environ)
         env.append(pytorch.device_order())
         env += pytorch.allocator(environ, options.torch_version)
         advice = nccl.nccl_advice(

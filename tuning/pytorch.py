@@ -13,8 +13,9 @@ from importlib import metadata
 
 from nodecheck.checks.host.torch_alloc import AllocOption, check_option, parse_alloc_conf
 from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.bindings import RankBinding
-from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation
+from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation, plain
 
 OLD_NAME = "PYTORCH_CUDA_ALLOC_CONF"
 NEW_NAME = "PYTORCH_ALLOC_CONF"
@@ -58,7 +59,11 @@ def allocator(
     environ: Mapping[str, str], torch_version: tuple[int, int] | None
 ) -> list[Recommendation]:
     """expandable_segments:True, merged into whatever valid options are set now."""
-    current = environ.get(OLD_NAME, environ.get(NEW_NAME))
+    reads_new = torch_version is None or torch_version >= NEW_NAME_SINCE
+    # Which value torch uses now: 2.9 and later read the new name first; older, only the old.
+    current = environ.get(NEW_NAME, environ.get(OLD_NAME)) if reads_new else environ.get(OLD_NAME)
+    if current is not None and not plain(current):
+        current = current.strip() if current.strip().isprintable() else None
     reason = (
         "expandable segments let each stream's memory grow as one segment instead of caching "
         "fixed blocks: less fragmentation and fewer out-of-memory errors when shapes vary "
@@ -91,7 +96,7 @@ def allocator(
             value = _join([*kept, AllocOption("expandable_segments", "True")])
     source = f"{ALLOCATOR_DOCS}; seed article (memory fragmentation)"
     recommendations = [Recommendation(OLD_NAME, value, reason, source)]
-    if torch_version is None or torch_version >= NEW_NAME_SINCE:
+    if reads_new:
         installed = (
             f"torch {torch_version[0]}.{torch_version[1]} here"
             if torch_version
@@ -117,11 +122,12 @@ def physical_cores(inventory: Inventory, binding: RankBinding) -> int:
 
 def omp_threads(cores: int, environ: Mapping[str, str]) -> Recommendation:
     current = environ.get("OMP_NUM_THREADS", "")
+    threads = parse_count(current)
     source = "torch/distributed/run.py (torchrun's default of 1); PyTorch docs, CPU threading"
-    if current.isdigit() and 2 <= int(current) <= cores:
+    if threads is not None and 2 <= threads <= cores:
         return Recommendation(
             "OMP_NUM_THREADS",
-            current,
+            str(threads),
             f"within the rank's {cores} physical cores: your choice stands",
             source,
         )

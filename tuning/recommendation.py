@@ -8,6 +8,11 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 
+def plain(value: str) -> bool:
+    """A value safe to carry over as it is: printable, without surrounding whitespace."""
+    return value.isprintable() and value == value.strip()
+
+
 class Action(str, Enum):
     KEEP = "keep"  # already set to the recommended value
     SET = "set"  # not set now
@@ -24,6 +29,10 @@ class Recommendation:
     current: str | None = None  # its value in the calling environment
     found_in: tuple[str, ...] = ()  # for a removal: where it was found
     flagged_value: str | None = None  # for a removal: the value the checks flag
+    severity: str | None = None  # for a removal: "fail" or "warn", as the checks judge it
+    # A change of a value the user set that works, to one that is better: `tune` shows it,
+    # `nodecheck exec` leaves the user's value alone.
+    advisory: bool = False
 
     @property
     def action(self) -> Action:

@@ -55,6 +55,7 @@ def removals(ctx: CheckContext) -> list[Recommendation]:
                     value if any(s.source == CALLING_ENVIRONMENT for s in settings) else None,
                     tuple(s.where for s in settings),
                     value,
+                    Status.FAIL.value if worst == Status.FAIL.severity else Status.WARN.value,
                 ),
             )
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
 from nodecheck.checks.node.pci import split_device_path
@@ -53,7 +54,9 @@ class NetInterface:
     operstate: str | None = None
     speed_mbps: int | None = None
     arp_type: int | None = None
-    bond: bool = False  # a bonding master (bond0): virtual, yet as fast as its ports
+    # For a virtual interface: "bond" (bonding master), "bridge", "tun" (tun/tap), "stacked"
+    # (a VLAN, macvlan or ipvlan on another interface: it has a lower_* link), or None.
+    kind: str | None = None
     problems: dict[str, str] = field(default_factory=dict)
 
 
@@ -84,6 +87,20 @@ def _pci_of(fs: NodeFS, real_path: str) -> str | None:
     return chain[-1] if chain else None
 
 
+def virtual_kind(directory: Path) -> str | None:
+    """What a virtual interface is, from its sysfs directory (drivers/net/bonding,
+    net/bridge/br_sysfs_br.c, drivers/net/tun.c, and net/core/dev.c's lower_* links)."""
+    if (directory / "bonding").is_dir():
+        return "bond"
+    if (directory / "bridge").is_dir():
+        return "bridge"
+    if (directory / "tun_flags").exists():
+        return "tun"
+    if any(name.startswith("lower_") for name in list_dir(directory)):
+        return "stacked"
+    return None
+
+
 def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
     interfaces = []
     for name in list_dir(fs.sys("class", "net")):
@@ -93,7 +110,8 @@ def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
             name=name, pci_bdf=None if virtual else _pci_of(fs, real), virtual=virtual
         )
         directory = fs.sys("class", "net", name)
-        interface.bond = (directory / "bonding").is_dir()
+        if virtual:
+            interface.kind = virtual_kind(directory)
         try:
             interface.operstate = read_optional_text(directory / "operstate")
         except ReadError as err:

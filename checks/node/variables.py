@@ -29,6 +29,13 @@ def audited(name: str) -> bool:
     return name.startswith(AUDITED_PREFIXES)
 
 
+def parse_count(value: str) -> int | None:
+    """A non-negative integer as launchers write one ("8", " 8 "); None for anything else.
+    str.isdigit is not enough: it accepts "²", which int() refuses."""
+    text = value.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a variable was found. `label` is what a person reads."""

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from nodecheck.agent.rank_exec import applied_environment
 from nodecheck.agent.tune_view import env_file_value, render_env
-from nodecheck.tuning.plan import Plan
+from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Recommendation
-from tests.agent.test_cli import run
-from tests.conftest import Node
+from tests.agent.test_cli import NODECHECK, run
+from tests.conftest import CLEAN_ENVIRON, Node
 from tests.fixtures.nodegen import build_node
 from tests.fixtures.nodes import SECRET, two_gpu_box
 
@@ -33,6 +34,15 @@ REPORT = (
     "json.dump({'affinity': sorted(os.sched_getaffinity(0)), 'policy': maps[1],\n"
     "           'env': dict(os.environ)}, open(sys.argv[1], 'w'))\n"
 )
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """A clean environment for a child, as `run` builds it (nothing from a Slurm or GPU job
+    this test suite may itself run in)."""
+    environ = dict(CLEAN_ENVIRON, PATH=os.environ["PATH"], **extra)
+    if "PYTHONPATH" in os.environ:
+        environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return environ
 
 
 def document(node: Node, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -85,6 +95,36 @@ def test_text_is_a_table_with_reasons(dgx: Node) -> None:
     assert "Left unset on purpose:" in out and "  NCCL_ALGO, NCCL_PROTO" in out
 
 
+def test_hostile_values_stay_inert(
+    dgx_faulty: Node, copy_node: Callable[[Node], Node], tmp_path: Path
+) -> None:
+    """A job on the GPUs whose environment holds a newline and a command: sourcing the
+    shell output runs nothing, and the EnvironmentFile gains no variable."""
+    node = copy_node(dgx_faulty)
+    marker = tmp_path / "ran"
+    evil = f"NCCL_DEBUG=INFO\ntouch {marker}\nLD_PRELOAD=/tmp/evil.so\n"
+    (node.root / "proc" / "4242" / "environ").write_bytes(
+        b"PATH=/usr/bin\0" + evil.encode() + b"\0NCCL_P2P_DISABLE=1\0"
+    )
+    shell = run(*node.cli_args, "tune", "--format", "shell")
+    assert shell.returncode == 0, shell.stderr
+    script = tmp_path / "tune.sh"
+    script.write_text(shell.stdout)
+    sourced = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", f"source {script}"],
+        capture_output=True,
+        check=False,
+    )
+    assert sourced.returncode == 0 and not marker.exists(), sourced.stderr
+    assert "\\ntouch" in shell.stdout  # shown, escaped, in a comment
+    env_file = run(*node.cli_args, "tune", "--format", "env").stdout
+    assert all(
+        line.startswith("#") or line.split("=")[0].isidentifier() for line in env_file.splitlines()
+    )
+    assert not any(line.startswith("LD_PRELOAD") for line in env_file.splitlines())
+    assert "LD_PRELOAD" not in systemd_reads(env_file, tmp_path)
+
+
 def test_shell_output_sourced_in_bash(dgx_faulty: Node, tmp_path: Path) -> None:
     """bash sources the exports; the environment it ends with is the JSON's, for rank 3."""
     calling = {"OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eno1"}
@@ -121,6 +161,8 @@ def test_env_file_quoting_survives_systemd(tmp_path: Path) -> None:
     plan = Plan("n", [Recommendation("AWKWARD", awkward, "r", "s")], [], [], [], [])
     assert systemd_reads(render_env(plan, None), tmp_path)["AWKWARD"] == awkward
     assert env_file_value("a$HOME") == '"a\\$HOME"'  # no expansion by EnvironmentFile=
+    with pytest.raises(ValueError, match="not a single-line"):
+        env_file_value("a\nB=c")
 
 
 def systemd_reads(text: str, tmp_path: Path) -> dict[str, str]:
@@ -193,18 +235,40 @@ def exec_report(
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_exec_binds_the_child(box: Node, numactl: str, tmp_path: Path, rank: int) -> None:
-    done, child = exec_report(box, tmp_path, env={"LOCAL_RANK": str(rank), "NCCL_DEBUG": "INFO"})
+    """The child runs on its rank's CPU with memory bound to node 0 and the rank's
+    environment. A value the checks fail (P2P off between two GPUs) is removed; one they
+    only warn about (NCCL_DEBUG=INFO, often set on purpose) is the user's to keep."""
+    calling = {"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1"}
+    done, child = exec_report(box, tmp_path, env={"LOCAL_RANK": str(rank), **calling})
     assert child["affinity"] == [rank]
     assert child["policy"] == "bind:0"  # numactl --membind=0
     env = child["env"]
     assert isinstance(env, dict)
-    doc = document(box, "--local-rank", str(rank), env={"NCCL_DEBUG": "INFO"})
+    doc = document(box, "--local-rank", str(rank), env=calling)
     expected = {**doc["env"], **doc["ranks"][0]["env"]}
     assert {name: env.get(name) for name in expected} == expected
     assert expected["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert "NCCL_DEBUG" not in env
+    assert "NCCL_P2P_DISABLE" not in env and env["NCCL_DEBUG"] == "INFO"
     assert f"local rank {rank} -> GPU" in done.stderr and "through numactl" in done.stderr
-    assert "unset NCCL_DEBUG" in done.stderr
+    assert "unset NCCL_P2P_DISABLE" in done.stderr and "kept your NCCL_DEBUG" in done.stderr
+
+
+def test_exec_widens_a_narrowed_affinity(box: Node, numactl: str, tmp_path: Path) -> None:
+    """Started on CPU 0 only (srun --cpu-bind, taskset): rank 1 still runs on CPU 1."""
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [
+            *(*NODECHECK, *box.cli_args, "exec", "--local-rank", "1"),
+            *("--", sys.executable, "-c", REPORT, str(report)),
+        ],
+        env=subprocess_env(),
+        preexec_fn=lambda: os.sched_setaffinity(0, {0}),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(report.read_text())["affinity"] == [1]
 
 
 def test_exec_without_numactl(box: Node, tmp_path: Path) -> None:
@@ -282,7 +346,7 @@ def test_exec_under_torchrun(box: Node, numactl: str, tmp_path: Path) -> None:
             *("--nproc-per-node", "2", "--no-python", str(nodecheck), *box.cli_args),
             *("exec", "--quiet", "--", sys.executable, "-c", child),
         ],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=subprocess_env(OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -294,3 +358,32 @@ def test_exec_under_torchrun(box: Node, numactl: str, tmp_path: Path) -> None:
         assert seen["affinity"] == [rank]
         assert seen["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
+    """exec replaces what the checks fail and fills in what is unset; a working choice of
+    the user's (an interface, a protocol workaround, debug logging) stays."""
+    calling = {
+        "NCCL_SOCKET_IFNAME": "eno1",  # works, though the IPoIB ports are faster
+        "NCCL_PROTO": "^LL128",  # NCCL's documented workaround for a suspected bug
+        "NCCL_DEBUG": "INFO",
+        "NCCL_P2P_DISABLE": "1",  # fails: 8 NVLink GPUs
+        "OMP_NUM_THREADS": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true",  # torch would abort
+    }
+    plan = make_plan(dgx.context(calling), TuneOptions(torch_version=(2, 13)))
+    rank = plan.rank(2)
+    assert rank is not None
+    env, changed, removed, kept = applied_environment(plan, rank, calling)
+    assert env["NCCL_SOCKET_IFNAME"] == "eno1" and env["NCCL_PROTO"] == "^LL128"
+    assert env["NCCL_DEBUG"] == "INFO" and "NCCL_P2P_DISABLE" not in env
+    assert env["OMP_NUM_THREADS"] == "14"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert removed == ["NCCL_P2P_DISABLE"]
+    assert sorted(kept) == ["NCCL_DEBUG", "NCCL_PROTO", "NCCL_SOCKET_IFNAME"]
+    assert {"CUDA_DEVICE_ORDER", "NCCL_IB_HCA", "OMP_NUM_THREADS"} <= set(changed)
+    # An interface that does not exist is no choice to keep.
+    broken = {**calling, "NCCL_SOCKET_IFNAME": "eth9"}
+    plan = make_plan(dgx.context(broken), TuneOptions(torch_version=(2, 13)))
+    env, *_ = applied_environment(plan, plan.ranks[0], broken)
+    assert env["NCCL_SOCKET_IFNAME"] == "ibp"

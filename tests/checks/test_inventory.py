@@ -94,7 +94,7 @@ def test_cpuset_of_a_slurm_step_v1(tmp_path: Path) -> None:
             "cpuset/slurm/uid_1000/job_42/step_0/cpuset.effective_cpus": "0-13,112-125\n",
         },
     )
-    assert read_allowed_cpus(fs) == set(range(14)) | set(range(112, 126))
+    assert read_allowed_cpus(fs) == frozenset(range(14)) | frozenset(range(112, 126))
 
 
 def test_cpuset_v2_falls_back_to_the_nearest_ancestor_with_one(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_cpuset_v2_falls_back_to_the_nearest_ancestor_with_one(tmp_path: Path) -
             "system.slice/slurmstepd.scope/job_42/step_0/user/task_0/cgroup.procs": "4242\n",
         },
     )
-    assert read_allowed_cpus(fs) == set(range(56, 70))
+    assert read_allowed_cpus(fs) == frozenset(range(56, 70))
 
 
 def test_no_cpuset_to_read(tmp_path: Path, dgx: Node) -> None:

@@ -3,6 +3,7 @@ calling environment."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -198,14 +199,47 @@ def test_cuda_visible_devices(dgx: Node) -> None:
 
 def test_binding_stays_inside_the_cpuset(dgx: Node) -> None:
     """A job given socket 0's cores only: ranks of socket 1's GPUs cannot run next to
-    them, share what is left, and say so."""
+    them; all eight share socket 0's 56 cores, still disjoint, and say so."""
     inventory = read_inventory(dgx.fs)
     node0 = next(n.cpus for n in inventory.numa_nodes if n.number == 0)
     bindings = bind_ranks(inventory, {}, allowed=node0)
     assert all(set(b.cpus) <= node0 for b in bindings)
     assert [b.numa_node for b in bindings] == [0, 0, 0, 0, None, None, None, None]
-    assert "may not use any CPU of NUMA node(s) 1" in bindings[4].note
-    assert len(set().union(*(set(b.cpus) for b in bindings[:4]))) == 4 * 14
+    assert "may not use any CPU of NUMA node 1 (cpuset 0-55,112-167)" in bindings[4].note
+    assert [len(b.cpus) for b in bindings] == [7] * 8
+    assert len(set().union(*(set(b.cpus) for b in bindings))) == 8 * 7
+    # Socket 1 only partly in the cpuset: its ranks split what they may use.
+    part = node0 | frozenset(range(56, 60))
+    split = bind_ranks(inventory, {}, allowed=part)
+    assert [b.cpus for b in split[4:]] == [(56,), (57,), (58,), (59,)]
+
+
+def test_each_task_sees_one_gpu(dgx: Node) -> None:
+    """srun --gpus-per-task=1: each task sees its own GPU, the step has all eight. A task
+    takes its GPU's share of the socket, not the whole socket."""
+    inventory = read_inventory(dgx.fs)
+    step = {"SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7"}
+    [task5] = bind_ranks(inventory, {**step, "CUDA_VISIBLE_DEVICES": "5"})
+    assert (task5.gpu, task5.numa_node, task5.cpus) == ("0000:9c:00.0", 1, tuple(range(70, 84)))
+    [alone] = bind_ranks(inventory, {"CUDA_VISIBLE_DEVICES": "5"})  # no step: the whole socket
+    assert len(alone.cpus) == 56
+    # The plan answers for the task's own local rank, and names the NICs of every GPU.
+    plan = plan_for(dgx, {**step, "CUDA_VISIBLE_DEVICES": "5", "SLURM_LOCALID": "5"})
+    rank = plan.rank(5)
+    assert rank is not None and rank.local_rank == 5 and rank.binding.gpu == "0000:9c:00.0"
+    assert rank.nics.nics[0] == "mlx5_5"
+    assert plan.environment(None)["NCCL_IB_HCA"] == IB_RAILS
+
+
+def test_missing_cpu_topology(dgx: Node, copy_node: Callable[[Node], Node]) -> None:
+    """Without topology/ (thread_siblings_list) each CPU counts as a core: the ranks still
+    get CPUs, never an empty set."""
+    node = copy_node(dgx)
+    for topology in (node.root / "sys" / "devices" / "system" / "cpu").glob("cpu*/topology"):
+        shutil.rmtree(topology)
+    plan = plan_for(node)
+    assert all(len(rank.binding.cpus) == 28 for rank in plan.ranks)  # 112 threads per node / 4
+    assert all(plan.environment(rank)["OMP_NUM_THREADS"] == "28" for rank in plan.ranks)
 
 
 @pytest.mark.parametrize(
@@ -256,15 +290,27 @@ def test_socket_candidates() -> None:
         interface("lo", None, virtual=True, arp_type=772, operstate="unknown"),
         interface("docker0", 10000, virtual=True),
         interface("virbr0", 10000, virtual=True),
-        interface("bond0", 200000, virtual=True, bond=True),
+        interface("bond0", 200000, virtual=True, kind="bond"),
+        interface("eth0.100", 100000, virtual=True, kind="stacked"),  # a VLAN
+        interface("cali12ab", 100000, virtual=True, kind="stacked"),  # Calico's veth side
+        interface("br0", 100000, virtual=True, kind="bridge"),
         interface("eth0", 100000),
         interface("eth1", 100000, operstate="down"),
         interface("eth2", 400000),  # up but without an address
     ]
-    addressed = {"lo", "docker0", "virbr0", "bond0", "eth0", "eth1"}
-    assert [i.name for i in socket_candidates(interfaces, addressed)] == ["bond0", "eth0"]
+    addressed = {"lo", "docker0", "virbr0", "bond0", "eth0", "eth0.100", "cali12ab", "br0", "eth1"}
+    assert [i.name for i in socket_candidates(interfaces, addressed)] == [
+        "bond0",
+        "eth0",
+        "eth0.100",
+    ]
     # Without /proc/net the addresses are unknown: speed alone orders them.
-    assert [i.name for i in socket_candidates(interfaces, None)] == ["eth2", "bond0", "eth0"]
+    assert [i.name for i in socket_candidates(interfaces, None)] == [
+        "eth2",
+        "bond0",
+        "eth0",
+        "eth0.100",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -280,3 +326,33 @@ def test_socket_candidates() -> None:
 )
 def test_ifname_value(chosen: list[str], every: list[str], value: str) -> None:
     assert ifname_value(chosen, every) == value
+
+
+def test_allocator_reads_the_name_torch_reads() -> None:
+    """torch 2.9+ takes PYTORCH_ALLOC_CONF first: that is the setting in force, and the
+    advice starts from it; older torch reads only PYTORCH_CUDA_ALLOC_CONF."""
+    environ = {
+        "PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync",
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+    }
+    assert {r.value for r in allocator(environ, (2, 13))} == {"backend:cudaMallocAsync"}
+    [old] = allocator(environ, (2, 8))
+    assert old.value == "max_split_size_mb:128,expandable_segments:True"
+
+
+def test_nics_follow_port_state_and_bus_order(dgx: Node, copy_node: Callable[[Node], Node]) -> None:
+    node = copy_node(dgx)
+    (node.root / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "state").write_text(
+        "1: DOWN\n"
+    )
+    plan = plan_for(node)
+    assert [r.nics.nics for r in plan.ranks[:2]] == [("mlx5_1",), ("mlx5_1",)]
+    assert plan.environment(None)["NCCL_IB_HCA"] == "=" + ",".join(
+        f"mlx5_{i}:1" for i in range(1, 8)
+    )
+    # NICs are dealt in bus order whatever order CUDA_VISIBLE_DEVICES lists the GPUs in.
+    swapped = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "3,2"})
+    assert [(r.binding.gpu, r.nics.nics[0]) for r in swapped.ranks] == [
+        ("0000:3c:00.0", "mlx5_3"),
+        ("0000:3a:00.0", "mlx5_2"),
+    ]
