@@ -89,21 +89,23 @@ def applied_environment(
     is replaced or removed.
     """
     env = dict(environ)
-    flagged = {r.name: r for r in plan.removals if r.current is not None}
     changed, kept = [], []
     for recommendation in plan.env + rank.env:
-        if recommendation.value is None or env.get(recommendation.name) == recommendation.value:
+        name, value = recommendation.name, recommendation.value
+        if value is None or env.get(name) == value:
             continue
-        own = flagged.get(recommendation.name)
-        if recommendation.action is Action.CHANGE and recommendation.advisory and own is None:
-            kept.append(recommendation.name)
+        if recommendation.action is Action.CHANGE and recommendation.advisory:
+            kept.append(name)
             continue
-        env[recommendation.name] = recommendation.value
-        changed.append(recommendation.name)
+        if recommendation.same_as in kept:
+            continue  # it would override the user's value kept under the other name
+        env[name] = value
+        changed.append(name)
     removed = []
-    for name, removal in flagged.items():
-        if name in changed or env.get(name) != removal.current:
-            continue
+    for removal in plan.removals:
+        name = removal.name
+        if removal.current is None or name in changed or env.get(name) != removal.current:
+            continue  # found elsewhere (a file, another job), or already replaced
         if removal.severity == "fail":
             del env[name]
             removed.append(name)

@@ -140,6 +140,7 @@ def _recommendation_json(recommendation: Recommendation) -> dict[str, Any]:
         "current": recommendation.current,
         "reason": recommendation.reason,
         "source": recommendation.source,
+        "advisory": recommendation.advisory,
         **(
             {
                 "found_in": list(recommendation.found_in),
@@ -211,7 +212,8 @@ def _recommendation_head(recommendation: Recommendation, shown_value: str | None
         return head
     head += f"={value}"
     if action is Action.CHANGE:
-        head += f"  (now {recommendation.current})"
+        head += f"  (now {recommendation.current}"
+        head += "; it works, so nodecheck exec keeps it)" if recommendation.advisory else ")"
     return head
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
@@ -40,20 +40,53 @@ class RankBinding:
         ]
 
 
+def parse_gpu_indices(text: str) -> list[int] | None:
+    """Slurm's GPU index list ("0,1,4" in SLURM_STEP_GPUS / SLURM_JOB_GPUS); None if it
+    is not one."""
+    indices = [parse_count(item) for item in text.split(",")] if text.strip() else []
+    if not indices or any(index is None for index in indices):
+        return None
+    return [index for index in indices if index is not None]
+
+
+def slurm_gpus(gpus: list[PciDevice], environ: Mapping[str, str], *names: str) -> list[PciDevice]:
+    """The GPUs the first of these Slurm variables lists, by index in bus order."""
+    for name in names:
+        indices = parse_gpu_indices(environ.get(name, ""))
+        if indices is not None:
+            return [gpus[index] for index in sorted(set(indices)) if index < len(gpus)]
+    return []
+
+
 def visible_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciDevice]:
     """The GPUs local ranks count, in order: every GPU in PCI bus order, or those
     CUDA_VISIBLE_DEVICES names by index. CUDA stops at the first entry it cannot
-    use, so "" or "-1" hide every GPU; UUIDs cannot be matched from sysfs: all GPUs."""
+    use, so "" or "-1" hide every GPU; UUIDs cannot be matched from sysfs: all GPUs.
+
+    Slurm with ConstrainDevices=yes numbers CUDA_VISIBLE_DEVICES from 0 among the job's
+    GPUs (the device cgroup hides the others from CUDA, not from sysfs). When indices
+    name GPUs outside SLURM_STEP_GPUS (or SLURM_JOB_GPUS) but fit its length, they are
+    read as positions in that list.
+    """
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return gpus
-    picked = []
+    indices = []
     for raw in visible.split(","):
         item = raw.strip()
         if item.startswith(("GPU-", "MIG-")):
             return gpus
         index = parse_count(item)
-        if index is None or index >= len(gpus):
+        if index is None:
+            break
+        indices.append(index)
+    allocated = slurm_gpus(gpus, environ, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+    outside = any(index >= len(gpus) or gpus[index] not in allocated for index in indices)
+    if allocated and outside and all(index < len(allocated) for index in indices):
+        return [allocated[index] for index in indices]
+    picked = []
+    for index in indices:
+        if index >= len(gpus):
             break
         picked.append(gpus[index])
     return picked
@@ -87,18 +120,14 @@ def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str
 def sharing_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciDevice] | None:
     """Every GPU of this job step on the node, when the launcher shows that this process
     sees only some of them: `srun --gpus-per-task` or `--gpu-bind` give each task its own
-    CUDA_VISIBLE_DEVICES, while SLURM_STEP_GPUS (or SLURM_JOB_GPUS) lists the step's GPUs
-    by index. Sibling tasks then share the node's cores, and each must take only its
-    GPU's share. None when there is nothing to share with."""
+    CUDA_VISIBLE_DEVICES, while SLURM_STEP_GPUS lists the step's GPUs by index. Sibling
+    tasks then share the node's cores, and each must take only its GPU's share. None
+    when there is nothing to share with (SLURM_JOB_GPUS alone does not say so: a batch
+    script may run one process on one of its GPUs)."""
     visible = visible_gpus(gpus, environ)
-    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        try:
-            indices = parse_cpulist(environ.get(name, ""))  # the same "0,1,4-7" list format
-        except ValueError:
-            continue
-        step = [gpu for index, gpu in enumerate(gpus) if index in indices]
-        if len(step) > len(visible) and all(gpu in step for gpu in visible):
-            return step
+    step = slurm_gpus(gpus, environ, "SLURM_STEP_GPUS")
+    if len(step) > len(visible) and all(gpu in step for gpu in visible):
+        return step
     return None
 
 

@@ -23,6 +23,8 @@ from nodecheck.checks.host.nccl_env import (
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.result import Status
+from nodecheck.checks.settings_audit import Finding
 from nodecheck.tuning.bindings import NicPairing
 from nodecheck.tuning.recommendation import LeftUnset, Recommendation, plain
 
@@ -53,6 +55,11 @@ class NcclAdvice:
     env: list[Recommendation]
     left_unset: list[LeftUnset]
     notes: list[str]
+
+
+def fails(finding: Finding | None) -> bool:
+    """Whether the checks fail a value (a warning leaves it the user's to decide)."""
+    return finding is not None and finding.status is Status.FAIL
 
 
 def job_nodes(environ: Mapping[str, str]) -> tuple[int | None, str]:
@@ -136,7 +143,9 @@ def _socket_ifname(
             "chosen without knowing which interfaces have addresses"
         )
     source = f"{NCCL_DOCS}: NCCL_SOCKET_IFNAME; /sys/class/net and /proc/net/route"
-    works = current is not None and rule_socket_ifname("", current, node_facts(inventory)) is None
+    works = current is not None and not fails(
+        rule_socket_ifname("", current, node_facts(inventory))
+    )
     recommendation = Recommendation("NCCL_SOCKET_IFNAME", value, reason, source, advisory=works)
     return [recommendation], notes, fastest
 
@@ -185,7 +194,7 @@ def _ib_hca(
         f"{', '.join(described)} is nearest no GPU, and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
-    works = current is not None and rule_ib_hca("", current, node_facts(inventory)) is None
+    works = current is not None and not fails(rule_ib_hca("", current, node_facts(inventory)))
     return [Recommendation("NCCL_IB_HCA", value, reason, source, advisory=works)], [], used
 
 

@@ -11,16 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.net import read_addressed_interfaces
 from nodecheck.checks.node.pci import PciDevice
+from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
+from nodecheck.checks.result import Status
 from nodecheck.tuning import nccl, pytorch
 from nodecheck.tuning.bindings import (
     NicPairing,
     RankBinding,
     bind_ranks,
     pair_nics,
-    sharing_gpus,
     visible_gpus,
 )
 from nodecheck.tuning.nccl import JobShape
@@ -84,20 +85,48 @@ def _visibility_notes(gpus: list[PciDevice], environ: Mapping[str, str]) -> list
             "CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance, which sysfs cannot "
             "match: ranks are counted over every GPU"
         ]
-    step = environ.get("SLURM_STEP_GPUS", environ.get("SLURM_JOB_GPUS"))
-    if visible and step is not None and sharing_gpus(gpus, environ) is None:
-        shown = visible_gpus(gpus, environ)
-        try:
-            indices = parse_cpulist(step)
-        except ValueError:
-            return []
-        if any(gpus.index(gpu) not in indices for gpu in shown):
-            return [
-                f"CUDA_VISIBLE_DEVICES={visible} names GPUs outside this step's "
-                f"(SLURM_STEP_GPUS={step}): Slurm's ConstrainDevices numbers them from 0 "
-                "inside the job, so the GPU bound here may not be the one CUDA uses"
-            ]
+    shown = visible_gpus(gpus, environ)
+    by_index = visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if visible else shown
+    if shown != by_index:
+        names = ", ".join(gpu.bdf for gpu in shown)
+        return [
+            f"CUDA_VISIBLE_DEVICES={visible} counts among the job's GPUs (Slurm's "
+            f"ConstrainDevices numbers them from 0), so it means {names}"
+        ]
     return []
+
+
+def _merge_flags(
+    env: list[Recommendation], flagged: list[Recommendation]
+) -> tuple[list[Recommendation], list[Recommendation]]:
+    """A variable recommended here whose current value the checks flag is one piece of
+    advice, not two ("change X" and "unset X"): the change says why the value is wrong.
+    A value the checks only warn about stays the user's to decide (advisory)."""
+    calling = CALLING_ENVIRONMENT.label
+    ours = {r.name: r for r in flagged if r.current is not None}
+    merged = []
+    for recommendation in env:
+        flag = ours.get(recommendation.name)
+        if flag is None or recommendation.current is None:
+            merged.append(recommendation)
+            continue
+        merged.append(
+            replace(
+                recommendation,
+                reason=f"{recommendation.reason} (the value now: {flag.reason})",
+                advisory=flag.severity != Status.FAIL.value,
+            )
+        )
+    recommended = {r.name for r in merged if r.name in ours and r.current is not None}
+    rest = []
+    for removal in flagged:
+        if removal.name not in recommended or removal.current is None:
+            rest.append(removal)
+            continue
+        elsewhere = tuple(place for place in removal.found_in if place != calling)
+        if elsewhere:
+            rest.append(replace(removal, found_in=elsewhere, current=None))
+    return merged, rest
 
 
 def _with_current(left: LeftUnset, ctx: CheckContext, flagged: list[Recommendation]) -> LeftUnset:
@@ -155,6 +184,13 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         left += advice.left_unset + pytorch.left_to_torch()
         notes += advice.notes
         notes += list(dict.fromkeys(b.note for b in bindings if b.note))
+        unread = frozenset(inventory.cpu.online) - frozenset(inventory.cpu.cpus)
+        if unread:
+            notes.append(
+                f"the topology of CPU(s) {format_cpulist(unread)} could not be read "
+                "(cpu*/topology): SMT siblings cannot be told apart, so each counts as a core "
+                "and a rank may hold both threads of one core"
+            )
         for binding in bindings:
             cores = pytorch.physical_cores(inventory, binding)
             ranks.append(
@@ -165,10 +201,10 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                     pytorch.dataloader(cores),
                 )
             )
-    flagged = removals(ctx)
+    marked, flagged = _merge_flags([r.against(environ) for r in env], removals(ctx))
     return Plan(
         hostname=inventory.hostname,
-        env=[r.against(environ) for r in env],
+        env=marked,
         removals=flagged,
         left_unset=[_with_current(item, ctx, flagged) for item in left],
         ranks=ranks,

@@ -70,6 +70,7 @@ def allocator(
         "(not for jobs that pass CUDA tensors between processes over IPC)"
     )
     value = "expandable_segments:True"
+    errors: list[str] = []
     if current is not None:
         options, errors = parse_alloc_conf(current)
         valid = [o for o in options if check_option(o) is None]
@@ -94,8 +95,10 @@ def allocator(
         else:
             kept = [o for o in valid if o.name != "expandable_segments"]
             value = _join([*kept, AllocOption("expandable_segments", "True")])
+    # A working setting of the user's is theirs to change (nodecheck exec leaves it).
+    advisory = current is not None and not errors
     source = f"{ALLOCATOR_DOCS}; seed article (memory fragmentation)"
-    recommendations = [Recommendation(OLD_NAME, value, reason, source)]
+    recommendations = [Recommendation(OLD_NAME, value, reason, source, advisory=advisory)]
     if reads_new:
         installed = (
             f"torch {torch_version[0]}.{torch_version[1]} here"
@@ -110,6 +113,8 @@ def allocator(
                 "both names holds for every version (2.9.1 ignored the new name for CUDA, "
                 "pytorch issue #183387)",
                 ALLOCATOR_DOCS,
+                advisory=advisory,
+                same_as=OLD_NAME,
             )
         )
     return recommendations

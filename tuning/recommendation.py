@@ -33,6 +33,9 @@ class Recommendation:
     # A change of a value the user set that works, to one that is better: `tune` shows it,
     # `nodecheck exec` leaves the user's value alone.
     advisory: bool = False
+    # Another variable this one must agree with (PYTORCH_ALLOC_CONF with
+    # PYTORCH_CUDA_ALLOC_CONF): where that one keeps the user's value, so does this.
+    same_as: str | None = None
 
     @property
     def action(self) -> Action:

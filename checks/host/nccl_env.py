@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError, read_optional_text
 from nodecheck.checks.node.inventory import Inventory
-from nodecheck.checks.node.variables import Setting
+from nodecheck.checks.node.variables import Setting, parse_count
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.settings_audit import Finding, audit, sources_summary
@@ -103,7 +103,7 @@ def parse_selector(value: str) -> tuple[bool, bool, list[tuple[str, int | None]]
     entries: list[tuple[str, int | None]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, port = item.partition(":")
-        entries.append((name, int(port) if port.isdigit() else None))
+        entries.append((name, parse_count(port) if port else None))
     return exclude, exact, entries
 
 

@@ -66,7 +66,15 @@ def test_json_document(dgx: Node) -> None:
     assert ranks[5]["dataloader"] == {"num_workers": 12, "pin_memory": True}
     assert doc["env"]["NCCL_SOCKET_IFNAME"] == "ibp"
     recommendation = doc["recommendations"][0]
-    assert set(recommendation) >= {"name", "value", "action", "current", "reason", "source"}
+    assert set(recommendation) >= {
+        "name",
+        "value",
+        "action",
+        "current",
+        "reason",
+        "source",
+        "advisory",
+    }
     assert [r["local_rank"] for r in document(dgx, "--local-rank", "6")["ranks"]] == [6]
 
 
@@ -370,6 +378,7 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
         "NCCL_P2P_DISABLE": "1",  # fails: 8 NVLink GPUs
         "OMP_NUM_THREADS": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true",  # torch would abort
+        "NCCL_IB_HCA": "mlx5",  # a prefix (a warning): the user's
     }
     plan = make_plan(dgx.context(calling), TuneOptions(torch_version=(2, 13)))
     rank = plan.rank(2)
@@ -380,10 +389,17 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     assert env["OMP_NUM_THREADS"] == "14"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert removed == ["NCCL_P2P_DISABLE"]
-    assert sorted(kept) == ["NCCL_DEBUG", "NCCL_PROTO", "NCCL_SOCKET_IFNAME"]
-    assert {"CUDA_DEVICE_ORDER", "NCCL_IB_HCA", "OMP_NUM_THREADS"} <= set(changed)
+    assert sorted(kept) == ["NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_PROTO", "NCCL_SOCKET_IFNAME"]
+    assert env["NCCL_IB_HCA"] == "mlx5"
+    assert {"CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF"} <= set(changed)
     # An interface that does not exist is no choice to keep.
     broken = {**calling, "NCCL_SOCKET_IFNAME": "eth9"}
     plan = make_plan(dgx.context(broken), TuneOptions(torch_version=(2, 13)))
     env, *_ = applied_environment(plan, plan.ranks[0], broken)
     assert env["NCCL_SOCKET_IFNAME"] == "ibp"
+    # An allocator setting torch accepts is the user's too: exec does not add to it.
+    own = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    plan = make_plan(dgx.context(own), TuneOptions(torch_version=(2, 13)))
+    env, changed, _, kept = applied_environment(plan, plan.ranks[0], own)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    assert "PYTORCH_CUDA_ALLOC_CONF" in kept and "PYTORCH_ALLOC_CONF" not in [*env, *changed]

@@ -146,6 +146,12 @@ def test_nccl_selector_syntax() -> None:
     assert parse_selector("=mlx5_0:1,mlx5_1") == (False, True, [("mlx5_0", 1), ("mlx5_1", None)])
     assert parse_selector("^docker,lo") == (True, False, [("docker", None), ("lo", None)])
     assert parse_selector("^=eth0") == (True, True, [("eth0", None)])
+    # Not a port number: no port (str.isdigit accepts "²", which int() refuses).
+    assert parse_selector("mlx5_0:²,mlx5_1:x") == (
+        False,
+        False,
+        [("mlx5_0", None), ("mlx5_1", None)],
+    )
 
 
 def test_alloc_conf_lexer_matches_c10() -> None:

@@ -18,6 +18,7 @@ from nodecheck.tuning.recommendation import Action, Recommendation
 from tests.conftest import Node
 
 IB_RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
+DGX_GPUS = [f"0000:{bus}:00.0" for bus in ("18", "1a", "3a", "3c", "9a", "9c", "ba", "bc")]
 
 
 def plan_for(
@@ -231,6 +232,39 @@ def test_each_task_sees_one_gpu(dgx: Node) -> None:
     assert plan.environment(None)["NCCL_IB_HCA"] == IB_RAILS
 
 
+def test_slurm_constrain_devices(dgx: Node) -> None:
+    """ConstrainDevices: the job has GPUs 4-7 and CUDA numbers them 0-3."""
+    environ = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_STEP_GPUS": "4,5,6,7"}
+    plan = plan_for(dgx, environ)
+    assert [r.binding.gpu for r in plan.ranks] == DGX_GPUS[4:]
+    assert [r.binding.numa_node for r in plan.ranks] == [1, 1, 1, 1]
+    assert any("counts among the job's GPUs" in note for note in plan.notes)
+    # Without ConstrainDevices Slurm gives the GPUs' own indices: nothing to map.
+    plain = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "1", "SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7"})
+    assert [r.binding.gpu for r in plain.ranks] == [DGX_GPUS[1]] and plain.notes[-1:] != [
+        "counts among"
+    ]
+    # A batch script's one process on one of its GPUs keeps the whole socket.
+    [alone] = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_GPUS": "0,1,2,3"}).ranks
+    assert len(alone.binding.cpus) == 56
+    # Not Slurm's format: ignored rather than expanded into a billion indices.
+    [huge] = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "0-999999999"}).ranks
+    assert len(huge.binding.cpus) == 56
+
+
+def test_a_flagged_value_is_one_piece_of_advice(dgx: Node) -> None:
+    """NCCL_IB_HCA=mlx5 selects by prefix (a warning): the advice is to change it, with
+    the warning as part of the reason, not to change it and unset it too."""
+    plan = plan_for(dgx, {"NCCL_IB_HCA": "mlx5", "NCCL_SOCKET_IFNAME": "nonexistent"})
+    env = by_name(plan.env)
+    assert env["NCCL_IB_HCA"].action is Action.CHANGE and env["NCCL_IB_HCA"].advisory
+    assert "prefix match" in env["NCCL_IB_HCA"].reason
+    # A value the check fails is no choice to respect.
+    assert env["NCCL_SOCKET_IFNAME"].value == "ibp" and not env["NCCL_SOCKET_IFNAME"].advisory
+    assert "matches no network interface" in env["NCCL_SOCKET_IFNAME"].reason
+    assert plan.removals == []
+
+
 def test_missing_cpu_topology(dgx: Node, copy_node: Callable[[Node], Node]) -> None:
     """Without topology/ (thread_siblings_list) each CPU counts as a core: the ranks still
     get CPUs, never an empty set."""
@@ -240,6 +274,7 @@ def test_missing_cpu_topology(dgx: Node, copy_node: Callable[[Node], Node]) -> N
     plan = plan_for(node)
     assert all(len(rank.binding.cpus) == 28 for rank in plan.ranks)  # 112 threads per node / 4
     assert all(plan.environment(rank)["OMP_NUM_THREADS"] == "28" for rank in plan.ranks)
+    assert any("the topology of CPU(s) 0-223 could not be read" in n for n in plan.notes)
 
 
 @pytest.mark.parametrize(
