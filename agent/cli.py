@@ -20,6 +20,7 @@ from nodecheck.agent.logs import LEVELS, configure_logging
 if TYPE_CHECKING:
     from nodecheck.checks.node.fs import NodeFS
     from nodecheck.checks.node.nvml import NvmlSession
+    from nodecheck.tuning.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 SETTINGS_KEY = "nodecheck.settings"
@@ -495,7 +496,7 @@ def job_options(function: F) -> F:
 
 def _tune_plan(
     ctx: click.Context, nodes: int | None, single_switch: bool, with_smt_siblings: bool
-) -> Any:
+) -> Plan:
     import os
 
     fs = node_fs(ctx)
@@ -589,7 +590,7 @@ def exec_command(
     try:
         if not command:
             raise ExecError("no command: nodecheck exec [OPTIONS] -- CMD [ARGS...]", EXIT_USAGE)
-        rank, _ = local_rank_from(local_rank, os.environ)
+        rank = local_rank_from(local_rank, os.environ)
         plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
         launch = prepare(plan, rank_plan_for(plan, rank), list(command), os.environ)
         from nodecheck.agent.rank_exec import replace_process

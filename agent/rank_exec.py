@@ -36,10 +36,10 @@ class ExecError(Exception):
         self.code = code
 
 
-def local_rank_from(option: int | None, environ: Mapping[str, str]) -> tuple[int, str]:
-    """The local rank and where it came from."""
+def local_rank_from(option: int | None, environ: Mapping[str, str]) -> int:
+    """The local rank: the option, else the first launcher variable set."""
     if option is not None:
-        return option, "--local-rank"
+        return option
     for name in RANK_VARIABLES:
         value = environ.get(name)
         if value is None:
@@ -47,7 +47,7 @@ def local_rank_from(option: int | None, environ: Mapping[str, str]) -> tuple[int
         rank = parse_count(value)
         if rank is None:
             raise ExecError(f"{name}={value!r} is not a local rank", EXIT_USAGE)
-        return rank, name
+        return rank
     raise ExecError(
         "no local rank: pass --local-rank N, or run under a launcher that sets "
         f"{' or '.join(RANK_VARIABLES)} (torchrun, srun, mpirun)",
@@ -115,9 +115,8 @@ def applied_environment(
 
 
 def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str, str]) -> Launch:
-    """The command line, environment and affinity that apply `rank` to `command`."""
-    if not command:
-        raise ExecError("no command: nodecheck exec [OPTIONS] -- CMD [ARGS...]", EXIT_USAGE)
+    """The command line, environment and affinity that apply `rank` to `command` (one
+    word at least)."""
     path = environ.get("PATH", os.defpath)
     if shutil.which(command[0], path=path) is None:
         raise ExecError(f"{command[0]}: command not found", EXIT_NOT_FOUND)
