@@ -15,7 +15,6 @@ from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action, Recommendation
 
 TUNE_SCHEMA = "nodecheck.tune/v1"
-FORMATS = ("text", "shell", "env", "json")
 WRAP = 96
 # Characters a systemd EnvironmentFile value may hold unquoted (systemd.exec(5),
 # src/basic/env-file.c: whitespace, quotes, backslashes and '$' need quoting).
@@ -45,7 +44,7 @@ def _selected(plan: Plan, local_rank: int | None) -> list[RankPlan]:
     return [rank] if rank is not None else []
 
 
-def _shared_rank_env(plan: Plan, ranks: list[RankPlan]) -> tuple[dict[str, str], list[str]]:
+def _shared_rank_env(ranks: list[RankPlan]) -> tuple[dict[str, str], list[str]]:
     """Rank variables every selected rank gives the same value (safe to export once), and
     the names that differ between ranks."""
     values: dict[str, set[str]] = {}
@@ -60,7 +59,7 @@ def _shared_rank_env(plan: Plan, ranks: list[RankPlan]) -> tuple[dict[str, str],
 def exported(plan: Plan, local_rank: int | None) -> dict[str, str]:
     """What the shell and env formats set."""
     ranks = _selected(plan, local_rank)
-    same, _ = _shared_rank_env(plan, ranks)
+    same, _ = _shared_rank_env(ranks)
     return {**plan.environment(None), **same}
 
 
@@ -80,7 +79,7 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
             "  (or: nodecheck exec -- CMD)"
         )
     lines += [f"# note: {note}" for note in plan.notes]
-    _, differing = _shared_rank_env(plan, ranks)
+    _, differing = _shared_rank_env(ranks)
     if differing:
         lines.append(
             f"# {', '.join(differing)} differ between ranks: use --local-rank N, or nodecheck exec"
