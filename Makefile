@@ -50,3 +50,9 @@ test: lint typecheck unit
 
 clean:
 	rm -rf $(VENV) .typecheck .mypy_cache .pytest_cache .ruff_cache build *.egg-info
+
+# On a machine with an NVIDIA GPU: pytest -m gpu, tools.gpu_side_by_side and
+# bench.bench_accuracy --device cuda, one report in gpu-report/ (report.md and each
+# step's log); non-zero when a step failed, 2 at once when there is no GPU.
+gpu: $(BIN)/.torch
+	$(BIN)/python -m tools.gpu_report --output gpu-report

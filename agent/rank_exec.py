@@ -46,7 +46,12 @@ def local_rank_from(option: int | None, environ: Mapping[str, str]) -> int:
             continue
         rank = parse_count(value)
         if rank is None:
-            raise ExecError(f"{name}={value!r} is not a local rank", EXIT_USAGE)
+            # Its value is not shown: only audited variables' values ever leave nodecheck.
+            raise ExecError(
+                f"{name} is set but is not a local rank (a non-negative integer): "
+                "pass --local-rank N",
+                EXIT_USAGE,
+            )
         return rank
     raise ExecError(
         "no local rank: pass --local-rank N, or run under a launcher that sets "
@@ -56,7 +61,12 @@ def local_rank_from(option: int | None, environ: Mapping[str, str]) -> int:
 
 
 def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
+    """The rank's plan; refused when CUDA cannot drive its GPU. A job started there would
+    fail at its first CUDA call with "invalid device ordinal", or worse run on a GPU that
+    another rank drives, and the node needs draining anyway: exit 2 with the reason."""
     rank = plan.rank(local_rank)
+    if rank is not None and rank.refusal:
+        raise ExecError(f"local rank {local_rank}: {rank.refusal}", EXIT_USAGE)
     if rank is not None:
         return rank
     if not plan.ranks:
@@ -74,6 +84,7 @@ class Launch:
     env: dict[str, str]
     affinity: frozenset[int]
     summary: str
+    warning: str = ""  # printed even with --quiet: the binding may not be this rank's GPU
 
 
 def applied_environment(
@@ -143,7 +154,7 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
         summary += f"; unset {', '.join(removed)}"
     if kept:
         summary += f"; kept your {', '.join(kept)} (see nodecheck tune)"
-    return Launch(argv, env, frozenset(binding.cpus), summary)
+    return Launch(argv, env, frozenset(binding.cpus), summary, rank.warning)
 
 
 def replace_process(launch: Launch, quiet: bool) -> None:
@@ -154,6 +165,8 @@ def replace_process(launch: Launch, quiet: bool) -> None:
     accepts only CPUs inside the affinity it starts with; a process may widen its own
     affinity anywhere inside its cpuset.
     """
+    if launch.warning:
+        print(f"nodecheck exec: warning: {launch.warning}", file=sys.stderr, flush=True)
     if launch.affinity:
         try:
             os.sched_setaffinity(0, launch.affinity)

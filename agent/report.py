@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import click
 
-from nodecheck.checks.result import Status, worst
+from nodecheck.checks.result import Result, Status, worst
 from nodecheck.checks.runner import CheckRun
 
 CHECK_SCHEMA = "nodecheck.check/v1"
@@ -26,6 +26,59 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_UNDETERMINED = 3
+
+
+def _joined(texts: list[str]) -> str:
+    return "; ".join(dict.fromkeys(text for text in texts if text))
+
+
+def _merged_details(results: list[Result]) -> dict[str, object]:
+    """Every result's details; a key two results give different values holds them all."""
+    merged: dict[str, object] = {}
+    collided: dict[str, list[object]] = {}
+    for result in results:
+        for key, value in result.details.items():
+            if key not in merged:
+                merged[key] = value
+            elif key in collided:
+                if value not in collided[key]:
+                    collided[key].append(value)
+            elif merged[key] != value:
+                collided[key] = [merged[key], value]
+    return {**merged, **collided}
+
+
+def fold(results: Sequence[Result]) -> list[Result]:
+    """One result per subject, in the order subjects first appear. A check may judge one
+    subject several ways (cpu: the governors and SMT, both about "node"); a report shows
+    one row for it: the worst status, the findings' summaries worst first (joined "; "),
+    their remedies, details and metric samples all kept."""
+    by_subject: dict[str, list[Result]] = {}
+    for result in results:
+        by_subject.setdefault(result.subject, []).append(result)
+    folded = []
+    for subject, members in by_subject.items():
+        if len(members) == 1:
+            folded.append(members[0])
+            continue
+        ordered = sorted(members, key=lambda r: -r.status.severity)  # stable: ties keep order
+        folded.append(
+            Result(
+                worst(r.status for r in ordered),
+                subject,
+                _joined([r.summary for r in ordered]),
+                _joined([r.remedy for r in ordered if r.status not in (Status.OK, Status.SKIP)])
+                or _joined([r.remedy for r in ordered]),
+                _merged_details(ordered),
+                tuple(sample for r in members for sample in r.samples),
+            )
+        )
+    return folded
+
+
+def report_rows(runs: Sequence[CheckRun]) -> list[tuple[str, Result]]:
+    """(check name, result) for every row of a report: one per check and subject."""
+    return [(run.check.name, result) for run in runs for result in fold(run.results)]
 
 
 def overall_status(runs: Sequence[CheckRun]) -> Status:
@@ -49,15 +102,14 @@ def check_document(hostname: str, runs: Sequence[CheckRun]) -> dict[str, object]
         "status": overall_status(runs).value,
         "results": [
             {
-                "check": run.check.name,
+                "check": name,
                 "status": result.status.value,
                 "subject": result.subject,
                 "summary": result.summary,
                 "remedy": result.remedy,
                 "details": dict(result.details),
             }
-            for run in runs
-            for result in run.results
+            for name, result in report_rows(runs)
         ],
     }
 
@@ -68,7 +120,7 @@ def render_json(hostname: str, runs: Sequence[CheckRun]) -> str:
 
 def render_table(hostname: str, runs: Sequence[CheckRun]) -> str:
     """Results grouped by status, worst first; each remedy under its result."""
-    rows = [(run.check.name, result) for run in runs for result in run.results]
+    rows = report_rows(runs)
     counts = {status: sum(1 for _, r in rows if r.status is status) for status in STATUS_ORDER}
     status = overall_status(runs)
     tally = ", ".join(f"{counts[s]} {s.value}" for s in STATUS_ORDER if counts[s])

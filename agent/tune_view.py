@@ -63,6 +63,14 @@ def exported(plan: Plan, local_rank: int | None) -> dict[str, str]:
     return {**plan.environment(None), **same}
 
 
+def _rank_command(rank: RankPlan) -> str:
+    """How to launch the rank, or why not to."""
+    if rank.refusal:
+        return f"do not run it here (nodecheck exec refuses): {rank.refusal}"
+    command = f"{shlex.join(rank.binding.numactl())} CMD  (or: nodecheck exec -- CMD)"
+    return f"{command}; warning: {rank.warning}" if rank.warning else command
+
+
 def _header(plan: Plan, local_rank: int | None) -> list[str]:
     ranks = _selected(plan, local_rank)
     lines = [f"# nodecheck tune for {plan.hostname}"]
@@ -74,10 +82,7 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
             f"NUMA node {'?' if node is None else node}, CPUs {rank.cpulist}"
         )
     for rank in ranks:
-        lines.append(
-            f"# rank {rank.local_rank}: {shlex.join(rank.binding.numactl())} CMD"
-            "  (or: nodecheck exec -- CMD)"
-        )
+        lines.append(f"# rank {rank.local_rank}: {_rank_command(rank)}")
     lines += [f"# note: {note}" for note in plan.notes]
     _, differing = _shared_rank_env(ranks)
     if differing:
@@ -136,7 +141,10 @@ def _recommendation_json(recommendation: Recommendation) -> dict[str, Any]:
         "name": recommendation.name,
         "value": recommendation.value,
         "action": recommendation.action.value,
+        # Only an audited variable's value (or nodecheck's own) is ever shown; another one
+        # the caller set is only said to be set.
         "current": recommendation.current,
+        "is_set": recommendation.is_set,
         "reason": recommendation.reason,
         "source": recommendation.source,
         "advisory": recommendation.advisory,
@@ -174,6 +182,8 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                 },
                 "recommendations": [_recommendation_json(r) for r in rank.env],
                 **({"note": rank.binding.note} if rank.binding.note else {}),
+                **({"refusal": rank.refusal} if rank.refusal else {}),
+                **({"warning": rank.warning} if rank.warning else {}),
             }
             for rank in ranks
         ],
@@ -211,7 +221,12 @@ def _recommendation_head(recommendation: Recommendation, shown_value: str | None
         return head
     head += f"={value}"
     if action is Action.CHANGE:
-        head += f"  (now {recommendation.current}"
+        now = (
+            "set by the caller, nodecheck sets this"
+            if recommendation.current_hidden
+            else f"now {recommendation.current}"
+        )
+        head += f"  ({now}"
         head += "; it works, so nodecheck exec keeps it)" if recommendation.advisory else ")"
     return head
 
@@ -226,7 +241,7 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
         rows = [
             [
                 str(rank.local_rank),
-                rank.binding.gpu,
+                rank.binding.gpu + (" (unusable: do not run)" if rank.refusal else ""),
                 "-" if rank.binding.numa_node is None else str(rank.binding.numa_node),
                 rank.cpulist,
                 ", ".join(f"{r.name}={r.value}" for r in rank.env),
@@ -237,9 +252,14 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
         ]
         lines += ["", *text_table(["RANK", "GPU", "NUMA", "CPUS", "ENV", "WORKERS", "NIC"], rows)]
         lines += ["", "Bind each rank (or launch it with `nodecheck exec -- CMD`):"]
-        lines += [
-            f"  rank {rank.local_rank}: {shlex.join(rank.binding.numactl())} CMD" for rank in ranks
-        ]
+        for rank in ranks:
+            lines += textwrap.wrap(
+                f"rank {rank.local_rank}: {_rank_command(rank)}",
+                WRAP,
+                initial_indent="  ",
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
     if plan.env:
         lines += ["", "Environment for every rank:"]
         for recommendation in plan.env:

@@ -2,10 +2,12 @@
 job's size calls for, what to leave to NCCL, and whether the network is fast enough.
 
 Rules: NCCL's environment documentation (2.30, env.rst) as summarised in
-hardware.md §3; the seed article (ML Engineering, network chapter):
-NCCL_IB_QPS_PER_CONNECTION=4 beyond 64 GPUs, NCCL_CROSS_NIC=1 when every NIC
-hangs off one switch, at least 400 Gbps per node for ZeRO-style sharding and
-800-1000 Gbps beyond 64 GPUs.
+hardware.md §3; Stas Bekman's "Machine Learning Engineering" open book
+(github.com/stas00/ml-engineering), network benchmarks chapter
+(network/benchmarks/README.md: "Performance-Oriented NCCL Environment Variables" and
+"Network throughput"): NCCL_IB_QPS_PER_CONNECTION=4 beyond 64 GPUs,
+NCCL_CROSS_NIC=1 when every NIC hangs off one switch, at least 400 Gbps per node
+for ZeRO-style sharding and 800-1000 Gbps beyond 64 GPUs.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from nodecheck.tuning.bindings import NicPairing
 from nodecheck.tuning.recommendation import LeftUnset, Recommendation, plain
 
 NCCL_DOCS = "NCCL docs, Environment Variables"
-SEED = "ML Engineering book, network chapter (the seed article)"
+ML_ENGINEERING_NETWORK = (
+    'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
+    "network benchmarks chapter"
+)
 # Above this many GPUs a job outgrows one switch (an NDR InfiniBand switch has 64
-# ports) and traffic crosses several levels that need routing entropy (seed, MLE).
+# ports) and traffic crosses several levels that need routing entropy (ML Engineering).
 LARGE_JOB_GPUS = 64
-ZERO_GBPS = 400  # per node, for ZeRO/FSDP-style sharding (seed)
-LARGE_JOB_GBPS = 800  # per node, beyond 64 GPUs (seed: 800-1000)
+ZERO_GBPS = 400  # per node, for ZeRO/FSDP-style sharding (ML Engineering)
+LARGE_JOB_GBPS = 800  # per node, beyond 64 GPUs (ML Engineering: 800-1000)
 
 
 # Interfaces of container runtimes and overlays, by the names they give them; NCCL itself
@@ -62,10 +67,23 @@ def fails(finding: Finding | None) -> bool:
     return finding is not None and finding.status is Status.FAIL
 
 
+JOB_SIZE_VARIABLES = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def unreadable_job_sizes(environ: Mapping[str, str]) -> list[str]:
+    """The launcher's job-size variables that are set but hold no count. Only their names
+    may be shown: they are not audited variables, so their values never leave nodecheck."""
+    return [
+        name
+        for name in JOB_SIZE_VARIABLES
+        if name in environ and parse_count(environ[name]) is None
+    ]
+
+
 def job_nodes(environ: Mapping[str, str]) -> tuple[int | None, str]:
     """Nodes the job spans as its launcher tells it (Slurm, or torchrun's world sizes),
     and the variable it came from; (None, "") outside a job."""
-    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+    for name in JOB_SIZE_VARIABLES[:2]:
         nodes = parse_count(environ.get(name, ""))
         if nodes:
             return nodes, name
@@ -201,11 +219,14 @@ def _ib_hca(
 def _fabric(
     shape: JobShape, ranks: int, rdma_nics: int
 ) -> tuple[list[Recommendation], list[LeftUnset]]:
-    """NCCL_IB_QPS_PER_CONNECTION and NCCL_CROSS_NIC by the seed's rules."""
+    """NCCL_IB_QPS_PER_CONNECTION and NCCL_CROSS_NIC by the ML Engineering book's rules."""
     names_qps = ("NCCL_IB_QPS_PER_CONNECTION",)
     names_cross = ("NCCL_CROSS_NIC",)
-    qps_source = f"{SEED}; {NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION"
-    cross_source = f"{SEED}; {NCCL_DOCS}: NCCL_CROSS_NIC"
+    qps_source = (
+        f"{ML_ENGINEERING_NETWORK}: NCCL_IB_QPS_PER_CONNECTION; "
+        f"{NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION"
+    )
+    cross_source = f"{ML_ENGINEERING_NETWORK}: NCCL_CROSS_NIC; {NCCL_DOCS}: NCCL_CROSS_NIC"
     if rdma_nics == 0:
         reason = "no active RDMA NIC: these InfiniBand/RoCE settings do nothing"
         return [], [LeftUnset(names_qps + names_cross, reason, NCCL_DOCS)]
@@ -337,7 +358,7 @@ def network_note(
     shape: JobShape,
     ranks: int,
 ) -> str:
-    """The node's inter-node bandwidth against the seed's guidance."""
+    """The node's inter-node bandwidth against the ML Engineering book's guidance."""
     if shape.nodes == 1:
         return "one-node job: the network carries no collective traffic"
     if used_hcas:
@@ -362,7 +383,10 @@ def network_note(
         if gpus is None:
             why += f" (800-1000 beyond {LARGE_JOB_GPUS} GPUs)"
     verdict = "enough" if total >= need else "too little"
-    return f"network: {total:g} Gb/s between nodes ({what}): {verdict}; {why} ({SEED})"
+    return (
+        f"network: {total:g} Gb/s between nodes ({what}): {verdict}; {why} "
+        f"({ML_ENGINEERING_NETWORK}: network throughput)"
+    )
 
 
 def nccl_advice(

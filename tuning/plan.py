@@ -24,6 +24,7 @@ from nodecheck.tuning.bindings import (
     pair_nics,
     visible_gpus,
 )
+from nodecheck.tuning.gpu_usability import usability_problem
 from nodecheck.tuning.nccl import JobShape
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation
 from nodecheck.tuning.red_flags import removals
@@ -43,6 +44,12 @@ class RankPlan:
     nics: NicPairing
     env: list[Recommendation]  # this rank's own variables (on top of the shared ones)
     dataloader: DataLoaderHint
+    # Why this rank must not run here: CUDA cannot drive its GPU (fallen off the bus, no
+    # driver, bound to vfio-pci). `nodecheck exec` refuses such a rank.
+    refusal: str = ""
+    # Why its binding may be wrong: a GPU before it that CUDA cannot drive (CUDA's
+    # numbering skips it), or its GPU's state could not be read. `exec` says so and runs.
+    warning: str = ""
 
     @property
     def local_rank(self) -> int:
@@ -159,6 +166,12 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         if nodes is not None:
             shape = JobShape(nodes, shape.single_switch)
             notes.append(f"the job spans {nodes} node(s), from {variable}")
+        unreadable = nccl.unreadable_job_sizes(environ)
+        if nodes is None and unreadable:
+            notes.append(
+                f"{', '.join(unreadable)} set but not a count (the value is not shown): the "
+                "job's size is unknown, pass --nodes N"
+            )
     env: list[Recommendation] = []
     left: list[LeftUnset] = []
     ranks: list[RankPlan] = []
@@ -191,16 +204,34 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                 "(cpu*/topology): SMT siblings cannot be told apart, so each counts as a core "
                 "and a rank may hold both threads of one core"
             )
+        problems = {gpu.bdf: usability_problem(gpu) for gpu in inventory.gpus}
+        notes += [problem for problem, _ in problems.values() if problem]
+        unusable = [b.gpu for b in bindings if problems[b.gpu][0] and problems[b.gpu][1]]
+        unusable_before = ""
         for binding in bindings:
             cores = pytorch.physical_cores(inventory, binding)
+            problem, certain = problems[binding.gpu]
+            refusal = problem if problem and certain else ""
+            warning = problem if problem and not certain else ""
+            if unusable and not problem:
+                warning = problems[unusable[0]][0]  # the node needs attention all the same
+            if unusable_before and not refusal:
+                warning = (
+                    f"GPU {unusable_before}, before this rank's GPU in bus order, cannot be "
+                    f"driven by CUDA, which numbers the GPUs after it one lower: local rank "
+                    f"{binding.local_rank} may not be driving {binding.gpu}; drain the node"
+                )
             ranks.append(
                 RankPlan(
                     binding,
                     pairings[binding.gpu],
                     [pytorch.omp_threads(cores, environ).against(environ)],
                     pytorch.dataloader(cores),
+                    refusal,
+                    warning,
                 )
             )
+            unusable_before = unusable_before or (binding.gpu if refusal else "")
     marked, flagged = _merge_flags([r.against(environ) for r in env], removals(ctx))
     return Plan(
         hostname=inventory.hostname,

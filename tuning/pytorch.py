@@ -1,5 +1,7 @@
 """PyTorch and CUDA settings: GPU numbering, the caching allocator, CPU threads and the
-DataLoader, per hardware.md §4 and the seed article.
+DataLoader, per hardware.md §4 and the training performance chapter of Stas Bekman's
+"Machine Learning Engineering" open book (github.com/stas00/ml-engineering,
+training/performance/README.md: "Memory fragmentation", "DataLoader").
 
 The installed torch's version decides the allocator variable's name; it is read
 from the package metadata, never by importing torch (which takes seconds).
@@ -23,6 +25,10 @@ NEW_NAME = "PYTORCH_ALLOC_CONF"
 # reverted before release, pytorch PR #158031); PYTORCH_CUDA_ALLOC_CONF stays an alias.
 NEW_NAME_SINCE = (2, 9)
 ALLOCATOR_DOCS = "PyTorch docs, CUDA semantics: Optimizing memory usage with PYTORCH_ALLOC_CONF"
+ML_ENGINEERING_PERFORMANCE = (
+    'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
+    "training performance chapter"
+)
 
 
 def installed_torch_version() -> tuple[int, int] | None:
@@ -97,7 +103,7 @@ def allocator(
             value = _join([*kept, AllocOption("expandable_segments", "True")])
     # A working setting of the user's is theirs to change (nodecheck exec leaves it).
     advisory = current is not None and not errors
-    source = f"{ALLOCATOR_DOCS}; seed article (memory fragmentation)"
+    source = f"{ALLOCATOR_DOCS}; {ML_ENGINEERING_PERFORMANCE}: memory fragmentation"
     recommendations = [Recommendation(OLD_NAME, value, reason, source, advisory=advisory)]
     if reads_new:
         installed = (
@@ -155,8 +161,8 @@ def dataloader(cores: int) -> DataLoaderHint:
         "pin-memory thread; pinned batches copy to the GPU asynchronously with "
         ".to(device, non_blocking=True), overlapping compute, and with --membind they "
         "sit on the GPU's NUMA node",
-        "seed article (DataLoader num_workers, pin_memory=True); PyTorch docs, "
-        "torch.utils.data: memory pinning",
+        f"{ML_ENGINEERING_PERFORMANCE}: DataLoader (asynchronous DataLoader, pinned memory "
+        "and non-blocking device copy); PyTorch docs, torch.utils.data: memory pinning",
     )
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from nodecheck.checks.node.variables import audited
+
 
 def plain(value: str) -> bool:
     """A value safe to carry over as it is: printable, without surrounding whitespace."""
@@ -26,7 +28,10 @@ class Recommendation:
     value: str | None  # None: remove the variable
     reason: str
     source: str  # the rule or file it rests on
-    current: str | None = None  # its value in the calling environment
+    # Its value in the calling environment, kept only for audited variables (NCCL_*,
+    # TORCH_*, PYTORCH_*, CUDA_*) or where it equals `value`: any other variable's value
+    # (OMP_NUM_THREADS=<anything a caller put there>) never leaves the process.
+    current: str | None = None
     found_in: tuple[str, ...] = ()  # for a removal: where it was found
     flagged_value: str | None = None  # for a removal: the value the checks flag
     severity: str | None = None  # for a removal: "fail" or "warn", as the checks judge it
@@ -36,18 +41,31 @@ class Recommendation:
     # Another variable this one must agree with (PYTORCH_ALLOC_CONF with
     # PYTORCH_CUDA_ALLOC_CONF): where that one keeps the user's value, so does this.
     same_as: str | None = None
+    # Set by the caller to a value that is not kept (not audited, and not `value`).
+    current_hidden: bool = False
 
     @property
     def action(self) -> Action:
         if self.value is None:
             return Action.UNSET
+        if self.current_hidden:
+            return Action.CHANGE
         if self.current is None:
             return Action.SET
         return Action.KEEP if self.current == self.value else Action.CHANGE
 
+    @property
+    def is_set(self) -> bool:
+        """Whether the calling environment sets it (whether or not its value is kept)."""
+        return self.current is not None or self.current_hidden
+
     def against(self, environ: Mapping[str, str]) -> Recommendation:
-        """The same advice, marked against this environment."""
-        return replace(self, current=environ.get(self.name))
+        """The same advice, marked against this environment; the current value is kept
+        only where it may be shown (an audited variable, or the recommended value)."""
+        current = environ.get(self.name)
+        if current is None or audited(self.name) or current == self.value:
+            return replace(self, current=current, current_hidden=False)
+        return replace(self, current=None, current_hidden=True)
 
 
 @dataclass(frozen=True)

@@ -314,7 +314,7 @@ def test_exec_rank_from_slurm(box: Node, numactl: str, tmp_path: Path) -> None:
     [
         ([], {"LOCAL_RANK": "0"}, 2, "no command"),
         (["--", "true"], {}, 2, "no local rank: pass --local-rank N"),
-        (["--", "true"], {"LOCAL_RANK": "one"}, 2, "LOCAL_RANK='one' is not a local rank"),
+        (["--", "true"], {"LOCAL_RANK": "one"}, 2, "LOCAL_RANK is set but is not a local rank"),
         (["--local-rank", "2", "--", "true"], {}, 2, "no GPU for local rank 2: this node has 2"),
         (["--local-rank", "0", "--", "no-such-command-x"], {}, 127, "command not found"),
     ],
