@@ -147,6 +147,35 @@ def _with_current(left: LeftUnset, ctx: CheckContext, flagged: list[Recommendati
     return replace(left, found=found) if found else left
 
 
+def _rank_verdicts(
+    bindings: list[RankBinding], problems: dict[str, tuple[str, bool]]
+) -> list[tuple[str, str]]:
+    """(refusal, warning) for each rank, from its GPU's usability problem (and whether that
+    is certain). A rank whose GPU CUDA cannot drive is refused; a rank after one in bus
+    order is warned that CUDA's numbering skips it; every other rank of such a node is
+    told about it; a rank whose GPU's state is unknown is warned."""
+    unusable = [b.gpu for b in bindings if problems[b.gpu][0] and problems[b.gpu][1]]
+    verdicts = []
+    passed = ""  # the first unusable GPU before this rank's, in bus order
+    for binding in bindings:
+        problem, certain = problems[binding.gpu]
+        if problem and certain:
+            verdicts.append((problem, ""))
+            passed = passed or binding.gpu
+            continue
+        warnings = [problem] if problem else []
+        if passed:
+            warnings.append(
+                f"GPU {passed}, before this rank's GPU in bus order, cannot be driven by CUDA, "
+                f"which numbers the GPUs after it one lower: local rank {binding.local_rank} "
+                f"may not be driving {binding.gpu}; see the note on GPU {passed}"
+            )
+        elif unusable:
+            warnings.append(problems[unusable[0]][0])  # the node needs attention all the same
+        verdicts.append(("", "; ".join(warnings)))
+    return verdicts
+
+
 def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     inventory = ctx.inventory
     environ = ctx.environ
@@ -206,21 +235,9 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             )
         problems = {gpu.bdf: usability_problem(gpu) for gpu in inventory.gpus}
         notes += [problem for problem, _ in problems.values() if problem]
-        unusable = [b.gpu for b in bindings if problems[b.gpu][0] and problems[b.gpu][1]]
-        unusable_before = ""
-        for binding in bindings:
+        verdicts = _rank_verdicts(bindings, problems)
+        for binding, (refusal, warning) in zip(bindings, verdicts, strict=True):
             cores = pytorch.physical_cores(inventory, binding)
-            problem, certain = problems[binding.gpu]
-            refusal = problem if problem and certain else ""
-            warning = problem if problem and not certain else ""
-            if unusable and not problem:
-                warning = problems[unusable[0]][0]  # the node needs attention all the same
-            if unusable_before and not refusal:
-                warning = (
-                    f"GPU {unusable_before}, before this rank's GPU in bus order, cannot be "
-                    f"driven by CUDA, which numbers the GPUs after it one lower: local rank "
-                    f"{binding.local_rank} may not be driving {binding.gpu}; drain the node"
-                )
             ranks.append(
                 RankPlan(
                     binding,
@@ -231,7 +248,6 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                     warning,
                 )
             )
-            unusable_before = unusable_before or (binding.gpu if refusal else "")
     marked, flagged = _merge_flags([r.against(environ) for r in env], removals(ctx))
     return Plan(
         hostname=inventory.hostname,

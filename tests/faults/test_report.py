@@ -11,7 +11,9 @@ from collections import Counter
 import click
 
 from nodecheck.agent.exporter import results_document
+from nodecheck.agent.report import fold
 from nodecheck.agent.scheduler import ResultStore
+from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 from tests.agent.test_cli import run
 from tests.conftest import Node
 
@@ -74,3 +76,24 @@ def test_agent_results_have_one_row_per_check_and_subject(dgx_faulty: Node) -> N
         ("torch_alloc", "node"),
     }
     assert all(isinstance(r["age_seconds"], float) for r in results)
+
+
+def test_a_folded_row_keeps_every_finding() -> None:
+    """Four findings about one subject become one row: the worst status, summaries worst
+    first, the remedies of what is not ok, every detail (a key given twice keeps both
+    values) and every metric sample; another subject stays its own row."""
+    spec = MetricSpec("nodecheck_test_value", "gauge", "a test series", ("n",))
+    findings = [
+        Result(Status.OK, NODE, "fine", "", {"shared": 1}, (Sample(spec, 1, {"n": "1"}),)),
+        Result(Status.FAIL, NODE, "broken", "fix it", {"shared": 2, "only": "here"}),
+        Result(Status.WARN, NODE, "odd", "look at it", {}, (Sample(spec, 3, {"n": "3"}),)),
+        Result(Status.SKIP, NODE, "not here"),
+        Result(Status.OK, "gpu 0000:18:00.0", "fine too"),
+    ]
+    node, gpu = fold(findings)
+    assert (node.status, node.subject) == (Status.FAIL, NODE)
+    assert node.summary == "broken; odd; fine; not here"
+    assert node.remedy == "fix it; look at it"
+    assert dict(node.details) == {"shared": [2, 1], "only": "here"}
+    assert [sample.value for sample in node.samples] == [1, 3]
+    assert gpu == findings[-1]

@@ -162,7 +162,7 @@ def test_exec_refuses_a_dead_gpu_and_warns_the_ranks_after_it(
     assert stderr == (
         f"nodecheck exec: warning: GPU {FIRST_GPU}, before this rank's GPU in bus order, "
         "cannot be driven by CUDA, which numbers the GPUs after it one lower: local rank 1 "
-        "may not be driving 0000:02:00.0; drain the node\n"
+        f"may not be driving 0000:02:00.0; see the note on GPU {FIRST_GPU}\n"
     )
 
 
