@@ -101,6 +101,12 @@ def render_shell(plan: Plan, local_rank: int | None) -> str:
     """`export` lines bash can source; red flags are unset, those in files are named."""
     values = exported(plan, local_rank)
     lines = _header(plan, local_rank)
+    for rank in _selected(plan, local_rank) if local_rank is not None else []:
+        # Sourced with eval "$(nodecheck tune --local-rank N)", comments go unseen: say it
+        # on the shell's stderr.
+        for problem in (rank.refusal, rank.warning):
+            if problem:
+                lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
     for removal in plan.removals:
         if removal.name in values:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,27 @@ def test_an_unreadable_config_space_is_a_warning_never_a_pass(
     code, stderr, ran = exec_child(box, tmp_path, 0, "--quiet")
     assert code == 0 and ran
     assert stderr == f"nodecheck exec: warning: {warning}\n"
+
+
+def test_sourcing_tune_for_that_rank_says_so_on_stderr(dgx_faulty: Node) -> None:
+    """eval "$(nodecheck tune --local-rank 7)" in bash: the comments are unseen, so the
+    refusal is echoed to the shell's stderr (and the exports still apply)."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    command = " ".join(
+        [sys.executable, "-m", "nodecheck.agent", *dgx_faulty.cli_args, "tune", "--local-rank", "7"]
+    )
+    done = subprocess.run(
+        [bash, "-c", f'eval "$({command})" && echo "order=$CUDA_DEVICE_ORDER"'],
+        capture_output=True,
+        text=True,
+        env={
+            "PATH": os.environ["PATH"],
+            **({"PYTHONPATH": p} if (p := os.environ.get("PYTHONPATH")) else {}),
+        },
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "order=PCI_BUS_ID\n"
+    assert done.stderr == f"nodecheck tune: {FALLEN_OFF}\n"
