@@ -84,7 +84,9 @@ class Launch:
     env: dict[str, str]
     affinity: frozenset[int]
     summary: str
-    warning: str = ""  # printed even with --quiet: the binding may not be this rank's GPU
+    # Printed even with --quiet: a GPU of the node CUDA cannot drive, a binding that may
+    # not be this rank's GPU.
+    warnings: tuple[str, ...] = ()
 
 
 def applied_environment(
@@ -154,7 +156,8 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
         summary += f"; unset {', '.join(removed)}"
     if kept:
         summary += f"; kept your {', '.join(kept)} (see nodecheck tune)"
-    return Launch(argv, env, frozenset(binding.cpus), summary, rank.warning)
+    warnings = (*plan.unusable, *([rank.warning] if rank.warning else []))
+    return Launch(argv, env, frozenset(binding.cpus), summary, warnings)
 
 
 def replace_process(launch: Launch, quiet: bool) -> None:
@@ -165,8 +168,8 @@ def replace_process(launch: Launch, quiet: bool) -> None:
     accepts only CPUs inside the affinity it starts with; a process may widen its own
     affinity anywhere inside its cpuset.
     """
-    if launch.warning:
-        print(f"nodecheck exec: warning: {launch.warning}", file=sys.stderr, flush=True)
+    for warning in launch.warnings:
+        print(f"nodecheck exec: warning: {warning}", file=sys.stderr, flush=True)
     if launch.affinity:
         try:
             os.sched_setaffinity(0, launch.affinity)

@@ -104,9 +104,9 @@ def render_shell(plan: Plan, local_rank: int | None) -> str:
     for rank in _selected(plan, local_rank) if local_rank is not None else []:
         # Sourced with eval "$(nodecheck tune --local-rank N)", comments go unseen: say it
         # on the shell's stderr.
-        for problem in (rank.refusal, rank.warning):
-            if problem:
-                lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
+        problems = [*plan.unusable, rank.warning] if not rank.refusal else [rank.refusal]
+        for problem in dict.fromkeys(problem for problem in problems if problem):
+            lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
     for removal in plan.removals:
         if removal.name in values:

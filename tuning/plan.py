@@ -68,6 +68,9 @@ class Plan:
     left_unset: list[LeftUnset]
     ranks: list[RankPlan]
     notes: list[str]
+    # Why CUDA cannot drive a GPU of this node, one line per GPU: every rank's concern
+    # (the node needs draining, or a GPU is not this host's), also in `notes`.
+    unusable: list[str] = field(default_factory=list)
 
     def rank(self, local_rank: int) -> RankPlan | None:
         """The plan for a local rank. With one GPU visible (a node with one GPU, or
@@ -152,9 +155,8 @@ def _rank_verdicts(
 ) -> list[tuple[str, str]]:
     """(refusal, warning) for each rank, from its GPU's usability problem (and whether that
     is certain). A rank whose GPU CUDA cannot drive is refused; a rank after one in bus
-    order is warned that CUDA's numbering skips it; every other rank of such a node is
-    told about it; a rank whose GPU's state is unknown is warned."""
-    unusable = [b.gpu for b in bindings if problems[b.gpu][0] and problems[b.gpu][1]]
+    order is warned that CUDA's numbering skips it; a rank whose GPU's state is unknown is
+    warned. (What is wrong with the node's GPUs is in Plan.unusable, for every rank.)"""
     verdicts = []
     passed = ""  # the first unusable GPU before this rank's, in bus order
     for binding in bindings:
@@ -170,8 +172,6 @@ def _rank_verdicts(
                 f"which numbers the GPUs after it one lower: local rank {binding.local_rank} "
                 f"may not be driving {binding.gpu}; see the note on GPU {passed}"
             )
-        elif unusable:
-            warnings.append(problems[unusable[0]][0])  # the node needs attention all the same
         verdicts.append(("", "; ".join(warnings)))
     return verdicts
 
@@ -204,6 +204,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     env: list[Recommendation] = []
     left: list[LeftUnset] = []
     ranks: list[RankPlan] = []
+    unusable: list[str] = []
     if not bindings:
         notes.append(
             "no GPU visible (CUDA_VISIBLE_DEVICES hides them all): no ranks to bind"
@@ -235,6 +236,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             )
         problems = {gpu.bdf: usability_problem(gpu) for gpu in inventory.gpus}
         notes += [problem for problem, _ in problems.values() if problem]
+        unusable = [problem for problem, certain in problems.values() if problem and certain]
         verdicts = _rank_verdicts(bindings, problems)
         for binding, (refusal, warning) in zip(bindings, verdicts, strict=True):
             cores = pytorch.physical_cores(inventory, binding)
@@ -256,4 +258,5 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         left_unset=[_with_current(item, ctx, flagged) for item in left],
         ranks=ranks,
         notes=notes,
+        unusable=unusable,
     )
