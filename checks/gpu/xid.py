@@ -31,6 +31,7 @@ from nodecheck.checks.node.xid import (
     KernelLogXids,
     XidAction,
     XidEvent,
+    XidLog,
     classify,
     kernel_log_xids,
     merge_sources,
@@ -199,9 +200,37 @@ def _unreadable(err: ReadError) -> Result:
     )
 
 
+def _listener_note(ctx: CheckContext) -> str | None:
+    """Why the agent's NVML event listener is not listening; None when it is, or in a
+    one-shot run (which has no listener)."""
+    if ctx.xid_log is None or ctx.xid_log.listening:
+        return None
+    return ctx.xid_log.source_error or XidLog.NOT_STARTED
+
+
+def _kernel_log_missing_warning(err: ReadError, since: float | None) -> Result:
+    """The listener listens but the kernel log is unreadable: XIDs from before it started
+    are not seen (the unit's DevicePolicy can hide /dev/kmsg)."""
+    unreadable = _unreadable(err)
+    when = "it started" if since is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    return Result(
+        Status.WARN,
+        NODE,
+        f"cannot read the kernel log for XIDs ({err}): judging from NVML events only; "
+        f"XIDs from before {when} are not seen",
+        unreadable.remedy,
+        {"cause": err.reason, "source": "nvml events"},
+    )
+
+
 @register("gpu_xid", interval_s=60, timeout_s=30)
 def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
-    """XID errors per GPU, judged by NVIDIA's recommended action."""
+    """XID errors per GPU, judged by NVIDIA's recommended action.
+
+    Each result names the sources it rests on. With neither the kernel log nor
+    the agent's NVML event listener usable, the node is `error`: no XID seen is
+    not no XID.
+    """
     path = ctx.kernel_log_path
     try:
         kernel = kernel_log_xids(ctx.fs, path)
@@ -212,25 +241,37 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     view = ctx.gpus
     readings = view.snapshot.by_bus_id()
     known = {gpu.bdf for gpu in ctx.pci_gpus} | set(readings)
-    if unreadable is not None:
-        if not known:
-            yield Result(Status.SKIP, NODE, "no GPU on the PCI bus or in NVML")
-            return
-        if ctx.xid_log is None:
-            yield _unreadable(unreadable)
-            return
     listened = ctx.xid_log.events() if ctx.xid_log is not None else []
+    not_listening = _listener_note(ctx)
+    listening = ctx.xid_log is not None and not_listening is None
     events = merge_sources(kernel.events, listened)
-    sources = [] if unreadable is not None else [f"the kernel log ({path})"]
-    if ctx.xid_log is not None:
-        sources.append("NVML events")
-    source = " or ".join(sources)
-    buses = known | {e.bus_id for e in events}
-    if not buses:
+    if not known and not events:
         yield Result(Status.SKIP, NODE, "no GPU on the PCI bus or in NVML")
         return
+    if unreadable is not None and not listening:
+        blind = _unreadable(unreadable)
+        if not_listening is not None:
+            blind = Result(
+                Status.ERROR,
+                NODE,
+                f"{blind.summary}; and NVML XID events are not listened to: {not_listening}",
+                blind.remedy,
+                {**blind.details, "listener": not_listening},
+            )
+        yield blind
+        # XIDs recorded while the listener still listened are not forgotten.
+        known = set()
+    elif unreadable is not None:
+        yield _kernel_log_missing_warning(unreadable, ctx.xid_log.listening_since if ctx.xid_log else None)
+    sources = []
+    if unreadable is None:
+        log_name = f"the kernel log ({path})"
+        sources.append(f"{kernel.cut} of {log_name}" if kernel.cut else log_name)
+    if listening:
+        sources.append("NVML events")
+    source = " or ".join(sources) or "the NVML events recorded earlier"
     now = time.time()
-    for bus_id in sorted(buses):
+    for bus_id in sorted(known | {e.bus_id for e in events}):
         gpu = readings.get(bus_id)
         # A GPU that stopped answering keeps the labels of its last good
         # reading, so its XID series do not split when it falls off the bus.
@@ -238,4 +279,7 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         labels = named.labels() if named else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
         mine = [event for event in events if event.bus_id == bus_id]
         verdict = judge_gpu(mine, gpu, labels, now, kernel.boot_time, source)
+        if not_listening is not None and unreadable is None:
+            verdict.add(Status.OK, f"NVML XID events are not listened to: {not_listening}")
+        verdict.details["sources"] = sources
         yield verdict.result(gpu_subject(bus_id))
