@@ -116,9 +116,7 @@ def judge_memory(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
     return verdict
 
 
-def _judge_aggregate_counts(
-    gpu: GpuReading, previous: GpuReading | None, verdict: Verdict
-) -> None:
+def _judge_aggregate_counts(gpu: GpuReading, previous: GpuReading | None, verdict: Verdict) -> None:
     """Aggregate ECC counts live in the InfoROM for the GPU's life: they never go down
     (volatile ones restart at a driver reload or GPU reset, so those may). A lower
     aggregate count than the last reading is a broken answer: `error`, not a pass."""

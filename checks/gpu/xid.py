@@ -212,7 +212,9 @@ def _kernel_log_missing_warning(err: ReadError, since: float | None) -> Result:
     """The listener listens but the kernel log is unreadable: XIDs from before it started
     are not seen (the unit's DevicePolicy can hide /dev/kmsg)."""
     unreadable = _unreadable(err)
-    when = "it started" if since is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    when = (
+        "it started" if since is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    )
     return Result(
         Status.WARN,
         NODE,
@@ -262,7 +264,9 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         # XIDs recorded while the listener still listened are not forgotten.
         known = set()
     elif unreadable is not None:
-        yield _kernel_log_missing_warning(unreadable, ctx.xid_log.listening_since if ctx.xid_log else None)
+        yield _kernel_log_missing_warning(
+            unreadable, ctx.xid_log.listening_since if ctx.xid_log else None
+        )
     sources = []
     if unreadable is None:
         log_name = f"the kernel log ({path})"

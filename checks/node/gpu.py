@@ -436,9 +436,7 @@ def _plausible_link(r: _Reader, link: PcieState) -> PcieState:
         if link.width and link.max_width and link.width > link.max_width:
             problems.append(f"width x{link.width} above its maximum x{link.max_width}")
         if link.generation and link.max_generation and link.generation > link.max_generation:
-            problems.append(
-                f"generation {link.generation} above its maximum {link.max_generation}"
-            )
+            problems.append(f"generation {link.generation} above its maximum {link.max_generation}")
     if not problems:
         return link
     r.reading.errors["pcie"] = f"NVML reported PCIe {', '.join(problems)}: implausible"
@@ -505,12 +503,16 @@ def _read_state(nvml: Any, h: object, r: _Reader) -> None:
     reading.temperature_c = r.plausible(
         "temperature", r.query("temperature", lambda: _temperature(nvml, h)), low, high, " °C"
     )
-    for threshold, attribute in ((THRESHOLD_SLOWDOWN, "slowdown_c"), (THRESHOLD_SHUTDOWN, "shutdown_c")):
+
+    def threshold(kind: int) -> int | None:
         value = r.query(
             "temperature_threshold",
-            lambda threshold=threshold: int(nvml.nvmlDeviceGetTemperatureThreshold(h, threshold)),
+            lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, kind)),
         )
-        setattr(reading, attribute, r.plausible("temperature_threshold", value, 1, high, " °C"))
+        return r.plausible("temperature_threshold", value, 1, high, " °C")
+
+    reading.slowdown_c = threshold(THRESHOLD_SLOWDOWN)
+    reading.shutdown_c = threshold(THRESHOLD_SHUTDOWN)
 
     def watts(name: str, call: Callable[[], int], low: float = 0.0) -> float | None:
         milliwatts = r.query(name, call)
@@ -789,7 +791,7 @@ def read_gpu_activity(session: NvmlSession) -> list[GpuActivity]:
         free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
         return GpuActivity(reading.index, reading.bus_id, utilization, processes, free, None)
 
-    jobs = {
+    jobs: dict[str, Callable[[], GpuActivity]] = {
         gpu_job_name(reading): functools.partial(read, handle, reading)
         for handle, reading in found
         if handle is not None

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import enum
 import errno
+import functools
 import logging
 import os
 import re
@@ -449,9 +450,9 @@ class XidListener:
                 try:
                     nvml = self.session.module()
                     event_set, buses = self.session.run(
-                        lambda: self._register(nvml), "registering for XID events"
+                        functools.partial(self._register, nvml), "registering for XID events"
                     )
-                except Exception as err:  # noqa: BLE001 - any failure: say so, try again
+                except Exception as err:  # any failure: say why, and try again later
                     self._not_listening(err, delay)
                     self._ready.set()
                     if self._stop.wait(delay):
@@ -547,7 +548,7 @@ class XidListener:
             if self.on_event is not None:
                 try:
                     self.on_event(event)
-                except Exception as err:  # noqa: BLE001 - the listener must outlive it
+                except Exception as err:
                     log.error("event=xid_callback_failed error=%r", str(err))
         return None
 

@@ -9,10 +9,17 @@ checked by those faults still being found.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,9 +128,9 @@ def test_hung_gpu_is_an_error_for_that_gpu_only_and_is_read_again_once_its_call_
     hung = [r for r in of(first, subject(HUNG_BUS)) if "XID" not in r.summary]
     assert len(hung) == len(PER_GPU_CHECKS) + 1  # gpu_count names it too
     assert {r.status for r in hung} == {Status.ERROR}
-    assert all(
-        "NVML did not answer in 1 s (GPU 2 at 0000:3a:00.0" in r.summary for r in hung
-    ), [r.summary for r in hung]
+    assert all("NVML did not answer in 1 s (GPU 2 at 0000:3a:00.0" in r.summary for r in hung), [
+        r.summary for r in hung
+    ]
     planted_faults_found(first_runs)
 
     # GPU 4 was lost 0.5 s after init; this pass starts after the first one's 1 s deadline.
@@ -162,6 +169,111 @@ def test_hung_gpu_is_an_error_for_that_gpu_only_and_is_read_again_once_its_call_
     throttle = [r for r in of(after, subject(HUNG_BUS)) if "hw_thermal" in r.summary]
     assert throttle and throttle[0].status in (Status.WARN, Status.FAIL)  # its own fault
     assert not session.stuck_keys()
+
+
+AGENT_CONFIG = """\
+[agent]
+listen = "127.0.0.1:{port}"
+expected_gpus = 8
+nvml_timeout = 2
+
+{checks}
+"""
+HOST_CHECKS = ("pcie_acs", "pcie_link", "numa", "nccl_env", "torch_alloc", "cpu")
+AGENT_HANG_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _results(port: int) -> dict[tuple[str, str], dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/results", timeout=5) as reply:
+            document = json.loads(reply.read())
+    except OSError:
+        return {}
+    return {(r["check"], r["subject"]): r for r in document["results"]}
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text: str = reply.read().decode()
+        return text
+
+
+def test_agent_with_a_hung_gpu_keeps_judging_the_others_and_recovers(
+    dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """A real `nodecheck agent` (its XID listener on the same NVML session, its 10 s shared
+    reads) with GPU 2's nvmlDeviceGetFieldValues stuck for 30 s: meanwhile GPU 2 alone is
+    `error`, the other GPUs' ECC and row-remap failures stay, their metrics stay, GPU 4
+    lost 3 s in is reported lost; after the hang GPU 2 is read and judged again."""
+    scenario = faulty_scenario()
+    scenario["gpus"][2]["hang"] = {"nvmlDeviceGetFieldValues": {"until_s": AGENT_HANG_S}}
+    scenario["gpus"][4]["lost_after_s"] = 3
+    node = dgx_faulty.with_scenario(scenario, tmp_path / "hang.json")
+    port = _free_port()
+    config = tmp_path / "agent.toml"
+    checks = "".join(f"\n[checks.{name}]\nenabled = false\n" for name in HOST_CHECKS) + "".join(
+        f"\n[checks.{name}]\ninterval = 1\n" for name in (GPU_CHECKS[0], *PER_GPU_CHECKS)
+    )
+    config.write_text(AGENT_CONFIG.format(port=port, checks=checks))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nodecheck.agent", *node.cli_args, "agent", "--config", str(config)],
+        env={**os.environ, **node.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    started = time.monotonic()
+    try:
+
+        def lost_while_hung() -> dict[tuple[str, str], dict[str, Any]] | None:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            found = _results(port)
+            # Each check runs on its own schedule: wait until every one has seen it.
+            lost = [found.get((check, subject(LOST_BUS))) for check in PER_GPU_CHECKS]
+            return found if all(r and "GPU is lost" in r["summary"] for r in lost) else None
+
+        during = wait_for(lost_while_hung, "GPU 4 reported lost", seconds=AGENT_HANG_S)
+        assert time.monotonic() - started < AGENT_HANG_S  # still within GPU 2's hang
+        for check in PER_GPU_CHECKS:
+            hung = during[(check, subject(HUNG_BUS))]
+            assert hung["status"] == "error", (check, hung)
+            assert "NVML did not answer in 2 s (GPU 2 at 0000:3a:00.0" in hung["summary"]
+            assert during[(check, subject(LOST_BUS))]["status"] == "fail", check
+        assert during[("gpu_memory_errors", subject(DGX_GPUS[1]))]["status"] == "fail"
+        assert during[("gpu_memory_errors", subject(DGX_GPUS[6]))]["status"] == "fail"
+        assert during[("gpu_pcie", subject(DGX_GPUS[5]))]["status"] == "fail"
+        assert ("gpu_state", "node") not in during or during[("gpu_state", "node")][
+            "status"
+        ] != "error"
+        temperatures = re.findall(
+            r'nodecheck_gpu_temperature_celsius\{[^}]*gpu="(\d)"', _metrics(port)
+        )
+        assert set(temperatures) == {"0", "1", "3", "5", "6"}  # all but hung, lost, invisible
+
+        def read_again() -> dict[tuple[str, str], dict[str, Any]] | None:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            found = _results(port)
+            mine = [found.get((check, subject(HUNG_BUS))) for check in PER_GPU_CHECKS]
+            return found if all(r and r["status"] != "error" for r in mine) else None
+
+        after = wait_for(read_again, "GPU 2 read again", seconds=AGENT_HANG_S + 60)
+        assert after[("gpu_memory_errors", subject(HUNG_BUS))]["status"] == "ok"
+        assert after[("gpu_throttle", subject(HUNG_BUS))]["status"] in ("warn", "fail")
+        assert after[("gpu_memory_errors", subject(DGX_GPUS[1]))]["status"] == "fail"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    assert "Traceback" not in stderr, stderr
 
 
 def test_hung_gpu_is_named_by_the_benchmark_gate(dgx: Node, tmp_path: Path) -> None:
@@ -209,9 +321,7 @@ def test_xid_listener_retries_until_nvml_answers(
     answering = modified(dgx_healthy(), gpu=3, xids=[{"xid": 79, "after_s": 0.3}])
     node = dgx.with_scenario({**answering, **absent}, path)
     xid_log = XidLog()
-    listener = XidListener(
-        node.nvml(), xid_log, poll_s=0.1, retry_initial_s=0.05, retry_max_s=0.2
-    )
+    listener = XidListener(node.nvml(), xid_log, poll_s=0.1, retry_initial_s=0.05, retry_max_s=0.2)
     listener.start()
     try:
         wait_for(lambda: (xid_log.source_error or "").startswith(why), f"source_error {why!r}")
@@ -256,9 +366,7 @@ def test_gpu_xid_with_no_readable_source_is_an_error_naming_both(
     )
 
 
-def test_kernel_log_unreadable_while_the_listener_listens_warns(
-    dgx: Node, tmp_path: Path
-) -> None:
+def test_kernel_log_unreadable_while_the_listener_listens_warns(dgx: Node, tmp_path: Path) -> None:
     """Only NVML events to go on: each GPU is judged from them and says so, and the node
     `warn`s that XIDs from before the listener started are not seen."""
     session = dgx.nvml()
@@ -267,7 +375,9 @@ def test_kernel_log_unreadable_while_the_listener_listens_warns(
     listener.start()
     try:
         wait_for(lambda: xid_log.listening, "the listener to listen")
-        results = dgx.results("gpu_xid", kernel_log=tmp_path / "kmsg", xid_log=xid_log, nvml=session)
+        results = dgx.results(
+            "gpu_xid", kernel_log=tmp_path / "kmsg", xid_log=xid_log, nvml=session
+        )
     finally:
         assert listener.stop()
     [warning] = [r for r in results if r.subject == "node"]
@@ -283,7 +393,7 @@ def test_gpu_xid_names_the_one_source_it_rests_on(dgx: Node) -> None:
     """The kernel log readable but the listener not listening: each result says so."""
     xid_log = XidLog()  # never started
     results = dgx.results("gpu_xid", xid_log=xid_log)
-    gpu = [r for r in results if r.subject == subject(DGX_GPUS[2])][0]
+    gpu = next(r for r in results if r.subject == subject(DGX_GPUS[2]))
     assert gpu.summary.startswith("no XID in the kernel log (")
     assert "NVML XID events are not listened to: the NVML event listener has not started" in (
         gpu.summary
@@ -367,7 +477,7 @@ def test_a_huge_kernel_log_is_read_by_its_tail_and_says_so(dgx: Node, tmp_path: 
     results = dgx.results("gpu_xid", kernel_log=path)
     [dbe] = [r for r in results if r.subject == subject(DGX_GPUS[1])]
     assert dbe.status is Status.FAIL and "XID 48" in dbe.summary
-    clean = [r for r in results if r.subject == subject(DGX_GPUS[2])][0]
+    clean = next(r for r in results if r.subject == subject(DGX_GPUS[2]))
     assert clean.summary == f"no XID in the last 16 MiB of 20 MiB of the kernel log ({path})"
 
 
@@ -453,9 +563,7 @@ def test_nonsense_from_nvml_is_an_error_on_that_gpu(
     planted_faults_found(runs)
 
 
-def test_nvml_counting_100000_gpus_is_an_error_not_100000_reads(
-    dgx: Node, tmp_path: Path
-) -> None:
+def test_nvml_counting_100000_gpus_is_an_error_not_100000_reads(dgx: Node, tmp_path: Path) -> None:
     """nvmlDeviceGetCount answering 100000: every GPU check is one `error` naming the
     call and the value, within a bound."""
     node = dgx.with_scenario(modified(dgx_healthy(), device_count=100000), tmp_path / "c.json")
@@ -492,7 +600,9 @@ def test_ecc_lifetime_counts_going_down_are_an_error(dgx_faulty: Node, tmp_path:
     """GPU 3's aggregate uncorrectable ECC count falls between two passes: `error` naming
     both values, not a pass."""
     ecc = {"aggregate_uncorrected": {"base": 1000, "per_s": -200}}
-    node = dgx_faulty.with_scenario(modified(faulty_scenario(), gpu=3, ecc=ecc), tmp_path / "e.json")
+    node = dgx_faulty.with_scenario(
+        modified(faulty_scenario(), gpu=3, ecc=ecc), tmp_path / "e.json"
+    )
     session, history = node.nvml(), GpuHistory()
     node.run(*GPU_CHECKS, nvml=session, gpu_history=history)
     time.sleep(0.3)  # the counter falls 200 a second: any interval shows it
@@ -518,7 +628,7 @@ def test_throttle_time_beyond_the_wall_time_is_an_error(dgx_faulty: Node, tmp_pa
     assert mine.status is Status.ERROR, mine
     assert "NVML reported hw_thermal throttle time of" in mine.summary
     assert "between readings: implausible" in mine.summary
-    hot = [r for r in results if r.subject == subject(DGX_GPUS[2])][0]
+    hot = next(r for r in results if r.subject == subject(DGX_GPUS[2]))
     assert hot.status is Status.FAIL  # GPU 2's real 50 % thermal slowdown still fails
 
 
