@@ -267,13 +267,11 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         yield _kernel_log_missing_warning(
             unreadable, ctx.xid_log.listening_since if ctx.xid_log else None
         )
-    sources = []
+    log_source = None
     if unreadable is None:
         log_name = f"the kernel log ({path})"
-        sources.append(f"{kernel.cut} of {log_name}" if kernel.cut else log_name)
-    if listening:
-        sources.append("NVML events")
-    source = " or ".join(sources) or "the NVML events recorded earlier"
+        log_source = f"{kernel.cut} of {log_name}" if kernel.cut else log_name
+    unwatched = ctx.xid_log.unwatched if ctx.xid_log is not None else {}
     now = time.time()
     for bus_id in sorted(known | {e.bus_id for e in events}):
         gpu = readings.get(bus_id)
@@ -282,8 +280,22 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         named = gpu if gpu is not None and gpu.name else view.previous.get(bus_id) or gpu
         labels = named.labels() if named else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
         mine = [event for event in events if event.bus_id == bus_id]
+        unregistered = unwatched.get(bus_id) if listening else None
+        sources = [] if log_source is None else [log_source]
+        if listening and unregistered is None:
+            sources.append("NVML events")
+        source = " or ".join(sources) or "the NVML events recorded earlier"
         verdict = judge_gpu(mine, gpu, labels, now, kernel.boot_time, source)
         if not_listening is not None and unreadable is None:
             verdict.add(Status.OK, f"NVML XID events are not listened to: {not_listening}")
+        elif unregistered is not None:
+            if unreadable is None:
+                verdict.add(Status.OK, f"NVML XID events not registered for it: {unregistered}")
+            else:
+                verdict.add(
+                    Status.ERROR,
+                    f"no XID source for this GPU: the kernel log is unreadable and NVML XID "
+                    f"events are not registered for it ({unregistered})",
+                )
         verdict.details["sources"] = sources
         yield verdict.result(gpu_subject(bus_id))

@@ -66,7 +66,6 @@ class NvmlHungError(Exception):
     def __init__(self, deadline_s: float, what: str) -> None:
         super().__init__(f"NVML did not answer in {deadline_s:g} s ({what})")
         self.deadline_s = deadline_s
-        self.what = what
 
 
 def valid_deadline(deadline_s: float) -> float:
@@ -145,11 +144,6 @@ class NvmlSession:
     def stuck_keys(self) -> set[str]:
         """The job keys whose last call past its deadline has not returned yet."""
         return set(self._alive_stuck())
-
-    def stuck_since(self, key: str) -> float | None:
-        """time.monotonic() when the oldest stuck call of `key` began, None if none is."""
-        calls = self._alive_stuck().get(key)
-        return min(call.since for call in calls) if calls else None
 
     def run(self, job: Callable[[], T], what: str, deadline_s: float | None = None) -> T:
         """Run `job` on its own thread; NvmlHungError when it takes longer than the deadline,

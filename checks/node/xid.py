@@ -328,6 +328,7 @@ class XidLog:
         self._lock = threading.Lock()
         self._listening_since: float | None = None
         self._source_error: str | None = self.NOT_STARTED
+        self._unwatched: dict[str, str] = {}
 
     def add(self, event: XidEvent) -> None:
         with self._lock:
@@ -338,13 +339,21 @@ class XidLog:
         with self._lock:
             return list(self._events)
 
-    def set_listening(self, since: float) -> None:
+    def set_listening(self, since: float, unwatched: dict[str, str] | None = None) -> None:
         with self._lock:
             self._listening_since, self._source_error = since, None
+            self._unwatched = dict(unwatched or {})
 
     def set_not_listening(self, why: str) -> None:
         with self._lock:
             self._listening_since, self._source_error = None, why
+            self._unwatched = {}
+
+    @property
+    def unwatched(self) -> dict[str, str]:
+        """GPUs (bus id) the listener could not register for XID events, and why."""
+        with self._lock:
+            return dict(self._unwatched)
 
     @property
     def listening(self) -> bool:
@@ -449,7 +458,7 @@ class XidListener:
                 self.attempts += 1
                 try:
                     nvml = self.session.module()
-                    event_set, buses = self.session.run(
+                    event_set, buses, unwatched = self.session.run(
                         functools.partial(self._register, nvml), "registering for XID events"
                     )
                 except Exception as err:  # any failure: say why, and try again later
@@ -460,7 +469,7 @@ class XidListener:
                     delay = min(delay * 2, self.retry_max_s)
                     continue
                 self.error = None
-                self.xid_log.set_listening(time.time())
+                self.xid_log.set_listening(time.time(), unwatched)
                 log.info(
                     "event=xid_listener_listening gpus=%d attempts=%d", len(buses), self.attempts
                 )
@@ -500,10 +509,14 @@ class XidListener:
             retry_in_s,
         )
 
-    def _register(self, api: Any) -> tuple[object, dict[int | None, str]]:
+    def _register(self, api: Any) -> tuple[object, dict[int | None, str], dict[str, str]]:
+        """The event set, the registered GPUs by handle address, and the GPUs (by bus id,
+        or "GPU <index>" where NVML gave none) not registered, with why."""
         event_set = api.nvmlEventSetCreate()
         buses: dict[int | None, str] = {}
+        unwatched: dict[str, str] = {}
         for index in range(device_count(api)):
+            bus = f"GPU {index}"
             try:
                 handle = api.nvmlDeviceGetHandleByIndex(index)
                 bus = normalize_bus_id(api.nvmlDeviceGetPciInfo(handle).busId)
@@ -511,9 +524,12 @@ class XidListener:
                 if supported & XID_CRITICAL_EVENT:
                     api.nvmlDeviceRegisterEvents(handle, XID_CRITICAL_EVENT, event_set)
                     buses[_address(handle)] = bus
+                else:
+                    unwatched[bus] = "the GPU does not report XID events"
             except (api.NVMLError, ValueError, UnicodeDecodeError) as err:
+                unwatched[bus] = f"registering failed: {err}"
                 log.warning("event=xid_register_failed gpu=%d error=%r", index, str(err))
-        return event_set, buses
+        return event_set, buses, unwatched
 
     WAIT_FAILURES_BEFORE_REREGISTERING = 3
 

@@ -401,6 +401,43 @@ def test_gpu_xid_names_the_one_source_it_rests_on(dgx: Node) -> None:
     assert "or NVML events" not in gpu.summary
 
 
+def test_a_gpu_the_listener_could_not_register_has_no_source_without_the_kernel_log(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """nvmlDeviceRegisterEvents failing for GPU 3 while the kernel log is unreadable: GPU 3
+    alone is `error` (no XID source for it), the others are judged from NVML events."""
+    scenario = modified(dgx_healthy(), gpu=3, errors={"nvmlDeviceRegisterEvents": "UNKNOWN"})
+    node = dgx.with_scenario(scenario, tmp_path / "r.json")
+    session = node.nvml()
+    xid_log = XidLog()
+    listener = XidListener(session, xid_log, poll_s=0.1)
+    listener.start()
+    try:
+        wait_for(lambda: xid_log.listening, "the listener to listen")
+        assert set(xid_log.unwatched) == {DGX_GPUS[3]}
+        results = node.results(
+            "gpu_xid", kernel_log=tmp_path / "kmsg", xid_log=xid_log, nvml=session
+        )
+    finally:
+        assert listener.stop()
+    blind = next(r for r in results if r.subject == subject(DGX_GPUS[3]))
+    assert blind.status is Status.ERROR
+    assert "no XID source for this GPU" in blind.summary
+    assert "registering failed: Unknown Error" in blind.summary
+    others = [r for r in results if r.subject.startswith("gpu ") and r is not blind]
+    assert len(others) == 7 and {r.status for r in others} == {Status.OK}
+
+
+def test_driver_version_unreadable_is_an_error_not_driver_none(dgx: Node, tmp_path: Path) -> None:
+    """nvmlSystemGetDriverVersion failing: gpu_state's node result says it could not compare
+    the library with the kernel module (`error`), not "driver None"."""
+    scenario = modified(dgx_healthy(), errors={"nvmlSystemGetDriverVersion": "UNKNOWN"})
+    node = dgx.with_scenario(scenario, tmp_path / "d.json")
+    [result] = [r for r in node.results("gpu_state") if r.subject == "node"]
+    assert result.status is Status.ERROR
+    assert "NVML did not report its driver version" in result.summary
+
+
 # -- 3. --kernel-log that is not a kernel log --------------------------------------
 
 
