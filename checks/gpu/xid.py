@@ -208,21 +208,12 @@ def _listener_note(ctx: CheckContext) -> str | None:
     return ctx.xid_log.source_error or XidLog.NOT_STARTED
 
 
-def _kernel_log_missing_warning(err: ReadError, since: float | None) -> Result:
-    """The listener listens but the kernel log is unreadable: XIDs from before it started
-    are not seen (the unit's DevicePolicy can hide /dev/kmsg)."""
-    unreadable = _unreadable(err)
-    when = (
-        "it started" if since is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
-    )
-    return Result(
-        Status.WARN,
-        NODE,
-        f"cannot read the kernel log for XIDs ({err}): judging from NVML events only; "
-        f"XIDs from before {when} are not seen",
-        unreadable.remedy,
-        {"cause": err.reason, "source": "nvml events"},
-    )
+def _since(xid_log: XidLog | None) -> str:
+    """When the listener began listening, as the operator's clock shows it."""
+    since = xid_log.listening_since if xid_log is not None else None
+    if since is None:
+        return "it started"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
 
 
 @register("gpu_xid", interval_s=60, timeout_s=30)
@@ -231,7 +222,10 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
 
     Each result names the sources it rests on. With neither the kernel log nor
     the agent's NVML event listener usable, the node is `error`: no XID seen is
-    not no XID.
+    not no XID. With only the listener (the shipped unit sets ProtectKernelLogs=,
+    so /dev/kmsg is closed to the agent by design) each GPU says that XIDs from
+    before the listener started are not seen: a note, not a warning every node
+    would carry for ever.
     """
     path = ctx.kernel_log_path
     try:
@@ -263,10 +257,6 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         yield blind
         # XIDs recorded while the listener still listened are not forgotten.
         known = set()
-    elif unreadable is not None:
-        yield _kernel_log_missing_warning(
-            unreadable, ctx.xid_log.listening_since if ctx.xid_log else None
-        )
     log_source = None
     if unreadable is None:
         log_name = f"the kernel log ({path})"
@@ -283,11 +273,18 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         unregistered = unwatched.get(bus_id) if listening else None
         sources = [] if log_source is None else [log_source]
         if listening and unregistered is None:
-            sources.append("NVML events")
+            sources.append(
+                "NVML events" if log_source else f"NVML events since {_since(ctx.xid_log)}"
+            )
         source = " or ".join(sources) or "the NVML events recorded earlier"
         verdict = judge_gpu(mine, gpu, labels, now, kernel.boot_time, source)
         if not_listening is not None and unreadable is None:
             verdict.add(Status.OK, f"NVML XID events are not listened to: {not_listening}")
+        elif unreadable is not None and listening and unregistered is None:
+            verdict.add(
+                Status.OK,
+                f"the kernel log is unreadable ({unreadable}): XIDs from before then are not seen",
+            )
         elif unregistered is not None:
             if unreadable is None:
                 verdict.add(Status.OK, f"NVML XID events not registered for it: {unregistered}")
