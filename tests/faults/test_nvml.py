@@ -171,6 +171,29 @@ def test_hung_gpu_is_an_error_for_that_gpu_only_and_is_read_again_once_its_call_
     assert not session.stuck_keys()
 
 
+def test_hung_enumeration_is_node_level_and_answered_at_once_while_stuck(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """nvmlDeviceGetCount hanging: every GPU check is one node-level `error` naming the
+    listing; the next pass is answered at once (no second stuck thread), naming how long
+    the call has been stuck."""
+    scenario = modified(dgx_healthy(), hang={"nvmlDeviceGetCount_v2": 0})
+    node = dgx.with_scenario(scenario, tmp_path / "count.json")
+    session = node.nvml()
+    first = node.run(*PER_GPU_CHECKS, nvml=session)
+    for run in first:
+        assert [(r.status, r.subject) for r in run.results] == [(Status.ERROR, "node")]
+        assert run.results[0].summary == "NVML did not answer in 1 s (listing the GPUs)"
+    second = node.run(*PER_GPU_CHECKS, nvml=session)
+    for run in second:
+        [result] = run.results
+        assert result.status is Status.ERROR
+        assert result.summary.startswith("NVML did not answer in 1 s (listing the GPUs: its call")
+        assert result.summary.endswith("is still stuck)")
+    listing = [t for t in threading.enumerate() if t.name == "nvml-listing the GPUs"]
+    assert len(listing) == 1, listing
+
+
 AGENT_CONFIG = """\
 [agent]
 listen = "127.0.0.1:{port}"
