@@ -88,10 +88,12 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
         else:
             yield Result(Status.SKIP, gpu_subject(gpu.bdf), reason)
     unavailable = nvml_unavailable_result(ctx)
-    if unavailable is not None:
+    snapshot = ctx.gpus.snapshot
+    # NVML answering "no GPU" while GPUs are on the bus or expected is a count, not a skip.
+    counted = snapshot.usable and (meant or ctx.expected_gpus)
+    if unavailable is not None and not counted:
         yield _without_nvml(ctx, meant, unavailable, samples)
         return
-    snapshot = ctx.gpus.snapshot
     seen = snapshot.by_bus_id()
     answering = [one for one in snapshot.gpus if one.lost is None]
     samples += [Sample(VISIBLE, len(snapshot.gpus)), Sample(ANSWERING_COUNT, len(answering))]
@@ -104,11 +106,21 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
         }
         samples.append(Sample(INFO, 1, info))
     by_bdf = {gpu.bdf: gpu for gpu in on_bus}
+    # GPUs NVML lists without a usable bus id: any of them may be a GPU sysfs shows.
+    unnamed = [gpu for gpu in snapshot.gpus if gpu.bus_id is None and gpu.lost is None]
     for bus_id in meant:
         reading = seen.get(bus_id)
         labels = reading.labels() if reading else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
         samples.append(Sample(ANSWERS, int(reading is not None and reading.lost is None), labels))
-        if reading is None:
+        if reading is None and unnamed:
+            names = ", ".join(f"GPU {gpu.index}: {gpu.error}" for gpu in unnamed)
+            yield Result(
+                Status.ERROR,
+                gpu_subject(bus_id),
+                f"not listed by NVML under its bus id, and NVML gave no usable bus id for "
+                f"{names}: cannot tell whether it is one of them",
+            )
+        elif reading is None:
             unbound = by_bdf[bus_id].driver is None
             yield Result(
                 Status.FAIL,
@@ -126,6 +138,10 @@ def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Res
     for gpu in gpus:
         if gpu.lost is not None:
             yield Result(Status.FAIL, subject_of(gpu), f"NVML: {gpu.lost}", lost_remedy(gpu))
+        elif gpu.hung is not None:
+            yield Result(Status.ERROR, subject_of(gpu), gpu.hung, details={"cause": "nvml hung"})
+        elif gpu.error is not None and gpu.bus_id is None:
+            yield Result(Status.ERROR, subject_of(gpu), gpu.error, details={"cause": "nvml error"})
         elif gpu.bus_id is not None and gpu.bus_id not in on_bus:
             # NVML answers for the running machine; a --sysfs-root capture of
             # another node is the usual cause.
@@ -159,7 +175,8 @@ def _node_result(
             return Result(
                 Status.FAIL,
                 NODE,
-                f"{expected - answering} GPU(s) missing: {counts}",
+                f"{expected - answering} GPU(s) missing, {answering} of {expected} answering: "
+                f"{counts}",
                 "drain the node; reboot it and check the kernel log for XID 79 and the "
                 "BMC for GPU power faults",
                 details,
@@ -192,6 +209,18 @@ def _without_nvml(
     """NVML cannot answer. With no GPU on the bus for this host that is a CPU node: skip."""
     cause = unavailable.details.get("cause")
     expected = ctx.expected_gpus
+    if expected is not None and len(meant) < expected:
+        # Whatever NVML says, at most the GPUs on the bus can answer: fewer than expected.
+        return Result(
+            Status.FAIL,
+            NODE,
+            f"{expected - len(meant)} GPU(s) missing: {len(meant)} of {expected} expected GPUs "
+            f"on the PCI bus for this host ({unavailable.summary})",
+            "drain the node; reboot it and check the kernel log for XID 79 and the "
+            "BMC for GPU power faults",
+            {"cause": cause, "on_pci_bus": len(meant), "expected": expected},
+            tuple(samples),
+        )
     if not meant and not expected:
         return Result(
             Status.SKIP,

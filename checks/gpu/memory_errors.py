@@ -76,8 +76,9 @@ RETIRED_PAGES_FAIL = 60  # DCGM_LIMIT_MAX_RETIRED_PAGES
 RESET = "reset the GPU when it is idle (nvidia-smi -r -i {bus_id}), or drain and reboot"
 
 
-def judge_memory(gpu: GpuReading, _previous: GpuReading | None) -> Verdict:
+def judge_memory(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
     verdict = Verdict("no memory errors")
+    _judge_aggregate_counts(gpu, previous, verdict)
     labels = gpu.labels()
     if gpu.ecc_mode is not None:
         current, pending = gpu.ecc_mode
@@ -113,6 +114,27 @@ def judge_memory(gpu: GpuReading, _previous: GpuReading | None) -> Verdict:
     _judge_rows(gpu, verdict, labels)
     _judge_pages(gpu, verdict, labels)
     return verdict
+
+
+def _judge_aggregate_counts(gpu: GpuReading, previous: GpuReading | None, verdict: Verdict) -> None:
+    """Aggregate ECC counts live in the InfoROM for the GPU's life: they never go down
+    (volatile ones restart at a driver reload or GPU reset, so those may). A lower
+    aggregate count than the last reading is a broken answer: `error`, not a pass."""
+    if previous is None:
+        return
+    for name, what in (
+        ("aggregate_corrected", "aggregate corrected"),
+        ("aggregate_uncorrected", "aggregate uncorrectable"),
+    ):
+        now, before = getattr(gpu.ecc, name), getattr(previous.ecc, name)
+        if now is not None and before is not None and now < before:
+            verdict.add(
+                Status.ERROR,
+                f"NVML reported {what} ECC count {now}, down from {before} in the previous "
+                "reading: implausible (a lifetime count never goes down)",
+                "check the GPU with nvidia-smi -q -d ECC; an InfoROM that loses counts needs "
+                "the vendor's attention",
+            )
 
 
 def _judge_rows(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> None:

@@ -168,8 +168,14 @@ def _process_name(ctx: CheckContext, pid: int) -> str:
 
 def _node_result(ctx: CheckContext) -> Result:
     snapshot = ctx.gpus.snapshot
-    verdict = Verdict(f"driver {snapshot.driver_version}")
+    verdict = Verdict(f"driver {snapshot.driver_version or 'version unknown'}")
     verdict.details["driver_version"] = snapshot.driver_version
+    if snapshot.driver_version is None:
+        verdict.add(
+            Status.ERROR,
+            "NVML did not report its driver version (nvmlSystemGetDriverVersion): cannot "
+            "compare it with the loaded kernel module",
+        )
     try:
         module = read_kernel_module_version(ctx.fs)
     except ReadError as err:

@@ -86,7 +86,9 @@ def judge_throttle(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
         verdict.samples.append(Sample(SECONDS, nanoseconds / 1e9, {**labels, "reason": counter}))
     verdict.details["active_reasons"] = active
 
-    shares = _shares(gpu, previous)
+    shares, implausible = _shares(gpu, previous)
+    for problem in implausible:
+        verdict.add(Status.ERROR, problem)
     for counter, share in shares.items():
         verdict.samples.append(Sample(SHARE, share, {**labels, "reason": counter}))
     verdict.details["shares"] = shares
@@ -134,17 +136,33 @@ def judge_throttle(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
     return verdict
 
 
-def _shares(gpu: GpuReading, previous: GpuReading | None) -> dict[str, float]:
-    """Share of the interval since `previous` each counted reason was active (0-1)."""
+# The counters and read_at are taken a few milliseconds apart; a counter that gained
+# more than the interval plus this slack held the clocks down longer than time passed.
+SHARE_SLACK = 1.1
+SHARE_SLACK_S = 0.05
+
+
+def _shares(gpu: GpuReading, previous: GpuReading | None) -> tuple[dict[str, float], list[str]]:
+    """Share of the interval since `previous` each counted reason was active (0-1), and
+    the counters that gained more time than passed (nonsense, never judged)."""
     if previous is None:
-        return {}
+        return {}, []
     seconds = gpu.read_at - previous.read_at
     shares = {}
+    implausible = []
     for counter, nanoseconds in gpu.throttle_ns.items():
         rate = counter_rate(nanoseconds, previous.throttle_ns.get(counter), seconds)
-        if rate is not None:
-            shares[counter] = min(rate / 1e9, 1.0)
-    return shares
+        if rate is None:
+            continue
+        held_s = rate * seconds / 1e9
+        if held_s > seconds * SHARE_SLACK + SHARE_SLACK_S:
+            implausible.append(
+                f"NVML reported {counter} throttle time of {held_s:.2f} s over {seconds:.2f} s "
+                "between readings: implausible"
+            )
+            continue
+        shares[counter] = min(rate / 1e9, 1.0)
+    return shares, implausible
 
 
 # The reads this check relies on; one that fails is reported, never passed over.

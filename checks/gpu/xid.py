@@ -31,6 +31,7 @@ from nodecheck.checks.node.xid import (
     KernelLogXids,
     XidAction,
     XidEvent,
+    XidLog,
     classify,
     kernel_log_xids,
     merge_sources,
@@ -199,9 +200,33 @@ def _unreadable(err: ReadError) -> Result:
     )
 
 
+def _listener_note(ctx: CheckContext) -> str | None:
+    """Why the agent's NVML event listener is not listening; None when it is, or in a
+    one-shot run (which has no listener)."""
+    if ctx.xid_log is None or ctx.xid_log.listening:
+        return None
+    return ctx.xid_log.source_error or XidLog.NOT_STARTED
+
+
+def _since(xid_log: XidLog | None) -> str:
+    """When the listener began listening, as the operator's clock shows it."""
+    since = xid_log.listening_since if xid_log is not None else None
+    if since is None:
+        return "it started"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+
+
 @register("gpu_xid", interval_s=60, timeout_s=30)
 def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
-    """XID errors per GPU, judged by NVIDIA's recommended action."""
+    """XID errors per GPU, judged by NVIDIA's recommended action.
+
+    Each result names the sources it rests on. With neither the kernel log nor
+    the agent's NVML event listener usable, the node is `error`: no XID seen is
+    not no XID. With only the listener (the shipped unit sets ProtectKernelLogs=,
+    so /dev/kmsg is closed to the agent by design) each GPU says that XIDs from
+    before the listener started are not seen: a note, not a warning every node
+    would carry for ever.
+    """
     path = ctx.kernel_log_path
     try:
         kernel = kernel_log_xids(ctx.fs, path)
@@ -212,30 +237,62 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     view = ctx.gpus
     readings = view.snapshot.by_bus_id()
     known = {gpu.bdf for gpu in ctx.pci_gpus} | set(readings)
-    if unreadable is not None:
-        if not known:
-            yield Result(Status.SKIP, NODE, "no GPU on the PCI bus or in NVML")
-            return
-        if ctx.xid_log is None:
-            yield _unreadable(unreadable)
-            return
     listened = ctx.xid_log.events() if ctx.xid_log is not None else []
+    not_listening = _listener_note(ctx)
+    listening = ctx.xid_log is not None and not_listening is None
     events = merge_sources(kernel.events, listened)
-    sources = [] if unreadable is not None else [f"the kernel log ({path})"]
-    if ctx.xid_log is not None:
-        sources.append("NVML events")
-    source = " or ".join(sources)
-    buses = known | {e.bus_id for e in events}
-    if not buses:
+    if not known and not events:
         yield Result(Status.SKIP, NODE, "no GPU on the PCI bus or in NVML")
         return
+    if unreadable is not None and not listening:
+        blind = _unreadable(unreadable)
+        if not_listening is not None:
+            blind = Result(
+                Status.ERROR,
+                NODE,
+                f"{blind.summary}; and NVML XID events are not listened to: {not_listening}",
+                blind.remedy,
+                {**blind.details, "listener": not_listening},
+            )
+        yield blind
+        # XIDs recorded while the listener still listened are not forgotten.
+        known = set()
+    log_source = None
+    if unreadable is None:
+        log_name = f"the kernel log ({path})"
+        log_source = f"{kernel.cut} of {log_name}" if kernel.cut else log_name
+    unwatched = ctx.xid_log.unwatched if ctx.xid_log is not None else {}
     now = time.time()
-    for bus_id in sorted(buses):
+    for bus_id in sorted(known | {e.bus_id for e in events}):
         gpu = readings.get(bus_id)
         # A GPU that stopped answering keeps the labels of its last good
         # reading, so its XID series do not split when it falls off the bus.
         named = gpu if gpu is not None and gpu.name else view.previous.get(bus_id) or gpu
         labels = named.labels() if named else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
         mine = [event for event in events if event.bus_id == bus_id]
+        unregistered = unwatched.get(bus_id) if listening else None
+        sources = [] if log_source is None else [log_source]
+        if listening and unregistered is None:
+            sources.append(
+                "NVML events" if log_source else f"NVML events since {_since(ctx.xid_log)}"
+            )
+        source = " or ".join(sources) or "the NVML events recorded earlier"
         verdict = judge_gpu(mine, gpu, labels, now, kernel.boot_time, source)
+        if not_listening is not None and unreadable is None:
+            verdict.add(Status.OK, f"NVML XID events are not listened to: {not_listening}")
+        elif unreadable is not None and listening and unregistered is None:
+            verdict.add(
+                Status.OK,
+                f"the kernel log is unreadable ({unreadable}): XIDs from before then are not seen",
+            )
+        elif unregistered is not None:
+            if unreadable is None:
+                verdict.add(Status.OK, f"NVML XID events not registered for it: {unregistered}")
+            else:
+                verdict.add(
+                    Status.ERROR,
+                    f"no XID source for this GPU: the kernel log is unreadable and NVML XID "
+                    f"events are not registered for it ({unregistered})",
+                )
+        verdict.details["sources"] = sources
         yield verdict.result(gpu_subject(bus_id))

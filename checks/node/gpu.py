@@ -9,6 +9,7 @@ not come back in time says so in `hung`. Judging happens in the checks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import threading
@@ -79,14 +80,36 @@ TEMPERATURE_GPU = 0
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN = 0, 1
 
 
+# domain:bus:device.function; NVML writes an 8-digit domain, sysfs a 4-digit one.
+_BUS_ID = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
+# No node holds more: the largest sold carry 16 SXM or 20 PCIe GPUs. A count far
+# beyond is a broken driver answer, not GPUs to open one by one.
+MAX_PLAUSIBLE_GPUS = 256
+
+
 def normalize_bus_id(raw: str | bytes) -> str:
-    """NVML's "00000000:1B:00.0" as sysfs writes it: "0000:1b:00.0"."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    text = text.strip().lower()
-    domain, _, rest = text.partition(":")
-    if not rest:
-        return text
-    return f"{int(domain, 16):04x}:{rest}"
+    """NVML's "00000000:1B:00.0" as sysfs writes it: "0000:1b:00.0".
+
+    ValueError naming the text when it is not a PCI bus id (a driver bug, a
+    corrupted answer): such a GPU cannot be joined with sysfs.
+    """
+    text = raw.decode("ascii", errors="replace") if isinstance(raw, bytes) else str(raw)
+    match = _BUS_ID.fullmatch(text.strip().lower())
+    if match is None:
+        raise ValueError(f"{text!r} is not a PCI bus id")
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus}:{device}.{function}"
+
+
+def device_count(nvml: Any) -> int:
+    """nvmlDeviceGetCount, or ValueError when the answer cannot be a number of GPUs."""
+    count = nvml.nvmlDeviceGetCount()
+    if not isinstance(count, int) or not 0 <= count <= MAX_PLAUSIBLE_GPUS:
+        raise ValueError(
+            f"NVML reported {count!r} GPUs (nvmlDeviceGetCount): implausible "
+            f"(at most {MAX_PLAUSIBLE_GPUS})"
+        )
+    return count
 
 
 @dataclass(frozen=True)
@@ -211,6 +234,13 @@ class _Reader:
     def query(self, name: str, call: Callable[[], T]) -> T | None:
         try:
             return call()
+        except UnicodeDecodeError as err:
+            # pynvml decodes strings as UTF-8; a corrupted InfoROM can hold other bytes.
+            self.reading.errors[name] = f"NVML reported a {name} that is not UTF-8: {err.object!r}"
+            return None
+        except (ValueError, TypeError, OverflowError, AttributeError) as err:
+            self.reading.errors[name] = f"NVML gave an unusable answer: {err}"
+            return None
         except self.nvml.NVMLError as err:
             code = error_code(err)
             if code in LOST_CODES:
@@ -221,6 +251,19 @@ class _Reader:
             else:
                 self.reading.errors[name] = describe_error(err)
             return None
+
+    def plausible(
+        self, name: str, value: T | None, low: float, high: float, unit: str = ""
+    ) -> T | None:
+        """`value` when it lies in [low, high], else None and an error naming query and value.
+
+        An impossible number (4294967295 °C, a PCIe width of 0) is a broken
+        reading, never a fact to judge: judged, it would pass or fail falsely.
+        """
+        if value is None or low <= value <= high:  # type: ignore[operator]
+            return value
+        self.reading.errors[name] = f"NVML reported {name} {value}{unit}: implausible"
+        return None
 
 
 def _field_values(
@@ -291,7 +334,13 @@ def _read_identity(nvml: Any, h: object, r: _Reader) -> None:
     reading.vbios = r.query("vbios", lambda: nvml.nvmlDeviceGetVbiosVersion(h))
     memory = r.query("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
     if memory is not None:
-        reading.memory_total, reading.memory_used = int(memory.total), int(memory.used)
+        total, used = int(memory.total), int(memory.used)
+        if used > total:
+            reading.errors["memory"] = (
+                f"NVML reported memory {used} bytes used of {total}: implausible"
+            )
+        else:
+            reading.memory_total, reading.memory_used = total, used
 
 
 def _read_memory(nvml: Any, h: object, r: _Reader) -> None:
@@ -333,11 +382,14 @@ def _read_memory(nvml: Any, h: object, r: _Reader) -> None:
 def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
     reading = r.reading
     reading.clock_event_reasons = r.query("clock_event_reasons", lambda: _event_reasons(nvml, h))
-    pcie = PcieState(
-        r.query("pcie", lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-        r.query("pcie", lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-        r.query("pcie", lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
-        r.query("pcie", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+    pcie = _plausible_link(
+        r,
+        PcieState(
+            r.query("pcie", lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+            r.query("pcie", lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+            r.query("pcie", lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+            r.query("pcie", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+        ),
     )
     if any(value is not None for value in vars(pcie).values()):
         reading.pcie = pcie
@@ -361,6 +413,34 @@ def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
     for name, field_id in NVLINK_ERROR_FIELDS.items():
         if (value := fields.get(field_id)) is not None:
             reading.nvlink_errors[name] = int(value)
+
+
+# PCIe 1.0 to 7.0 (PCI-SIG); link widths the PCIe base specification defines.
+PCIE_GENERATIONS = range(1, 8)
+PCIE_WIDTHS = frozenset({1, 2, 4, 8, 12, 16, 32})
+
+
+def _plausible_link(r: _Reader, link: PcieState) -> PcieState:
+    """The link with impossible values dropped and reported (a width of 0 or 255, Gen99,
+    a current width or generation above the maximum)."""
+    problems = []
+    for what, value, allowed in (
+        ("generation", link.generation, PCIE_GENERATIONS),
+        ("max generation", link.max_generation, PCIE_GENERATIONS),
+        ("width", link.width, PCIE_WIDTHS),
+        ("max width", link.max_width, PCIE_WIDTHS),
+    ):
+        if value is not None and value not in allowed:
+            problems.append(f"{what} {value}")
+    if not problems:
+        if link.width and link.max_width and link.width > link.max_width:
+            problems.append(f"width x{link.width} above its maximum x{link.max_width}")
+        if link.generation and link.max_generation and link.generation > link.max_generation:
+            problems.append(f"generation {link.generation} above its maximum {link.max_generation}")
+    if not problems:
+        return link
+    r.reading.errors["pcie"] = f"NVML reported PCIe {', '.join(problems)}: implausible"
+    return PcieState(None, None, None, None)
 
 
 def _event_reasons(nvml: Any, h: object) -> int:
@@ -408,31 +488,54 @@ def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:
     return states or None
 
 
+# A powered GPU reads above the air around it, and no machine room is below
+# freezing (ASHRAE's widest class, A4, allows 5 °C inlet); GPUs shut themselves down
+# near 100 °C, so 150 °C covers any sensor still working. Outside that NVML answered
+# nonsense, such as -1 for a failed sensor read (4294967295 through the unsigned call).
+PLAUSIBLE_TEMPERATURE_C = (1, 150)
+# The largest GPU modules draw about 1.2 kW (B200) and superchip boards 2.7 kW.
+PLAUSIBLE_POWER_W = 5000.0
+
+
 def _read_state(nvml: Any, h: object, r: _Reader) -> None:
     reading = r.reading
-    reading.temperature_c = r.query("temperature", lambda: _temperature(nvml, h))
-    reading.slowdown_c = r.query(
-        "temperature_threshold",
-        lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, THRESHOLD_SLOWDOWN)),
-    )
-    reading.shutdown_c = r.query(
-        "temperature_threshold",
-        lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, THRESHOLD_SHUTDOWN)),
+    low, high = PLAUSIBLE_TEMPERATURE_C
+    reading.temperature_c = r.plausible(
+        "temperature", r.query("temperature", lambda: _temperature(nvml, h)), low, high, " °C"
     )
 
-    def watts(name: str, call: Callable[[], int]) -> float | None:
+    def threshold(kind: int) -> int | None:
+        value = r.query(
+            "temperature_threshold",
+            lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, kind)),
+        )
+        return r.plausible("temperature_threshold", value, 1, high, " °C")
+
+    reading.slowdown_c = threshold(THRESHOLD_SLOWDOWN)
+    reading.shutdown_c = threshold(THRESHOLD_SHUTDOWN)
+
+    def watts(name: str, call: Callable[[], int], low: float = 0.0) -> float | None:
         milliwatts = r.query(name, call)
-        return None if milliwatts is None else milliwatts / 1000
+        if milliwatts is None:
+            return None
+        return r.plausible(name, milliwatts / 1000, low, PLAUSIBLE_POWER_W, " W")
 
     reading.power_w = watts("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
-    reading.power_limit_w = watts("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+    # A limit of 0 W would stop the GPU: no driver enforces one.
+    reading.power_limit_w = watts(
+        "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h), low=1.0
+    )
     reading.default_power_limit_w = watts(
-        "power_limit_default", lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
+        "power_limit_default",
+        lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h),
+        low=1.0,
     )
     mode = r.query("persistence_mode", lambda: nvml.nvmlDeviceGetPersistenceMode(h))
     reading.persistence_mode = None if mode is None else bool(mode)
     utilization = r.query("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
-    reading.utilization_pct = None if utilization is None else int(utilization.gpu)
+    reading.utilization_pct = r.plausible(
+        "utilization", None if utilization is None else int(utilization.gpu), 0, 100, " %"
+    )
     processes = r.query("processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
     if processes is not None:
         reading.processes = [
@@ -441,36 +544,59 @@ def _read_state(nvml: Any, h: object, r: _Reader) -> None:
         ]
 
 
-def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, int | None]:
-    """Handles and bus ids of every GPU NVML sees, and the driver versions."""
-    try:
-        driver: str | None = str(nvml.nvmlSystemGetDriverVersion())
-    except nvml.NVMLError:
-        driver = None
-    try:
-        cuda: int | None = int(nvml.nvmlSystemGetCudaDriverVersion())
-    except nvml.NVMLError:
-        cuda = None
+def _list_gpus(nvml: Any) -> list[tuple[object, GpuReading]]:
+    """Handle and bus id of every GPU NVML counts (handle None where it cannot be opened).
+
+    ValueError when the count itself is nonsense.
+    """
     found: list[tuple[object, GpuReading]] = []
-    for index in range(nvml.nvmlDeviceGetCount()):
+    for index in range(device_count(nvml)):
         reading = GpuReading(index)
         handle = None
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            reading.bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            raw = nvml.nvmlDeviceGetPciInfo(handle).busId
         except nvml.NVMLError as err:
             # A lost GPU still counts: it is exactly what the checks must report.
             if error_code(err) in LOST_CODES:
                 reading.lost = describe_error(err)
             else:
                 reading.error = f"NVML cannot open it: {describe_error(err)}"
+            found.append((None, reading))
+            continue
+        except UnicodeDecodeError as err:
+            raw = err.object
+        try:
+            reading.bus_id = normalize_bus_id(raw)
+        except ValueError:
+            # Unjoinable with sysfs, and a sign the driver's answers are garbage.
+            reading.error = f"NVML reported bus id {raw!r}: not a PCI bus id"
             handle = None
         found.append((handle, reading))
-    return found, driver, cuda
+    return found
 
 
-def _job_name(reading: GpuReading) -> str:
-    return f"GPU {reading.index}"
+def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, int | None]:
+    """Handles and bus ids of every GPU NVML sees, and the driver versions."""
+    try:
+        driver: str | None = str(nvml.nvmlSystemGetDriverVersion())
+    except (nvml.NVMLError, UnicodeDecodeError):
+        driver = None
+    try:
+        cuda: int | None = int(nvml.nvmlSystemGetCudaDriverVersion())
+    except nvml.NVMLError:
+        cuda = None
+    return _list_gpus(nvml), driver, cuda
+
+
+ENUMERATION_JOB = "listing the GPUs"
+
+
+def gpu_job_name(reading: GpuReading) -> str:
+    """The session key of this GPU's reads: the same every pass, so a GPU whose call is
+    still stuck is answered at once, whichever read (checks, benchmark gate) asks."""
+    where = f" at {reading.bus_id}" if reading.bus_id else ""
+    return f"GPU {reading.index}{where}"
 
 
 def read_gpus(session: NvmlSession) -> GpuSnapshot:
@@ -487,12 +613,12 @@ def read_gpus(session: NvmlSession) -> GpuSnapshot:
         return snapshot
     try:
         found, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
-            lambda: _enumerate(nvml), "listing the GPUs"
+            lambda: _enumerate(nvml), ENUMERATION_JOB
         )
     except NvmlHungError as err:
         snapshot.hung = err
         return snapshot
-    except nvml.NVMLError as err:
+    except (nvml.NVMLError, ValueError) as err:
         snapshot.unavailable = NvmlUnavailableError(
             NvmlUnavailableError.QUERY_FAILED,
             f"NVML could not list the GPUs: {describe_error(err)}",
@@ -501,10 +627,10 @@ def read_gpus(session: NvmlSession) -> GpuSnapshot:
     jobs: dict[str, Callable[[], GpuReading]] = {}
     for handle, reading in found:
         if handle is not None:
-            jobs[_job_name(reading)] = functools.partial(_read_gpu, nvml, handle, reading)
+            jobs[gpu_job_name(reading)] = functools.partial(_read_gpu, nvml, handle, reading)
     outcomes = session.run_many(jobs)
-    for _handle, reading in found:
-        outcome = outcomes.get(_job_name(reading))
+    for handle, reading in found:
+        outcome = outcomes.get(gpu_job_name(reading)) if handle is not None else None
         if isinstance(outcome, NvmlHungError):
             # The reading thread may still be writing into `reading`: report a
             # fresh one that holds only what enumeration found.
@@ -614,7 +740,12 @@ def read_driver_gpus(fs: NodeFS) -> set[str] | None:
     path = fs.proc("driver", "nvidia", "gpus")
     if not path.is_dir():
         return None
-    return {normalize_bus_id(name) for name in list_dir(path)}
+    exposed = set()
+    for name in list_dir(path):
+        # Anything else in the folder is not a GPU the driver exposes.
+        with contextlib.suppress(ValueError):
+            exposed.add(normalize_bus_id(name))
+    return exposed
 
 
 def read_kernel_module_version(fs: NodeFS) -> str | None:
@@ -636,31 +767,47 @@ class GpuActivity:
 
 
 def read_gpu_activity(session: NvmlSession) -> list[GpuActivity]:
-    """Utilization, compute processes and free memory of every GPU, in one job.
+    """Utilization, compute processes and free memory of every GPU, each GPU its own job.
 
-    NvmlUnavailableError or NvmlHungError when NVML cannot answer.
+    A GPU that does not answer (or whose earlier call is still stuck) costs only
+    that GPU: its GpuActivity names the problem. NvmlUnavailableError or
+    NvmlHungError when NVML cannot answer at all (init, enumeration).
     """
     nvml = session.module()
+    try:
+        found = session.run(lambda: _list_gpus(nvml), ENUMERATION_JOB)
+    except (nvml.NVMLError, ValueError) as err:
+        raise NvmlUnavailableError(
+            NvmlUnavailableError.QUERY_FAILED,
+            f"NVML could not list the GPUs: {describe_error(err)}",
+        ) from err
 
-    def read() -> list[GpuActivity]:
-        found = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId)
-                utilization = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                processes = tuple(
-                    GpuProcess(
-                        int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)
-                    )
-                    for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                )
-                free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
-            except nvml.NVMLError as err:
-                found.append(GpuActivity(index, None, None, (), None, describe_error(err)))
-                continue
-            found.append(GpuActivity(index, bus_id, utilization, processes, free, None))
-        return found
+    def read(handle: object, reading: GpuReading) -> GpuActivity:
+        utilization = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        processes = tuple(
+            GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        )
+        free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
+        return GpuActivity(reading.index, reading.bus_id, utilization, processes, free, None)
 
-    result: list[GpuActivity] = session.run(read, "reading GPU activity")
-    return result
+    jobs: dict[str, Callable[[], GpuActivity]] = {
+        gpu_job_name(reading): functools.partial(read, handle, reading)
+        for handle, reading in found
+        if handle is not None
+    }
+    outcomes = session.run_many(jobs)
+    activity = []
+    for handle, reading in found:
+        outcome = outcomes.get(gpu_job_name(reading)) if handle is not None else None
+        if isinstance(outcome, GpuActivity):
+            activity.append(outcome)
+            continue
+        if outcome is None:
+            problem = reading.lost or reading.error or "cannot be opened"
+        elif isinstance(outcome, nvml.NVMLError | NvmlHungError):
+            problem = describe_error(outcome)
+        else:
+            problem = f"{type(outcome).__name__}: {outcome}"
+        activity.append(GpuActivity(reading.index, reading.bus_id, None, (), None, problem))
+    return activity

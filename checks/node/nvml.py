@@ -4,9 +4,12 @@ NVML calls go into the kernel driver, and when a GPU falls off the bus they can
 block for minutes (nvidia-smi stuck in D state: NVIDIA/gpu-monitoring-tools
 #46). So no caller ever waits on NVML directly: each job runs on its own daemon
 thread and the caller waits at most `deadline_s`. A job past its deadline is
-abandoned and the session is *wedged* until that thread comes back; while it is,
-every new job fails at once with `NvmlHungError` instead of stacking more stuck
-threads behind the driver's lock.
+abandoned, and its *key* (the job's name: "GPU 2 at 0000:3a:00.0", "nvmlInit",
+"listing the GPUs") is stuck until that thread comes back. While it is, a new
+job with that key fails at once with `NvmlHungError` instead of stacking another
+thread behind the stuck call; jobs with other keys (the other GPUs) run as usual.
+So one GPU that stopped answering costs only that GPU's results, and the GPU is
+read again as soon as its stuck call returns.
 
 pynvml is imported on first use, so `nodecheck --help` never pays for it.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +68,19 @@ class NvmlHungError(Exception):
         self.deadline_s = deadline_s
 
 
+def valid_deadline(deadline_s: float) -> float:
+    """`deadline_s` if it is a finite number of seconds above zero, else ValueError.
+
+    NaN would make every wait return at once (or never, by platform), infinity
+    would wait for ever on a stuck driver: neither is a deadline.
+    """
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float):
+        raise ValueError(f"NVML deadline must be a number of seconds, not {deadline_s!r}")
+    if not math.isfinite(deadline_s) or deadline_s <= 0:
+        raise ValueError(f"NVML deadline must be finite and above 0 s, not {deadline_s!r}")
+    return float(deadline_s)
+
+
 def error_code(err: BaseException) -> int | None:
     """The nvmlReturn_t of a pynvml.NVMLError, None for anything else."""
     value = getattr(err, "value", None)
@@ -83,6 +100,12 @@ class _Job:
     failure: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class _StuckCall:
+    thread: threading.Thread
+    since: float  # time.monotonic() when the call started
+
+
 class NvmlSession:
     """One NVML initialisation, shared by every GPU read of a process.
 
@@ -94,23 +117,37 @@ class NvmlSession:
     def __init__(
         self, *, deadline_s: float = DEFAULT_DEADLINE_S, library_path: str | None = None
     ) -> None:
-        self.deadline_s = deadline_s
+        self.deadline_s = valid_deadline(deadline_s)
         self.library_path = library_path
         self._lock = threading.Lock()
         self._init_lock = threading.Lock()
         self._initialized = False
-        self._stuck: set[threading.Thread] = set()
+        self._stuck: dict[str, list[_StuckCall]] = {}
 
     # -- running jobs under the deadline ----------------------------------
 
+    def _alive_stuck(self) -> dict[str, list[_StuckCall]]:
+        """The stuck calls still in the driver, by key; forgets those that returned."""
+        with self._lock:
+            self._stuck = {
+                key: alive
+                for key, calls in self._stuck.items()
+                if (alive := [call for call in calls if call.thread.is_alive()])
+            }
+            return dict(self._stuck)
+
     @property
     def wedged(self) -> bool:
-        with self._lock:
-            self._stuck = {thread for thread in self._stuck if thread.is_alive()}
-            return bool(self._stuck)
+        """Whether any NVML call is still stuck (then nvmlShutdown would hang too)."""
+        return bool(self._alive_stuck())
+
+    def stuck_keys(self) -> set[str]:
+        """The job keys whose last call past its deadline has not returned yet."""
+        return set(self._alive_stuck())
 
     def run(self, job: Callable[[], T], what: str, deadline_s: float | None = None) -> T:
-        """Run `job` on its own thread; NvmlHungError when it takes longer than the deadline."""
+        """Run `job` on its own thread; NvmlHungError when it takes longer than the deadline,
+        or at once when the previous job named `what` is still stuck."""
         outcome = self.run_many({what: job}, deadline_s)[what]
         if isinstance(outcome, BaseException):
             raise outcome
@@ -122,18 +159,24 @@ class NvmlSession:
         """Run jobs in parallel, each under the same deadline; a hung one gives NvmlHungError.
 
         Used to read every GPU at once: one GPU that stopped answering costs
-        the pass one deadline, not one deadline per GPU.
+        the pass one deadline, not one deadline per GPU. A job whose key is
+        still stuck from an earlier call is answered at once (no new thread),
+        naming how long that call has been stuck; the other jobs run.
         """
-        deadline = self.deadline_s if deadline_s is None else deadline_s
-        if self.wedged:
-            return {
-                name: NvmlHungError(deadline, f"{name}: an earlier NVML call is still stuck")
-                for name in jobs
-            }
-        outcomes = {name: _Job(threading.Event()) for name in jobs}
-        threads: dict[str, threading.Thread] = {}
+        deadline = self.deadline_s if deadline_s is None else valid_deadline(deadline_s)
+        stuck = self._alive_stuck()
+        now = time.monotonic()
+        results: dict[str, T | BaseException] = {}
+        outcomes: dict[str, _Job] = {}
+        threads: dict[str, tuple[threading.Thread, float]] = {}
         for name, job in jobs.items():
-            outcome = outcomes[name]
+            if name in stuck:
+                since = min(call.since for call in stuck[name])
+                results[name] = NvmlHungError(
+                    deadline, f"{name}: its call of {now - since:.0f} s ago is still stuck"
+                )
+                continue
+            outcome = outcomes[name] = _Job(threading.Event())
 
             def work(job: Callable[[], T] = job, outcome: _Job = outcome) -> None:
                 try:
@@ -143,20 +186,21 @@ class NvmlSession:
                 finally:
                     outcome.done.set()
 
-            threads[name] = threading.Thread(target=work, name=f"nvml-{name}", daemon=True)
-            threads[name].start()
-        results: dict[str, T | BaseException] = {}
+            thread = threading.Thread(target=work, name=f"nvml-{name}", daemon=True)
+            threads[name] = (thread, time.monotonic())
+            thread.start()
         end = time.monotonic() + deadline
         for name, outcome in outcomes.items():
             if not outcome.done.wait(max(end - time.monotonic(), 0.0)):
+                thread, started = threads[name]
                 with self._lock:
-                    self._stuck.add(threads[name])
+                    self._stuck.setdefault(name, []).append(_StuckCall(thread, started))
                 results[name] = NvmlHungError(deadline, name)
             elif outcome.failure is not None:
                 results[name] = outcome.failure
             else:
                 results[name] = outcome.value  # type: ignore[assignment]
-        return results
+        return {name: results[name] for name in jobs}
 
     # -- NVML itself -------------------------------------------------------
 

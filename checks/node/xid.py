@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import enum
 import errno
+import functools
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
-from nodecheck.checks.node.gpu import normalize_bus_id
+from nodecheck.checks.node.gpu import device_count, normalize_bus_id
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlSession, NvmlUnavailableError
 
 log = logging.getLogger(__name__)
@@ -105,18 +106,28 @@ class XidEvent:
 
 # "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 # The bus id comes without the PCI function; NVIDIA GPUs are function 0.
-XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(\.\d)?\): (\d+)")
+XID_LINE = re.compile(
+    r"NVRM: Xid \(PCI:([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\): (\d+)"
+)
 # Where the time of a kernel log line comes from, in the order tried:
 # /dev/kmsg record: "priority,sequence,microseconds since boot,flags;message".
 KMSG_PREFIX = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
 # journalctl -o short-iso, rsyslog RFC 3339: "2026-11-30T15:28:53.123456+00:00 host kernel:"
 ISO_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
 # syslog RFC 3164, journalctl's default: "Nov 30 15:28:53 host kernel:" (local time, no year)
-SYSLOG_PREFIX = re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) ")
+# (journalctl -o short-precise adds microseconds: "Nov 30 15:28:53.123456 host kernel:")
+SYSLOG_PREFIX = re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? ")
 # dmesg -T: "[Mon Nov 30 15:28:53 2026] message" (local time)
 DMESG_T_PREFIX = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]")
 # dmesg, dmesg -x, "<4>[  123.456789]": seconds since boot, in brackets before the message.
 SINCE_BOOT = re.compile(r"\[\s*(\d+\.\d+)\]")
+DMESG_LINE = re.compile(r"^(?:<\d+>)?\[\s*\d+\.\d+\]")
+# A line a kernel log holds, in any of the forms above.
+KERNEL_LOG_FORMS = (KMSG_PREFIX, DMESG_LINE, DMESG_T_PREFIX, ISO_PREFIX, SYSLOG_PREFIX)
+
+
+def in_kernel_log_form(line: str) -> bool:
+    return any(form.match(line) for form in KERNEL_LOG_FORMS)
 
 
 def parse_kernel_log(
@@ -134,7 +145,10 @@ def parse_kernel_log(
         match = XID_LINE.search(line)
         if not match:
             continue
-        bus = normalize_bus_id(f"{match.group(1)}{match.group(2) or '.0'}")
+        try:
+            bus = normalize_bus_id(f"{match.group(1)}{match.group(2) or '.0'}")
+        except ValueError:
+            continue  # a device number past 0x1f: not a line the driver wrote
         message = line[match.end() :].lstrip(", ").strip()
         at = _line_time(line[: match.start()], boot_time, time.time() if now is None else now)
         events.append(XidEvent(bus, int(match.group(3)), at, "kernel log", message))
@@ -184,15 +198,28 @@ def parse_boot_time(proc_stat: str) -> float | None:
 
 
 KERNEL_LOG_LIMIT = 16 << 20
+# /dev/kmsg is character device 1:11 (Documentation/admin-guide/devices.txt).
+KMSG_DEVICE = (1, 11)
 
 
-def read_kernel_log(path: Path) -> str:
+@dataclass(frozen=True)
+class KernelLogText:
+    text: str
+    size: int | None  # bytes in the file; None for /dev/kmsg
+    cut: bool  # only the last KERNEL_LOG_LIMIT bytes of the file were read
+
+
+def read_kernel_log(path: Path) -> KernelLogText:
     """The kernel log: every record of /dev/kmsg, or the tail of a log file.
 
     /dev/kmsg hands out one record per read() and EAGAIN at the end (with
     O_NONBLOCK); EPIPE means the ring buffer overwrote the record we were at,
-    and the next read continues with the oldest one left. A FIFO or other
-    special file is refused, not read forever.
+    and the next read continues with the oldest one left. Opening with
+    O_NONBLOCK keeps a FIFO from blocking the open; a FIFO, a directory or a
+    character device other than /dev/kmsg (/dev/null, /dev/zero) is refused,
+    never read for ever. A file whose text has no line in any kernel log form
+    (kmsg, dmesg, dmesg -T, journalctl, syslog) is refused too: it is not a
+    clean log, it is the wrong file. ReadError names the path and why.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -201,28 +228,52 @@ def read_kernel_log(path: Path) -> str:
             reason = "missing"
         elif err.errno in (errno.EACCES, errno.EPERM):
             reason = "permission denied"
+        elif err.errno == errno.ELOOP:
+            reason = "a symlink loop"
         else:
             reason = err.strerror or "cannot open"
         raise ReadError(path, reason) from err
     try:
-        return _read_records(fd, path)
+        read = _read_records(fd, path)
     except OSError as err:
         raise ReadError(path, err.strerror or type(err).__name__) from err
     finally:
         os.close(fd)
+    text = read.text
+    if read.cut:
+        text = text.partition("\n")[2]  # the first line was cut in the middle
+    if not text.strip():
+        raise ReadError(path, "empty: no kernel messages to read XIDs from")
+    if not any(in_kernel_log_form(line) for line in text.splitlines()):
+        binary = " (binary data)" if "\0" in text else ""
+        raise ReadError(path, f"not a kernel log: no line in kmsg, dmesg or syslog form{binary}")
+    return KernelLogText(text, read.size, read.cut)
 
 
-def _read_records(fd: int, path: Path) -> str:
-    mode = os.fstat(fd).st_mode
+def _read_records(fd: int, path: Path) -> KernelLogText:
+    info = os.fstat(fd)
+    mode = info.st_mode
     if stat.S_ISREG(mode):
-        size = os.fstat(fd).st_size
-        os.lseek(fd, max(size - KERNEL_LOG_LIMIT, 0), os.SEEK_SET)
+        size = info.st_size
+        start = max(size - KERNEL_LOG_LIMIT, 0)
+        os.lseek(fd, start, os.SEEK_SET)
         chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        left = KERNEL_LOG_LIMIT  # a file still growing is read no further than this
+        while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
             chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
+            left -= len(chunk)
+        return KernelLogText(b"".join(chunks).decode(errors="replace"), size, start > 0)
+    if stat.S_ISDIR(mode):
+        raise ReadError(path, "a directory, not a log file or /dev/kmsg")
+    if stat.S_ISFIFO(mode):
+        raise ReadError(path, "a FIFO, not a log file or /dev/kmsg")
     if not stat.S_ISCHR(mode):
         raise ReadError(path, "not a log file or /dev/kmsg")
+    device = (os.major(info.st_rdev), os.minor(info.st_rdev))
+    if device != KMSG_DEVICE:
+        raise ReadError(
+            path, f"character device {device[0]}:{device[1]}, not /dev/kmsg (1:11) or a log file"
+        )
     records = []
     total = 0
     while total < KERNEL_LOG_LIMIT:
@@ -238,32 +289,46 @@ def _read_records(fd: int, path: Path) -> str:
             break
         records.append(record)
         total += len(record)
-    return b"".join(records).decode(errors="replace")
+    return KernelLogText(b"".join(records).decode(errors="replace"), None, False)
 
 
 @dataclass(frozen=True)
 class KernelLogXids:
     events: list[XidEvent]
     boot_time: float | None  # when this boot began, wall-clock seconds (/proc/stat btime)
+    # Set when only the tail of a huge log file was read: "the last 16 MiB of 40 MiB".
+    cut: str | None = None
 
 
 def kernel_log_xids(fs: NodeFS, path: Path) -> KernelLogXids:
     """XIDs in the kernel log at `path`; ReadError when it cannot be read."""
-    text = read_kernel_log(path)
+    read = read_kernel_log(path)
     try:
         boot_time = parse_boot_time(read_text(fs.proc("stat")))
     except ReadError:
         boot_time = None
-    return KernelLogXids(parse_kernel_log(text, boot_time), boot_time)
+    cut = None
+    if read.cut and read.size is not None:
+        cut = f"the last {KERNEL_LOG_LIMIT >> 20} MiB of {read.size / (1 << 20):.0f} MiB"
+    return KernelLogXids(parse_kernel_log(read.text, boot_time), boot_time, cut)
 
 
 class XidLog:
-    """XID events the listener has seen, for the checks to read (thread-safe)."""
+    """XID events the listener has seen, and whether it is listening (thread-safe).
+
+    The checks read `listening` and `source_error` to say which source a
+    result rests on: a listener that is not listening is never a pass.
+    """
+
+    NOT_STARTED = "the NVML event listener has not started"
 
     def __init__(self, limit: int = 10_000) -> None:
         self._events: list[XidEvent] = []
         self._limit = limit
         self._lock = threading.Lock()
+        self._listening_since: float | None = None
+        self._source_error: str | None = self.NOT_STARTED
+        self._unwatched: dict[str, str] = {}
 
     def add(self, event: XidEvent) -> None:
         with self._lock:
@@ -273,6 +338,39 @@ class XidLog:
     def events(self) -> list[XidEvent]:
         with self._lock:
             return list(self._events)
+
+    def set_listening(self, since: float, unwatched: dict[str, str] | None = None) -> None:
+        with self._lock:
+            self._listening_since, self._source_error = since, None
+            self._unwatched = dict(unwatched or {})
+
+    def set_not_listening(self, why: str) -> None:
+        with self._lock:
+            self._listening_since, self._source_error = None, why
+            self._unwatched = {}
+
+    @property
+    def unwatched(self) -> dict[str, str]:
+        """GPUs (bus id) the listener could not register for XID events, and why."""
+        with self._lock:
+            return dict(self._unwatched)
+
+    @property
+    def listening(self) -> bool:
+        with self._lock:
+            return self._listening_since is not None
+
+    @property
+    def listening_since(self) -> float | None:
+        """Wall-clock seconds since which every XID event is seen, None when not listening."""
+        with self._lock:
+            return self._listening_since
+
+    @property
+    def source_error(self) -> str | None:
+        """Why the listener is not listening, None while it is."""
+        with self._lock:
+            return self._source_error
 
 
 def merge_sources(kernel: Iterable[XidEvent], nvml: Iterable[XidEvent]) -> list[XidEvent]:
@@ -303,6 +401,13 @@ class XidListener:
     second, since the thread only blocks in nvmlEventSetWait for `poll_s` at a
     time. `on_event` (optional) is called on the listener thread for each
     event, so the agent can re-judge at once instead of at the next poll.
+
+    When NVML cannot be used yet (the driver loads after the agent starts, an
+    nvmlInit hangs) the listener tries again after `retry_initial_s`, doubling
+    the wait up to `retry_max_s`, until it listens or is stopped; meanwhile
+    `xid_log.listening` is False and `xid_log.source_error` says why. The
+    blocking wait runs on this thread, never as a session job, so it never
+    makes the session look stuck.
     """
 
     def __init__(
@@ -312,18 +417,23 @@ class XidListener:
         *,
         poll_s: float = 0.5,
         on_event: Callable[[XidEvent], None] | None = None,
+        retry_initial_s: float = 1.0,
+        retry_max_s: float = 60.0,
     ) -> None:
         self.session = session
         self.xid_log = xid_log
         self.poll_s = poll_s
         self.on_event = on_event
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
         self.error: str | None = None
+        self.attempts = 0
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, ready_timeout_s: float | None = None) -> None:
-        """Start listening; with `ready_timeout_s`, wait until registration is done."""
+        """Start listening; with `ready_timeout_s`, wait until the first attempt is done."""
         self._thread = threading.Thread(target=self._run, name="nvml-xid-listener", daemon=True)
         self._thread.start()
         if ready_timeout_s is not None:
@@ -342,33 +452,71 @@ class XidListener:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        delay = self.retry_initial_s
         try:
-            nvml = self.session.module()
-            event_set, buses = self.session.run(lambda: self._register(nvml), "register events")
-        except (NvmlUnavailableError, NvmlHungError) as err:
-            self.error = str(err)
-            quiet = isinstance(err, NvmlUnavailableError) and err.kind in (
-                NvmlUnavailableError.LIBRARY_MISSING,
-                NvmlUnavailableError.DRIVER_NOT_LOADED,
-            )  # a CPU-only node: nothing to listen to, nothing to warn about
-            log.log(
-                logging.INFO if quiet else logging.WARNING,
-                "event=xid_listener_unavailable reason=%r",
-                self.error,
-            )
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            self._listen(nvml, event_set, buses)
+            while not self._stop.is_set():
+                self.attempts += 1
+                try:
+                    nvml = self.session.module()
+                    event_set, buses, unwatched = self.session.run(
+                        functools.partial(self._register, nvml), "registering for XID events"
+                    )
+                except Exception as err:  # any failure: say why, and try again later
+                    self._not_listening(err, delay)
+                    self._ready.set()
+                    if self._stop.wait(delay):
+                        return
+                    delay = min(delay * 2, self.retry_max_s)
+                    continue
+                self.error = None
+                self.xid_log.set_listening(time.time(), unwatched)
+                log.info(
+                    "event=xid_listener_listening gpus=%d attempts=%d", len(buses), self.attempts
+                )
+                self._ready.set()
+                delay = self.retry_initial_s
+                try:
+                    broken = self._listen(nvml, event_set, buses)
+                finally:
+                    with contextlib.suppress(Exception):
+                        nvml.nvmlEventSetFree(event_set)
+                if broken is not None:
+                    self._not_listening(broken, delay)
+                    if self._stop.wait(delay):
+                        return
         finally:
-            with contextlib.suppress(nvml.NVMLError):
-                nvml.nvmlEventSetFree(event_set)
+            self.xid_log.set_not_listening("the NVML event listener stopped")
 
-    def _register(self, api: Any) -> tuple[object, dict[int | None, str]]:
+    def _not_listening(self, err: Exception, retry_in_s: float) -> None:
+        """Record why; log the first failure and every change of reason, not each retry."""
+        text = str(err) or type(err).__name__
+        if isinstance(err, NvmlUnavailableError | NvmlHungError | RuntimeError):
+            why = text
+        else:
+            why = f"registering for XID events failed: {text}"
+        changed = why != self.error
+        self.error = why
+        self.xid_log.set_not_listening(why)
+        quiet = isinstance(err, NvmlUnavailableError) and err.kind in (
+            NvmlUnavailableError.LIBRARY_MISSING,
+            NvmlUnavailableError.DRIVER_NOT_LOADED,
+        )  # a CPU-only node: nothing to listen to, nothing to warn about
+        level = logging.INFO if quiet else logging.WARNING
+        log.log(
+            level if changed else logging.DEBUG,
+            "event=xid_listener_unavailable reason=%r retry_in_s=%g",
+            why,
+            retry_in_s,
+        )
+
+    def _register(self, api: Any) -> tuple[object, dict[int | None, str], dict[str, str]]:
+        """The event set, the registered GPUs by handle address, and the GPUs (by bus id,
+        or "GPU <index>" where NVML gave none) not registered, with why."""
         event_set = api.nvmlEventSetCreate()
         buses: dict[int | None, str] = {}
-        for index in range(api.nvmlDeviceGetCount()):
+        unwatched: dict[str, str] = {}
+        for index in range(device_count(api)):
+            bus = f"GPU {index}"
             try:
                 handle = api.nvmlDeviceGetHandleByIndex(index)
                 bus = normalize_bus_id(api.nvmlDeviceGetPciInfo(handle).busId)
@@ -376,23 +524,37 @@ class XidListener:
                 if supported & XID_CRITICAL_EVENT:
                     api.nvmlDeviceRegisterEvents(handle, XID_CRITICAL_EVENT, event_set)
                     buses[_address(handle)] = bus
-            except api.NVMLError as err:
+                else:
+                    unwatched[bus] = "the GPU does not report XID events"
+            except (api.NVMLError, ValueError, UnicodeDecodeError) as err:
+                unwatched[bus] = f"registering failed: {err}"
                 log.warning("event=xid_register_failed gpu=%d error=%r", index, str(err))
-        return event_set, buses
+        return event_set, buses, unwatched
 
-    def _listen(self, api: Any, event_set: object, buses: dict[int | None, str]) -> None:
+    WAIT_FAILURES_BEFORE_REREGISTERING = 3
+
+    def _listen(
+        self, api: Any, event_set: object, buses: dict[int | None, str]
+    ) -> Exception | None:
+        """Wait for events until stopped (None), or until waiting keeps failing (the error)."""
         timeout_ms = max(int(self.poll_s * 1000), 1)
+        failures = 0
         while not self._stop.is_set():
             try:
                 data = api.nvmlEventSetWait_v2(event_set, timeout_ms)
             except api.NVMLError_Timeout:
+                failures = 0
                 continue
             except api.NVMLError as err:
-                # Not fatal: a lost GPU can make the wait fail once; keep listening.
-                self.error = str(err)
-                log.warning("event=xid_wait_failed error=%r", self.error)
+                # A lost GPU can make the wait fail once; failing again and again
+                # means the set is dead (NVML shut down): register afresh.
+                failures += 1
+                log.warning("event=xid_wait_failed error=%r failures=%d", str(err), failures)
+                if failures >= self.WAIT_FAILURES_BEFORE_REREGISTERING:
+                    return RuntimeError(f"waiting for XID events fails: {err}")
                 self._stop.wait(self.poll_s)
                 continue
+            failures = 0
             if not data.eventType & XID_CRITICAL_EVENT:
                 continue
             bus = buses.get(_address(data.device), "unknown")
@@ -400,7 +562,11 @@ class XidListener:
             self.xid_log.add(event)
             log.warning("event=xid gpu=%s xid=%d", bus, event.xid)
             if self.on_event is not None:
-                self.on_event(event)
+                try:
+                    self.on_event(event)
+                except Exception as err:
+                    log.error("event=xid_callback_failed error=%r", str(err))
+        return None
 
 
 def _address(handle: object) -> int | None:

@@ -273,18 +273,26 @@ def test_xid_listener_delivers_events(dgx: Node, tmp_path: Path) -> None:
     listener = XidListener(session, xid_log, poll_s=0.1)
     listener.start(ready_timeout_s=5)
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while not xid_log.events() and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert xid_log.listening and xid_log.source_error is None
+        results = node.results("gpu_xid", xid_log=xid_log, nvml=session)
     finally:
         assert listener.stop()
     assert not listener.running
+    assert not xid_log.listening and xid_log.source_error == "the NVML event listener stopped"
     [event] = xid_log.events()
     assert (event.bus_id, event.xid, event.source) == ("0000:3c:00.0", 79, "nvml event")
-    results = node.results("gpu_xid", xid_log=xid_log, nvml=session)
     fallen = one(results, "0000:3c:00.0")
     assert fallen.status is Status.FAIL and fallen.remedy == "drain the node and reboot it"
     assert "or NVML events" in one(results, "0000:3a:00.0").summary
+    # Stopped, it is no source any more: the results say so, and keep what it recorded.
+    after = node.results("gpu_xid", xid_log=xid_log, nvml=session)
+    assert one(after, "0000:3c:00.0").status is Status.FAIL
+    assert "NVML XID events are not listened to: the NVML event listener stopped" in (
+        one(after, "0000:3a:00.0").summary
+    )
 
 
 def test_kernel_log_unreadable_is_undetermined(dgx: Node, tmp_path: Path) -> None:

@@ -132,7 +132,9 @@ typedef struct {
     ctr_t ecc[N_ECC], thr[N_THR], nvl[N_NVL], pcie_replay;
     unsigned pcie[N_PCIE], nvl_links, thresh[4], util[2];
     unsigned long long nvl_down; /* bit per inactive link */
-    int temp, cc[2];
+    long long temp; /* int for nvmlDeviceGetTemperatureV, unsigned for the old call */
+    int cc[2];
+    char bus_id_reported[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE]; /* "": derived from pci */
     unsigned power_mw, power_limit_mw, default_power_limit_mw, persistence, recovery_action;
     unsigned arch, pstate, sm_clock, max_sm_clock, mem_clock;
     unsigned nproc, nxid, nunsup, unsup[MAX_ITEMS];
@@ -143,6 +145,7 @@ typedef struct {
     double lost_after;           /* < 0: never */
     nvmlReturn_t err[N_DEV_FNS]; /* NVML_SUCCESS: no injected error */
     double hang[N_DEV_FNS];      /* < 0: no hang */
+    double hang_until[N_DEV_FNS]; /* < 0: for ever; else calls from then on answer */
 } gpu_t;
 
 typedef struct {
@@ -150,7 +153,8 @@ typedef struct {
     char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
     int cuda_version, ngpus;
     nvmlReturn_t init_error;
-    double init_hang_s, hang_s, hang[N_FNS];
+    double init_hang_s, hang_s, hang[N_FNS], hang_until[N_FNS];
+    long long device_count; /* < 0: the number of visible GPUs */
     nvmlReturn_t err[N_FNS]; /* injected errors of system/global functions */
     gpu_t gpus[MAX_GPUS];
 } scen_t;
@@ -256,7 +260,9 @@ static const char *parse_string(pctx *c) {
             char hx[2] = {c->p[c->i], 0};
             u = u * 16 + (unsigned)strtoul(hx, NULL, 16);
         }
-        if (u == 0 || u > 0x7f) fail(c, c->i - 6, "only ASCII \\u escapes (\\u0001-\\u007f) are supported");
+        /* \u0080-\u00ff stand for the single bytes 0x80-0xff, so a scenario can give
+           a GPU a name or UUID that is not UTF-8 (what a corrupted InfoROM may hold). */
+        if (u == 0 || u > 0xff) fail(c, c->i - 6, "only \\u0001-\\u00ff escapes are supported");
         *o++ = (char)u;
     }
     *o = 0;
@@ -410,6 +416,18 @@ static int jfn(pctx *c, const jv *m, int lo, int hi, const char *what) {
         if (!strcmp(fn_names[f], m->key)) return f;
     fail(c, m->kpos, "'%s' is not a %s function of the fake", m->key, what);
 }
+/* A "hang" value: after_s, or {"after_s": a, "until_s": b} (b > a). */
+static void jhang(pctx *c, const jv *v, double *after, double *until) {
+    *until = -1;
+    if (v->t != J_OBJ) { *after = jsecs(c, v); return; }
+    *after = 0;
+    for (const jv *m = v->kid; m; m = m->next) {
+        if (!strcmp(m->key, "after_s")) *after = jsecs(c, m);
+        else if (!strcmp(m->key, "until_s")) *until = jsecs(c, m);
+        else unknown_key(c, m);
+    }
+    if (*until >= 0 && *until <= *after) fail(c, v->pos, "'until_s' must be after 'after_s'");
+}
 static int parse_bdf(const char *s, unsigned v[4]) { /* dddd:bb:dd.f or dddddddd:bb:dd.f */
     size_t n = strlen(s), dl = n - 8;
     if ((n != 12 && n != 16) || s[dl] != ':' || s[dl + 3] != ':' || s[dl + 6] != '.') return 0;
@@ -433,7 +451,7 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         .arch = NVML_DEVICE_ARCH_HOPPER, .sm_clock = 1980, .max_sm_clock = 1980,
         .mem_clock = 2619, .minor = UINT_MAX, .lost_after = -1};
     *g = dflt;
-    for (int f = 0; f < N_DEV_FNS; f++) g->hang[f] = -1;
+    for (int f = 0; f < N_DEV_FNS; f++) g->hang[f] = g->hang_until[f] = -1;
     int have_bus = 0;
 #define IS(k) (!strcmp(m->key, k))
     for (const jv *m = jtype(c, o, J_OBJ); m; m = m->next) {
@@ -446,6 +464,8 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         else if (IS("minor")) g->minor = (unsigned)juint(c, m, INT_MAX);
         else if (IS("name")) jstr(c, m, g->name, sizeof g->name);
         else if (IS("uuid")) jstr(c, m, g->uuid, sizeof g->uuid);
+        else if (IS("bus_id_reported"))
+            jstr(c, m, g->bus_id_reported, sizeof g->bus_id_reported);
         else if (IS("serial")) jstr(c, m, g->serial, sizeof g->serial);
         else if (IS("vbios_version")) jstr(c, m, g->vbios, sizeof g->vbios);
         else if (IS("pci_device_id")) g->pci_device_id = (unsigned)juint(c, m, UINT_MAX);
@@ -478,7 +498,7 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         } else if (IS("clocks_event_reasons")) g->clk_reasons = juint(c, m, ULLONG_MAX);
         else if (IS("supported_clocks_event_reasons")) g->clk_supported = juint(c, m, ULLONG_MAX);
         else if (IS("throttle_ns")) jctrs(c, m, thr_keys, N_THR, g->thr);
-        else if (IS("pcie")) juints(c, m, pcie_keys, N_PCIE, g->pcie, 64);
+        else if (IS("pcie")) juints(c, m, pcie_keys, N_PCIE, g->pcie, 255);
         else if (IS("pcie_replay")) g->pcie_replay = jctr(c, m);
         else if (IS("nvlink")) {
             for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next) {
@@ -492,7 +512,12 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
                 else unknown_key(c, r);
             }
             if (g->nvl_down >> g->nvl_links) fail(c, m->pos, "'down' names a link >= 'links'");
-        } else if (IS("temperature")) g->temp = jint(c, m, -273, 1000);
+        } else if (IS("temperature")) {
+            double d = jnum(c, m);
+            if (!(d >= -2147483648.0 && d <= 4294967295.0) || (double)(long long)d != d)
+                fail(c, m->pos, "'temperature' must be an integer from -2147483648 to 4294967295");
+            g->temp = (long long)d;
+        }
         else if (IS("temperature_thresholds")) juints(c, m, thresh_keys, 4, g->thresh, 1000);
         else if (IS("power_mw")) g->power_mw = (unsigned)juint(c, m, UINT_MAX);
         else if (IS("power_limit_mw")) g->power_limit_mw = (unsigned)juint(c, m, UINT_MAX);
@@ -544,8 +569,10 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
             for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next)
                 g->err[jfn(c, r, 0, N_DEV_FNS, "per-device")] = jcode(c, r);
         } else if (IS("hang")) {
-            for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next)
-                g->hang[jfn(c, r, 0, N_DEV_FNS, "per-device")] = jsecs(c, r);
+            for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next) {
+                int f = jfn(c, r, 0, N_DEV_FNS, "per-device");
+                jhang(c, r, &g->hang[f], &g->hang_until[f]);
+            }
         } else if (IS("unsupported_fields")) {
             for (const jv *e = jtype(c, m, J_ARR); e; e = e->next) {
                 if (g->nunsup == MAX_ITEMS) fail(c, e->pos, "more than %d fields", MAX_ITEMS);
@@ -582,18 +609,22 @@ static void parse_scenario(pctx *c, const jv *root, scen_t *s) {
     strcpy(s->nvml_version, "12.570.124.06");
     s->cuda_version = 12080;
     s->hang_s = 3600;
-    for (int f = 0; f < N_FNS; f++) s->hang[f] = -1;
+    for (int f = 0; f < N_FNS; f++) s->hang[f] = s->hang_until[f] = -1;
+    s->device_count = -1;
     for (const jv *m = jtype(c, root, J_OBJ); m; m = m->next) {
         if (IS("driver_version")) jstr(c, m, s->driver_version, sizeof s->driver_version);
         else if (IS("nvml_version")) jstr(c, m, s->nvml_version, sizeof s->nvml_version);
         else if (IS("cuda_driver_version")) s->cuda_version = jint(c, m, 0, INT_MAX);
         else if (IS("init_error")) s->init_error = jcode(c, m);
         else if (IS("init_hang_s")) s->init_hang_s = jsecs(c, m);
+        else if (IS("device_count")) s->device_count = (long long)juint(c, m, UINT_MAX);
         else if (IS("hang_s")) s->hang_s = jsecs(c, m);
         else if (IS("description")) jtype(c, m, J_STR);
         else if (IS("hang")) {
-            for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next)
-                s->hang[jfn(c, r, N_DEV_FNS, N_FNS, "system/global")] = jsecs(c, r);
+            for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next) {
+                int f = jfn(c, r, N_DEV_FNS, N_FNS, "system/global");
+                jhang(c, r, &s->hang[f], &s->hang_until[f]);
+            }
         } else if (IS("errors")) {
             for (const jv *r = jtype(c, m, J_OBJ); r; r = r->next)
                 s->err[jfn(c, r, N_DEV_FNS, N_FNS, "system/global")] = jcode(c, r);
@@ -724,9 +755,11 @@ static nvmlReturn_t hang_until(unsigned gen, double limit) {
 static nvmlReturn_t genter(int f) {
     pthread_mutex_lock(&mu);
     if (!refcount) { pthread_mutex_unlock(&mu); return NVML_ERROR_UNINITIALIZED; }
-    if (S.hang[f] >= 0 && mono() - t0 >= S.hang[f]) {
+    double since = mono() - t0;
+    if (S.hang[f] >= 0 && since >= S.hang[f] && (S.hang_until[f] < 0 || since < S.hang_until[f])) {
         unsigned gen = generation;
         double limit = S.hang_s;
+        if (S.hang_until[f] >= 0 && S.hang_until[f] - since < limit) limit = S.hang_until[f] - since;
         pthread_mutex_unlock(&mu);
         return hang_until(gen, limit);
     }
@@ -740,9 +773,10 @@ static nvmlReturn_t gate(int slot, int f, gpu_t *out) {
     const gpu_t *g = &S.gpus[slot];
     double t = mono() - t0;
     nvmlReturn_t rc = NVML_SUCCESS;
-    if (g->hang[f] >= 0 && t >= g->hang[f]) {
+    if (g->hang[f] >= 0 && t >= g->hang[f] && (g->hang_until[f] < 0 || t < g->hang_until[f])) {
         unsigned gen = generation;
         double limit = S.hang_s;
+        if (g->hang_until[f] >= 0 && g->hang_until[f] - t < limit) limit = g->hang_until[f] - t;
         pthread_mutex_unlock(&mu);
         return hang_until(gen, limit);
     }
@@ -799,7 +833,8 @@ static nvmlReturn_t sys_int(int f, int *out, int which) {
     nvmlReturn_t rc = genter(f);
     if (rc || !out) return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&mu);
-    if (which) {
+    if (which && S.device_count >= 0) *out = (int)(unsigned)S.device_count;
+    else if (which) {
         *out = 0;
         for (int k = 0; k < S.ngpus; k++) *out += S.gpus[k].visible;
     } else *out = S.cuda_version;
@@ -941,6 +976,7 @@ static nvmlReturn_t pci_info(nvmlDevice_t device, int f, nvmlPciInfo_t *pci) {
              p[1] & 0xff, p[2] & 0x1f, p[3] & 7);
     snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", p[0], p[1] & 0xff,
              p[2] & 0x1f, p[3] & 7);
+    if (g.bus_id_reported[0]) memcpy(pci->busId, g.bus_id_reported, sizeof pci->busId);
     pci->domain = p[0];
     pci->bus = p[1];
     pci->device = p[2];
@@ -1044,7 +1080,7 @@ nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *t
     ENTER(nvmlDeviceGetTemperatureV, !temperature);
     if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (temperature->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
-    temperature->temperature = g.temp;
+    temperature->temperature = (int)(unsigned)g.temp; /* wraps as the C int does */
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,

@@ -901,3 +901,76 @@ def test_every_error_name_of_the_header(fake: Fake) -> None:
     messages = [value[1] for name, value in out.items() if name != "UNKNOWN"]
     assert "Unknown Error" not in messages
     assert len(set(messages)) == len(messages)
+
+
+def test_hang_window_answers_again_after_until_s(fake: Fake) -> None:
+    """A hang with until_s: a call made in the window blocks until until_s (then UNKNOWN),
+    calls after it answer; before after_s, calls answer too."""
+    scenario = {
+        "gpus": [
+            {
+                "bus_id": "0000:18:00.0",
+                "hang": {"nvmlDeviceGetPowerUsage": {"after_s": 1.0, "until_s": 4.0}},
+            }
+        ],
+        "hang": {"nvmlSystemGetDriverVersion": {"until_s": 0.3}},
+    }
+    out, _ = fake.run(
+        scenario,
+        """
+        n.nvmlInit()
+        loaded = time.monotonic()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        out["before"] = n.nvmlDeviceGetPowerUsage(h)
+        start = time.monotonic()
+        out["global"] = [rc(n.nvmlSystemGetDriverVersion), time.monotonic() - start]
+        while time.monotonic() - loaded < 1.05:
+            time.sleep(0.01)
+        start = time.monotonic()
+        out["during"] = [rc(n.nvmlDeviceGetPowerUsage, h), time.monotonic() - start]
+        out["after"] = n.nvmlDeviceGetPowerUsage(h)
+        out["global_after"] = n.nvmlSystemGetDriverVersion()
+        """,
+    )
+    assert out["before"] == 71000 and out["after"] == 71000
+    assert out["global"][0] == UNKNOWN and out["global"][1] < 1.5
+    assert out["during"][0] == UNKNOWN and 0.5 < out["during"][1] < 4.5
+    assert out["global_after"] == "570.124.06"
+
+
+def test_nonsense_answers(fake: Fake) -> None:
+    """device_count, bus_id_reported, temperatures beyond an int, PCIe values up to 255 and
+    \\u0080-\\u00ff escapes (single bytes, not UTF-8) are answered as written."""
+    scenario = {
+        "device_count": 100000,
+        "gpus": [
+            {
+                "bus_id": "0000:18:00.0",
+                "bus_id_reported": "garbage",
+                "name": "H100\u0080\u00ff",
+                "temperature": 4294967295,
+                "pcie": {"width": 255, "gen": 99},
+            }
+        ],
+    }
+    out, _ = fake.run(
+        scenario,
+        """
+        n.nvmlInit()
+        out["count"] = n.nvmlDeviceGetCount()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        out["bus"] = n.nvmlDeviceGetPciInfo(h).busId
+        buf = ctypes.create_string_buffer(96)
+        n._nvmlGetFunctionPointer("nvmlDeviceGetName")(h, buf, ctypes.c_uint(96))
+        out["name"] = list(buf.value)
+        out["temp_v"] = n.nvmlDeviceGetTemperatureV(h, 0)
+        out["temp_old"] = n.nvmlDeviceGetTemperature(h, 0)
+        out["pcie"] = [n.nvmlDeviceGetCurrPcieLinkWidth(h),
+                       n.nvmlDeviceGetCurrPcieLinkGeneration(h)]
+        """,
+    )
+    assert out["count"] == 100000
+    assert out["bus"] == "garbage"
+    assert out["name"] == [*b"H100", 0x80, 0xFF]
+    assert out["temp_v"] == -1 and out["temp_old"] == 4294967295
+    assert out["pcie"] == [255, 99]
