@@ -11,7 +11,7 @@ TORCH_VERSION = 2.13.0
 # systemd-analyze verifies the units; openssl makes a test certificate.
 DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl numactl
 
-.PHONY: run test lint typecheck unit system-packages clean
+.PHONY: run test lint typecheck unit system-packages clean gpu
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

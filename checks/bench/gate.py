@@ -167,14 +167,18 @@ class ForeignProcessWatch:
         blind_since: float | None = None
         while not self._done.wait(self.interval_s):
             activity = _activity(self.ctx)
+            # One GPU that cannot be read (hung, lost) blinds the watch to that GPU as
+            # surely as NVML failing blinds it to all of them.
             if isinstance(activity, Refusal):
+                blind: Refusal | None = Refusal(activity.reason, f"the GPUs: {activity.text}")
+            else:
+                blind = _unreadable(activity)
+            if blind is not None:
                 # An NVML hiccup is forgiven; going blind for longer is not: a job
                 # could arrive unseen.
                 blind_since = blind_since or time.monotonic()
                 if time.monotonic() - blind_since > BLIND_LIMIT_S:
-                    self.stop(
-                        Refusal("nvml_unavailable", f"lost sight of the GPUs: {activity.text}")
-                    )
+                    self.stop(Refusal("nvml_unavailable", f"lost sight of {blind.text}"))
                     return
                 continue
             blind_since = None
@@ -205,3 +209,12 @@ class ForeignProcessWatch:
                     f"{_describe(self.ctx.fs, process.pid)} appeared on {where}",
                 )
         return None
+
+
+def _unreadable(activity: list[GpuActivity]) -> Refusal | None:
+    """The first GPU the watch cannot see, as a refusal naming it; None when it sees all."""
+    for gpu in activity:
+        if gpu.problem is not None:
+            where = f"GPU {gpu.index} ({gpu.bus_id or 'bus id unknown'})"
+            return Refusal("nvml_unavailable", f"{where}: {gpu.problem}")
+    return None
