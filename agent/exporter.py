@@ -183,9 +183,10 @@ def sample_values(sample: object) -> tuple[tuple[str, ...], float] | str:
         return f"a {type(sample).__name__}, not a Sample"
     spec = sample.metric
     value = sample.value
-    # NaN and the infinities are valid Prometheus values; strings, None and bools are not.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"value {value!r} is not a number"
+    # NaN and the infinities are valid Prometheus values (a bool is an int: 0 or 1);
+    # strings and None are not, and prometheus_client fails the whole rendering on them.
+    if not isinstance(value, (int, float)):
+        return f"the value is a {type(value).__name__}, not a number"
     try:
         number = float(value)
     except OverflowError:
@@ -198,8 +199,8 @@ def sample_values(sample: object) -> tuple[tuple[str, ...], float] | str:
     values: list[str] = []
     for name in spec.labels:
         text = labels.get(name, "")
-        if isinstance(text, int) and not isinstance(text, bool):
-            text = str(text)
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            text = str(text)  # a GPU index given as a number
         problem = _text_problem(text, f"label {name}")
         if problem is not None:
             return problem
@@ -673,13 +674,13 @@ class _DeadlineReader(io.RawIOBase):
 
     def __init__(self, connection: socket.socket, deadline: float) -> None:
         self._connection = connection
-        self._deadline = deadline
+        self.deadline = deadline
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        remaining = self._deadline - time.monotonic()
+        remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError(f"request not complete within {REQUEST_DEADLINE_S:g} s")
         self._connection.settimeout(remaining)
@@ -688,8 +689,9 @@ class _DeadlineReader(io.RawIOBase):
 
 class _DeadlineWriter(io.BufferedIOBase):
     """The socket written under one deadline for the whole response, started at its
-    first byte: a client that never reads holds its thread RESPONSE_DEADLINE_S at most.
-    (SSLSocket.sendall restarts its timeout at every chunk.)"""
+    first byte: a client that reads slowly or never holds its thread
+    RESPONSE_DEADLINE_S at most (a socket timeout bounds each send call, not the
+    response)."""
 
     def __init__(self, connection: socket.socket) -> None:
         self._connection = connection
@@ -697,6 +699,10 @@ class _DeadlineWriter(io.BufferedIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def restart(self) -> None:
+        """The next response's deadline starts at its first byte."""
+        self._deadline = None
 
     def write(self, data: Any) -> int:
         if self._deadline is None:
@@ -839,14 +845,32 @@ def serve(
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "nodecheck"
+        # Keep-alive: a scraper (or wrk) reuses its connection instead of a new TCP
+        # (and TLS) handshake and thread per scrape. An idle connection waits for its
+        # next request REQUEST_DEADLINE_S at most, as a new one does.
+        protocol_version = "HTTP/1.1"
 
         def setup(self) -> None:
             self.connection = self.request
+            # Headers and body are two writes: without TCP_NODELAY, Nagle's algorithm
+            # holds the body until the client's delayed ACK of the headers (tcp(7)),
+            # 40 ms a response on a kept-alive connection.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             deadline = time.monotonic() + REQUEST_DEADLINE_S
             if isinstance(self.connection, ssl.SSLSocket):
                 _handshake(self.connection, deadline)
-            self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
-            self.wfile = _DeadlineWriter(self.connection)
+            self._reader = _DeadlineReader(self.connection, deadline)
+            self._writer = _DeadlineWriter(self.connection)
+            self.rfile = io.BufferedReader(self._reader)
+            self.wfile = self._writer
+            self._requests = 0
+
+        def handle_one_request(self) -> None:
+            if self._requests:  # the first one's deadline began before the handshake
+                self._reader.deadline = time.monotonic() + REQUEST_DEADLINE_S
+                self._writer.restart()
+            self._requests += 1
+            super().handle_one_request()
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -900,9 +924,10 @@ def serve(
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
-            log.debug(
-                "event=http client=%s message=%r", _client(self.client_address), format % args
-            )
+            if log.isEnabledFor(logging.DEBUG):  # every request: format only when shown
+                log.debug(
+                    "event=http client=%s message=%r", _client(self.client_address), format % args
+                )
 
     server = AgentServer((host, int(port)), Handler, tls)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()

@@ -72,7 +72,7 @@ def write_snapshot(path: Path, hostname: str, runs: Sequence[CheckRun]) -> None:
 
 
 SNAPSHOT_LIMIT = 16 << 20  # bytes; a real snapshot is tens of kB
-FUTURE_SLACK_S = 300.0  # the timer's clock and the agent's are the same machine's
+FUTURE_SLACK_S = 300.0  # one clock, but NTP may step it back after the snapshot
 DETAILS_DEPTH = 16  # /results renders details with json's recursive encoder
 
 

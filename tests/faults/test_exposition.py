@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodecheck.agent.exporter import CachedExposition, ResultCollector, make_registry, serve
+from nodecheck.agent.exporter import (
+    CachedExposition,
+    ResultCollector,
+    make_registry,
+    results_document,
+    serve,
+)
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.agent.snapshot import SCHEMA, results_from_snapshot
 from nodecheck.checks.registry import Check
@@ -424,3 +431,38 @@ def test_snapshot_samples_that_collide_or_break_rules_are_dropped_in_a_real_scra
     finally:
         agent.terminate()
         agent.wait(10)
+
+
+def test_results_that_cannot_be_rendered_are_a_500_not_a_dead_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A check whose details nest too deep for the JSON encoder: /results answers 500
+    and logs one key=value line; /metrics and the connection survive."""
+    store = ResultStore()
+    nested: dict[str, Any] = {}
+    for _ in range(5000):
+        nested = {"a": nested}
+
+    def run(ctx: object) -> list[Result]:
+        return []
+
+    check = Check("fault_details", run, 60.0, 10.0, "a fault")
+    store.put(CheckRun(check, [Result(Status.OK, NODE, "fine", details=nested)], 0.0, True), 60.0)
+    registry = make_registry(ResultCollector(store, "test", lambda: True))
+    port = free_port()
+    server = serve(
+        f"127.0.0.1:{port}",
+        CachedExposition(registry, store, lambda: 0),
+        lambda: results_document(store, "host"),
+        lambda: True,
+    )
+    try:
+        with caplog.at_level("ERROR", logger="nodecheck.agent.exporter"):
+            with pytest.raises(urllib.error.HTTPError) as raised:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/results", timeout=10)
+            assert raised.value.code == 500
+        assert [r.getMessage().split(" ", 1)[0] for r in caplog.records] == ["event=request_failed"]
+        assert 'check="fault_details"' in scrape(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import http.client
 import os
+import re
 import socket
 import ssl
 import struct
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from nodecheck.agent.exporter import serve, tls_context
+from nodecheck.agent.exporter import parse_basic_auth, serve, tls_context
 from tests.agent.test_daemon import free_port, wait_for
 from tests.conftest import Node
 
@@ -193,6 +195,12 @@ def raw_request(agent: Agent, request: bytes, source: str) -> bytes:
 
 
 def status_of(answer: bytes) -> int:
+    if not answer.startswith(b"HTTP/"):
+        # a request line that is no HTTP/1.x one is answered the HTTP/0.9 way: a body
+        # without a status line (http.server), which says the code
+        found = re.search(rb"Error code: (\d+)", answer)
+        assert found, answer[:200]
+        return int(found.group(1))
     return int(answer.split(b" ", 2)[1])
 
 
@@ -236,7 +244,9 @@ def test_hostile_authorization_headers_get_4xx_never_a_traceback(
         # each from its own loopback address: the per-client failure budget stays out of it
         source = f"127.0.1.{number + 1}"
         answer = raw_request(
-            agent, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n", source
+            agent,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + header + b"\r\n\r\n",
+            source,
         )
         assert answer, f"{fault}: the connection closed with no answer"
         assert status_of(answer) == expected, f"{fault}: {answer[:200]!r}"
@@ -398,6 +408,20 @@ def drip(port: int, context: ssl.SSLContext | None, closed_after: list[float]) -
         sock.close()
 
 
+def idle_after_one_request(port: int, closed_after: list[float]) -> None:
+    """One whole request on a kept-alive connection, then silence."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            while sock.recv(65536):
+                pass
+    except OSError:
+        pass
+    finally:
+        closed_after.append(time.monotonic() - started)
+
+
 def drip_handshake(port: int, closed_after: list[float]) -> None:
     """A TLS ClientHello one byte every 2 s."""
     started = time.monotonic()
@@ -415,14 +439,16 @@ def drip_handshake(port: int, closed_after: list[float]) -> None:
 def test_dripping_clients_are_cut_off_at_the_request_deadline(
     tls_agent: Agent, plain_agent: Agent
 ) -> None:
-    """A header line every 2 s (TLS and plain) and a ClientHello byte every 2 s: each
-    connection is closed by the server within 30 s (the deadline is 10 s from the first
-    read to the end of the headers, handshake included); scrapes pass meanwhile."""
+    """A header line every 2 s (TLS and plain), a ClientHello byte every 2 s, a kept-alive
+    connection left idle: each is closed by the server within 30 s (the deadline is 10 s
+    from the first read to the end of the headers, handshake included, and from one
+    response to the next request); scrapes pass meanwhile."""
     closed_after: list[float] = []
     drippers = [
         threading.Thread(target=drip, args=(tls_agent.port, tls_agent.context(), closed_after)),
         threading.Thread(target=drip, args=(plain_agent.port, None, closed_after)),
         threading.Thread(target=drip_handshake, args=(tls_agent.port, closed_after)),
+        threading.Thread(target=idle_after_one_request, args=(plain_agent.port, closed_after)),
     ]
     for dripper in drippers:
         dripper.daemon = True
@@ -434,7 +460,7 @@ def test_dripping_clients_are_cut_off_at_the_request_deadline(
         assert time.monotonic() - started < 5
     for dripper in drippers:
         dripper.join(60)
-    assert len(closed_after) == 3 and max(closed_after) < 30, closed_after
+    assert len(closed_after) == 4 and max(closed_after) < 30, closed_after
     for agent in (tls_agent, plain_agent):
         assert_alive_without_traceback(agent)
 
@@ -554,3 +580,66 @@ def test_reload_tls_swaps_the_certificate_and_keeps_the_old_on_bad_files(tmp_pat
     finally:
         plain.shutdown()
         plain.server_close()
+
+
+def test_a_slow_reader_of_a_large_response_is_cut_off(tmp_path: Path) -> None:
+    """A TLS client reading a 40 MB /results a few kB at a time holds its thread for the
+    response deadline (30 s) at most, not as long as it keeps reading; others are
+    served meanwhile."""
+    cert, key = make_certificate(tmp_path, "slow")
+    port = free_port()
+    blob = "x" * 40_000_000
+    server = serve(
+        f"127.0.0.1:{port}", lambda: b"", lambda: {"blob": blob}, lambda: True, (cert, key)
+    )
+    context = ssl.create_default_context(cafile=str(cert))
+    try:
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(60)
+        raw.connect(("127.0.0.1", port))
+        sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        sock.sendall(b"GET /results HTTP/1.1\r\nHost: x\r\n\r\n")
+        started, received = time.monotonic(), 0
+        with sock:
+            while time.monotonic() - started < 90:
+                try:
+                    chunk = sock.recv(4096)
+                except (ConnectionResetError, ssl.SSLError):
+                    break
+                if not chunk:
+                    break
+                received += len(chunk)
+                time.sleep(0.05)  # about 80 kB/s: 40 MB would take over 8 minutes
+        cut_after = time.monotonic() - started
+        assert received < len(blob) and cut_after < 60, (received, cut_after)
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context) as ok:
+            assert ok.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_malformed_requests_get_4xx_never_a_traceback(plain_agent: Agent) -> None:
+    """A request line over 64 kB (414), binary garbage, an unknown method, HTTP/2's
+    preface on an HTTP/1 port (505), a method not served (501): a status code, the agent alive."""
+    requests = [
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"\x00\x01\x02\xff\xfe garbage\r\n\r\n", 400),
+        (b"BREW /metrics HTTP/1.1\r\nConnection: close\r\n\r\n", 501),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 501),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
+    ]
+    for number, (request, expected) in enumerate(requests):
+        answer = raw_request(plain_agent, request, f"127.0.5.{number + 1}")
+        assert answer and status_of(answer) == expected, (request[:30], answer[:100])
+    assert_alive_without_traceback(plain_agent)
+
+
+def test_a_truncated_bcrypt_hash_is_refused_naming_the_line() -> None:
+    """A users file with a cut-off hash (bcrypt would raise on every request): refused
+    when read, naming the file, line and user."""
+    with pytest.raises(ValueError, match=r"users:2: prometheus: not a whole bcrypt hash"):
+        parse_basic_auth("# scrapers\nprometheus:$2b$12$tooshort\n", "users")
+    with pytest.raises(ValueError, match=r"users:1: p: not a whole bcrypt hash"):
+        parse_basic_auth("p:$2b$99$" + "a" * 53 + "\n", "users")  # cost past 31
