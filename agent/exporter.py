@@ -1,26 +1,44 @@
 """Prometheus exposition of the cached results: over HTTP and as a textfile.
 
-Built fresh on every scrape from the ResultStore (the prometheus_client
-custom-collector pattern): a scrape never runs a check, and one check's odd
-sample never fails the scrape (it is left out, and logged).
+Built from the ResultStore (the prometheus_client custom-collector pattern): a
+scrape never runs a check, and one check's odd sample never fails the scrape:
+it is left out, logged once and counted in nodecheck_exposition_dropped_samples.
+Whatever the checks or the root snapshot hand in, the exposition stays valid for
+Prometheus and clean for `promtool check metrics`.
+
+The HTTP server is written for hostile clients too: a real listen backlog, a
+bounded number of handler threads, one deadline from the first byte to the end
+of the request headers (TLS handshake included) and one for the whole response,
+bcrypt work bounded to one core, and every connection failure one key=value
+log line, never a traceback.
 """
 
 from __future__ import annotations
 
+import base64
+import enum
+import hashlib
+import io
 import json
 import logging
+import math
 import os
 import platform
+import re
+import select
 import socket
 import ssl
+import stat
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -33,12 +51,192 @@ log = logging.getLogger(__name__)
 STATUSES = [status.value for status in Status]
 TEXTFILE_NAME = "nodecheck.prom"
 
+# -- what a sample must be to reach the exposition ----------------------------------
+
+# The families the agent exports itself: a check's (or the snapshot's) family of the
+# same name would make a second HELP/TYPE block, which Prometheus's text parser
+# rejects for the whole scrape.
+OWN_FAMILIES = frozenset(
+    {
+        "nodecheck_check_status",
+        "nodecheck_check_run_success",
+        "nodecheck_check_duration_seconds",
+        "nodecheck_check_last_run_timestamp_seconds",
+        "nodecheck_check_interval_seconds",
+        "nodecheck_build_info",
+        "nodecheck_config_last_reload_successful",
+        "nodecheck_exposition_dropped_samples",
+    }
+)
+METRIC_NAME = re.compile(r"nodecheck_[a-z0-9_]+")  # the project's convention, a subset of
+# Prometheus's [a-zA-Z_:][a-zA-Z0-9_:]* without the camelCase and ':' promtool flags
+LABEL_NAME = re.compile(r"[a-z_][a-z0-9_]*")  # Prometheus's [a-zA-Z_][a-zA-Z0-9_]*, snake_case
+# promtool check metrics (prometheus/client_golang testutil/promlint, as in
+# prometheus/prometheus util/promlint/promlint.go): reserved suffixes and labels, the
+# type in the name, abbreviated and non-base units; plus the project's own unit list.
+RESERVED_SUFFIXES = ("_bucket", "_count", "_sum")
+RESERVED_LABELS = frozenset({"le", "quantile"})
+TYPE_WORDS = ("counter", "gauge", "histogram", "summary", "gauge_histogram")
+ABBREVIATED_UNITS = ("s", "ms", "us", "ns", "sec", "b", "kb", "mb", "gb", "tb", "pb", "m", "h", "d")
+NON_BASE_UNITS = frozenset(
+    {"minutes", "hours", "days", "fahrenheit", "rankine", "inches", "yards", "miles", "bits"}
+    | {"calories", "pounds", "ounces", "percent", "pct", "mhz", "gbps", "tflops", "mw"}
+)
+BASE_UNITS = (
+    "amperes",
+    "bytes",
+    "candela",
+    "grams",
+    "celsius",
+    "kelvin",
+    "kelvins",
+    "meters",
+    "metres",
+    "moles",
+    "seconds",
+    "joules",
+)
+UNIT_PREFIXES = (
+    "pico",
+    "nano",
+    "micro",
+    "milli",
+    "centi",
+    "deci",
+    "deca",
+    "hecto",
+    "kilo",
+    "kibi",
+    "mega",
+    "mibi",
+    "giga",
+    "gibi",
+    "tera",
+    "tebi",
+    "peta",
+    "pebi",
+)
+
+
+def _text_problem(text: object, what: str) -> str | None:
+    if not isinstance(text, str):
+        return f"{what} is a {type(text).__name__}, not a string"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} is not valid UTF-8"
+    return None
+
+
+def _name_problem(name: str, kind: str) -> str | None:
+    if not METRIC_NAME.fullmatch(name):
+        return "not a nodecheck_ snake_case metric name"
+    if name.endswith("_total") != (kind == "counter"):
+        return "counters and only counters end in _total"
+    if name.endswith(RESERVED_SUFFIXES):
+        return "a histogram or summary suffix"
+    lowered = f"{name}_"
+    if any(f"_{word}_" in lowered for word in TYPE_WORDS):
+        return "the metric type in its name"
+    words = name.split("_")
+    if any(word in ABBREVIATED_UNITS for word in words[1:]):
+        return "an abbreviated unit"
+    for word in words:
+        if word in NON_BASE_UNITS:
+            return f"a non-base unit ({word})"
+        for prefix in UNIT_PREFIXES:
+            if word.startswith(prefix) and word[len(prefix) :] in BASE_UNITS + tuple(
+                NON_BASE_UNITS
+            ):
+                return f"a prefixed unit ({word})"
+    return None
+
+
+def spec_problem(spec: object) -> str | None:
+    """Why a check's metric family cannot be exported, or None."""
+    if not isinstance(spec, MetricSpec):
+        return f"the metric is a {type(spec).__name__}, not a MetricSpec"
+    if spec.kind not in ("gauge", "counter"):
+        return f"type {spec.kind!r} is neither gauge nor counter"
+    problem = _text_problem(spec.name, "the name") or _text_problem(spec.help, "the help text")
+    if problem is None:
+        problem = _name_problem(spec.name, spec.kind)
+    if problem is None and not spec.help.strip():
+        problem = "no help text"
+    if problem is None and not isinstance(spec.labels, tuple):
+        problem = "label names are not a tuple"
+    if problem is not None:
+        return problem
+    for label in spec.labels:
+        if not isinstance(label, str) or not LABEL_NAME.fullmatch(label):
+            return f"label name {label!r} breaks Prometheus's label name rules"
+        if label.startswith("__") or label in RESERVED_LABELS:
+            return f"label name {label!r} is reserved"
+    if len(set(spec.labels)) != len(spec.labels):
+        return "a label name repeated"
+    return None
+
+
+def sample_values(sample: object) -> tuple[tuple[str, ...], float] | str:
+    """(label values in the family's order, value), or why the sample cannot be exported."""
+    if not isinstance(sample, Sample):
+        return f"a {type(sample).__name__}, not a Sample"
+    spec = sample.metric
+    value = sample.value
+    # NaN and the infinities are valid Prometheus values (a bool is an int: 0 or 1);
+    # strings and None are not, and prometheus_client fails the whole rendering on them.
+    if not isinstance(value, (int, float)):
+        return f"the value is a {type(value).__name__}, not a number"
+    try:
+        number = float(value)
+    except OverflowError:
+        return "value too large for a float"
+    labels = sample.labels
+    if not isinstance(labels, Mapping):
+        return "labels are not a mapping"
+    if set(labels) - set(spec.labels):
+        return f"labels {sorted(map(str, set(labels) - set(spec.labels)))} not declared"
+    values: list[str] = []
+    for name in spec.labels:
+        text = labels.get(name, "")
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            text = str(text)  # a GPU index given as a number
+        problem = _text_problem(text, f"label {name}")
+        if problem is not None:
+            return problem
+        values.append(text)
+    if spec.kind == "counter" and not (number >= 0 or math.isnan(number)):
+        return "a negative counter"
+    return tuple(values), number
+
+
+def _label_value(text: str) -> str:
+    """A label value from our own results (check names, subjects): never dropped, made
+    encodable instead (a subject from a damaged snapshot)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 class ResultCollector(Collector):
     def __init__(self, store: ResultStore, version: str, reload_ok: Callable[[], bool]) -> None:
         self.store = store
         self.version = version
         self.reload_ok = reload_ok
+        # (check, metric, reason) already logged: a bad sample comes back on every
+        # render of the exposition, its log line once (bounded, for a sample whose
+        # labels change every run).
+        self._logged: set[tuple[str, str, str]] = set()
+        self._logged_lock = threading.Lock()
+
+    def _dropped(self, check: str, metric: str, reason: str, counts: dict[str, int]) -> None:
+        counts[check] = counts.get(check, 0) + 1
+        key = (check, metric, reason)
+        with self._logged_lock:
+            if key in self._logged:
+                return
+            if len(self._logged) >= 1000:
+                self._logged.clear()
+            self._logged.add(key)
+        log.warning("event=sample_dropped check=%s metric=%r reason=%r", check, metric, reason)
 
     def collect(self) -> Iterator[Metric]:
         runs = self.store.all()
@@ -63,10 +261,15 @@ class ResultCollector(Collector):
         interval = GaugeMetricFamily(
             "nodecheck_check_interval_seconds", "How often the check runs", labels=["check"]
         )
-        families: dict[str, tuple[MetricSpec, list[Sample]]] = {}
+        # One family per exported name: the first spec seen for a name wins, in check
+        # order; a sample of the same name with another type, help or label set is
+        # dropped (two HELP/TYPE blocks would fail the whole scrape).
+        families: dict[str, tuple[MetricSpec, dict[tuple[str, ...], float]]] = {}
+        dropped: dict[str, int] = {}
         for stored in runs:
             run = stored.run
             name = run.check.name
+            dropped[name] = 0
             success.add_metric([name], 1 if run.completed else 0)
             duration.add_metric([name], run.duration_s)
             last.add_metric([name], stored.finished_at)
@@ -75,18 +278,17 @@ class ResultCollector(Collector):
             # "node"): one series per subject, with the worst of its statuses.
             by_subject: dict[str, Status] = {}
             for result in run.results:
-                previous = by_subject.get(result.subject, Status.SKIP)
-                by_subject[result.subject] = worst([previous, result.status])
+                subject = _label_value(str(result.subject))
+                previous = by_subject.get(subject, Status.SKIP)
+                by_subject[subject] = worst([previous, result.status])
                 for sample in result.samples:
-                    families.setdefault(sample.metric.name, (sample.metric, []))[1].append(sample)
+                    self._add_sample(name, sample, families, dropped)
             for subject, current in by_subject.items():
                 for value in STATUSES:
                     status.add_metric([name, subject, value], int(current.value == value))
         yield from (status, success, duration, last, interval)
-        for spec, samples in families.values():
-            family = _family(spec, samples)
-            if family is not None:
-                yield family
+        for spec, values in families.values():
+            yield _family(spec, values)
         info = GaugeMetricFamily(
             "nodecheck_build_info", "nodecheck's version, value 1", labels=["version", "python"]
         )
@@ -98,24 +300,59 @@ class ResultCollector(Collector):
         )
         reload_ok.add_metric([], 1 if self.reload_ok() else 0)
         yield reload_ok
+        left_out = GaugeMetricFamily(
+            "nodecheck_exposition_dropped_samples",
+            "Samples of this check's latest run left out of this exposition (not a number, "
+            "a bad metric or label name, a name taken by another family); logged once each",
+            labels=["check"],
+        )
+        for name, count in dropped.items():
+            left_out.add_metric([name], count)
+        yield left_out
+
+    def _add_sample(
+        self,
+        check: str,
+        sample: object,
+        families: dict[str, tuple[MetricSpec, dict[tuple[str, ...], float]]],
+        dropped: dict[str, int],
+    ) -> None:
+        spec = getattr(sample, "metric", None)
+        metric = str(getattr(spec, "name", "?"))
+        problem = spec_problem(spec)
+        if problem is None:
+            spec = cast(MetricSpec, spec)
+            if spec.name in OWN_FAMILIES:
+                problem = "the name of one of the agent's own families"
+            else:
+                family = families.setdefault(spec.name, (spec, {}))
+                if family[0] != spec:
+                    problem = "the name of another family (other type, help or labels)"
+        if problem is None:
+            values = sample_values(sample)
+            if isinstance(values, str):
+                problem = values
+            else:
+                key, value = values
+                series = families[cast(MetricSpec, spec).name][1]
+                # The same series from two checks (the benchmarks' shared skip
+                # counters): the larger value, which for a counter is the fresher.
+                previous = series.get(key)
+                series[key] = (
+                    value if previous is None or math.isnan(previous) else max(previous, value)
+                )
+                return
+        self._dropped(check, metric, problem, dropped)
 
 
-def _family(spec: MetricSpec, samples: list[Sample]) -> Metric | None:
-    """One family from a check's samples; None (logged) when they do not fit its labels."""
-    from prometheus_client.core import CounterMetricFamily
-
-    name = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
-    maker = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-    family = maker(name, spec.help, labels=list(spec.labels))
-    # The same series from two checks (the benchmarks' shared skip counters): the
-    # larger value, which for a counter is the fresher.
-    values: dict[tuple[str, ...], float] = {}
-    for sample in samples:
-        key = tuple(str(sample.labels.get(label, "")) for label in spec.labels)
-        if set(sample.labels) - set(spec.labels):
-            log.warning("event=bad_sample metric=%s labels=%r", spec.name, dict(sample.labels))
-            continue
-        values[key] = max(values.get(key, sample.value), sample.value)
+def _family(spec: MetricSpec, values: dict[tuple[str, ...], float]) -> Metric:
+    family: GaugeMetricFamily | CounterMetricFamily
+    if spec.kind == "counter":
+        family = CounterMetricFamily(
+            spec.name.removesuffix("_total"), spec.help, labels=spec.labels
+        )
+    else:
+        family = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
     for key, value in values.items():
         family.add_metric(list(key), value)
     return family
@@ -169,6 +406,21 @@ def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:
     return document
 
 
+# -- basic auth -------------------------------------------------------------------------
+
+# "$2b$" + two-digit cost + "$" + 22 characters of salt and 31 of hash, in bcrypt's own
+# base64 alphabet: what htpasswd -B and bcrypt.hashpw write.
+BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+# bcrypt uses the first 72 bytes of a password; bcrypt >= 4.1 (pyca/bcrypt CHANGELOG)
+# raises ValueError for a longer one instead of truncating it, so none can match.
+BCRYPT_MAX_PASSWORD = 72
+BCRYPT_SLOTS = 1  # bcrypt releases the GIL: one check at a time is at most one core
+BCRYPT_WAIT_S = 1.0  # then 429: a scraper retries, a guesser waits
+FAILURES_ALLOWED = 10  # wrong passwords per client address and window, then 429 at once
+FAILURE_WINDOW_S = 60.0
+TRACKED_CLIENTS = 4096
+
+
 def parse_basic_auth(text: str, source: str) -> dict[str, bytes]:
     """ "user:<bcrypt hash>" lines (htpasswd -B; blank lines and # comments skipped)."""
     users: dict[str, bytes] = {}
@@ -179,21 +431,64 @@ def parse_basic_auth(text: str, source: str) -> dict[str, bytes]:
         user, _, hashed = line.partition(":")
         if not user or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
             raise ValueError(f"{source}:{number}: expected user:<bcrypt hash>")
+        if not BCRYPT_HASH.fullmatch(hashed):
+            raise ValueError(f"{source}:{number}: {user}: not a whole bcrypt hash (htpasswd -B)")
         users[user] = hashed.encode()
     if not users:
         raise ValueError(f"{source}: no users")
     return users
 
 
+class AuthVerdict(enum.Enum):
+    ALLOW = "allow"
+    DENY = "deny"  # 401
+    BUSY = "busy"  # 429: too many checks at once, or this client failed too often
+
+
+def _credentials(header: str | None) -> tuple[str, bytes] | None:
+    """(user, password) from "Basic <base64 of user:password>" (RFC 7617), or None."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        # validate: only the base64 alphabet, so one password has one header
+        decoded = base64.b64decode(token.strip(), validate=True)
+        user, colon, password = decoded.partition(b":")
+        return (user.decode(), password) if colon else None
+    except ValueError:  # not base64 (binascii.Error), not ASCII, a user not UTF-8
+        return None
+
+
+def _bcrypt_cost(hashed: bytes) -> int:
+    match = BCRYPT_HASH.fullmatch(hashed.decode("ascii", "replace"))
+    return int(match.group(1)) if match else 12
+
+
+def _dummy_hash(users: Mapping[str, bytes]) -> bytes:
+    """A hash nobody's password matches, as costly as the real ones: an unknown user
+    pays the same bcrypt time as a wrong password, so timing does not tell who exists."""
+    import bcrypt
+
+    cost = max((_bcrypt_cost(hashed) for hashed in users.values()), default=12)
+    return bcrypt.hashpw(os.urandom(18), bcrypt.gensalt(rounds=cost))
+
+
 class BasicAuth:
-    """Checks Authorization headers against bcrypt hashes; a good pair is remembered (by a
-    salted digest, never the password) so each scrape does not pay bcrypt's cost again."""
+    """Checks Authorization headers against bcrypt hashes. A good pair is remembered (by a
+    salted digest, never the password), so a scrape does not pay bcrypt's cost again;
+    bcrypt itself runs one check at a time, and a client address that keeps failing is
+    told to wait (429) without any."""
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self._users = users
+        self._dummy = _dummy_hash(users)
         self._good: set[bytes] = set()
         self._salt = os.urandom(16)
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(BCRYPT_SLOTS)
+        self._failures: dict[str, deque[float]] = {}
 
     @property
     def users(self) -> dict[str, bytes]:
@@ -202,34 +497,336 @@ class BasicAuth:
     @users.setter
     def users(self, users: dict[str, bytes]) -> None:
         """New users (a reload): every remembered password is forgotten with the old ones."""
+        dummy = _dummy_hash(users)
         with self._lock:
             self._users = users
+            self._dummy = dummy
             self._good.clear()
 
     def allows(self, header: str | None) -> bool:
-        import base64
-        import hashlib
+        return self.check(header, "") is AuthVerdict.ALLOW
 
-        import bcrypt
-
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        hashed = self._users.get(user)
-        if hashed is None:
-            return False
-        digest = hashlib.sha256(self._salt + header.encode()).digest()
+    def check(self, header: str | None, client: str) -> AuthVerdict:
+        credentials = _credentials(header)
+        if credentials is None:
+            return AuthVerdict.DENY
+        user, password = credentials
+        encoded = user.encode()
+        digest = hashlib.sha256(
+            self._salt + len(encoded).to_bytes(4, "big") + encoded + password
+        ).digest()
         with self._lock:
             if digest in self._good:
-                return True
-        if not bcrypt.checkpw(password.encode(), hashed):
-            return False
+                return AuthVerdict.ALLOW
+            users, dummy = self._users, self._dummy
+        if len(password) > BCRYPT_MAX_PASSWORD:
+            return AuthVerdict.DENY
+        if self._failing(client):
+            return AuthVerdict.BUSY
+        hashed = users.get(user)
+        if not self._slots.acquire(timeout=BCRYPT_WAIT_S):
+            return AuthVerdict.BUSY
+        try:
+            matched = _bcrypt_matches(password, dummy if hashed is None else hashed)
+        finally:
+            self._slots.release()
+        if hashed is None or not matched:
+            self._failed(client)
+            return AuthVerdict.DENY
         with self._lock:
-            self._good.add(digest)
+            if self._users is users:  # not a password of users replaced meanwhile
+                self._good.add(digest)
+        return AuthVerdict.ALLOW
+
+    def _failing(self, client: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.get(client)
+            while failures and now - failures[0] > FAILURE_WINDOW_S:
+                failures.popleft()
+            return failures is not None and len(failures) >= FAILURES_ALLOWED
+
+    def _failed(self, client: str) -> None:
+        with self._lock:
+            if client not in self._failures and len(self._failures) >= TRACKED_CLIENTS:
+                now = time.monotonic()
+                for address in [
+                    a for a, f in self._failures.items() if not f or now - f[-1] > FAILURE_WINDOW_S
+                ]:
+                    del self._failures[address]
+                if len(self._failures) >= TRACKED_CLIENTS:
+                    self._failures.pop(next(iter(self._failures)))
+            self._failures.setdefault(client, deque(maxlen=FAILURES_ALLOWED)).append(
+                time.monotonic()
+            )
+
+
+def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
+    import bcrypt
+
+    try:
+        return bool(bcrypt.checkpw(password, hashed))
+    except ValueError as err:  # a hash bcrypt cannot read (BasicAuth built by hand)
+        log.warning("event=bad_bcrypt_hash error=%r", str(err))
+        return False
+
+
+# -- TLS ---------------------------------------------------------------------------------
+
+PEM_FILE_LIMIT = 1 << 20  # a certificate chain or a key is a few kB
+
+
+class _PassPhraseWantedError(Exception):
+    pass
+
+
+def _refuse_pass_phrase() -> str:
+    """OpenSSL would prompt on the terminal for an encrypted key without a password
+    callback (ssl.SSLContext.load_cert_chain); the agent has no terminal to ask on."""
+    raise _PassPhraseWantedError
+
+
+def _read_pem(path: Path, what: str) -> str:
+    """The file's text; ValueError naming it when it is no regular, readable, small file.
+    Opened non-blocking, so a FIFO in its place does not hang the agent."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the {what}: {err.strerror}") from err
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}.get(
+                stat.S_IFMT(mode), "not a regular file"
+            )
+            raise ValueError(f"{path}: the {what} is {kind}")
+        data = b""
+        while len(data) <= PEM_FILE_LIMIT:
+            chunk = os.read(descriptor, PEM_FILE_LIMIT + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the {what}: {err.strerror}") from err
+    finally:
+        os.close(descriptor)
+    if len(data) > PEM_FILE_LIMIT:
+        raise ValueError(f"{path}: the {what} is over {PEM_FILE_LIMIT} bytes")
+    return data.decode("ascii", "replace")
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The server's context, TLS 1.2 or later; ValueError naming the file and why when the
+    certificate or key cannot be used (missing, unreadable, not PEM, an encrypted key,
+    a key that is not the certificate's)."""
+    cert_text = _read_pem(cert, "certificate")
+    key_text = _read_pem(key, "private key")
+    if "-----BEGIN CERTIFICATE-----" not in cert_text:
+        raise ValueError(f"{cert}: not a PEM certificate (no BEGIN CERTIFICATE line)")
+    key_header = re.search(r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----", key_text)
+    if key_header is None:
+        raise ValueError(f"{key}: not a PEM private key (no BEGIN PRIVATE KEY line)")
+    # PKCS#8 "BEGIN ENCRYPTED PRIVATE KEY", or the legacy "Proc-Type: 4,ENCRYPTED" header
+    encrypted_hint = (
+        f"{key}: the private key is encrypted and the agent cannot ask for its pass phrase: "
+        "store it unencrypted (openssl pkey -in KEY -out KEY.plain), readable only by the agent"
+    )
+    if "ENCRYPTED" in key_header.group(1) or "Proc-Type: 4,ENCRYPTED" in key_text:
+        raise ValueError(encrypted_hint)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=cert_text)
+    except ssl.SSLError as err:
+        raise ValueError(f"{cert}: not a usable PEM certificate: {err.reason or err}") from err
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key, password=_refuse_pass_phrase)
+    except _PassPhraseWantedError as err:
+        raise ValueError(encrypted_hint) from err
+    except ssl.SSLError as err:
+        if err.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(
+                f"{key}: the private key does not match the certificate {cert}"
+            ) from err
+        raise ValueError(
+            f"{key}: not a usable private key for {cert}: {err.reason or err}"
+        ) from err
+    except OSError as err:  # replaced between the reads above and OpenSSL's
+        raise ValueError(f"{cert}, {key}: cannot read: {err.strerror}") from err
+    return context
+
+
+# -- the server --------------------------------------------------------------------------
+
+# listen(2): a backlog above /proc/sys/net/core/somaxconn is silently capped to it
+# (4096 since Linux 5.4); socketserver's default of 5 refuses a burst of connections.
+LISTEN_BACKLOG = 1024
+HANDLER_THREADS = 64  # beyond these, connections wait in the backlog
+REQUEST_DEADLINE_S = 10.0  # from the first read to the end of the headers, TLS included
+RESPONSE_DEADLINE_S = 30.0  # the whole response written, however slowly the client reads
+SEND_CHUNK = 1 << 16
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket read under one deadline for the whole request: a socket timeout alone
+    restarts at every byte, so a client dripping a header line every few seconds would
+    hold its thread for ever."""
+
+    def __init__(self, connection: socket.socket, deadline: float) -> None:
+        self._connection = connection
+        self.deadline = deadline
+
+    def readable(self) -> bool:
         return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"request not complete within {REQUEST_DEADLINE_S:g} s")
+        self._connection.settimeout(remaining)
+        return self._connection.recv_into(buffer)
+
+
+class _DeadlineWriter(io.BufferedIOBase):
+    """The socket written under one deadline for the whole response, started at its
+    first byte: a client that reads slowly or never holds its thread
+    RESPONSE_DEADLINE_S at most (a socket timeout bounds each send call, not the
+    response)."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self._deadline: float | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def restart(self) -> None:
+        """The next response's deadline starts at its first byte."""
+        self._deadline = None
+
+    def write(self, data: Any) -> int:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + RESPONSE_DEADLINE_S
+        with memoryview(data) as view, view.cast("B") as octets:
+            sent = 0
+            while sent < len(octets):
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"response not read within {RESPONSE_DEADLINE_S:g} s")
+                self._connection.settimeout(remaining)
+                sent += self._connection.send(octets[sent : sent + SEND_CHUNK])
+            return sent
+
+
+def _handshake(connection: ssl.SSLSocket, deadline: float) -> None:
+    """The TLS handshake, non-blocking, under the request's deadline (a blocking one
+    restarts its timeout at every record a slow client sends)."""
+    connection.setblocking(False)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"TLS handshake not complete within {REQUEST_DEADLINE_S:g} s")
+        try:
+            connection.do_handshake()
+            return
+        except ssl.SSLWantReadError:
+            select.select([connection], [], [], remaining)
+        except ssl.SSLWantWriteError:
+            select.select([], [connection], [], remaining)
+
+
+def _client(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown"
+    text = str(error) or type(error).__name__
+    return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
+
+
+class AgentServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a real backlog, bounded handler threads, TLS that can be
+    reloaded, and connection failures logged as one line each."""
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+    block_on_close = False  # stop() must not wait for a slow client's deadline
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        tls: tuple[Path, Path] | None,
+    ) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._tls_paths = tls
+        self._tls = tls_context(*tls) if tls is not None else None
+        self._handler_slots = threading.BoundedSemaphore(HANDLER_THREADS)
+        self._closing = threading.Event()
+        super().__init__(address, handler)
+
+    def reload_tls(self) -> None:
+        """Re-read the certificate and key (replaced by cert-manager or certbot, then
+        SIGHUP) for new connections; ValueError naming the file, and the old ones kept,
+        when they are unusable. Nothing to do when serving plain HTTP."""
+        if self._tls_paths is None:
+            return
+        self._tls = tls_context(*self._tls_paths)
+        log.info("event=tls_reloaded cert=%s key=%s", *self._tls_paths)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = self.socket.accept()
+        context = self._tls
+        if context is not None:
+            # The handshake happens on the request's own thread, under its deadline,
+            # never in accept(): a client that connects and stays silent must not
+            # stop the server (or its shutdown).
+            connection = context.wrap_socket(
+                connection, server_side=True, do_handshake_on_connect=False
+            )
+        return connection, address
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        while not self._handler_slots.acquire(timeout=0.2):
+            if self._closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._handler_slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._handler_slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line per failed connection (socketserver prints a traceback): plain HTTP
+        to the TLS port, a client that hangs up or resets, a deadline passed."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log.debug(
+                "event=connection_error client=%s error=%r",
+                _client(client_address),
+                _describe(error),
+            )
+        else:
+            log.warning(
+                "event=handler_failed client=%s error=%r", _client(client_address), _describe(error)
+            )
+
+    def shutdown(self) -> None:
+        self._closing.set()
+        super().shutdown()
 
 
 def serve(
@@ -239,72 +836,99 @@ def serve(
     healthy: Callable[[], bool],
     tls: tuple[Path, Path] | None = None,
     auth: BasicAuth | None = None,
-) -> ThreadingHTTPServer:
+) -> AgentServer:
     """Start the HTTP(S) server on a thread: /metrics, /results (behind basic auth when
-    configured) and /healthz (never: it tells nothing but whether the agent lives)."""
+    configured) and /healthz (never: it tells nothing but whether the agent lives).
+    ValueError naming the file when the TLS certificate or key is unusable."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "nodecheck"
-        timeout = 10  # a client that sends nothing does not hold a thread for ever
+        # Keep-alive: a scraper (or wrk) reuses its connection instead of a new TCP
+        # (and TLS) handshake and thread per scrape. An idle connection waits for its
+        # next request REQUEST_DEADLINE_S at most, as a new one does.
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            self.connection = self.request
+            # Headers and body are two writes: without TCP_NODELAY, Nagle's algorithm
+            # holds the body until the client's delayed ACK of the headers (tcp(7)),
+            # 40 ms a response on a kept-alive connection.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            deadline = time.monotonic() + REQUEST_DEADLINE_S
+            if isinstance(self.connection, ssl.SSLSocket):
+                _handshake(self.connection, deadline)
+            self._reader = _DeadlineReader(self.connection, deadline)
+            self._writer = _DeadlineWriter(self.connection)
+            self.rfile = io.BufferedReader(self._reader)
+            self.wfile = self._writer
+            self._requests = 0
+
+        def handle_one_request(self) -> None:
+            if self._requests:  # the first one's deadline began before the handshake
+                self._reader.deadline = time.monotonic() + REQUEST_DEADLINE_S
+                self._writer.restart()
+            self._requests += 1
+            super().handle_one_request()
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if (
-                auth is not None
-                and path != "/healthz"
-                and not auth.allows(self.headers.get("Authorization"))
-            ):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="nodecheck"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            if path == "/metrics":
-                self._send(200, metrics(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/healthz":
-                ok = healthy()
-                self._send(
-                    200 if ok else 503, b"ok\n" if ok else b"scheduler stalled\n", "text/plain"
-                )
-            elif path == "/results":
-                body = json.dumps(results(), indent=2, default=str).encode()
-                self._send(200, body, "application/json")
-            else:
-                self._send(404, b"not found: try /metrics, /healthz or /results\n", "text/plain")
+            if auth is not None and path != "/healthz":
+                verdict = auth.check(self.headers.get("Authorization"), self.client_address[0])
+                if verdict is AuthVerdict.BUSY:
+                    self._send(
+                        429,
+                        b"too many authentication attempts\n",
+                        "text/plain",
+                        ("Retry-After", "5"),
+                    )
+                    return
+                if verdict is AuthVerdict.DENY:
+                    self._send(
+                        401, b"", "text/plain", ("WWW-Authenticate", 'Basic realm="nodecheck"')
+                    )
+                    return
+            try:
+                code, body, kind = self._route(path)
+            except Exception as err:  # a bug behind one endpoint: a 500, never a dead socket
+                log.error("event=request_failed path=%r error=%r", path, _describe(err))
+                code, body, kind = 500, b"internal error: see the agent's log\n", "text/plain"
+            self._send(code, body, kind)
 
-        def _send(self, code: int, body: bytes, kind: str) -> None:
+        def _route(self, path: str) -> tuple[int, bytes, str]:
+            if path == "/metrics":
+                return 200, metrics(), "text/plain; version=0.0.4; charset=utf-8"
+            if path == "/healthz":
+                ok = healthy()
+                return (
+                    (200 if ok else 503),
+                    (b"ok\n" if ok else b"scheduler stalled\n"),
+                    "text/plain",
+                )
+            if path == "/results":
+                return (
+                    200,
+                    json.dumps(results(), indent=2, default=str).encode(),
+                    "application/json",
+                )
+            return 404, b"not found: try /metrics, /healthz or /results\n", "text/plain"
+
+        def _send(self, code: int, body: bytes, kind: str, *headers: tuple[str, str]) -> None:
             self.send_response(code)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in headers:
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
-            log.debug("event=http " + format, *args)
-
-    context = None
-    if tls is not None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(str(tls[0]), str(tls[1]))
-
-    class Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        daemon_threads = True
-
-        def get_request(self) -> tuple[socket.socket, Any]:
-            connection, address = self.socket.accept()
-            if context is not None:
-                # The handshake happens on the request's own thread at its first read,
-                # never in accept(): a client that connects and stays silent must not
-                # stop the server (or its shutdown).
-                connection = context.wrap_socket(
-                    connection, server_side=True, do_handshake_on_connect=False
+            if log.isEnabledFor(logging.DEBUG):  # every request: format only when shown
+                log.debug(
+                    "event=http client=%s message=%r", _client(self.client_address), format % args
                 )
-            return connection, address
 
-    server = Server((host, int(port)), Handler)
+    server = AgentServer((host, int(port)), Handler, tls)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -11,6 +11,9 @@ running the checks, and says so when the file is missing or stale.
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,34 +71,154 @@ def write_snapshot(path: Path, hostname: str, runs: Sequence[CheckRun]) -> None:
     write_atomically(path, text + "\n", mode=0o644)
 
 
-def _result(entry: dict[str, Any]) -> Result:
-    samples = tuple(
-        Sample(
-            MetricSpec(s["name"], s["kind"], s["help"], tuple(s["label_names"])),
-            float(s["value"]),
-            dict(s["labels"]),
-        )
-        for s in entry["samples"]
+SNAPSHOT_LIMIT = 16 << 20  # bytes; a real snapshot is tens of kB
+FUTURE_SLACK_S = 300.0  # one clock, but NTP may step it back after the snapshot
+DETAILS_DEPTH = 16  # /results renders details with json's recursive encoder
+
+
+class SnapshotError(ValueError):
+    """The snapshot cannot be used; the message says where in it and why."""
+
+
+def _read_snapshot(path: Path) -> str:
+    """The file's text: a regular file, at most SNAPSHOT_LIMIT bytes, UTF-8. Opened
+    non-blocking, so a FIFO in its place does not hang the check."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}.get(
+                stat.S_IFMT(mode), "not a regular file"
+            )
+            raise SnapshotError(f"it is {kind}")
+        data = b""
+        while len(data) <= SNAPSHOT_LIMIT:
+            chunk = os.read(descriptor, SNAPSHOT_LIMIT + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(descriptor)
+    if len(data) > SNAPSHOT_LIMIT:
+        raise SnapshotError(f"over {SNAPSHOT_LIMIT} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SnapshotError(f"not UTF-8 (byte {err.start})") from None
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise SnapshotError(f"{where}: expected a string, found {_kind(value)}")
+    try:
+        value.encode("utf-8")  # JSON's \ud800 escapes make strings no UTF-8 can carry
+    except UnicodeEncodeError:
+        raise SnapshotError(f"{where}: not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def _field(entry: dict[str, Any], key: str, where: str) -> Any:
+    if key not in entry:
+        raise SnapshotError(f"{where}: no {key!r}")
+    return entry[key]
+
+
+def _mapping(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SnapshotError(f"{where}: expected an object, found {_kind(value)}")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise SnapshotError(f"{where}: expected a list, found {_kind(value)}")
+    return value
+
+
+def _check_details(value: object, where: str, depth: int = 0) -> None:
+    if depth > DETAILS_DEPTH:
+        raise SnapshotError(f"{where}: nested deeper than {DETAILS_DEPTH}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_details(item, f"{where}.{_text(key, where)}", depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_details(item, f"{where}[{index}]", depth + 1)
+    elif isinstance(value, str):
+        _text(value, where)
+
+
+def _sample_from(raw: object, where: str) -> Sample:
+    """The sample as the snapshot has it. Its shape is checked here; whether Prometheus
+    can take it (a number, the naming rules, a family name nobody else uses) is the
+    exporter's to judge, which leaves out and counts that one sample."""
+    entry = _mapping(raw, where)
+    name = _text(_field(entry, "name", where), f"{where}.name")
+    kind = _text(_field(entry, "kind", where), f"{where}.kind")
+    help_text = _text(_field(entry, "help", where), f"{where}.help")
+    label_names = _list(_field(entry, "label_names", where), f"{where}.label_names")
+    labels = _mapping(_field(entry, "labels", where), f"{where}.labels")
+    spec = MetricSpec(
+        name, kind, help_text, tuple(_text(label, f"{where}.label_names") for label in label_names)
     )
+    for label, value in labels.items():
+        _text(value, f"{where}.labels.{_text(label, f'{where}.labels')}")
+    return Sample(spec, _field(entry, "value", where), labels)
+
+
+def _result(raw: object, where: str) -> Result:
+    entry = _mapping(raw, where)
+    status = _text(_field(entry, "status", where), f"{where}.status")
+    if status not in {s.value for s in Status}:
+        raise SnapshotError(f"{where}.status: {status!r} is not a status")
+    details = _mapping(_field(entry, "details", where), f"{where}.details")
+    _check_details(details, f"{where}.details")
+    samples = _list(_field(entry, "samples", where), f"{where}.samples")
     return Result(
-        Status(entry["status"]),
-        entry["subject"],
-        entry["summary"],
-        entry["remedy"],
-        entry["details"],
-        samples,
+        Status(status),
+        _text(_field(entry, "subject", where), f"{where}.subject"),
+        _text(_field(entry, "summary", where), f"{where}.summary"),
+        _text(_field(entry, "remedy", where), f"{where}.remedy"),
+        details,
+        tuple(_sample_from(s, f"{where}.samples[{i}]") for i, s in enumerate(samples)),
     )
+
+
+def parse_snapshot(text: str, name: str) -> tuple[float, list[Result] | None]:
+    """(taken_at, the results of check `name` or None); SnapshotError saying where."""
+    try:
+        document = _mapping(json.loads(text), "the document")
+    except json.JSONDecodeError as err:
+        raise SnapshotError(f"not JSON: {err}") from None
+    except RecursionError:
+        raise SnapshotError("not JSON this agent reads: nested too deeply") from None
+    if document.get("schema") != SCHEMA:
+        raise SnapshotError(f"not a {SCHEMA} document")
+    taken_at = _field(document, "taken_at", "the document")
+    # bool is an int to Python; NaN and the infinities are floats but no time
+    if isinstance(taken_at, bool) or not isinstance(taken_at, (int, float)):
+        raise SnapshotError(f"taken_at: expected a time in seconds, found {_kind(taken_at)}")
+    if not math.isfinite(taken_at) or taken_at < 0:
+        raise SnapshotError(f"taken_at: {taken_at!r} is no time")
+    runs = _mapping(_field(document, "runs", "the document"), "runs")
+    entries = runs.get(name)
+    if entries is None:
+        return float(taken_at), None
+    where = f"runs.{name}"
+    listed = _list(entries, where)
+    return float(taken_at), [_result(entry, f"{where}[{i}]") for i, entry in enumerate(listed)]
 
 
 def results_from_snapshot(path: Path, name: str, now: float | None = None) -> list[Result]:
-    """The snapshot's results for check `name`; an `error` result when it cannot serve them."""
+    """The snapshot's results for check `name`; an `error` result when it cannot serve them
+    (missing, unreadable, not a file, too big, not UTF-8 or JSON, not the schema), and
+    one more when it is stale or dated in the future (its age cannot be told)."""
     try:
-        document = json.loads(path.read_text())
-        if document.get("schema") != SCHEMA:
-            raise ValueError(f"not a {SCHEMA} document")
-        entries = document["runs"].get(name)
-        taken_at = float(document["taken_at"])
-        results = [_result(entry) for entry in entries] if entries is not None else None
+        taken_at, results = parse_snapshot(_read_snapshot(path), name)
     except FileNotFoundError:
         return [
             Result(
@@ -105,20 +228,23 @@ def results_from_snapshot(path: Path, name: str, now: float | None = None) -> li
                 "systemctl enable --now nodecheck-snapshot.timer",
             )
         ]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except OSError as err:
+        return [Result(Status.ERROR, NODE, f"cannot read the snapshot {path}: {err.strerror}")]
+    except SnapshotError as err:
         return [Result(Status.ERROR, NODE, f"cannot read the snapshot {path}: {err}")]
     if results is None:
         return [Result(Status.ERROR, NODE, f"the snapshot {path} has no {name} results")]
     age = (time.time() if now is None else now) - taken_at
+    remedy = "systemctl status nodecheck-snapshot.timer nodecheck-snapshot.service"
     if age > STALE_AFTER_S:
-        results.append(
-            Result(
-                Status.ERROR,
-                NODE,
-                f"the snapshot is {age / 60:.0f} min old: these results may no longer hold",
-                "systemctl status nodecheck-snapshot.timer nodecheck-snapshot.service",
-            )
+        summary = f"the snapshot is {age / 60:.0f} min old: these results may no longer hold"
+        results.append(Result(Status.ERROR, NODE, summary, remedy))
+    elif age < -FUTURE_SLACK_S:
+        summary = (
+            f"the snapshot {path} is dated {-age / 60:.0f} min in the future: its age, "
+            "and so whether these results still hold, cannot be told"
         )
+        results.append(Result(Status.ERROR, NODE, summary, f"{remedy}; timedatectl"))
     return results
 
 

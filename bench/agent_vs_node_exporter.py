@@ -7,8 +7,9 @@ carries a real node's worth of series) and Debian's prometheus-node-exporter,
 each on loopback; loads each with wrk, 8 connections for 10 s; then leaves the
 agent idle for a minute and reads its CPU time and RSS from /proc.
 
-Goals (issue 5): throughput at least node_exporter's, p99 no worse, RSS under
-45 MB, idle CPU under 0.5 % of a core. Prints the ratios. Needs wrk and
+Goals: throughput at least 10x node_exporter's (issue 11: with the server's
+request deadlines and bounds in place), p99 no worse, RSS under 45 MB, idle CPU
+under 0.5 % of a core (issue 5). Prints the ratios. Needs wrk and
 prometheus-node-exporter (apt-get install wrk prometheus-node-exporter).
 """
 
@@ -144,7 +145,7 @@ def main() -> None:
         print(f"{'measure':<34} {'agent':>10} {'node_exporter':>14} {'ratio':>7}  goal")
         print(
             f"{'requests per second':<34} {agent_rate:>10.0f} {exporter_rate:>14.0f} "
-            f"{agent_rate / exporter_rate:>7.2f}  >= 1"
+            f"{agent_rate / exporter_rate:>7.2f}  >= 10"
         )
         print(
             f"{'p99 latency, ms':<34} {agent_p99:>10.2f} {exporter_p99:>14.2f} "

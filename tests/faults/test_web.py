@@ -1,0 +1,645 @@
+"""Fault matrix, the HTTP server: hostile or broken clients get a status code or a
+closed connection within a deadline, one key=value log line at most, never a
+traceback; the other clients are served meanwhile and the agent lives."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import os
+import re
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from nodecheck.agent.exporter import parse_basic_auth, serve, tls_context
+from tests.agent.test_daemon import free_port, wait_for
+from tests.conftest import Node
+
+PASSWORD = b"s3cret"
+COST = 10  # about 50-100 ms a check: wrong passwords are measurably slow
+
+
+def make_certificate(directory: Path, name: str) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@dataclass
+class Agent:
+    process: subprocess.Popen[bytes]
+    port: int
+    cert: Path
+    log: Path
+    tls: bool
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert))
+
+    def connection(
+        self, source: str = "127.0.0.1", timeout: float = 30
+    ) -> http.client.HTTPConnection:
+        if self.tls:
+            return http.client.HTTPSConnection(
+                "127.0.0.1",
+                self.port,
+                timeout=timeout,
+                context=self.context(),
+                source_address=(source, 0),
+            )
+        return http.client.HTTPConnection(
+            "127.0.0.1", self.port, timeout=timeout, source_address=(source, 0)
+        )
+
+    def get(
+        self, path: str, headers: dict[str, str] | None = None, source: str = "127.0.0.1"
+    ) -> http.client.HTTPResponse:
+        connection = self.connection(source)
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        return response
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def basic(user: str | bytes, password: bytes) -> str:
+    raw = (user.encode() if isinstance(user, str) else user) + b":" + password
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+GOOD = basic("prometheus", PASSWORD)
+NOT_UTF8_USER = bytes([0xFF, 0xFE])
+
+
+def start_agent(node: Node, directory: Path, tls: bool) -> Agent:
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = make_certificate(directory, "localhost")
+    hashed = bcrypt.hashpw(PASSWORD, bcrypt.gensalt(rounds=COST)).decode()
+    users = directory / "users"
+    users.write_text(f"prometheus:{hashed}\n")
+    port = free_port()
+    config = directory / "config.toml"
+    tls_lines = f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n' if tls else ""
+    config.write_text(
+        f'[agent]\nlisten = "127.0.0.1:{port}"\n{tls_lines}basic_auth_file = "{users}"\n'
+    )
+    log = directory / "agent.log"
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nodecheck.agent",
+                *node.cli_args,
+                "--log-level",
+                "debug",
+                "agent",
+                "--config",
+                str(config),
+            ],
+            env={**os.environ, **node.env},
+            stderr=log_file,
+        )
+    agent = Agent(process, port, cert, log, tls)
+
+    def up() -> bool:
+        assert process.poll() is None, agent.stderr()
+        try:
+            return agent.get("/healthz").status == 200
+        except OSError:
+            return False
+
+    wait_for(up, 30, "the agent to answer /healthz")
+    return agent
+
+
+def stop(agent: Agent) -> None:
+    agent.process.terminate()
+    agent.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tls_agent(
+    build: Callable[..., Node], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
+    agent = start_agent(build("cpu-only"), tmp_path_factory.mktemp("tls-agent"), tls=True)
+    yield agent
+    stop(agent)
+
+
+@pytest.fixture(scope="module")
+def plain_agent(
+    build: Callable[..., Node], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
+    agent = start_agent(build("cpu-only"), tmp_path_factory.mktemp("plain-agent"), tls=False)
+    yield agent
+    stop(agent)
+
+
+def assert_alive_without_traceback(agent: Agent) -> None:
+    assert agent.process.poll() is None
+    assert agent.get("/metrics", {"Authorization": GOOD}).status == 200
+    assert "Traceback" not in agent.stderr(), agent.stderr()[-3000:]
+
+
+def raw_request(agent: Agent, request: bytes, source: str) -> bytes:
+    """Send bytes as they are (http.client would refuse them) and read the answer."""
+    sock = socket.create_connection(
+        ("127.0.0.1", agent.port), timeout=30, source_address=(source, 0)
+    )
+    if agent.tls:
+        sock = agent.context().wrap_socket(sock, server_hostname="127.0.0.1")
+    with sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def status_of(answer: bytes) -> int:
+    if not answer.startswith(b"HTTP/"):
+        # a request line that is no HTTP/1.x one is answered the HTTP/0.9 way: a body
+        # without a status line (http.server), which says the code
+        found = re.search(rb"Error code: (\d+)", answer)
+        assert found, answer[:200]
+        return int(found.group(1))
+    return int(answer.split(b" ", 2)[1])
+
+
+# Each: an Authorization header (or a request) no client with the password sends.
+HOSTILE_HEADERS: list[tuple[str, bytes, int]] = [
+    ("a password over 72 bytes", f"Authorization: {basic('prometheus', b'x' * 100)}".encode(), 401),
+    (
+        "a good user, 72 good bytes then more",
+        f"Authorization: {basic('prometheus', PASSWORD + b'y' * 80)}".encode(),
+        401,
+    ),
+    ("non-ASCII bytes", b"Authorization: Basic \xff\xfe\xc3\xa9", 401),
+    (
+        "base64 of a user not UTF-8",
+        b"Authorization: " + basic(NOT_UTF8_USER, PASSWORD).encode(),
+        401,
+    ),
+    ("base64 with junk inside", b"Authorization: Basic cHJvbW!!V0aGV1czpzM2NyZXQ=", 401),
+    (
+        "no colon in the credentials",
+        b"Authorization: Basic " + base64.b64encode(b"prometheus"),
+        401,
+    ),
+    ("another scheme", b"Authorization: Bearer abc", 401),
+    ("an empty header", b"Authorization:", 401),
+    ("a header line without a colon", b"Authorization", 401),
+    ("a header line of 70 kB", b"Authorization: Basic " + b"A" * 70_000, 431),
+    ("101 header lines", b"\r\n".join(b"X-%d: y" % i for i in range(101)), 431),
+]
+
+
+@pytest.mark.parametrize("agent_kind", ["tls", "plain"])
+def test_hostile_authorization_headers_get_4xx_never_a_traceback(
+    request: pytest.FixtureRequest, agent_kind: str
+) -> None:
+    """Passwords over bcrypt's 72 bytes, bytes that are no text, broken base64, a header
+    with no colon, a huge one: 401 (431 for the oversized), the agent alive, no
+    traceback in its log."""
+    agent: Agent = request.getfixturevalue(f"{agent_kind}_agent")
+    for number, (fault, header, expected) in enumerate(HOSTILE_HEADERS):
+        # each from its own loopback address: the per-client failure budget stays out of it
+        source = f"127.0.1.{number + 1}"
+        answer = raw_request(
+            agent,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + header + b"\r\n\r\n",
+            source,
+        )
+        assert answer, f"{fault}: the connection closed with no answer"
+        assert status_of(answer) == expected, f"{fault}: {answer[:200]!r}"
+    assert_alive_without_traceback(agent)
+
+
+def median_seconds(agent: Agent, header: str, source: str, expected: int = 401) -> float:
+    times = 5
+    spent = []
+    for _ in range(times):
+        started = time.perf_counter()
+        assert agent.get("/metrics", {"Authorization": header}, source).status == expected
+        spent.append(time.perf_counter() - started)
+    return sorted(spent)[times // 2]
+
+
+def test_unknown_users_cost_the_same_bcrypt_as_wrong_passwords(plain_agent: Agent) -> None:
+    """A wrong user is checked against a dummy hash of the same cost: its answer takes
+    as long as a wrong password's, so timing does not tell which users exist."""
+    wrong_password = median_seconds(plain_agent, basic("prometheus", b"wrong"), "127.0.2.1")
+    unknown_user = median_seconds(plain_agent, basic("nobody", b"wrong"), "127.0.2.2")
+    baseline = median_seconds(plain_agent, GOOD, "127.0.2.3", 200)  # cached after the first
+    assert wrong_password > 3 * baseline, (wrong_password, baseline)  # bcrypt shows
+    assert unknown_user > 0.5 * wrong_password, (unknown_user, wrong_password)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_password_guessing_is_bounded_and_good_scrapes_pass_at_once(plain_agent: Agent) -> None:
+    """Eight clients guessing passwords as fast as they can: answered 401, then 429 with
+    Retry-After once bcrypt is busy or their budget is spent; the agent spends about a
+    core at most; a scrape with the good (remembered) password passes at once meanwhile."""
+    agent = plain_agent
+    assert agent.get("/metrics", {"Authorization": GOOD}, "127.0.3.1").status == 200  # remembered
+    stop_guessing = threading.Event()
+    answers: list[tuple[int, str | None]] = []
+
+    def guess(source: str) -> None:
+        attempt = 0
+        while not stop_guessing.is_set():
+            attempt += 1
+            response = agent.get(
+                "/metrics", {"Authorization": basic("prometheus", b"guess%d" % attempt)}, source
+            )
+            answers.append((response.status, response.getheader("Retry-After")))
+
+    guessers = [
+        threading.Thread(target=guess, args=(f"127.0.4.{n}",), daemon=True) for n in range(1, 9)
+    ]
+    before, started = cpu_seconds(agent.process.pid), time.monotonic()
+    for guesser in guessers:
+        guesser.start()
+    try:
+        time.sleep(1)  # the guessing under way
+        scrape_started = time.monotonic()
+        assert agent.get("/metrics", {"Authorization": GOOD}, "127.0.3.1").status == 200
+        assert time.monotonic() - scrape_started < 5
+        wait_for(lambda: len(answers) >= 200, 60, "200 answers to guesses")
+    finally:
+        stop_guessing.set()
+        for guesser in guessers:
+            guesser.join(30)
+    cores = (cpu_seconds(agent.process.pid) - before) / (time.monotonic() - started)
+    statuses = {status for status, _ in answers}
+    assert statuses <= {401, 429} and 429 in statuses, statuses
+    assert all(after for status, after in answers if status == 429)
+    assert cores < 1.5, cores
+    assert_alive_without_traceback(agent)
+
+
+def client_hello_bytes() -> bytes:
+    """The first bytes a real TLS client sends (captured from ssl over a socketpair)."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        client = ssl.create_default_context().wrap_bio(
+            ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="x"
+        )
+        with contextlib.suppress(ssl.SSLWantReadError):
+            client.do_handshake()
+        return outgoing.read()
+
+
+def test_connection_failures_on_the_tls_port_are_one_log_line_each(tls_agent: Agent) -> None:
+    """Plain HTTP to the TLS port, a client hanging up mid-handshake, one resetting after
+    the request line, one closing after the handshake: each one key=value
+    event=connection_error line (debug), never a traceback; the agent serves on."""
+    agent = tls_agent
+    hello = client_hello_bytes()
+    reset = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a RST
+
+    def plain_http() -> None:
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            while sock.recv(65536):
+                pass
+
+    def hang_up_mid_handshake() -> None:
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+            sock.sendall(hello[: len(hello) // 2])
+
+    def reset_mid_handshake() -> None:
+        sock = socket.create_connection(("127.0.0.1", agent.port), timeout=30)
+        sock.sendall(hello)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+        sock.close()
+
+    def reset_after_request_line() -> None:
+        raw = socket.create_connection(("127.0.0.1", agent.port), timeout=30)
+        sock = agent.context().wrap_socket(raw, server_hostname="127.0.0.1")
+        sock.sendall(b"GET /results HTTP/1.1\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+        sock.close()
+
+    def close_after_handshake() -> None:
+        raw = socket.create_connection(("127.0.0.1", agent.port), timeout=30)
+        agent.context().wrap_socket(raw, server_hostname="127.0.0.1").close()
+
+    def garbage() -> None:
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+            sock.sendall(os.urandom(4096))
+            try:
+                while sock.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+
+    faults = [plain_http, hang_up_mid_handshake, reset_mid_handshake]
+    faults += [reset_after_request_line, close_after_handshake, garbage]
+    lines_before = agent.stderr().count("event=connection_error")
+    for fault in faults:
+        fault()
+    wait_for(
+        lambda: agent.stderr().count("event=connection_error") - lines_before >= 4,
+        30,
+        "connection_error lines",
+    )
+    lines = [line for line in agent.stderr().splitlines() if "event=connection_error" in line]
+    assert all(line.startswith("level=debug ") and " client=127.0.0.1:" in line for line in lines)
+    assert_alive_without_traceback(agent)
+
+
+def drip(port: int, context: ssl.SSLContext | None, closed_after: list[float]) -> None:
+    """A request line, then a header line every 2 s, for as long as the server listens."""
+    started = time.monotonic()
+    raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock = context.wrap_socket(raw, server_hostname="127.0.0.1") if context else raw
+    try:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        for number in range(40):
+            time.sleep(2)
+            sock.sendall(b"X-Drip-%d: y\r\n" % number)
+    except OSError:
+        pass
+    finally:
+        closed_after.append(time.monotonic() - started)
+        sock.close()
+
+
+def idle_after_one_request(port: int, closed_after: list[float]) -> None:
+    """One whole request on a kept-alive connection, then silence."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            while sock.recv(65536):
+                pass
+    except OSError:
+        pass
+    finally:
+        closed_after.append(time.monotonic() - started)
+
+
+def drip_handshake(port: int, closed_after: list[float]) -> None:
+    """A TLS ClientHello one byte every 2 s."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            for byte in client_hello_bytes()[:40]:
+                sock.sendall(bytes([byte]))
+                time.sleep(2)
+    except OSError:
+        pass
+    finally:
+        closed_after.append(time.monotonic() - started)
+
+
+def test_dripping_clients_are_cut_off_at_the_request_deadline(
+    tls_agent: Agent, plain_agent: Agent
+) -> None:
+    """A header line every 2 s (TLS and plain), a ClientHello byte every 2 s, a kept-alive
+    connection left idle: each is closed by the server within 30 s (the deadline is 10 s
+    from the first read to the end of the headers, handshake included, and from one
+    response to the next request); scrapes pass meanwhile."""
+    closed_after: list[float] = []
+    drippers = [
+        threading.Thread(target=drip, args=(tls_agent.port, tls_agent.context(), closed_after)),
+        threading.Thread(target=drip, args=(plain_agent.port, None, closed_after)),
+        threading.Thread(target=drip_handshake, args=(tls_agent.port, closed_after)),
+        threading.Thread(target=idle_after_one_request, args=(plain_agent.port, closed_after)),
+    ]
+    for dripper in drippers:
+        dripper.daemon = True
+        dripper.start()
+    time.sleep(1)
+    for agent in (tls_agent, plain_agent):
+        started = time.monotonic()
+        assert agent.get("/metrics", {"Authorization": GOOD}).status == 200
+        assert time.monotonic() - started < 5
+    for dripper in drippers:
+        dripper.join(60)
+    assert len(closed_after) == 4 and max(closed_after) < 30, closed_after
+    for agent in (tls_agent, plain_agent):
+        assert_alive_without_traceback(agent)
+
+
+def test_a_hundred_simultaneous_connections_are_all_served(plain_agent: Agent) -> None:
+    """100 clients connecting at once: every connection accepted (the listen backlog is
+    not socketserver's 5) and every one answered."""
+    sockets = []
+    try:
+        for _ in range(100):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", plain_agent.port))
+            sockets.append(sock)
+        answers = []
+        for sock in sockets:
+            sock.settimeout(60)
+            sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        for sock in sockets:
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            answers.append(answer)
+        assert [status_of(answer) for answer in answers] == [200] * 100
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert_alive_without_traceback(plain_agent)
+
+
+# -- TLS files: tls_context and reload_tls ----------------------------------------------
+
+
+def test_unusable_tls_files_are_a_value_error_naming_the_file(tmp_path: Path) -> None:
+    """Missing, a directory, a FIFO (never opened blocking), empty, not PEM, an encrypted
+    key (never a pass-phrase prompt), a key of another certificate: ValueError naming the
+    file and why."""
+    cert, key = make_certificate(tmp_path, "a")
+    other_cert, other_key = make_certificate(tmp_path, "b")
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(
+        [
+            "openssl",
+            "pkey",
+            "-in",
+            str(key),
+            "-aes256",
+            "-passout",
+            "pass:x",
+            "-out",
+            str(encrypted),
+        ],
+        check=True,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+    )
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    binary = tmp_path / "binary"
+    binary.write_bytes(os.urandom(512))
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    cases = [
+        (tmp_path / "missing.crt", key, "missing.crt: cannot read the certificate: No such file"),
+        (tmp_path, key, f"{tmp_path}: the certificate is a directory"),
+        (fifo, key, "fifo: the certificate is a FIFO"),
+        (cert, fifo, "fifo: the private key is a FIFO"),
+        (empty, key, "empty: not a PEM certificate"),
+        (binary, key, "binary: not a PEM certificate"),
+        (garbage, key, "garbage.crt: not a usable PEM certificate"),
+        (cert, empty, "empty: not a PEM private key"),
+        (cert, cert, "a.crt: not a PEM private key"),
+        (cert, encrypted, "encrypted.key: the private key is encrypted"),
+        (cert, other_key, f"b.key: the private key does not match the certificate {cert}"),
+    ]
+    for cert_file, key_file, says in cases:
+        with pytest.raises(ValueError) as raised:
+            tls_context(cert_file, key_file)
+        assert says in str(raised.value), (cert_file, key_file, str(raised.value))
+    context = tls_context(other_cert, other_key)
+    assert context.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+def served_certificate(port: int) -> str:
+    return ssl.get_server_certificate(("127.0.0.1", port), timeout=10)
+
+
+def test_reload_tls_swaps_the_certificate_and_keeps_the_old_on_bad_files(tmp_path: Path) -> None:
+    """reload_tls after cert-manager replaced the files: new connections get the new
+    certificate; files that are unusable: ValueError naming the file, the old ones kept
+    and served. Plain HTTP: nothing to reload."""
+    cert, key = make_certificate(tmp_path, "old")
+    new_cert, new_key = make_certificate(tmp_path, "new")
+    port = free_port()
+    server = serve(f"127.0.0.1:{port}", lambda: b"", dict, lambda: True, (cert, key))
+    try:
+        old_pem = served_certificate(port)
+        assert old_pem.strip() == cert.read_text().strip()
+        os.replace(new_cert, cert)
+        os.replace(new_key, key)
+        server.reload_tls()
+        assert served_certificate(port).strip() == cert.read_text().strip() != old_pem.strip()
+        good_pem = cert.read_text()
+        key.write_text("not a key\n")
+        with pytest.raises(ValueError, match=f"{key}: not a PEM private key"):
+            server.reload_tls()
+        assert served_certificate(port).strip() == good_pem.strip()
+    finally:
+        server.shutdown()
+        server.server_close()
+    port = free_port()
+    plain = serve(f"127.0.0.1:{port}", lambda: b"", dict, lambda: True)
+    try:
+        plain.reload_tls()  # no-op
+    finally:
+        plain.shutdown()
+        plain.server_close()
+
+
+def test_a_slow_reader_of_a_large_response_is_cut_off(tmp_path: Path) -> None:
+    """A TLS client reading a 40 MB /results a few kB at a time holds its thread for the
+    response deadline (30 s) at most, not as long as it keeps reading; others are
+    served meanwhile."""
+    cert, key = make_certificate(tmp_path, "slow")
+    port = free_port()
+    blob = "x" * 40_000_000
+    server = serve(
+        f"127.0.0.1:{port}", lambda: b"", lambda: {"blob": blob}, lambda: True, (cert, key)
+    )
+    context = ssl.create_default_context(cafile=str(cert))
+    try:
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(60)
+        raw.connect(("127.0.0.1", port))
+        sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        sock.sendall(b"GET /results HTTP/1.1\r\nHost: x\r\n\r\n")
+        started, received = time.monotonic(), 0
+        with sock:
+            while time.monotonic() - started < 90:
+                try:
+                    chunk = sock.recv(4096)
+                except (ConnectionResetError, ssl.SSLError):
+                    break
+                if not chunk:
+                    break
+                received += len(chunk)
+                time.sleep(0.05)  # about 80 kB/s: 40 MB would take over 8 minutes
+        cut_after = time.monotonic() - started
+        assert received < len(blob) and cut_after < 60, (received, cut_after)
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context) as ok:
+            assert ok.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_malformed_requests_get_4xx_never_a_traceback(plain_agent: Agent) -> None:
+    """A request line over 64 kB (414), binary garbage, an unknown method, HTTP/2's
+    preface on an HTTP/1 port (505), a method not served (501): a status code, the agent alive."""
+    requests = [
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"\x00\x01\x02\xff\xfe garbage\r\n\r\n", 400),
+        (b"BREW /metrics HTTP/1.1\r\nConnection: close\r\n\r\n", 501),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 501),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
+    ]
+    for number, (request, expected) in enumerate(requests):
+        answer = raw_request(plain_agent, request, f"127.0.5.{number + 1}")
+        assert answer and status_of(answer) == expected, (request[:30], answer[:100])
+    assert_alive_without_traceback(plain_agent)
+
+
+def test_a_truncated_bcrypt_hash_is_refused_naming_the_line() -> None:
+    """A users file with a cut-off hash (bcrypt would raise on every request): refused
+    when read, naming the file, line and user."""
+    with pytest.raises(ValueError, match=r"users:2: prometheus: not a whole bcrypt hash"):
+        parse_basic_auth("# scrapers\nprometheus:$2b$12$tooshort\n", "users")
+    with pytest.raises(ValueError, match=r"users:1: p: not a whole bcrypt hash"):
+        parse_basic_auth("p:$2b$99$" + "a" * 53 + "\n", "users")  # cost past 31
