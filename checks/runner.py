@@ -3,7 +3,10 @@
 Each check runs in its own daemon thread with its own deadline. A check that
 hangs (an NFS-backed file, a wedged driver) is abandoned, reported, and left
 behind; the others still run and the caller is never blocked past the
-longest timeout.
+longest timeout. The report names the file the check was stuck reading, from
+fs.py's registry of reads in progress: its own thread's read, or else (it
+waits for a shared read, such as the inventory, that another thread does) the
+oldest read in progress.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import reads_in_flight
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status, worst
 
@@ -71,19 +75,37 @@ def run_checks(checks: Sequence[Check], ctx: CheckContext) -> list[CheckRun]:
     return runs
 
 
-def _undetermined(check: Check, duration: float, summary: str, cause: str) -> CheckRun:
+def _undetermined(
+    check: Check, duration: float, summary: str, cause: str, stuck_reading: list[str] | None = None
+) -> CheckRun:
     """A check that could not say anything: one `error` result naming it and the cause."""
-    result = Result(Status.ERROR, NODE, f"check {check.name} {summary}", details={"cause": cause})
+    details: dict[str, object] = {"cause": cause}
+    if stuck_reading:
+        details["stuck_reading"] = stuck_reading
+    result = Result(Status.ERROR, NODE, f"check {check.name} {summary}", details=details)
     return CheckRun(check, [result], duration, completed=False)
+
+
+def stuck_paths(thread: int | None, limit: int = 2) -> list[str]:
+    """The reads a timed-out check is held up by: its own thread's, else the oldest ones."""
+    reads = reads_in_flight()
+    own = [read.path for read in reads if read.thread == thread]
+    others = [read.path for read in reads if read.thread != thread]
+    return (own or others)[:limit]
 
 
 def _outcome(worker: _Worker) -> CheckRun:
     check = worker.check
     if worker.finished is None:
-        log.warning("check=%s event=timeout timeout_s=%s", check.name, check.timeout_s)
-        return _undetermined(
-            check, check.timeout_s, f"did not finish within {check.timeout_s:g} s", "timeout"
+        thread = worker.thread.ident if worker.thread is not None else None
+        paths = stuck_paths(thread)
+        log.warning(
+            "check=%s event=timeout timeout_s=%s reading=%r", check.name, check.timeout_s, paths
         )
+        summary = f"did not finish within {check.timeout_s:g} s"
+        if paths:
+            summary += ", stuck reading " + ", ".join(paths)
+        return _undetermined(check, check.timeout_s, summary, "timeout", paths)
     duration = worker.finished - worker.started
     if worker.failure is not None:
         err = worker.failure

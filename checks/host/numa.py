@@ -36,7 +36,11 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     """NUMA locality of the GPUs, empty NUMA nodes and automatic NUMA balancing."""
     inventory = ctx.inventory
     nodes = inventory.numa_nodes
-    if not nodes:
+    if "numa" in inventory.problems:
+        yield Result(
+            Status.ERROR, NODE, f"cannot list the NUMA nodes: {inventory.problems['numa']}"
+        )
+    elif not nodes:
         yield Result(Status.SKIP, NODE, "the kernel reports no NUMA nodes (built without NUMA)")
     for node in nodes:
         subject = f"numa {node.number}"
@@ -71,6 +75,12 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 Status.ERROR, subject, f"cannot read NUMA node: {gpu.problems['numa_node']}"
             )
             continue
+        if "local_cpulist" in gpu.problems:
+            yield Result(
+                Status.ERROR,
+                subject,
+                f"cannot read its local CPUs: {gpu.problems['local_cpulist']}",
+            )
         gpu_node = inventory.numa_node_of(gpu)
         sample = Sample(GPU_NUMA_NODE, -1 if gpu_node is None else gpu_node, {"bus_id": gpu.bdf})
         spread.setdefault("unknown" if gpu_node is None else str(gpu_node), []).append(gpu.bdf)

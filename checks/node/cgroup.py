@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from nodecheck.checks.node.cpulist import parse_cpulist
+from nodecheck.checks.node.cpulist import cpu_id_bound, parse_cpulist
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
 
 
@@ -70,7 +70,7 @@ def read_allowed_cpus(fs: NodeFS) -> frozenset[int] | None:
             continue
         if value:
             try:
-                return parse_cpulist(value)
+                return parse_cpulist(value, cpu_id_bound(fs))
             except ValueError:
                 return None
     return None

@@ -96,12 +96,17 @@ def virtual_kind(directory: Path) -> str | None:
         return "bridge"
     if (directory / "tun_flags").exists():
         return "tun"
-    if any(name.startswith("lower_") for name in list_dir(directory)):
+    try:
+        entries = list_dir(directory)
+    except ReadError:
+        return None  # the interface's own reads name what is wrong with it
+    if any(name.startswith("lower_") for name in entries):
         return "stacked"
     return None
 
 
 def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
+    """Every interface of `<sysfs>/class/net`; ReadError when that cannot be listed."""
     interfaces = []
     for name in list_dir(fs.sys("class", "net")):
         real = os.path.realpath(fs.sys("class", "net", name))
@@ -180,11 +185,17 @@ def read_addressed_interfaces(fs: NodeFS) -> set[str] | None:
 
 
 def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
+    """Every RDMA device of `<sysfs>/class/infiniband`; ReadError when that cannot be listed."""
     devices = []
     for name in list_dir(fs.sys("class", "infiniband")):
         directory = fs.sys("class", "infiniband", name)
         device = RdmaDevice(name=name, pci_bdf=_pci_of(fs, os.path.realpath(directory)))
-        for port_name in list_dir(directory / "ports"):
+        try:
+            port_names = list_dir(directory / "ports")
+        except ReadError as err:
+            device.problems["ports"] = str(err)
+            port_names = []
+        for port_name in port_names:
             if not port_name.isdigit():
                 continue
             port_dir = directory / "ports" / port_name

@@ -34,7 +34,7 @@ from nodecheck.checks.node.variables import (
         ("", set()),
         ("0-1\n", {0, 1}),
         ("0-10:4", {0, 4, 8}),
-        ("0-7:2/4", {0, 4}),
+        ("0-7:2/4", {0, 1, 4, 5}),  # the first 2 of every 4 (bitmap_parselist)
     ],
 )
 def test_cpulist(text: str, cpus: set[int]) -> None:
