@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_parsed
 from nodecheck.checks.node.pci import split_device_path
 
 # include/uapi/linux/if_arp.h
@@ -201,13 +201,11 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
             port_dir = directory / "ports" / port_name
             state = rate = link_layer = None
             try:
-                state = parse_port_state(read_text(port_dir / "state"))
-                rate = parse_port_rate(read_text(port_dir / "rate"))
+                state = read_parsed(port_dir / "state", parse_port_state, "a port state")
+                rate = read_parsed(port_dir / "rate", parse_port_rate, "a port rate")
                 link_layer = read_optional_text(port_dir / "link_layer")
             except ReadError as err:
                 device.problems[f"port {port_name}"] = str(err)
-            except ValueError as err:
-                device.problems[f"port {port_name}"] = f"{port_dir}: {err}"
             device.ports.append(RdmaPort(int(port_name), state, rate, link_layer))
         devices.append(device)
     return devices
