@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import reads_in_flight
@@ -23,6 +24,44 @@ from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status, worst
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class UnfinishedError(Exception):
+    """Work that did not finish within its deadline; names the reads it was stuck on."""
+
+    def __init__(self, what: str, timeout_s: float, stuck_reading: list[str]) -> None:
+        message = f"{what} did not finish within {timeout_s:g} s"
+        if stuck_reading:
+            message += ", stuck reading " + ", ".join(stuck_reading)
+        super().__init__(message)
+        self.stuck_reading = stuck_reading
+
+
+def run_bounded(function: Callable[[], T], what: str, timeout_s: float) -> T:
+    """`function()` on a daemon thread under a deadline, for commands that read the node
+    outside the checks (inventory, tune): its result or its exception, or UnfinishedError
+    naming the path in flight when a read blocks in the kernel. The thread is left behind."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(function())
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=work, name=f"bounded-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        paths = stuck_paths(thread.ident)
+        log.warning("event=timeout what=%r timeout_s=%s reading=%r", what, timeout_s, paths)
+        raise UnfinishedError(what, timeout_s, paths)
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import format_cpulist
-from nodecheck.checks.node.fs import ReadError, read_optional_text
+from nodecheck.checks.node.fs import ReadError, parse_attr, read_optional_text
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -132,9 +132,9 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     if balancing is None:
         return  # kernel without CONFIG_NUMA_BALANCING: nothing to judge
     try:
-        mode = int(balancing)
-    except ValueError:
-        yield Result(Status.ERROR, NODE, f"{path}: expected a number, got {balancing!r}")
+        mode = parse_attr(path, balancing, int, "a number")
+    except ReadError as err:
+        yield Result(Status.ERROR, NODE, str(err))
         return
     sample = Sample(NUMA_BALANCING, 1 if mode else 0)
     if mode and multi_node:

@@ -36,6 +36,7 @@ from nodecheck.checks.node.fs import (
     reading,
     reads_in_flight,
 )
+from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.pci import (
     parse_link_speed,
     parse_link_width,
@@ -46,7 +47,7 @@ from nodecheck.checks.node.pci_config import ConfigSpaceError, parse_acs
 from nodecheck.checks.node.variables import ENVIRON_LIMIT, read_variables
 from nodecheck.checks.registry import Check, load_checks
 from nodecheck.checks.result import NODE, Result, Status
-from nodecheck.checks.runner import CheckRun, run_checks
+from nodecheck.checks.runner import CheckRun, UnfinishedError, run_bounded, run_checks
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.fixtures.nodegen import GEN5_X16, PORT_DOWNSTREAM, Device, config_space
 
@@ -149,9 +150,9 @@ def test_socket_is_refused_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "vendor"
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(path))
-        with pytest.raises(ReadError, match="socket") as caught:
+        with pytest.raises(ReadError) as caught:
             read_text(path)
-    assert caught.value.path == str(path)
+    assert caught.value.path == str(path) and "socket" in caught.value.reason
 
 
 def test_unreadable_file_is_permission_denied(tmp_path: Path) -> None:
@@ -237,8 +238,8 @@ def test_runner_timeout_names_the_path_in_flight(dgx: Node) -> None:
         return [Result(Status.OK, NODE, f"{len(ctx.inventory.gpus)} GPUs")]
 
     checks = [
-        Check("blocks", blocks, 60, 0.5, "blocks"),  # type: ignore[arg-type]
-        Check("healthy", healthy, 60, 10, "healthy"),  # type: ignore[arg-type]
+        Check("blocks", blocks, 60, 0.5, "blocks"),
+        Check("healthy", healthy, 60, 10, "healthy"),
     ]
     try:
         blocked, fine = run_checks(checks, dgx.context())
@@ -249,6 +250,27 @@ def test_runner_timeout_names_the_path_in_flight(dgx: Node) -> None:
     assert f"did not finish within 0.5 s, stuck reading {stuck}" in result.summary
     assert result.details["stuck_reading"] == [str(stuck)]
     assert fine.completed and fine.results[0].summary == "8 GPUs"
+
+
+def test_bounded_command_read_names_the_path_in_flight(dgx: Node) -> None:
+    """What `inventory` and `tune` run their reads under: past its deadline,
+    UnfinishedError naming the read in flight, instead of waiting forever."""
+    stuck = dgx.fs.sys("bus", "pci", "devices", "0000:3a:00.0", "config")
+    release = threading.Event()
+
+    def blocks() -> int:
+        with reading(stuck):
+            release.wait(30)
+        return 0
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(UnfinishedError, match=f"stuck reading {stuck}"):
+            run_bounded(blocks, "reading the node", 0.5)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 15
+    assert run_bounded(lambda: len(read_inventory(dgx.fs).gpus), "reading", 30) == 8
 
 
 # --- CPU lists and the values the kernel can mean ------------------------------------------
@@ -283,7 +305,6 @@ def test_cpulist_is_bounded_by_the_possible_cpus(dgx: Node) -> None:
         (parse_numa_node, "99999999999999999999", ValueError),
         (parse_numa_node, "1024", ImplausibleValueError),
         (parse_numa_node, "-2", ImplausibleValueError),
-        (parse_link_speed, "1e26 GT/s PCIe", ValueError),
         (parse_link_speed, "100000000000000000000000000.0 GT/s PCIe", ValueError),
         (parse_link_speed, "7.0 GT/s PCIe", ImplausibleValueError),
         (parse_link_speed, "0.0 GT/s PCIe", ImplausibleValueError),
@@ -300,25 +321,6 @@ def test_values_the_kernel_cannot_mean_are_refused(
         parse(text)
 
 
-@pytest.mark.parametrize(
-    ("parse", "text", "value"),
-    [
-        (parse_numa_node, "-1", -1),
-        (parse_numa_node, "7", 7),
-        (parse_link_speed, "2.5 GT/s PCIe", 2.5),
-        (parse_link_speed, "64.0 GT/s PCIe", 64.0),
-        (parse_link_speed, "8 GT/s", 8.0),
-        (parse_link_speed, "Unknown", None),
-        (parse_link_width, "0", None),
-        (parse_link_width, "12", 12),
-    ],
-)
-def test_values_the_kernel_prints_are_kept(
-    parse: Callable[[str], object], text: str, value: object
-) -> None:
-    assert parse(text) == value
-
-
 def bridge_config() -> bytearray:
     device = Device(
         "0000:17:00.0", 0x1000, 0xC030, 0x060400, GEN5_X16, "pcieport", PORT_DOWNSTREAM, 0
@@ -328,10 +330,6 @@ def bridge_config() -> bytearray:
 
 def _zeros() -> bytes:
     return bytes(4096)
-
-
-def _ones() -> bytes:
-    return b"\xff" * 4096
 
 
 def _standard_loop() -> bytes:
@@ -358,13 +356,12 @@ def _extended_below_0x100() -> bytes:
     ("config", "words"),
     [
         (_zeros, "vendor id 0x0000"),
-        (_ones, "not responding"),
         (_standard_loop, "capability list loops"),
         (_standard_into_header, "outside the capability area"),
         (_extended_below_0x100, "outside the extended space"),
         (lambda: bytes(bridge_config()[:1]), "not even a vendor id"),
     ],
-    ids=["zeros", "all-ones", "loop", "into-header", "extended-below-0x100", "one-byte"],
+    ids=["zeros", "loop", "into-header", "extended-below-0x100", "one-byte"],
 )
 def test_implausible_config_space_is_an_error_not_no_acs(
     config: Callable[[], bytes], words: str
@@ -387,8 +384,9 @@ def test_zeroed_switch_port_config_is_an_error_naming_device_and_file(
     [error] = [r for r in after if r.subject == "bridge 0000:17:00.0"]
     assert error.status is Status.ERROR
     assert "config" in error.summary and "vendor id 0x0000" in error.summary
-    others = lambda results: [r for r in results if r.subject != "bridge 0000:17:00.0"]  # noqa: E731
-    assert others(after) == others(before)
+    assert [r for r in after if r.subject != error.subject] == [
+        r for r in before if r.subject != error.subject
+    ]
 
 
 def test_dangling_device_link_is_a_problem_naming_it(
@@ -683,6 +681,17 @@ MATRIX: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"nccl_env", "torch_alloc"}),
     ),
 }
+# How each kind of damage is named: a plain reason, not an errno's strerror.
+WORDS = {
+    "missing": ("missing",),
+    "empty": ("an empty file", "only 0 bytes"),
+    "huge": ("larger than", "longer than"),
+    "binary": ("binary content",),
+    "directory": ("a directory, not a file",),
+    "fifo": ("a FIFO, not a file",),
+    "loop": ("a symlink loop",),
+    "unreadable": ("permission denied",),
+}
 # More than any bound a file of this kind is read to (16 MiB for an environment).
 HUGE_BYTES = {"proc/5151/environ": ENVIRON_LIMIT + 1}
 
@@ -768,13 +777,14 @@ def test_damaged_file_is_a_named_error_and_nothing_else_changes(
     assert all(run.completed for run in runs), [r.results for r in runs if not r.completed]
     causes = [r.details.get("cause") for run in runs for r in run.results]
     assert "exception" not in causes and "timeout" not in causes
-    text = everything(r for run in runs for r in run.results if r.status is Status.ERROR)
     # The file by the name it was damaged under, its real path, or, for a PCI device's
-    # attribute, its name under bus/pci/devices/<bdf>.
+    # attribute, its name under bus/pci/devices/<bdf>; with the damage in plain words.
     names = {given, path, node.root / "sys/bus/pci/devices" / path.parent.name / path.name}
-    assert any(str(name) in text for name in names), everything(
-        r for run in runs for r in run.results
-    )
+    errors = [r for run in runs for r in run.results if r.status is Status.ERROR]
+    assert any(
+        any(str(name) in line for name in names) and any(word in line for word in WORDS[kind])
+        for line in everything(errors).splitlines()
+    ), everything(r for run in runs for r in run.results)
     _, may_change = MATRIX[relative]
     after = results_by_check(runs)
     for name in HOST_CHECKS:
