@@ -542,6 +542,7 @@ def test_home_directory_from_passwd_stays_under_rootfs(
 # --- whole commands on damaged trees, bounded in time and memory ---------------------------
 
 HUGE_CPULIST = "0-2147483647\n"
+CPUSET = "sys/fs/cgroup/job/cpuset.cpus.effective"
 CPULIST_FILES = [
     "sys/devices/system/node/node0/cpulist",
     "sys/devices/system/cpu/cpu5/topology/thread_siblings_list",
@@ -566,6 +567,11 @@ def damaged(build: Callable[..., Node], scratch_dir: Path) -> Iterator[Callable[
             elif kind == "cpulists":
                 for relative in CPULIST_FILES:
                     (root / relative).write_text(HUGE_CPULIST)
+                # And the cpuset of a cgroup v2 job this process runs in.
+                (root / "proc/self").mkdir()
+                (root / "proc/self/cgroup").write_text("0::/job\n")
+                (root / CPUSET).parent.mkdir(parents=True)
+                (root / CPUSET).write_text(HUGE_CPULIST)
             made[kind] = Node(root, source.nvml_library, root / source.scenario.name)  # type: ignore[union-attr]
         return made[kind]
 
@@ -631,10 +637,13 @@ def test_check_with_huge_cpulists_is_an_error_naming_each_file(
 def test_tune_and_inventory_with_huge_cpulists_finish_within_memory(
     damaged: Callable[[str], Node], command: list[str]
 ) -> None:
-    """`tune` and `inventory` with the same CPU lists finish under the memory cap."""
+    """`tune` and `inventory` with the same CPU lists (and the job's cpuset, for tune)
+    finish under the memory cap; tune logs the cpuset it could not use, by path."""
     done = nodecheck(damaged("cpulists"), *command)
     no_traceback(done)
     assert done.returncode == 0, done.stderr[-3000:]
+    if command[0] == "tune":
+        assert "event=bad_cpuset" in done.stderr and CPUSET in done.stderr, done.stderr[-3000:]
 
 
 # --- the matrix: many files of the 8-GPU replica, every kind of damage ----------------------
