@@ -548,6 +548,15 @@ CPULIST_FILES = [
     "sys/devices/system/cpu/cpu5/topology/thread_siblings_list",
     f"{GPU}/local_cpulist",
 ]
+SECOND_GPU = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:02.0/0000:1a:00.0"
+FIRST_NIC = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0"
+# Values no kernel prints, each in a file a check needs: (file, content, words of the error).
+IMPLAUSIBLE = [
+    (f"{SECOND_GPU}/numa_node", "99999999999999999999\n", "expected an integer"),
+    (f"{SECOND_GPU}/current_link_speed", "1" + "0" * 26 + ".0 GT/s PCIe\n", "a link speed"),
+    (f"{FIRST_NIC}/max_link_width", "-16\n", "a lane count"),
+    (f"{FIRST_NIC}/current_link_speed", "7.0 GT/s PCIe\n", "no PCIe generation runs at 7"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -567,6 +576,8 @@ def damaged(build: Callable[..., Node], scratch_dir: Path) -> Iterator[Callable[
             elif kind == "cpulists":
                 for relative in CPULIST_FILES:
                     (root / relative).write_text(HUGE_CPULIST)
+                for relative, content, _ in IMPLAUSIBLE:
+                    (root / relative).write_text(content)
                 # And the cpuset of a cgroup v2 job this process runs in.
                 (root / "proc/self").mkdir()
                 (root / "proc/self/cgroup").write_text("0::/job\n")
@@ -622,8 +633,9 @@ def test_tune_with_nccl_conf_file_a_fifo_finishes(
 def test_check_with_huge_cpulists_is_an_error_naming_each_file(
     damaged: Callable[[str], Node],
 ) -> None:
-    """`nodecheck check` with 0-2147483647 in a node's, a core's and a GPU's CPU list:
-    under a 2 GiB address-space cap it finishes, and each file is named as implausible."""
+    """`nodecheck check` with 0-2147483647 in a node's, a core's and a GPU's CPU list, a
+    numa_node of 99999999999999999999, a link of 1e26 GT/s, of 7 GT/s and of x-16: under
+    a 2 GiB address-space cap it finishes, and each file is named as implausible."""
     node = damaged("cpulists")
     done = nodecheck(node, "check", "--json")
     no_traceback(done)
@@ -631,13 +643,18 @@ def test_check_with_huge_cpulists_is_an_error_naming_each_file(
     for relative in CPULIST_FILES:
         assert relative.rsplit("/", 1)[-1] in done.stdout
     assert done.stdout.count("beyond the 224 CPUs") >= len(CPULIST_FILES), done.stdout[-3000:]
+    for relative, _, words in IMPLAUSIBLE:
+        bdf, name = relative.rsplit("/", 2)[-2:]
+        assert any(
+            f"{bdf}/{name}" in line and words in line for line in done.stdout.splitlines()
+        ), (relative, done.stdout[-3000:])
 
 
 @pytest.mark.parametrize("command", [["tune", "--format", "json"], ["inventory", "--json"]])
 def test_tune_and_inventory_with_huge_cpulists_finish_within_memory(
     damaged: Callable[[str], Node], command: list[str]
 ) -> None:
-    """`tune` and `inventory` with the same CPU lists (and the job's cpuset, for tune)
+    """`tune` and `inventory` with the same values (and the job's cpuset, for tune)
     finish under the memory cap; tune logs the cpuset it could not use, by path."""
     done = nodecheck(damaged("cpulists"), *command)
     no_traceback(done)
@@ -685,7 +702,7 @@ MATRIX: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"huge", "directory", "fifo", "loop", "unreadable"}),
         frozenset({"nccl_env", "torch_alloc"}),
     ),
-    "proc/5151/environ": (
+    "proc/{gpu_pid}/environ": (
         frozenset({"huge", "directory", "fifo", "loop", "unreadable"}),
         frozenset({"nccl_env", "torch_alloc"}),
     ),
@@ -702,7 +719,9 @@ WORDS = {
     "unreadable": ("permission denied",),
 }
 # More than any bound a file of this kind is read to (16 MiB for an environment).
-HUGE_BYTES = {"proc/5151/environ": ENVIRON_LIMIT + 1}
+HUGE_BYTES = {"proc/{gpu_pid}/environ": ENVIRON_LIMIT + 1}
+# The replicas, and the process holding a GPU in each.
+MATRIX_NODES = {"dgx-h100": 5151, "dgx-h100-faulty": 4242}
 
 
 def damage(path: Path, kind: str, size: int) -> None:
@@ -735,17 +754,23 @@ def results_by_check(runs: list[CheckRun]) -> dict[str, list[tuple[str, str, str
 
 
 @pytest.fixture(scope="module")
-def matrix_node(build: Callable[..., Node], scratch_dir: Path) -> Iterator[Node]:
-    """One private copy for the whole matrix: each case damages a file and restores it."""
-    source = build("dgx-h100")
-    root = scratch_dir / "reads-matrix" / source.root.name
-    shutil.copytree(source.root, root, symlinks=True)
-    yield Node(root, source.nvml_library, root / source.scenario.name)  # type: ignore[union-attr]
-    shutil.rmtree(root.parent, ignore_errors=True)
+def matrix_nodes(build: Callable[..., Node], scratch_dir: Path) -> Iterator[dict[str, Node]]:
+    """One private copy of each replica for the whole matrix: each case damages a file and
+    restores it."""
+    copies = {}
+    for name in MATRIX_NODES:
+        source = build(name)
+        root = scratch_dir / "reads-matrix" / source.root.name
+        shutil.copytree(source.root, root, symlinks=True)
+        scenario = root / source.scenario.name  # type: ignore[union-attr]
+        copies[name] = Node(root, source.nvml_library, scenario)
+    yield copies
+    shutil.rmtree(scratch_dir / "reads-matrix", ignore_errors=True)
 
 
 CASES = [
-    (relative, kind)
+    (name, relative, kind)
+    for name in MATRIX_NODES
     for relative, (kinds, _) in MATRIX.items()
     for kind in ALL_KINDS
     if kind in kinds
@@ -753,21 +778,23 @@ CASES = [
 
 
 @pytest.mark.parametrize(
-    ("relative", "kind"), CASES, ids=[f"{r.rsplit('/', 1)[-1]}-{k}" for r, k in CASES]
+    ("name", "relative", "kind"),
+    CASES,
+    ids=[f"{n}-{r.rsplit('/', 1)[-1]}-{k}" for n, r, k in CASES],
 )
 def test_damaged_file_is_a_named_error_and_nothing_else_changes(
-    matrix_node: Node, relative: str, kind: str
+    matrix_nodes: dict[str, Node], name: str, relative: str, kind: str
 ) -> None:
     """Each file damaged each way: all host checks finish within the bound, none crashes,
     the file is named in an `error`, and the checks that do not read it say what they
     said before."""
     if kind == "unreadable" and os.geteuid() == 0:
         pytest.skip("root reads files whatever their mode")
-    node = matrix_node
+    node = matrix_nodes[name]
     checks = load_checks()
-    selected = [checks[name] for name in HOST_CHECKS]
+    selected = [checks[check] for check in HOST_CHECKS]
     baseline = results_by_check(run_checks(selected, node.context()))
-    given = node.root / relative
+    given = node.root / relative.format(gpu_pid=MATRIX_NODES[name])
     path = Path(os.path.realpath(given))
     saved = path.with_name(path.name + ".saved")
     os.rename(path, saved)
@@ -796,6 +823,6 @@ def test_damaged_file_is_a_named_error_and_nothing_else_changes(
     ), everything(r for run in runs for r in run.results)
     _, may_change = MATRIX[relative]
     after = results_by_check(runs)
-    for name in HOST_CHECKS:
-        if name not in may_change:
-            assert after[name] == baseline[name], name
+    for check in HOST_CHECKS:
+        if check not in may_change:
+            assert after[check] == baseline[check], check
