@@ -369,8 +369,8 @@ def gid_index_findings(ctx: CheckContext, setting: Setting) -> list[Finding]:
             )
             try:
                 gid_type = read_optional_text(path)
-            except ReadError:
-                gid_type = None
+            except ReadError as err:
+                gid_type = f"unreadable ({err})"
             if gid_type != "RoCE v2":
                 wrong.append(f"{rdma.name} port {port.number}: {gid_type or 'no such GID'}")
     if wrong:

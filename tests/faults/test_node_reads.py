@@ -406,6 +406,57 @@ def test_dangling_device_link_is_a_problem_naming_it(
     ), everything(results)
 
 
+DIRECTORIES = [
+    # (a directory of the node, what replaces it, the check that must say so, words)
+    ("sys/bus/pci/devices", "file", "pcie_link", "cannot list the PCI devices"),
+    ("sys/bus/pci/devices", "fifo", "pcie_acs", "cannot list the PCI devices"),
+    ("sys/devices/system/node", "file", "numa", "cannot list the NUMA nodes"),
+    ("sys/class/net", "fifo", "nccl_env", "cannot list the node's net devices"),
+    ("sys/class/infiniband", "loop", "nccl_env", "cannot list the node's rdma devices"),
+    ("sys/class/infiniband/mlx5_0/ports", "file", "nccl_env", "cannot read ports"),
+    ("sys/bus/pci/devices/0000:18:00.0", "file", "pcie_link", "0000:18:00.0: not a directory"),
+]
+
+
+@pytest.mark.parametrize(
+    ("relative", "replacement", "check", "words"),
+    DIRECTORIES,
+    ids=[f"{r.rsplit('/', 1)[-1]}-{k}" for r, k, _, _ in DIRECTORIES],
+)
+def test_directory_that_is_not_one_is_a_named_error(
+    dgx: Node,
+    copy_node: Callable[[Node], Node],
+    relative: str,
+    replacement: str,
+    check: str,
+    words: str,
+) -> None:
+    """A sysfs directory that is a file, a FIFO or a symlink loop: the check that needs it
+    says `error` naming it, no check crashes or hangs."""
+    node = copy_node(dgx)
+    path = node.root / relative
+    real = Path(os.path.realpath(path))
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(real)
+    if replacement == "file":
+        path.write_text("0000:18:00.0\n")
+    elif replacement == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(path.name)
+    started = time.monotonic()
+    runs = node.run(*HOST_CHECKS)
+    assert time.monotonic() - started < BOUND_S
+    assert all(run.completed for run in runs), [run.results for run in runs if not run.completed]
+    [run] = [run for run in runs if run.check.name == check]
+    assert any(
+        r.status is Status.ERROR and words in r.summary and str(path) in r.summary
+        for r in run.results
+    ), everything(run.results)
+
+
 # --- environments and NCCL's files ---------------------------------------------------------
 
 
