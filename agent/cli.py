@@ -38,6 +38,8 @@ DEFAULT_NVML_TIMEOUT_S = 5.0
 MAX_NVML_TIMEOUT_S = 8.0
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
+# How long `inventory` and `tune` may take to read the node (the checks have 10-15 s each).
+NODE_READ_TIMEOUT_S = 30.0
 
 log = logging.getLogger("nodecheck.cli")
 
@@ -236,9 +238,18 @@ def inventory(ctx: click.Context, as_json: bool) -> None:
     from nodecheck.checks.node.cpu import read_cpu_model
     from nodecheck.checks.node.gpu import read_gpus
     from nodecheck.checks.node.inventory import read_inventory
+    from nodecheck.checks.runner import UnfinishedError, run_bounded
 
-    node = read_inventory(fs)
-    model = read_cpu_model(fs)
+    try:
+        # A read that blocks in the kernel (a wedged device's attribute) must not hang us.
+        node, model = run_bounded(
+            lambda: (read_inventory(fs), read_cpu_model(fs)),
+            "reading the node",
+            NODE_READ_TIMEOUT_S,
+        )
+    except UnfinishedError as err:
+        click.echo(f"nodecheck: {err}", err=True)
+        sys.exit(EXIT_INTERNAL)
     session = nvml_session(ctx)
     try:
         gpus = read_gpus(session)
@@ -502,17 +513,26 @@ def _tune_plan(
     fs = node_fs(ctx)
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.cgroup import read_allowed_cpus
+    from nodecheck.checks.runner import UnfinishedError, run_bounded
     from nodecheck.tuning.nccl import JobShape
     from nodecheck.tuning.plan import TuneOptions, make_plan
     from nodecheck.tuning.pytorch import installed_torch_version
 
-    options = TuneOptions(
-        shape=JobShape(nodes, single_switch),
-        with_smt_siblings=with_smt_siblings,
-        allowed_cpus=read_allowed_cpus(fs),
-        torch_version=installed_torch_version(),
-    )
-    return make_plan(CheckContext(fs=fs, environ=dict(os.environ), uid=os.getuid()), options)
+    def plan() -> Plan:
+        options = TuneOptions(
+            shape=JobShape(nodes, single_switch),
+            with_smt_siblings=with_smt_siblings,
+            allowed_cpus=read_allowed_cpus(fs),
+            torch_version=installed_torch_version(),
+        )
+        return make_plan(CheckContext(fs=fs, environ=dict(os.environ), uid=os.getuid()), options)
+
+    try:
+        # A read that blocks in the kernel (a wedged device's attribute) must not hang us.
+        return run_bounded(plan, "reading the node", NODE_READ_TIMEOUT_S)
+    except UnfinishedError as err:
+        click.echo(f"nodecheck: {err}", err=True)
+        sys.exit(EXIT_INTERNAL)
 
 
 @cli.command()

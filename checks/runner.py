@@ -3,7 +3,10 @@
 Each check runs in its own daemon thread with its own deadline. A check that
 hangs (an NFS-backed file, a wedged driver) is abandoned, reported, and left
 behind; the others still run and the caller is never blocked past the
-longest timeout.
+longest timeout. The report names the file the check was stuck reading, from
+fs.py's registry of reads in progress: its own thread's read, or else (it
+waits for a shared read, such as the inventory, that another thread does) the
+oldest read in progress.
 """
 
 from __future__ import annotations
@@ -11,14 +14,54 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import reads_in_flight
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status, worst
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class UnfinishedError(Exception):
+    """Work that did not finish within its deadline; names the reads it was stuck on."""
+
+    def __init__(self, what: str, timeout_s: float, stuck_reading: list[str]) -> None:
+        message = f"{what} did not finish within {timeout_s:g} s"
+        if stuck_reading:
+            message += ", stuck reading " + ", ".join(stuck_reading)
+        super().__init__(message)
+        self.stuck_reading = stuck_reading
+
+
+def run_bounded(function: Callable[[], T], what: str, timeout_s: float) -> T:
+    """`function()` on a daemon thread under a deadline, for commands that read the node
+    outside the checks (inventory, tune): its result or its exception, or UnfinishedError
+    naming the path in flight when a read blocks in the kernel. The thread is left behind."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(function())
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=work, name=f"bounded-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        paths = stuck_paths(thread.ident)
+        log.warning("event=timeout what=%r timeout_s=%s reading=%r", what, timeout_s, paths)
+        raise UnfinishedError(what, timeout_s, paths)
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 @dataclass
@@ -71,19 +114,37 @@ def run_checks(checks: Sequence[Check], ctx: CheckContext) -> list[CheckRun]:
     return runs
 
 
-def _undetermined(check: Check, duration: float, summary: str, cause: str) -> CheckRun:
+def _undetermined(
+    check: Check, duration: float, summary: str, cause: str, stuck_reading: list[str] | None = None
+) -> CheckRun:
     """A check that could not say anything: one `error` result naming it and the cause."""
-    result = Result(Status.ERROR, NODE, f"check {check.name} {summary}", details={"cause": cause})
+    details: dict[str, object] = {"cause": cause}
+    if stuck_reading:
+        details["stuck_reading"] = stuck_reading
+    result = Result(Status.ERROR, NODE, f"check {check.name} {summary}", details=details)
     return CheckRun(check, [result], duration, completed=False)
+
+
+def stuck_paths(thread: int | None, limit: int = 2) -> list[str]:
+    """The reads a timed-out check is held up by: its own thread's, else the oldest ones."""
+    reads = reads_in_flight()
+    own = [read.path for read in reads if read.thread == thread]
+    others = [read.path for read in reads if read.thread != thread]
+    return (own or others)[:limit]
 
 
 def _outcome(worker: _Worker) -> CheckRun:
     check = worker.check
     if worker.finished is None:
-        log.warning("check=%s event=timeout timeout_s=%s", check.name, check.timeout_s)
-        return _undetermined(
-            check, check.timeout_s, f"did not finish within {check.timeout_s:g} s", "timeout"
+        thread = worker.thread.ident if worker.thread is not None else None
+        paths = stuck_paths(thread)
+        log.warning(
+            "check=%s event=timeout timeout_s=%s reading=%r", check.name, check.timeout_s, paths
         )
+        summary = f"did not finish within {check.timeout_s:g} s"
+        if paths:
+            summary += ", stuck reading " + ", ".join(paths)
+        return _undetermined(check, check.timeout_s, summary, "timeout", paths)
     duration = worker.finished - worker.started
     if worker.failure is not None:
         err = worker.failure

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError, read_optional_text
 from nodecheck.checks.node.inventory import Inventory
-from nodecheck.checks.node.variables import Setting, parse_count
+from nodecheck.checks.node.variables import Setting, Variables, parse_count
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.settings_audit import Finding, audit, sources_summary
@@ -369,8 +369,8 @@ def gid_index_findings(ctx: CheckContext, setting: Setting) -> list[Finding]:
             )
             try:
                 gid_type = read_optional_text(path)
-            except ReadError:
-                gid_type = None
+            except ReadError as err:
+                gid_type = f"unreadable ({err})"
             if gid_type != "RoCE v2":
                 wrong.append(f"{rdma.name} port {port.number}: {gid_type or 'no such GID'}")
     if wrong:
@@ -384,11 +384,46 @@ def gid_index_findings(ctx: CheckContext, setting: Setting) -> list[Finding]:
     return []
 
 
+def source_problems(variables: Variables) -> list[Result]:
+    """A source that could not be read (for a reason other than permissions) or was read
+    only in part: what it holds is undetermined, an `error` naming the path."""
+    return [
+        Result(Status.ERROR, NODE, f"cannot audit all of {problem}", details={"source": problem})
+        for problem in variables.problems
+    ]
+
+
+def inventory_problems(inventory: Inventory) -> list[Result]:
+    """The network facts the rules rest on that could not be read, naming the path."""
+    results = [
+        Result(Status.ERROR, NODE, f"cannot list the node's {area} devices: {problem}")
+        for area, problem in sorted(inventory.problems.items())
+        if area in ("net", "rdma")
+    ]
+    for rdma in inventory.rdma:
+        for name, problem in sorted(rdma.problems.items()):
+            results.append(
+                Result(Status.ERROR, f"rdma {rdma.name}", f"cannot read {name}: {problem}")
+            )
+    for interface in inventory.interfaces:
+        if "operstate" in interface.problems:
+            results.append(
+                Result(
+                    Status.ERROR,
+                    f"interface {interface.name}",
+                    f"cannot read its state: {interface.problems['operstate']}",
+                )
+            )
+    return results
+
+
 @register("nccl_env", interval_s=300, timeout_s=15)
 def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
     """NCCL, CUDA and torch.distributed variables that slow, hang or break jobs."""
     facts = node_facts(ctx.inventory)
     variables = ctx.variables
+    yield from source_problems(variables)
+    yield from inventory_problems(ctx.inventory)
 
     def judge(setting: Setting) -> list[Finding]:
         if setting.name.strip().startswith("PYTORCH_"):

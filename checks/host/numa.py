@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import format_cpulist
-from nodecheck.checks.node.fs import ReadError, read_optional_text
+from nodecheck.checks.node.fs import ReadError, parse_attr, read_optional_text
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -36,7 +36,11 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     """NUMA locality of the GPUs, empty NUMA nodes and automatic NUMA balancing."""
     inventory = ctx.inventory
     nodes = inventory.numa_nodes
-    if not nodes:
+    if "numa" in inventory.problems:
+        yield Result(
+            Status.ERROR, NODE, f"cannot list the NUMA nodes: {inventory.problems['numa']}"
+        )
+    elif not nodes:
         yield Result(Status.SKIP, NODE, "the kernel reports no NUMA nodes (built without NUMA)")
     for node in nodes:
         subject = f"numa {node.number}"
@@ -71,6 +75,12 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 Status.ERROR, subject, f"cannot read NUMA node: {gpu.problems['numa_node']}"
             )
             continue
+        if "local_cpulist" in gpu.problems:
+            yield Result(
+                Status.ERROR,
+                subject,
+                f"cannot read its local CPUs: {gpu.problems['local_cpulist']}",
+            )
         gpu_node = inventory.numa_node_of(gpu)
         sample = Sample(GPU_NUMA_NODE, -1 if gpu_node is None else gpu_node, {"bus_id": gpu.bdf})
         spread.setdefault("unknown" if gpu_node is None else str(gpu_node), []).append(gpu.bdf)
@@ -122,9 +132,9 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     if balancing is None:
         return  # kernel without CONFIG_NUMA_BALANCING: nothing to judge
     try:
-        mode = int(balancing)
-    except ValueError:
-        yield Result(Status.ERROR, NODE, f"{path}: expected a number, got {balancing!r}")
+        mode = parse_attr(path, balancing, int, "a number")
+    except ReadError as err:
+        yield Result(Status.ERROR, NODE, str(err))
         return
     sample = Sample(NUMA_BALANCING, 1 if mode else 0)
     if mode and multi_node:

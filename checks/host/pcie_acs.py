@@ -57,6 +57,11 @@ def setpci_remedy(bridge: str) -> str:
 def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
     """PCIe ACS redirect on switch ports between GPUs or RDMA NICs and their root port."""
     inventory = ctx.inventory
+    if "pci" in inventory.problems:
+        yield Result(
+            Status.ERROR, NODE, f"cannot list the PCI devices: {inventory.problems['pci']}"
+        )
+        return
     endpoints = [(gpu_subject(gpu.bdf), gpu) for gpu in inventory.gpus]
     endpoints += [(nic_subject(nic.name), nic.pci) for nic in inventory.nics if nic.is_rdma]
     if not endpoints:

@@ -139,6 +139,10 @@ def _judge_device(
 def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     """PCIe link width and speed of GPUs, NICs and the switch uplinks above them."""
     inventory = ctx.inventory
+    if "pci" in inventory.problems:
+        yield Result(
+            Status.ERROR, "node", f"cannot list the PCI devices: {inventory.problems['pci']}"
+        )
     for device in inventory.unclassified:
         problems = "; ".join(device.problems.values())
         yield Result(
@@ -157,6 +161,10 @@ def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     uplinks: dict[str, Status] = {}
     for device, subject, kind, narrow in subjects:
         yield _judge_device(ctx, device, subject, kind, narrow)
+        if "driver" in device.problems:
+            yield Result(
+                Status.ERROR, subject, f"cannot tell its driver: {device.problems['driver']}"
+            )
         for bridge in device.parents[1::2]:
             previous = uplinks.get(bridge, Status.WARN)
             uplinks[bridge] = max(previous, narrow, key=lambda status: status.severity)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.host.nccl_env import source_problems
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
@@ -218,6 +219,7 @@ def both_names_disagree(settings: list[Setting]) -> list[Result]:
 def check_torch_alloc(ctx: CheckContext) -> Iterator[Result]:
     """PyTorch allocator settings: options torch rejects, and expandable segments."""
     variables = ctx.variables
+    yield from source_problems(variables)
     results, samples = audit(variables, judge_alloc_setting, "torch_alloc")
     results += both_names_disagree(variables.settings)
     yield from results

@@ -16,10 +16,13 @@ Files (Documentation/admin-guide/cgroup-v2.rst, cgroup-v1/cpusets.rst):
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path, PurePosixPath
 
-from nodecheck.checks.node.cpulist import parse_cpulist
+from nodecheck.checks.node.cpulist import cpu_id_bound, parse_cpulist
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
+
+log = logging.getLogger(__name__)
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:
@@ -70,7 +73,9 @@ def read_allowed_cpus(fs: NodeFS) -> frozenset[int] | None:
             continue
         if value:
             try:
-                return parse_cpulist(value)
-            except ValueError:
+                return parse_cpulist(value, cpu_id_bound(fs))
+            except ValueError as err:
+                # Not a cpuset the kernel could hold: bind as if there were none, and say so.
+                log.warning("event=bad_cpuset path=%r error=%r", str(candidate), str(err))
                 return None
     return None

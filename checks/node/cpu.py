@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from nodecheck.checks.node.cpulist import parse_cpulist
+from nodecheck.checks.node.cpulist import cpu_id_bound, parse_cpulist
 from nodecheck.checks.node.fs import (
     NodeFS,
     ReadError,
-    read_bytes,
     read_optional_text,
     read_parsed,
+    read_prefix,
 )
 
 
@@ -57,8 +57,13 @@ class CpuTopology:
 def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     base = fs.sys("devices", "system", "cpu")
     problems: dict[str, str] = {}
+    bound = cpu_id_bound(fs)
+
+    def cpulist(text: str) -> frozenset[int]:
+        return parse_cpulist(text, bound)
+
     try:
-        online = read_parsed(base / "online", parse_cpulist, "a CPU list")
+        online = read_parsed(base / "online", cpulist, "a CPU list")
     except ReadError as err:
         problems["online"] = str(err)
         online = frozenset()
@@ -68,7 +73,7 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
         try:
             package = read_parsed(topology / "physical_package_id", int, "an integer")
             core = read_parsed(topology / "core_id", int, "an integer")
-            siblings = read_parsed(topology / "thread_siblings_list", parse_cpulist, "a CPU list")
+            siblings = read_parsed(topology / "thread_siblings_list", cpulist, "a CPU list")
         except ReadError as err:
             problems[f"cpu{number}"] = str(err)
             continue
@@ -103,7 +108,9 @@ def parse_cpuinfo(text: str) -> dict[str, str]:
 
 
 def read_cpuinfo(fs: NodeFS) -> dict[str, str]:
-    data = read_bytes(fs.proc("cpuinfo"), limit=1 << 16)
+    """The first processor block: the start of the file is enough (the whole of it runs to
+    hundreds of kilobytes on a machine with hundreds of CPUs)."""
+    data = read_prefix(fs.proc("cpuinfo"), limit=1 << 16).data
     return parse_cpuinfo(data.decode(errors="replace"))
 
 

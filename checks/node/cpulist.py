@@ -1,33 +1,66 @@
 """The kernel's CPU list format ("0-55,112-167"), as in sysfs `cpulist` files.
 
 Format: Documentation/admin-guide/cputopology.rst and lib/bitmap.c
-(bitmap_parselist); ranges may carry a stride ("0-10:2") since Linux 4.x.
+(bitmap_parselist); ranges may carry a stride ("0-10:2", or "0-10:2/4": two of
+every four) since Linux 4.x.
+
+A CPU list names CPUs the kernel can have: ids below the number of possible
+CPUs (`<sysfs>/devices/system/cpu/possible`, cputopology.rst), which is at most
+NR_CPUS. x86 bounds NR_CPUS at 8192 (arch/x86/Kconfig, NR_CPUS_RANGE_END with
+MAXSMP), as do powerpc and arm64 (4096) at most. Every range is checked against
+that bound before it is expanded, so "0-2147483647" is an error, not a set of
+two billion integers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS, ReadError, read_text
 
-def parse_cpulist(text: str) -> frozenset[int]:
-    """Parse "0-3,8,10-14:2" into a set of CPU numbers; "" is the empty set."""
+NR_CPUS_MAX = 8192
+
+
+def _number(text: str) -> int:
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
+        raise ValueError(f"not a CPU number: {text!r}")
+    return int(text)
+
+
+def parse_cpulist(text: str, cpu_bound: int = NR_CPUS_MAX) -> frozenset[int]:
+    """Parse "0-3,8,10-14:2" into a set of CPU numbers; "" is the empty set.
+
+    Every CPU must be below `cpu_bound` (the possible CPUs, see cpu_id_bound):
+    ImplausibleValueError (a ValueError) names the first one that is not.
+    """
     cpus: set[int] = set()
     text = text.strip()
     if not text:
         return frozenset()
     for item in text.split(","):
         part, _, stride_text = item.strip().partition(":")
-        stride = int(stride_text.split("/")[-1]) if stride_text else 1
+        # "a-b:used/group" takes the first `used` CPUs of every `group` (bitmap_parselist);
+        # a bare "a-b:step" is read as every step-th CPU.
+        used_text, slash, group_text = stride_text.partition("/")
+        used = _number(used_text) if stride_text else 1
+        group = _number(group_text) if slash else used
+        if used < 1 or group < used:
+            raise ValueError(f"bad CPU range stride {item!r}")
+        if not slash:
+            used, group = 1, used
         if "-" in part:
             first_text, last_text = part.split("-", 1)
-            first, last = int(first_text), int(last_text)
-            if last < first or stride < 1:
+            first, last = _number(first_text), _number(last_text)
+            if last < first:
                 raise ValueError(f"bad CPU range {part!r}")
-            cpus.update(range(first, last + 1, stride))
         else:
-            cpus.add(int(part))
-    if any(cpu < 0 for cpu in cpus):
-        raise ValueError(f"negative CPU number in {text!r}")
+            first = last = _number(part)
+        if last >= cpu_bound:
+            raise ImplausibleValueError(
+                f"CPU {last} is beyond the {cpu_bound} CPUs the kernel can have (0-{cpu_bound - 1})"
+            )
+        cpus.update(cpu for cpu in range(first, last + 1) if (cpu - first) % group < used)
     return frozenset(cpus)
 
 
@@ -44,3 +77,13 @@ def format_cpulist(cpus: Iterable[int]) -> str:
         ranges.append(str(start) if start == end else f"{start}-{end}")
         index += 1
     return ",".join(ranges)
+
+
+def cpu_id_bound(fs: NodeFS) -> int:
+    """One past the highest CPU id the kernel can have: from `devices/system/cpu/possible`,
+    else NR_CPUS_MAX (a tree without the file, or one whose file makes no sense)."""
+    try:
+        possible = parse_cpulist(read_text(fs.sys("devices", "system", "cpu", "possible")))
+    except (ReadError, ValueError):
+        return NR_CPUS_MAX
+    return max(possible) + 1 if possible else NR_CPUS_MAX

@@ -3,6 +3,16 @@
 Every read goes through `NodeFS`, so tests and containers can point nodecheck
 at another tree (`--sysfs-root`, `--procfs-root`, `--rootfs`), as
 node_exporter does with `--path.sysfs`.
+
+Every read is bounded. A file is opened with O_NONBLOCK, so a FIFO (or a
+device node) in place of an attribute cannot block the open, and anything
+that fstat(2) does not call a regular file is refused by kind before a byte
+is read: a read(2) of a FIFO with no writer would wait forever. Sysfs and
+procfs attributes are regular files (st_size 4096 or 0), so this refuses
+nothing the kernel serves. At most `limit` bytes are read. A read that can
+still block in the kernel (an attribute of a wedged device: the driver's
+show() waits on the hardware) is recorded in a registry of reads in progress,
+so the runner can name the path a check is stuck on.
 """
 
 from __future__ import annotations
@@ -10,13 +20,29 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import posixpath
+import stat
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# Sysfs shows at most a page per text attribute (Documentation/filesystems/sysfs.rst,
+# "show() ... must not exceed PAGE_SIZE"), and a PCIe config space is 4096 bytes:
+# a megabyte is generous for every file nodecheck reads as text.
+DEFAULT_LIMIT = 1 << 20
+# Entries of one directory: /proc with a process per pid at the largest pid_max
+# (PID_MAX_LIMIT, 4194304 on 64-bit: include/linux/threads.h) stays below this.
+DIRECTORY_LIMIT = 1 << 23
+# Symlinks followed while resolving one host path, as the kernel's MAXSYMLINKS
+# (include/linux/namei.h) bounds path walks.
+MAX_SYMLINKS = 40
+_CHUNK = 1 << 16
 
 
 class ReadError(Exception):
@@ -28,30 +54,163 @@ class ReadError(Exception):
         self.reason = reason
 
 
-def _reason(err: OSError) -> str:
+class ImplausibleValueError(ValueError):
+    """A value that parses but that the kernel cannot mean; the message says why."""
+
+
+MISSING = "missing"
+PERMISSION_DENIED = "permission denied"
+
+
+def os_error_reason(err: OSError) -> str:
+    """A plain reason for an OSError: "missing", "permission denied", "a symlink loop ..."."""
     if err.errno == errno.ENOENT:
-        return "missing"
+        return MISSING
     if err.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
+        return PERMISSION_DENIED
+    if err.errno == errno.ELOOP:
+        return "a symlink loop (too many levels of symbolic links)"
+    if err.errno == errno.ENOTDIR:
+        return "a component of the path is not a directory"
+    if err.errno == errno.EIO:
+        # Sysfs answers EIO for attributes of a device that stopped responding
+        # (pci_read_config_* failing in the attribute's show()).
+        return "input/output error (the device did not answer)"
+    if err.errno == errno.ENXIO:
+        # open(2) of a socket, or of a device node with no device behind it.
+        return "no such device or address (a socket or a device node without its device)"
     return err.strerror or type(err).__name__
 
 
-def read_bytes(path: Path, limit: int = 1 << 20) -> bytes:
-    """Read up to `limit` bytes; ReadError names the path on any failure."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read(limit)
-    except OSError as err:
-        raise ReadError(path, _reason(err)) from err
+def describe_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO, not a file"
+    if stat.S_ISCHR(mode):
+        return "a character device, not a file"
+    if stat.S_ISBLK(mode):
+        return "a block device, not a file"
+    if stat.S_ISSOCK(mode):
+        return "a socket, not a file"
+    return "not a regular file"
 
 
-def read_text(path: Path) -> str:
-    """Read a small text attribute, stripped of surrounding whitespace."""
-    data = read_bytes(path)
+# Reads in progress: thread id -> (path, monotonic start). One entry per thread:
+# a thread reads one file at a time.
+_in_flight: dict[int, tuple[str, float]] = {}
+_in_flight_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """Record that this thread is reading `path` until the block ends."""
+    ident = threading.get_ident()
+    with _in_flight_lock:
+        _in_flight[ident] = (str(path), time.monotonic())
     try:
-        return data.decode().strip()
+        yield
+    finally:
+        with _in_flight_lock:
+            _in_flight.pop(ident, None)
+
+
+@dataclass(frozen=True)
+class InFlightRead:
+    thread: int
+    path: str
+    started: float
+
+
+def reads_in_flight() -> list[InFlightRead]:
+    """Every read in progress, oldest first."""
+    with _in_flight_lock:
+        entries = [InFlightRead(ident, path, start) for ident, (path, start) in _in_flight.items()]
+    return sorted(entries, key=lambda entry: entry.started)
+
+
+@dataclass(frozen=True)
+class Contents:
+    """What a bounded read got: at most `limit` bytes, and whether the file went on."""
+
+    data: bytes
+    truncated: bool
+
+
+def read_prefix(path: Path, limit: int = DEFAULT_LIMIT) -> Contents:
+    """The first `limit` bytes of a regular file, and whether there was more.
+
+    ReadError names the path and the reason: missing, permission denied, a
+    symlink loop, an I/O error, or a kind that is not a file ("a FIFO, not a
+    file", "a directory, not a file", "a character device, not a file").
+    """
+    with reading(path):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as err:
+            raise ReadError(path, os_error_reason(err)) from err
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise ReadError(path, describe_kind(mode))
+            chunks: list[bytes] = []
+            total = 0
+            # One byte past the limit tells a file of exactly `limit` bytes from a longer one.
+            while total <= limit:
+                chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+        except OSError as err:
+            raise ReadError(path, os_error_reason(err)) from err
+        finally:
+            os.close(fd)
+    data = b"".join(chunks)
+    return Contents(data[:limit], total > limit)
+
+
+def _size(limit: int) -> str:
+    if limit >= 1 << 20 and limit % (1 << 20) == 0:
+        return f"{limit >> 20} MiB"
+    if limit >= 1 << 10 and limit % (1 << 10) == 0:
+        return f"{limit >> 10} KiB"
+    return f"{limit} bytes"
+
+
+def read_bytes(path: Path, limit: int = DEFAULT_LIMIT) -> bytes:
+    """The whole of a regular file of at most `limit` bytes; ReadError names the path on
+    any failure, a larger file included (use read_prefix to take the start of one)."""
+    contents = read_prefix(path, limit)
+    if contents.truncated:
+        raise ReadError(path, f"larger than {_size(limit)}: not what this file should hold")
+    return contents.data
+
+
+def _binary_at(text: str) -> int | None:
+    """Offset of the first control character other than tab, newline and carriage return."""
+    for offset, char in enumerate(text):
+        if (char < " " and char not in "\t\n\r") or char == "\x7f":
+            return offset
+    return None
+
+
+def decode_text(path: Path, data: bytes) -> str:
+    """UTF-8 text without control characters (sysfs and procfs print none), or ReadError."""
+    try:
+        text = data.decode()
     except UnicodeDecodeError as err:
-        raise ReadError(path, "not text") from err
+        raise ReadError(path, f"binary content, not text (byte {err.start})") from err
+    offset = _binary_at(text)
+    if offset is not None:
+        raise ReadError(path, f"binary content, not text ({text[offset]!r} at {offset})")
+    return text
+
+
+def read_text(path: Path, limit: int = DEFAULT_LIMIT) -> str:
+    """Read a small text attribute, stripped of surrounding whitespace."""
+    return decode_text(path, read_bytes(path, limit)).strip()
 
 
 def read_optional_text(path: Path) -> str | None:
@@ -63,18 +222,25 @@ def read_optional_text(path: Path) -> str | None:
     try:
         return read_text(path)
     except ReadError as err:
-        if err.reason == "missing":
+        if err.reason == MISSING:
             return None
         raise
+
+
+def _shown(text: str) -> str:
+    if not text:
+        return "an empty file"
+    return repr(text if len(text) <= 80 else text[:80] + "...")
 
 
 def parse_attr(path: Path, text: str, parse: Callable[[str], T], expected: str) -> T:
     """Parse a file's text; a ReadError names the path and what it held when that fails."""
     try:
         return parse(text)
+    except ImplausibleValueError as err:
+        raise ReadError(path, f"{_shown(text)} is implausible: {err}") from err
     except ValueError as err:
-        shown = repr(text) if text else "an empty file"
-        raise ReadError(path, f"expected {expected}, got {shown}") from err
+        raise ReadError(path, f"expected {expected}, got {_shown(text)}") from err
 
 
 def read_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T:
@@ -82,14 +248,71 @@ def read_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T:
     return parse_attr(path, read_text(path), parse, expected)
 
 
-def list_dir(path: Path) -> list[str]:
-    """Sorted entries of a directory; [] when it does not exist."""
+def list_dir(path: Path, limit: int = DIRECTORY_LIMIT) -> list[str]:
+    """Sorted entries of a directory; [] when it does not exist. Anything else that is
+    not a directory (a file, a FIFO, a symlink loop) is a ReadError naming the path."""
+    entries: list[str] = []
+    with reading(path):
+        try:
+            # scandir opens with O_DIRECTORY: a FIFO or a file fails at once (ENOTDIR).
+            with os.scandir(path) as iterator:
+                for entry in iterator:
+                    entries.append(entry.name)
+                    if len(entries) > limit:
+                        raise ReadError(path, f"more than {limit} entries")
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError as err:
+            raise ReadError(path, "not a directory") from err
+        except OSError as err:
+            raise ReadError(path, os_error_reason(err)) from err
+    return sorted(entries)
+
+
+def read_link(path: Path) -> str:
+    """The target of a symlink; ReadError naming the path when it is none or unreadable."""
     try:
-        return sorted(os.listdir(path))
-    except FileNotFoundError:
-        return []
+        return os.readlink(path)
     except OSError as err:
-        raise ReadError(path, _reason(err)) from err
+        if err.errno == errno.EINVAL:
+            raise ReadError(path, "not a symlink") from err
+        raise ReadError(path, os_error_reason(err)) from err
+
+
+def resolve_inside(root: Path, absolute: str) -> Path:
+    """`absolute` resolved as chroot(2) to `root` would: `..` stops at the root, and a
+    symlink to an absolute target continues from the root, not from the host's /.
+
+    Components that do not exist are kept as they are (the read then says "missing").
+    More than MAX_SYMLINKS links is a ReadError naming the path: a loop.
+    """
+    pending = [part for part in absolute.split("/") if part]
+    resolved: list[str] = []
+    followed = 0
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = root.joinpath(*resolved, part)
+        try:
+            target = os.readlink(candidate)
+        except OSError:
+            resolved.append(part)  # not a symlink, or not there
+            continue
+        followed += 1
+        if followed > MAX_SYMLINKS:
+            raise ReadError(
+                root.joinpath(*resolved, part, *pending),
+                f"a symlink loop (more than {MAX_SYMLINKS} links, resolved inside {root})",
+            )
+        if target.startswith("/"):
+            resolved = []
+        pending = [piece for piece in target.split("/") if piece] + pending
+    return root.joinpath(*resolved)
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
@@ -128,5 +351,13 @@ class NodeFS:
         return self.procfs.joinpath(*parts)
 
     def host(self, absolute: str) -> Path:
-        """A host path such as /etc/nccl.conf, under the root filesystem."""
-        return self.rootfs / absolute.lstrip("/")
+        """A host path such as /etc/nccl.conf, under the root filesystem, never outside it.
+
+        A path from the node (`NCCL_CONF_FILE=/../etc/shadow`, a home directory from
+        `<rootfs>/etc/passwd`, a symlink to /etc/passwd in the tree) is resolved as
+        chroot(2) to the root filesystem would: `..` stops at the root and absolute
+        symlink targets continue inside it. A symlink loop is a ReadError naming it.
+        """
+        if self.rootfs == Path("/") or self.rootfs.resolve() == Path("/"):
+            return Path(posixpath.normpath("/" + absolute))
+        return resolve_inside(self.rootfs, absolute)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nodecheck.checks.node.cpu import CpuTopology, read_cpu_topology
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
@@ -21,6 +23,8 @@ from nodecheck.checks.node.net import (
 from nodecheck.checks.node.numa import NumaNode, read_numa_nodes
 from nodecheck.checks.node.pci import PciDevice, read_pci_devices
 from nodecheck.checks.node.topology import Relation, effective_numa_node, pcie_relation
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -82,6 +86,9 @@ class Inventory:
     rdma: list[RdmaDevice]
     numa_nodes: list[NumaNode]
     cpu: CpuTopology
+    # A whole directory that could not be listed, by what it holds ("pci", "net",
+    # "rdma", "numa"): the error names the path.
+    problems: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> list[PciDevice]:
@@ -144,10 +151,24 @@ def read_hostname(fs: NodeFS) -> str:
     return name or socket.gethostname()
 
 
+def _listed(problems: dict[str, str], area: str, read: Callable[[], list[T]]) -> list[T]:
+    try:
+        return read()
+    except ReadError as err:
+        problems[area] = str(err)
+        return []
+
+
 def read_inventory(fs: NodeFS) -> Inventory:
-    pci = read_pci_devices(fs)
-    interfaces = read_net_interfaces(fs)
-    rdma = read_rdma_devices(fs)
+    problems: dict[str, str] = {}
+    try:
+        pci = read_pci_devices(fs)
+    except ReadError as err:
+        problems["pci"] = str(err)
+        pci = {}
+    interfaces = _listed(problems, "net", lambda: read_net_interfaces(fs))
+    rdma = _listed(problems, "rdma", lambda: read_rdma_devices(fs))
+    numa_nodes = _listed(problems, "numa", lambda: read_numa_nodes(fs))
     nics = sorted(
         (
             Nic(
@@ -166,6 +187,7 @@ def read_inventory(fs: NodeFS) -> Inventory:
         nics=nics,
         interfaces=interfaces,
         rdma=rdma,
-        numa_nodes=read_numa_nodes(fs),
+        numa_nodes=numa_nodes,
         cpu=read_cpu_topology(fs),
+        problems=problems,
     )

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_parsed
 from nodecheck.checks.node.pci import split_device_path
 
 # include/uapi/linux/if_arp.h
@@ -96,12 +96,17 @@ def virtual_kind(directory: Path) -> str | None:
         return "bridge"
     if (directory / "tun_flags").exists():
         return "tun"
-    if any(name.startswith("lower_") for name in list_dir(directory)):
+    try:
+        entries = list_dir(directory)
+    except ReadError:
+        return None  # the interface's own reads name what is wrong with it
+    if any(name.startswith("lower_") for name in entries):
         return "stacked"
     return None
 
 
 def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
+    """Every interface of `<sysfs>/class/net`; ReadError when that cannot be listed."""
     interfaces = []
     for name in list_dir(fs.sys("class", "net")):
         real = os.path.realpath(fs.sys("class", "net", name))
@@ -180,23 +185,27 @@ def read_addressed_interfaces(fs: NodeFS) -> set[str] | None:
 
 
 def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
+    """Every RDMA device of `<sysfs>/class/infiniband`; ReadError when that cannot be listed."""
     devices = []
     for name in list_dir(fs.sys("class", "infiniband")):
         directory = fs.sys("class", "infiniband", name)
         device = RdmaDevice(name=name, pci_bdf=_pci_of(fs, os.path.realpath(directory)))
-        for port_name in list_dir(directory / "ports"):
+        try:
+            port_names = list_dir(directory / "ports")
+        except ReadError as err:
+            device.problems["ports"] = str(err)
+            port_names = []
+        for port_name in port_names:
             if not port_name.isdigit():
                 continue
             port_dir = directory / "ports" / port_name
             state = rate = link_layer = None
             try:
-                state = parse_port_state(read_text(port_dir / "state"))
-                rate = parse_port_rate(read_text(port_dir / "rate"))
+                state = read_parsed(port_dir / "state", parse_port_state, "a port state")
+                rate = read_parsed(port_dir / "rate", parse_port_rate, "a port rate")
                 link_layer = read_optional_text(port_dir / "link_layer")
             except ReadError as err:
                 device.problems[f"port {port_name}"] = str(err)
-            except ValueError as err:
-                device.problems[f"port {port_name}"] = f"{port_dir}: {err}"
             device.ports.append(RdmaPort(int(port_name), state, rate, link_layer))
         devices.append(device)
     return devices

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nodecheck.checks.node.cpulist import parse_cpulist
+from nodecheck.checks.node.cpulist import cpu_id_bound, parse_cpulist
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_parsed
 
 
@@ -28,6 +28,7 @@ class NumaNode:
 def read_numa_nodes(fs: NodeFS) -> list[NumaNode]:
     """Every node directory; [] when the kernel has no NUMA support."""
     base = fs.sys("devices", "system", "node")
+    bound = cpu_id_bound(fs)
     nodes = []
     for entry in list_dir(base):
         match = re.fullmatch(r"node(\d+)", entry)
@@ -35,7 +36,9 @@ def read_numa_nodes(fs: NodeFS) -> list[NumaNode]:
             continue
         number = int(match.group(1))
         try:
-            cpus = read_parsed(base / entry / "cpulist", parse_cpulist, "a CPU list")
+            cpus = read_parsed(
+                base / entry / "cpulist", lambda text: parse_cpulist(text, bound), "a CPU list"
+            )
             memory = read_parsed(base / entry / "meminfo", parse_node_meminfo, "a MemTotal line")
         except ReadError as err:
             nodes.append(NumaNode(number, frozenset(), None, str(err)))

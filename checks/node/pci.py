@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from nodecheck.checks.node.cpulist import parse_cpulist
+from nodecheck.checks.node.cpulist import cpu_id_bound, parse_cpulist
 from nodecheck.checks.node.fs import (
+    ImplausibleValueError,
     NodeFS,
     ReadError,
     list_dir,
+    os_error_reason,
     parse_attr,
+    read_link,
     read_optional_text,
     read_parsed,
     read_text,
@@ -44,20 +47,61 @@ CLASS_BRIDGE_PCI = 0x0604
 CLASS_BRIDGE_OTHER = 0x0680  # NVSwitch enumerates as this, with NVIDIA's vendor id
 
 
+# The transfer rates of PCI Express generations 1 to 7 (PCIe Base Specification;
+# drivers/pci/probe.c pci_speed_string prints "2.5 GT/s PCIe" ... "64.0 GT/s PCIe").
+PCIE_SPEEDS_GTS = (2.5, 5.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+# Link widths the PCIe Base Specification defines (Link Capabilities, Maximum Link Width).
+PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+# MAX_NUMNODES is 1 << CONFIG_NODES_SHIFT, and NODES_SHIFT is at most 10
+# (arch/x86/Kconfig, mm/Kconfig); -1 is NUMA_NO_NODE (sysfs-bus-pci, numa_node).
+MAX_NUMNODES = 1 << 10
+
+
 def parse_link_speed(text: str) -> float | None:
     """GT/s from a `*_link_speed` attribute: "32.0 GT/s PCIe" -> 32.0.
 
     The kernel prints "Unknown" (drivers/pci/probe.c pci_speed_string) for a
     link it cannot decode, which usually means the link is down; that is None.
-    Older kernels print "8 GT/s" without the "PCIe" suffix.
+    Older kernels print "8 GT/s" without the "PCIe" suffix. A rate no PCIe
+    generation has is ImplausibleValueError.
     """
     text = text.strip()
     if text.startswith("Unknown"):
         return None
-    match = re.match(r"^(\d+(?:\.\d+)?) GT/s", text)
+    match = re.match(r"^(\d{1,3}(?:\.\d{1,2})?) GT/s", text)
     if not match:
         raise ValueError(f"not a link speed: {text!r}")
-    return float(match.group(1))
+    speed = float(match.group(1))
+    if speed not in PCIE_SPEEDS_GTS:
+        shown = ", ".join(f"{known:g}" for known in PCIE_SPEEDS_GTS)
+        raise ImplausibleValueError(f"no PCIe generation runs at {speed:g} GT/s ({shown})")
+    return speed
+
+
+def parse_link_width(text: str) -> int | None:
+    """Lanes from a `*_link_width` attribute; 0, what a link that is down reports, is None."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
+        raise ValueError(f"not a lane count: {text!r}")
+    width = int(text)
+    if width == 0:
+        return None
+    if width not in PCIE_WIDTHS:
+        shown = ", ".join(f"x{known}" for known in PCIE_WIDTHS)
+        raise ImplausibleValueError(f"PCIe links are {shown} wide, not x{width}")
+    return width
+
+
+def parse_numa_node(text: str) -> int:
+    """A device's `numa_node`: -1 (no locality known) or a node below MAX_NUMNODES."""
+    text = text.strip()
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
+        raise ValueError(f"not a NUMA node: {text!r}")
+    node = int(text)
+    if not -1 <= node < MAX_NUMNODES:
+        raise ImplausibleValueError(f"NUMA nodes are -1 to {MAX_NUMNODES - 1}, not {node}")
+    return node
 
 
 def parse_pci_class(text: str) -> int:
@@ -165,27 +209,19 @@ def _attr(
         return None
 
 
-def _parse_width(text: str) -> int | None:
-    # A width of 0 is what a link that is down reports.
-    width = int(text)
-    if width < 0:
-        raise ValueError(text)
-    return width or None
-
-
 def _read_link(device: PciDevice) -> None:
     """The PCIe link attributes exist for PCI Express devices only
     (drivers/pci/pci-sysfs.c pcie_dev_attrs_are_visible): all four absent
     means "not PCIe". An unreadable or partial set is recorded as a problem."""
     names = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
     paths = [device.attr(name) for name in names]
-    if not any(path.exists() for path in paths):
+    if not any(os.path.lexists(path) for path in paths):
         return
     problems_before = len(device.problems)
     current_speed = _attr(device, names[0], parse_link_speed, "a link speed")
-    current_width = _attr(device, names[1], _parse_width, "a lane count")
+    current_width = _attr(device, names[1], parse_link_width, "a lane count")
     max_speed = _attr(device, names[2], parse_link_speed, "a link speed")
-    max_width = _attr(device, names[3], _parse_width, "a lane count")
+    max_width = _attr(device, names[3], parse_link_width, "a lane count")
     if len(device.problems) == problems_before:
         device.link = PcieLink(current_speed, current_width, max_speed, max_width)
 
@@ -194,30 +230,70 @@ def _parse_hex(text: str) -> int:
     return int(text, 16)
 
 
-def read_pci_device(fs: NodeFS, bdf: str) -> PciDevice:
+def _parse_id(text: str) -> int:
+    """A 16-bit vendor or device id ("0x10de"); 0x0000 and 0xffff are no device's."""
+    value = _parse_hex(text)
+    if not 0 <= value <= 0xFFFF:
+        raise ValueError(f"not a 16-bit id: {text!r}")
+    if value in (0x0000, 0xFFFF):
+        # All ones is what a read of a device that did not answer returns (PCIe Base
+        # Specification, Unsupported Request completion); PCI-SIG assigns neither.
+        raise ImplausibleValueError(f"{value:#06x} is no device's id (the device did not answer)")
+    return value
+
+
+def read_pci_device(fs: NodeFS, bdf: str, cpu_bound: int | None = None) -> PciDevice:
     """Read one device's identity, locality and link; problems are recorded, not raised."""
-    real = os.path.realpath(fs.sys("bus", "pci", "devices", bdf))
+    entry = fs.sys("bus", "pci", "devices", bdf)
+    real = os.path.realpath(entry)
     host_bridge, chain = split_device_path(real, os.path.realpath(fs.sys("devices")))
     if not chain or chain[-1] != bdf:
         chain = (bdf,)
     device = PciDevice(bdf=bdf, sysfs_dir=Path(real), chain=chain, host_bridge=host_bridge)
-    device.vendor = _attr(device, "vendor", _parse_hex, "a hex vendor id")
-    device.device = _attr(device, "device", _parse_hex, "a hex device id")
+    if not os.path.isdir(real):
+        # A dangling or looping `bus/pci/devices/<bdf>` link, or a file in its place.
+        try:
+            os.stat(entry)
+            reason = "not a directory"
+        except OSError as err:
+            reason = os_error_reason(err)
+        device.problems["device"] = str(ReadError(entry, reason))
+        return device
+    bound = cpu_id_bound(fs) if cpu_bound is None else cpu_bound
+    device.vendor = _attr(device, "vendor", _parse_id, "a hex vendor id")
+    device.device = _attr(device, "device", _parse_id, "a hex device id")
     device.pci_class = _attr(device, "class", parse_pci_class, "a class code")
     # numa_node and local_cpulist are absent on kernels built without NUMA.
-    device.numa_node = _attr(device, "numa_node", int, "an integer", optional=True)
-    device.local_cpus = _attr(device, "local_cpulist", parse_cpulist, "a CPU list", optional=True)
+    device.numa_node = _attr(device, "numa_node", parse_numa_node, "an integer", optional=True)
+    device.local_cpus = _attr(
+        device,
+        "local_cpulist",
+        lambda text: parse_cpulist(text, bound),
+        "a CPU list",
+        optional=True,
+    )
     _read_link(device)
     driver_link = device.attr("driver")
-    if os.path.islink(driver_link):
-        device.driver = os.path.basename(os.readlink(driver_link))
+    if os.path.lexists(driver_link):
+        # The link's last component names the bound driver, whether or not the tree
+        # holds the driver's directory (a captured tree may not); a `driver` that is
+        # not a symlink at all is not the kernel's.
+        try:
+            device.driver = os.path.basename(read_link(driver_link))
+        except ReadError as err:
+            device.problems["driver"] = str(err)
     return device
 
 
 def read_pci_devices(fs: NodeFS) -> dict[str, PciDevice]:
-    """Every PCI function under `<sysfs>/bus/pci/devices`, by bus address."""
+    """Every PCI function under `<sysfs>/bus/pci/devices`, by bus address.
+
+    ReadError when the directory itself cannot be listed."""
     directory = fs.sys("bus", "pci", "devices")
-    return {bdf: read_pci_device(fs, bdf) for bdf in list_dir(directory) if BDF_RE.match(bdf)}
+    bound = cpu_id_bound(fs)
+    return {
+        bdf: read_pci_device(fs, bdf, bound) for bdf in list_dir(directory) if BDF_RE.match(bdf)
+    }
 
 
 def read_nvidia_gpus(fs: NodeFS) -> list[PciDevice]:
@@ -228,17 +304,18 @@ def read_nvidia_gpus(fs: NodeFS) -> list[PciDevice]:
     dozens of bridges and NICs.
     """
     directory = fs.sys("bus", "pci", "devices")
+    bound = cpu_id_bound(fs)
     gpus = []
     for bdf in list_dir(directory):
         if not BDF_RE.match(bdf):
             continue
         try:
-            vendor = read_parsed(directory / bdf / "vendor", _parse_hex, "a hex vendor id")
+            vendor = read_parsed(directory / bdf / "vendor", _parse_id, "a hex vendor id")
         except ReadError:
             vendor = None  # unreadable: read in full below, as the inventory would
         if vendor not in (VENDOR_NVIDIA, None):
             continue
-        device = read_pci_device(fs, bdf)
+        device = read_pci_device(fs, bdf, bound)
         if device.is_gpu:
             gpus.append(device)
     return gpus

@@ -75,7 +75,13 @@ def _u32(config: bytes, offset: int) -> int:
 
 
 def find_capability(config: bytes, cap_id: int) -> int | None:
-    """Offset of a standard capability (list head at 0x34), or None."""
+    """Offset of a standard capability (list head at 0x34), or None.
+
+    Walks like Linux (drivers/pci/pci.c __pci_find_next_cap_ttl): pointers
+    have their low two bits masked. A pointer into the 64-byte header or past
+    the 256-byte conventional space, an id of 0xff (a read that returned all
+    ones) or a loop is ConfigSpaceError: the list is not a device's.
+    """
     if len(config) < CONVENTIONAL_CONFIG_BYTES:
         return None
     status = _u16(config, 0x06)
@@ -83,8 +89,16 @@ def find_capability(config: bytes, cap_id: int) -> int | None:
         return None
     offset = config[0x34] & 0xFC
     seen: set[int] = set()
-    while offset and offset not in seen and offset + 2 <= len(config):
+    while offset:
+        if offset < UNPRIVILEGED_CONFIG_BYTES or offset + 2 > CONVENTIONAL_CONFIG_BYTES:
+            raise ConfigSpaceError(
+                f"capability pointer {offset:#x} lies outside the capability area (0x40-0xff)"
+            )
+        if offset in seen:
+            raise ConfigSpaceError(f"capability list loops back to {offset:#x}")
         seen.add(offset)
+        if config[offset] == 0xFF:
+            raise ConfigSpaceError(f"capability at {offset:#x} reads as all ones")
         if config[offset] == cap_id:
             return offset
         offset = config[offset + 1] & 0xFC
@@ -94,17 +108,29 @@ def find_capability(config: bytes, cap_id: int) -> int | None:
 def find_extended_capability(config: bytes, cap_id: int) -> int | None:
     """Offset of a PCIe extended capability (list head at 0x100), or None.
 
-    Walks like pciutils lib/caps.c: stop on a 0 or all-ones header, guard
-    against loops, next pointer = header bits 31:20 with the low two bits
-    masked.
+    Walks like pciutils lib/caps.c: a 0 or all-ones header at 0x100 means no
+    extended capabilities; next pointer = header bits 31:20 with the low two
+    bits masked. A pointer below 0x100 or past the end, an empty or all-ones
+    header further down the list, or a loop is ConfigSpaceError.
     """
+    if len(config) <= CONVENTIONAL_CONFIG_BYTES:
+        return None  # no extended space: a conventional device, or no MMCONFIG access
     offset = EXTENDED_CAPABILITIES_START
     seen: set[int] = set()
-    while offset and offset not in seen and offset + 4 <= len(config):
+    while offset:
+        if offset < EXTENDED_CAPABILITIES_START or offset + 4 > len(config):
+            raise ConfigSpaceError(
+                f"extended capability pointer {offset:#x} lies outside the extended space "
+                f"(0x100-{len(config) - 1:#x})"
+            )
+        if offset in seen:
+            raise ConfigSpaceError(f"extended capability list loops back to {offset:#x}")
         seen.add(offset)
         header = _u32(config, offset)
         if header in (0, 0xFFFFFFFF):
-            return None
+            if offset == EXTENDED_CAPABILITIES_START:
+                return None
+            raise ConfigSpaceError(f"extended capability at {offset:#x} reads as {header:#x}")
         if header & 0xFFFF == cap_id:
             return offset
         offset = (header >> 20) & 0xFFC
@@ -112,16 +138,30 @@ def find_extended_capability(config: bytes, cap_id: int) -> int | None:
 
 
 def check_config_size(config: bytes) -> None:
-    """Raise unless the extended configuration space is all there."""
-    if len(config) >= 2 and _u16(config, 0) == 0xFFFF:
+    """Raise unless the config space is a device's and its extended space is all there.
+
+    A vendor id of 0xffff is what a device that does not answer returns (a
+    configuration read completed with Unsupported Request reads as all ones,
+    PCIe Base Specification); 0x0000 is no vendor's (PCI-SIG never assigns it),
+    so a config space of zeros is not a device's either.
+    """
+    if len(config) < 2:
+        raise ConfigSpaceError(f"only {len(config)} bytes: not even a vendor id")
+    vendor = _u16(config, 0)
+    if vendor == 0xFFFF:
         raise ConfigSpaceError("reads as all ones: the device is not responding")
-    if len(config) <= UNPRIVILEGED_CONFIG_BYTES:
+    size = len(config)
+    if size > UNPRIVILEGED_CONFIG_BYTES and size not in (
+        CONVENTIONAL_CONFIG_BYTES,
+        EXTENDED_CONFIG_BYTES,
+    ):
+        raise ConfigSpaceError(f"{size} bytes, expected {EXTENDED_CONFIG_BYTES}")
+    if vendor == 0x0000:
+        raise ConfigSpaceError("vendor id 0x0000: the config space is not a device's (zeros)")
+    if size <= UNPRIVILEGED_CONFIG_BYTES:
         raise TruncatedConfigSpaceError(
-            f"only {len(config)} bytes readable: the extended config space needs root "
-            "(CAP_SYS_ADMIN)"
+            f"only {size} bytes readable: the extended config space needs root (CAP_SYS_ADMIN)"
         )
-    if len(config) < EXTENDED_CONFIG_BYTES and len(config) != CONVENTIONAL_CONFIG_BYTES:
-        raise ConfigSpaceError(f"{len(config)} bytes, expected {EXTENDED_CONFIG_BYTES}")
 
 
 def parse_acs(config: bytes) -> AcsState | None:
@@ -141,4 +181,5 @@ def parse_acs(config: bytes) -> AcsState | None:
 
 
 def read_config(path: Path) -> bytes:
+    """The config space file; more than 4096 bytes is no PCI function's (ReadError)."""
     return read_bytes(path, limit=EXTENDED_CONFIG_BYTES)

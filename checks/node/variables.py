@@ -12,17 +12,38 @@ there.
 
 from __future__ import annotations
 
-import os
 import pwd
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_bytes, read_optional_text
+from nodecheck.checks.node.fs import (
+    MISSING,
+    PERMISSION_DENIED,
+    Contents,
+    NodeFS,
+    ReadError,
+    list_dir,
+    read_bytes,
+    read_link,
+    read_optional_text,
+    read_prefix,
+)
 
 AUDITED_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_", "CUDA_")
 GPU_DEVICE_RE = re.compile(r"^/dev/nvidia\d+$")
+
+# How much of a process's `environ` is read. The file shows the block execve(2) set up
+# (mm->env_start..env_end; only prctl PR_SET_MM can move it), and since Linux 4.13
+# execve takes at most 3/4 of _STK_LIM, 6 MiB, of arguments and environment together
+# (fs/exec.c bprm_stack_limits; each string at most MAX_ARG_STRLEN, 32 pages). 16 MiB
+# reads every environment exec can build, with room for older kernels that bounded it
+# by a quarter of a larger stack rlimit; a longer one is cut, and the cut reported.
+ENVIRON_LIMIT = 16 << 20
+# NCCL reads its config files whole (src/misc/param.cc setEnvFile, line by line); a
+# megabyte of NAME=value lines is far past any real one, so a longer file is cut, reported.
+NCCL_CONF_LIMIT = 1 << 20
 
 
 def audited(name: str) -> bool:
@@ -88,16 +109,23 @@ def parse_nccl_conf(text: str) -> list[ConfLine]:
     return lines
 
 
+# An audited entry of an `environ` block: at the start or after a NUL, up to the next NUL.
+_AUDITED_ENTRY_RE = re.compile(
+    rb"(?:\A|(?<=\0))((?:"
+    + b"|".join(p.encode() for p in AUDITED_PREFIXES)
+    + rb")[^=\0]*)=([^\0]*)"
+)
+
+
 def parse_environ(data: bytes) -> dict[str, str]:
-    """Audited variables of a NUL-separated `environ` block; all others are dropped."""
+    """Audited variables of a NUL-separated `environ` block; all others are dropped.
+
+    Only audited entries are ever sliced out (a regular expression finds them), so a
+    16 MiB block of NULs or of other variables costs no more than its own bytes.
+    """
     kept: dict[str, str] = {}
-    for entry in data.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if not sep:
-            continue
-        decoded_name = name.decode(errors="replace")
-        if audited(decoded_name):
-            kept[decoded_name] = value.decode(errors="replace")
+    for match in _AUDITED_ENTRY_RE.finditer(data):
+        kept[match.group(1).decode(errors="replace")] = match.group(2).decode(errors="replace")
     return kept
 
 
@@ -126,39 +154,53 @@ class GpuProcess:
 
 @dataclass
 class Variables:
-    """Every audited setting found, the sources read, and those that could not be."""
+    """Every audited setting found, the sources read, and those that could not be.
+
+    `unreadable` holds what permissions kept from this reader (another user's
+    process: root can read it); `problems` what could not be read for any other
+    reason (a directory or a FIFO in place of a file, an I/O error, a symlink
+    loop) or was read only in part, each naming the path.
+    """
 
     settings: list[Setting] = field(default_factory=list)
     sources: list[Source] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     gpu_processes: list[GpuProcess] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
 
-def find_gpu_processes(fs: NodeFS) -> tuple[list[GpuProcess], list[str]]:
-    """Processes with a `/dev/nvidiaN` open, and the pids whose fds could not be read.
+def find_gpu_processes(fs: NodeFS) -> tuple[list[GpuProcess], list[str], list[str]]:
+    """Processes with a `/dev/nvidiaN` open, the pids whose fds permissions kept from this
+    reader, and any other failure to read a process's fds (naming the path).
 
     nvidiactl and nvidia-uvm are opened by any CUDA-aware process; only the
     per-GPU nodes mean a process holds a GPU.
     """
     processes = []
     unreadable = []
-    for entry in list_dir(fs.procfs):
+    problems = []
+    try:
+        entries = list_dir(fs.procfs)
+    except ReadError as err:
+        return [], [], [str(err)]
+    for entry in entries:
         if not entry.isdigit():
             continue
         fd_dir = fs.proc(entry, "fd")
         try:
-            fds = os.listdir(fd_dir)
-        except FileNotFoundError:
-            continue  # exited meanwhile
-        except PermissionError:
-            unreadable.append(entry)
+            fds = list_dir(fd_dir)  # [] when the process exited meanwhile
+        except ReadError as err:
+            if err.reason == PERMISSION_DENIED:
+                unreadable.append(entry)
+            else:
+                problems.append(str(err))
             continue
         devices = set()
         for fd in fds:
             try:
-                target = os.readlink(fd_dir / fd)
-            except OSError:
-                continue
+                target = read_link(fd_dir / fd)
+            except ReadError:
+                continue  # closed meanwhile
             if GPU_DEVICE_RE.match(target):
                 devices.add(target)
         if devices:
@@ -167,7 +209,7 @@ def find_gpu_processes(fs: NodeFS) -> tuple[list[GpuProcess], list[str]]:
             except ReadError:
                 command = "?"
             processes.append(GpuProcess(int(entry), command, sorted(devices)))
-    return processes, unreadable
+    return processes, unreadable, problems
 
 
 class HomeDirectories:
@@ -181,10 +223,12 @@ class HomeDirectories:
         self._fs = fs
         self._homes: dict[int, str] | None = None
 
-    def home(self, uid: int) -> Path | None:
+    def home(self, uid: int) -> str | None:
+        """The user's home directory as the node names it (a host path: NodeFS.host
+        keeps it, and anything below it, inside the root filesystem)."""
         if self._fs.rootfs.resolve() == Path("/"):
             try:
-                return Path(pwd.getpwuid(uid).pw_dir)
+                return pwd.getpwuid(uid).pw_dir
             except KeyError:
                 return None
         if self._homes is None:
@@ -193,8 +237,20 @@ class HomeDirectories:
                 self._homes = parse_passwd_homes(data.decode(errors="replace"))
             except ReadError:
                 self._homes = {}
-        home = self._homes.get(uid)
-        return self._fs.host(home) if home else None
+        return self._homes.get(uid) or None
+
+
+def _cut_note(path: Path, what: str, limit: int) -> str:
+    return f"{path}: longer than {limit >> 20} MiB; {what} past {limit >> 20} MiB were not read"
+
+
+def _record_failure(found: Variables, err: ReadError, label: str | None = None) -> None:
+    """Permissions go to `unreadable` (root can read it); anything else is a problem."""
+    where = f"{label}: {err}" if label else str(err)
+    if err.reason == PERMISSION_DENIED:
+        found.unreadable.append(where)
+    else:
+        found.problems.append(where)
 
 
 def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variables:
@@ -211,44 +267,58 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
 
     def add_conf_files(values: Mapping[str, str], owner_uid: int | None) -> None:
         """The files NCCL in a process with these variables would read."""
-        candidates: list[Path] = []
+        names: list[str] = []
         conf_file = values.get("NCCL_CONF_FILE")
         if conf_file:
-            candidates.append(fs.host(conf_file))
+            names.append(conf_file)
         elif owner_uid is not None:
             home = homes.home(owner_uid)
             if home is not None:
-                candidates.append(home / ".nccl.conf")
-        candidates.append(fs.host("/etc/nccl.conf"))
-        for path in candidates:
+                names.append(home.rstrip("/") + "/.nccl.conf")
+        names.append("/etc/nccl.conf")
+        for name in names:
+            try:
+                path = fs.host(name)
+            except ReadError as err:
+                _record_failure(found, err)
+                continue
             if path in read_files:
                 continue
             read_files.add(path)
             try:
-                data = read_bytes(path)
+                contents = read_prefix(path, NCCL_CONF_LIMIT)
             except ReadError as err:
-                if err.reason != "missing":
-                    found.unreadable.append(str(err))
+                if err.reason != MISSING:
+                    _record_failure(found, err)
                 continue
+            if contents.truncated:
+                found.problems.append(_cut_note(path, "lines", NCCL_CONF_LIMIT))
             source = Source("file", "/" + str(path.relative_to(fs.rootfs)))
             found.sources.append(source)
-            for line in parse_nccl_conf(data.decode(errors="replace")):
+            for line in parse_nccl_conf(contents.data.decode(errors="replace")):
                 if audited(line.name.strip()):
                     found.settings.append(Setting(line.name, line.value, source, line.line))
 
     add_environment(environ, CALLING_ENVIRONMENT)
     add_conf_files(environ, uid)
 
-    processes, unreadable_fds = find_gpu_processes(fs)
+    processes, unreadable_fds, fd_problems = find_gpu_processes(fs)
     found.gpu_processes = processes
     found.unreadable.extend(f"pid {pid}: open files not readable" for pid in unreadable_fds)
+    found.problems.extend(fd_problems)
     for process in processes:
         label = f"pid {process.pid} ({process.command})"
+        environ_path = fs.proc(str(process.pid), "environ")
         try:
-            values = parse_environ(read_bytes(fs.proc(str(process.pid), "environ")))
+            contents: Contents = read_prefix(environ_path, ENVIRON_LIMIT)
         except ReadError as err:
-            found.unreadable.append(f"{label}: {err.reason}")
+            _record_failure(found, err, label)
             continue
+        if contents.truncated:
+            found.problems.append(
+                f"{label}: " + _cut_note(environ_path, "variables", ENVIRON_LIMIT)
+            )
+        values = parse_environ(contents.data)
         add_environment(values, Source("process", label, process.pid))
         try:
             status = read_optional_text(fs.proc(str(process.pid), "status")) or ""

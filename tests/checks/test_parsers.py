@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from nodecheck.checks.host.nccl_env import parse_selector
@@ -17,7 +19,12 @@ from nodecheck.checks.node.net import (
     parse_port_state,
 )
 from nodecheck.checks.node.numa import parse_node_meminfo
-from nodecheck.checks.node.pci import parse_link_speed, parse_pci_class
+from nodecheck.checks.node.pci import (
+    parse_link_speed,
+    parse_link_width,
+    parse_numa_node,
+    parse_pci_class,
+)
 from nodecheck.checks.node.variables import (
     parse_environ,
     parse_nccl_conf,
@@ -34,7 +41,7 @@ from nodecheck.checks.node.variables import (
         ("", set()),
         ("0-1\n", {0, 1}),
         ("0-10:4", {0, 4, 8}),
-        ("0-7:2/4", {0, 4}),
+        ("0-7:2/4", {0, 1, 4, 5}),  # the first 2 of every 4 (bitmap_parselist)
     ],
 )
 def test_cpulist(text: str, cpus: set[int]) -> None:
@@ -239,3 +246,22 @@ def test_proc_cgroup() -> None:
     assert parse_proc_cgroup("0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0") == {
         "": "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
     }
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "value"),
+    [
+        (parse_numa_node, "-1", -1),
+        (parse_numa_node, "7", 7),
+        (parse_link_speed, "2.5 GT/s PCIe", 2.5),
+        (parse_link_speed, "64.0 GT/s PCIe", 64.0),
+        (parse_link_speed, "8 GT/s", 8.0),
+        (parse_link_speed, "Unknown", None),
+        (parse_link_width, "0", None),
+        (parse_link_width, "12", 12),
+    ],
+)
+def test_link_and_numa_values_the_kernel_prints_are_kept(
+    parse: Callable[[str], object], text: str, value: object
+) -> None:
+    assert parse(text) == value

@@ -67,8 +67,10 @@ def test_conventional_device_has_no_extended_capabilities() -> None:
     assert parse_acs(bytes(config)) is None
 
 
-def test_capability_loop_terminates() -> None:
+def test_capability_loop_is_an_error() -> None:
     config = bytearray(bridge_config(None))
-    # AER's next pointer back at itself: a walk that does not guard loops spins.
+    # AER's next pointer back at itself: a walk that does not guard loops spins, and one
+    # that stops there would call the device "without ACS".
     struct.pack_into("<I", config, 0x100, 0x0001 | 2 << 16 | 0x100 << 20)
-    assert find_extended_capability(bytes(config), 0x000D) is None
+    with pytest.raises(ConfigSpaceError, match="loops back to 0x100"):
+        find_extended_capability(bytes(config), 0x000D)
