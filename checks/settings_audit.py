@@ -5,6 +5,7 @@ Shared by the checks that audit environment variables (nccl_env, torch_alloc).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,8 +79,7 @@ def sources_summary(variables: Variables) -> tuple[str, dict[str, object]]:
     if processes:
         text += f", {processes} GPU process(es)"
     if variables.unreadable:
-        text += (
-            f"; {len(variables.unreadable)} process(es) or file(s) not readable "
-            "(run as root to audit other users' jobs)"
-        )
+        text += f"; {len(variables.unreadable)} process(es) or file(s) not readable"
+        if os.geteuid() != 0:  # root was refused too: no advice to give
+            text += " (run as root to audit other users' jobs)"
     return text, {"sources": labels, "unreadable": variables.unreadable}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
@@ -227,8 +228,9 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     before the listener started are not seen: a note, not a warning every node
     would carry for ever.
     """
-    path = ctx.kernel_log_path
+    path: Path | str = ctx.kernel_log or "/dev/kmsg under the root filesystem"
     try:
+        path = ctx.kernel_log_path  # under --rootfs: a symlink loop there is a ReadError
         kernel = kernel_log_xids(ctx.fs, path)
         unreadable = None
     except ReadError as err:

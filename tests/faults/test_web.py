@@ -381,8 +381,12 @@ def test_connection_failures_on_the_tls_port_are_one_log_line_each(tls_agent: Ag
     lines_before = agent.stderr().count("event=connection_error")
     for fault in faults:
         fault()
+    # Plain HTTP, half a ClientHello and random bytes always reach the server's TLS layer
+    # and fail there. A reset may come before accept() (the kernel then drops the
+    # connection, and socketserver ignores the failed accept) or after the request was
+    # answered: those leave at most one line, and which depends on timing.
     wait_for(
-        lambda: agent.stderr().count("event=connection_error") - lines_before >= 4,
+        lambda: agent.stderr().count("event=connection_error") - lines_before >= 3,
         30,
         "connection_error lines",
     )
