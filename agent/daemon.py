@@ -122,6 +122,19 @@ def listen_failure(listen: str, err: Exception) -> ListenError:
     return ListenError(f"cannot listen on {listen}: {reason}")
 
 
+def watchdog_interval(value: str | None) -> float | None:
+    """Seconds of systemd's watchdog from WATCHDOG_USEC (sd_watchdog_enabled(3): a
+    positive decimal number of microseconds), or None. Anything else is logged and
+    ignored: an exception here would end the thread that also writes the textfile."""
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and 0 < int(value) < 10**12):
+        # The value itself is not logged: only audited variables' values ever are.
+        log.warning("event=watchdog_ignored reason=%r", "WATCHDOG_USEC is not microseconds")
+        return None
+    return int(value) / 1e6
+
+
 def _reaches_other_hosts(host: str) -> bool:
     """False only for loopback: "" (every interface) and any other address do."""
     if host == "localhost":
@@ -312,8 +325,8 @@ class Agent:
 
     def _background(self) -> None:
         """The watchdog pings and the textfile, both only while the scheduler lives."""
-        watchdog_us = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
-        ping_every = watchdog_us / 1e6 / 2 if watchdog_us else None
+        watchdog_s = watchdog_interval(os.environ.get("WATCHDOG_USEC"))
+        ping_every = watchdog_s / 2 if watchdog_s else None
         last_textfile = 0.0
         while not self._stop.wait(min(ping_every or 1.0, 1.0)):
             if ping_every and self.healthy():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import traceback
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -28,6 +29,17 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
+def log_thread_crash(args: threading.ExceptHookArgs) -> None:
+    """threading.excepthook: a thread that dies of an exception is one error line, not
+    the traceback Python prints to stderr by default."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "unknown"
+    logging.getLogger("nodecheck").error(
+        "event=thread_crashed thread=%s", name, exc_info=args.exc_value
+    )
+
+
 def configure_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
@@ -35,3 +47,4 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    threading.excepthook = log_thread_crash

@@ -189,3 +189,31 @@ def test_mfu_help_names_its_source() -> None:
     assert done.returncode == 0
     assert "seed" not in done.stdout
     assert "Machine Learning Engineering" in done.stdout and "stas00/ml-engineering" in done.stdout
+
+
+def test_an_exception_in_the_log_stays_on_one_line() -> None:
+    """A log record with an exception, and a thread that dies of one: each one key=value
+    line (journald splits a multi-line traceback into unrelated entries)."""
+    program = (
+        "import logging, threading\n"
+        "from nodecheck.agent.logs import configure_logging\n"
+        "configure_logging('debug')\n"
+        "try:\n"
+        "    raise OSError('disk\\non fire')\n"
+        "except OSError as err:\n"
+        "    logging.getLogger('nodecheck.test').debug('event=caught', exc_info=err)\n"
+        "def crash():\n"
+        "    raise ValueError('in a thread')\n"
+        "worker = threading.Thread(target=crash, name='worker')\n"
+        "worker.start()\n"
+        "worker.join()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith("level=debug logger=nodecheck.test event=caught exception=OSError")
+    assert "error='disk\\non fire' at=<string>:5:<module>" in lines[0]
+    assert lines[1].startswith("level=error logger=nodecheck event=thread_crashed thread=worker")
+    assert "exception=ValueError error='in a thread'" in lines[1]

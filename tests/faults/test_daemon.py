@@ -442,3 +442,28 @@ def _connects(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_a_garbage_watchdog_interval_costs_nothing(cpu_only: Node, tmp_path: Path) -> None:
+    """WATCHDOG_USEC=abc: ignored with one warning (its value not logged). Today int()
+    raises in the background thread, which dies with a traceback on stderr, and with it
+    the textfile writer: nodecheck.prom never appears."""
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[agent]\nlisten = "127.0.0.1:{port}"\ntextfile_dir = "{textfile}"\n')
+    process = subprocess.Popen(
+        [*AGENT, *node_args(cpu_only), "agent", "--config", str(config)],
+        env={**os.environ, **cpu_only.env, "WATCHDOG_USEC": "abc"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for((textfile / "nodecheck.prom").exists, 60, "the textfile")
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    assert "Traceback" not in stderr, stderr
+    assert "event=watchdog_ignored" in stderr and "abc" not in stderr, stderr
