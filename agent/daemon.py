@@ -314,7 +314,7 @@ class Agent:
                 "event=unprotected address=%s reason=%r",
                 address,
                 "serving without TLS or basic auth"
-                + (" on all interfaces" if not host else " beyond loopback")
+                + (" on all interfaces" if host in ("", "0.0.0.0", "::") else " beyond loopback")
                 + ": anyone who reaches this port can read the results "
                 "(set tls_cert_file, tls_key_file and basic_auth_file, or listen on 127.0.0.1)",
             )
