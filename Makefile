@@ -11,7 +11,7 @@ TORCH_VERSION = 2.13.0
 # systemd-analyze verifies the units; openssl makes a test certificate.
 DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl numactl
 
-.PHONY: run test lint typecheck unit system-packages clean gpu
+.PHONY: run demo test lint typecheck unit system-packages clean gpu
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,13 +26,21 @@ system-packages:
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# torch for the benchmark tests (and for mypy, which reads its types).
+# torch for the benchmark tests (and for mypy, which reads its types): the CPU build,
+# never PyPI's default multi-GB CUDA one. A wheel directory or index that has the
+# +cpu build serves the first command; otherwise PyTorch's CPU index does.
 $(BIN)/.torch: $(BIN)/.installed
-	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)'
+	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)+cpu' \
+	  || $(BIN)/pip install --quiet --index-url https://download.pytorch.org/whl/cpu 'torch==$(TORCH_VERSION)'
 	touch $@
 
 run: $(BIN)/.installed
 	$(BIN)/nodecheck agent
+
+# The README's example: `nodecheck check` on the faulty 8-GPU replica and the fake NVML
+# (needs gcc and libc6-dev for the fake libnvidia-ml.so.1).
+demo: $(BIN)/.installed
+	$(BIN)/python -m tests.fixtures.demo
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from nodecheck.agent.config import NVML_TIMEOUT_RANGE_S
 from nodecheck.agent.logs import LEVELS, configure_logging
 
 if TYPE_CHECKING:
@@ -35,19 +36,54 @@ ROOT_OPTIONS = {
     ),
 }
 DEFAULT_NVML_TIMEOUT_S = 5.0
-MAX_NVML_TIMEOUT_S = 8.0
+# Bounds on what a user types, far beyond any real value but short of absurd ones
+# (a 20-digit GPU count passes int() and then means nothing).
+MAX_GPUS_PER_NODE = 1024
+MAX_JOB_GPUS = 1 << 20
+MAX_NODES = 1 << 16
+MAX_LOCAL_RANK = MAX_GPUS_PER_NODE - 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 # How long `inventory` and `tune` may take to read the node (the checks have 10-15 s each).
 NODE_READ_TIMEOUT_S = 30.0
+DEFAULT_LOG_LEVEL = "warning"
+# The agent is a daemon: its lifecycle lines (listening, ready, reloaded, stopping) are
+# what an operator reads in the journal, so it logs them by default; a one-shot command
+# prints its answer on stdout and only problems on stderr.
+AGENT_LOG_LEVEL = "info"
 
 log = logging.getLogger("nodecheck.cli")
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A number in a range, and a number at all: click's FloatRange lets `nan` through
+    (every comparison with NaN is false). Every float option of every command uses it."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def _remember_regular_file(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A library to load must be a regular file: dlopen() of a FIFO blocks until something
+    writes to it."""
+    import stat
+
+    if value is not None:
+        mode = Path(value).stat().st_mode  # click's exists=True has seen it
+        if not stat.S_ISREG(mode):
+            from nodecheck.agent.config import file_kind
+
+            raise click.BadParameter(f"{value}: {file_kind(mode)}, not a regular file")
+    return _remember(ctx, param, value)
+
+
 def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Options can come before or after the command name; the last one given wins."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds")
     if value is not None and param.name is not None:
         ctx.meta.setdefault(SETTINGS_KEY, {})[param.name] = value
     return value
@@ -72,7 +108,7 @@ def global_options(function: F) -> F:
         type=click.Path(exists=True, dir_okay=False, path_type=str),
         default=None,
         expose_value=False,
-        callback=_remember,
+        callback=_remember_regular_file,
         is_eager=True,
         metavar="FILE",
         help="Load NVML from this file instead of the system's libnvidia-ml.so.1.",
@@ -80,9 +116,7 @@ def global_options(function: F) -> F:
     function = click.option(
         "--nvml-timeout",
         "nvml_timeout",
-        # A GPU pass waits at most three deadlines (init, listing, reads): the
-        # cap keeps that inside the GPU checks' own 30 s timeout.
-        type=click.FloatRange(min=0.1, max=MAX_NVML_TIMEOUT_S),
+        type=FiniteFloatRange(*NVML_TIMEOUT_RANGE_S),
         default=None,
         expose_value=False,
         callback=_remember,
@@ -99,7 +133,8 @@ def global_options(function: F) -> F:
         expose_value=False,
         callback=_remember,
         is_eager=True,
-        help="Logging to stderr. [default: warning]",
+        help=f"Logging to stderr, key=value lines. [default: {DEFAULT_LOG_LEVEL}; "
+        f"{AGENT_LOG_LEVEL} for the agent]",
     )(function)
 
 
@@ -108,10 +143,16 @@ def fail_usage(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
-def settings(ctx: click.Context) -> dict[str, Any]:
+def given(ctx: click.Context) -> dict[str, Any]:
+    """The global options given on the command line (before or after the command)."""
     chosen: dict[str, Any] = ctx.meta.get(SETTINGS_KEY, {})
+    return chosen
+
+
+def settings(ctx: click.Context, log_level: str = DEFAULT_LOG_LEVEL) -> dict[str, Any]:
+    chosen = given(ctx)
     values = {name: chosen.get(name, default) for name, (_, default, _) in ROOT_OPTIONS.items()}
-    values["log_level"] = chosen.get("log_level", "warning")
+    values["log_level"] = chosen.get("log_level", log_level)
     values["nvml_library"] = chosen.get("nvml_library")
     values["nvml_timeout"] = chosen.get("nvml_timeout", DEFAULT_NVML_TIMEOUT_S)
     return values
@@ -125,15 +166,17 @@ def nvml_session(ctx: click.Context) -> NvmlSession:
     return NvmlSession(deadline_s=values["nvml_timeout"], library_path=values["nvml_library"])
 
 
-def node_fs(ctx: click.Context) -> NodeFS:
-    """The NodeFS for the chosen roots; a root that does not exist is a usage error."""
+def node_fs(ctx: click.Context, log_level: str = DEFAULT_LOG_LEVEL) -> NodeFS:
+    """The NodeFS for the chosen roots; a root that is not a directory is a usage error."""
     from nodecheck.checks.node.fs import NodeFS
 
-    values = settings(ctx)
+    values = settings(ctx, log_level)
     configure_logging(values["log_level"])
     for name, (flag, _, _) in ROOT_OPTIONS.items():
-        if not Path(values[name]).is_dir():
-            fail_usage(f"{flag} {values[name]}: no such directory")
+        root = Path(values[name])
+        if not root.is_dir():
+            what = "not a directory" if root.exists() else "no such directory"
+            fail_usage(f"{flag} {values[name]}: {what}")
     return NodeFS(
         sysfs=Path(values["sysfs_root"]),
         procfs=Path(values["procfs_root"]),
@@ -141,15 +184,29 @@ def node_fs(ctx: click.Context) -> NodeFS:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(package_name="nodecheck", prog_name="nodecheck")
 @global_options
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Health checks and tuning for GPU training nodes.
 
     Reads the node through sysfs and procfs (point --sysfs-root and
     --procfs-root at a captured tree to check it elsewhere).
     """
+    if ctx.invoked_subcommand is None:  # plain `nodecheck`: what it can do, not an error
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+
+
+def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A log file or a character device (/dev/kmsg), as the configuration's kernel_log."""
+    from nodecheck.agent.config import kernel_log_problem
+
+    problem = None if value is None else kernel_log_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
 
 
 @cli.command()
@@ -163,7 +220,7 @@ def cli() -> None:
 @click.option(
     "--expected-gpus",
     "expected_gpus",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_GPUS_PER_NODE),
     default=None,
     metavar="N",
     help="GPUs this node should have; fewer visible to NVML fails gpu_count.",
@@ -172,6 +229,7 @@ def cli() -> None:
     "--kernel-log",
     "kernel_log",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=_kernel_log,
     default=None,
     metavar="FILE",
     help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
@@ -279,15 +337,44 @@ def _config_or_exit(path: Path | None) -> Any:
         fail_usage(f"bad configuration: {err}")
 
 
+def _listen(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--listen by the configuration's own rules ("" serves nothing, as listen = "")."""
+    from nodecheck.agent.config import parse_listen
+
+    if value:
+        try:
+            parse_listen(value)
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from None
+    return value
+
+
+def _snapshot(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    from nodecheck.agent.config import snapshot_problem
+
+    if value is None:
+        return None
+    value = value.absolute()  # the agent's paths do not depend on where it was started
+    problem = snapshot_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
+
+
 @cli.command()
 @CONFIG_OPTION
 @click.option(
-    "--listen", default=None, metavar="HOST:PORT", help="Override the configured listen address."
+    "--listen",
+    default=None,
+    metavar="HOST:PORT",
+    callback=_listen,
+    help="Override the configured listen address (:PORT for every interface, [IPv6]:PORT).",
 )
 @click.option(
     "--snapshot",
     "snapshot_path",
     type=click.Path(dir_okay=False, path_type=Path),
+    callback=_snapshot,
     default=None,
     help="Serve the root-only checks from this `nodecheck snapshot` file (privilege separation).",
 )
@@ -300,11 +387,14 @@ def agent(
 
     /metrics, /healthz and /results on port 19410 by default; with no
     configuration file, embedded defaults (every check, no GPU needed).
-    SIGTERM stops it, SIGHUP reloads the configuration.
+    SIGTERM stops it, SIGHUP reloads the configuration. Options given here
+    (--listen, --snapshot, --nvml-timeout) win over the file's, across reloads.
+    Exit status: 0 when stopped, 2 for a bad configuration or an address it
+    cannot listen on.
     """
-    fs = node_fs(ctx)
+    fs = node_fs(ctx, log_level=AGENT_LOG_LEVEL)
     from nodecheck.agent.config import DEFAULT_PATH, ConfigError
-    from nodecheck.agent.daemon import Agent
+    from nodecheck.agent.daemon import Agent, ListenError
 
     _config_or_exit(config_path)  # refuse a bad file before starting anything
     overrides: dict[str, Any] = {}
@@ -312,11 +402,16 @@ def agent(
         overrides["listen"] = listen
     if snapshot_path is not None:
         overrides["snapshot"] = snapshot_path
+    if "nvml_timeout" in given(ctx):
+        overrides["nvml_timeout_s"] = given(ctx)["nvml_timeout"]
     try:
         daemon = Agent(fs, config_path or DEFAULT_PATH, settings(ctx)["nvml_library"], overrides)
     except ConfigError as err:
         fail_usage(f"bad configuration: {err}")
-    daemon.run_until_signalled()
+    try:
+        daemon.run_until_signalled()
+    except ListenError as err:
+        fail_usage(str(err))
 
 
 @cli.command()
@@ -352,21 +447,29 @@ def snapshot(ctx: click.Context, output: Path) -> None:
 
 
 @cli.group()
+@global_options
 def config() -> None:
     """Show or validate the agent's configuration."""
 
 
 @config.command("show")
 @CONFIG_OPTION
-def config_show(config_path: Path | None) -> None:
+@global_options
+@click.pass_context
+def config_show(ctx: click.Context, config_path: Path | None) -> None:
     """Print the effective configuration (the file over the embedded defaults)."""
+    configure_logging(settings(ctx)["log_level"])
     click.echo(_config_or_exit(config_path).show(), nl=False)
 
 
 @config.command("check")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-def config_check(path: Path) -> None:
-    """Validate a configuration file: exit 0 when usable, 2 with file, line and key if not."""
+@global_options
+@click.pass_context
+def config_check(ctx: click.Context, path: Path) -> None:
+    """Validate a configuration file and the files it names: exit 0 when usable, 2 with
+    file, line and key if not."""
+    configure_logging(settings(ctx)["log_level"])
     _config_or_exit(path)
     click.echo(f"{path}: ok")
 
@@ -374,26 +477,32 @@ def config_check(path: Path) -> None:
 @cli.command()
 @click.option(
     "--params",
-    type=click.FloatRange(min=1, min_open=False),
+    type=FiniteFloatRange(min=1, max=1e15),
     required=True,
     help="Model parameters (70e9 for 70B).",
 )
-@click.option("--seqlen", type=click.IntRange(min=1), required=True, help="Sequence length.")
+@click.option(
+    "--seqlen", type=click.IntRange(min=1, max=1 << 24), required=True, help="Sequence length."
+)
 @click.option(
     "--global-batch",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1 << 24),
     required=True,
     help="Sequences per iteration, across all GPUs.",
 )
 @click.option(
     "--iter-time",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=1e-3, max=86400),
     required=True,
     metavar="SECONDS",
     help="Seconds per iteration.",
 )
 @click.option(
-    "--gpus", "gpu_count", type=click.IntRange(min=1), required=True, help="GPUs in the job."
+    "--gpus",
+    "gpu_count",
+    type=click.IntRange(min=1, max=MAX_JOB_GPUS),
+    required=True,
+    help="GPUs in the job.",
 )
 @click.option(
     "--no-recompute", is_flag=True, help="Activations are not recomputed (x3 instead of x4)."
@@ -426,7 +535,13 @@ def mfu(
     dtype: str,
     as_json: bool,
 ) -> None:
-    """Achieved TFLOPS per GPU and MFU of a training run, by the seed's formula."""
+    """Achieved TFLOPS per GPU and MFU of a training run.
+
+    By the estimate in Stas Bekman's Machine Learning Engineering book
+    (github.com/stas00/ml-engineering, training/performance, "TFLOPS as a
+    performance metric"), shown with the figures. Exit status: 0; 1 when the MFU
+    is above 100 % (impossible: the inputs are wrong); 2 usage error.
+    """
     import json
 
     from nodecheck.tuning.mfu import compute_mfu
@@ -440,16 +555,20 @@ def mfu(
         finally:
             session.close()
         gpu_model = readings[0].name if readings else None
-    figures = compute_mfu(
-        params,
-        seqlen,
-        global_batch,
-        iter_time,
-        gpu_count,
-        recompute=not no_recompute,
-        gpu_model=gpu_model,
-        dtype=dtype,
-    )
+    try:
+        figures = compute_mfu(
+            params,
+            seqlen,
+            global_batch,
+            iter_time,
+            gpu_count,
+            recompute=not no_recompute,
+            gpu_model=gpu_model,
+            dtype=dtype,
+        )
+    except ValueError as err:
+        fail_usage(f"mfu: {err}")
+    warning = figures.warning()
     if as_json:
         document = {
             "schema": "nodecheck.mfu/v1",
@@ -459,19 +578,24 @@ def mfu(
             "gpu_model": figures.model,
             "dtype": dtype,
             "formula": figures.formula(),
+            "plausible": figures.plausible,
+            "warning": warning,
         }
-        click.echo(json.dumps(document, indent=2))
-        return
-    click.echo(f"achieved: {figures.tflops_per_gpu:.1f} TFLOPS per GPU")
-    click.echo(f"  = {figures.formula()} / 1e12")
-    if figures.mfu is None:
-        what = f"the peak of {figures.model!r} is not known" if figures.model else "no GPU here"
-        click.echo(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
+        click.echo(json.dumps(document, indent=2, allow_nan=False))
     else:
-        click.echo(
-            f"MFU: {figures.mfu:.1%} of the {figures.model}'s {figures.peak_tflops:g} TFLOPS "
-            f"dense {dtype} peak"
-        )
+        click.echo(f"achieved: {figures.tflops_per_gpu:.1f} TFLOPS per GPU")
+        click.echo(f"  = {figures.formula()} / 1e12")
+        if figures.mfu is None:
+            what = f"the peak of {figures.model!r} is not known" if figures.model else "no GPU here"
+            click.echo(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
+        else:
+            click.echo(
+                f"MFU: {figures.mfu:.1%} of the {figures.model}'s {figures.peak_tflops:g} "
+                f"TFLOPS dense {dtype} peak"
+            )
+    if warning:
+        click.echo(f"nodecheck: {warning}", err=True)
+        ctx.exit(1)
 
 
 BENCH_ORDER = ("matmul", "allreduce", "h2d")
@@ -479,7 +603,11 @@ BENCH_ORDER = ("matmul", "allreduce", "h2d")
 
 def local_rank_option(help_text: str) -> Callable[[F], F]:
     return click.option(
-        "--local-rank", type=click.IntRange(min=0), default=None, metavar="N", help=help_text
+        "--local-rank",
+        type=click.IntRange(min=0, max=MAX_LOCAL_RANK),
+        default=None,
+        metavar="N",
+        help=help_text,
     )
 
 
@@ -497,7 +625,7 @@ def job_options(function: F) -> F:
     )(function)
     return click.option(
         "--nodes",
-        type=click.IntRange(min=1),
+        type=click.IntRange(min=1, max=MAX_NODES),
         default=None,
         metavar="N",
         help="Nodes the job spans. [default: from SLURM_JOB_NUM_NODES or WORLD_SIZE/"
@@ -622,12 +750,17 @@ def exec_command(
 
 
 def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """NVML indices: ASCII digits (int() would also take "-1" and Arabic-Indic digits),
+    below the most GPUs a node can have."""
     if value is None:
         return None
-    try:
-        return tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2") from None
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    if not parts or not all(part.isascii() and part.isdigit() and len(part) <= 4 for part in parts):
+        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2")
+    indices = tuple(int(part) for part in parts)
+    if max(indices) >= MAX_GPUS_PER_NODE:
+        raise click.BadParameter(f"{value!r}: a GPU index is below {MAX_GPUS_PER_NODE}")
+    return indices
 
 
 class _ProgressBar:
@@ -661,7 +794,7 @@ class _ProgressBar:
 )
 @click.option(
     "--duration",
-    type=click.FloatRange(min=0.1, max=600),
+    type=FiniteFloatRange(min=0.1, max=600),
     default=4.0,
     show_default=True,
     metavar="SECONDS",
@@ -690,7 +823,7 @@ class _ProgressBar:
 )
 @click.option(
     "--idle-window",
-    type=click.FloatRange(min=0, max=600),
+    type=FiniteFloatRange(min=0, max=600),
     default=2.0,
     show_default=True,
     metavar="SECONDS",
@@ -698,7 +831,7 @@ class _ProgressBar:
 )
 @click.option(
     "--warn-below",
-    type=click.FloatRange(min=0, max=1),
+    type=FiniteFloatRange(min=0, max=1, min_open=True),
     default=0.9,
     show_default=True,
     metavar="RATIO",
@@ -706,7 +839,7 @@ class _ProgressBar:
 )
 @click.option(
     "--fail-below",
-    type=click.FloatRange(min=0, max=1),
+    type=FiniteFloatRange(min=0, max=1, min_open=True),
     default=0.8,
     show_default=True,
     metavar="RATIO",
@@ -714,7 +847,7 @@ class _ProgressBar:
 )
 @click.option(
     "--memory-fraction",
-    type=click.FloatRange(min=0.01, max=0.95),
+    type=FiniteFloatRange(min=0.01, max=0.95),
     default=0.5,
     show_default=True,
     help="Share of each GPU's free memory a benchmark may take.",
@@ -822,12 +955,12 @@ def bench(
 
 
 def main() -> None:
-    """Entry point: no traceback reaches a user (--log-level debug shows it)."""
+    """Entry point: no traceback reaches a user (--log-level debug logs where it rose)."""
     try:
         cli.main(prog_name="nodecheck", standalone_mode=True)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as err:
-        log.debug("unexpected error", exc_info=err)
+        log.debug("event=internal_error", exc_info=err)
         click.echo(f"nodecheck: internal error: {type(err).__name__}: {err}", err=True)
         sys.exit(EXIT_INTERNAL)

@@ -3,9 +3,9 @@
     [agent]
     listen = ":19410"            # host:port for /metrics, /healthz, /results; "" for none
     textfile_dir = ""            # also write nodecheck.prom there (node_exporter's textfile)
-    expected_gpus = 8
+    expected_gpus = 8            # 0 to 1024
     kernel_log = "/dev/kmsg"
-    nvml_timeout = 5.0
+    nvml_timeout = 5.0           # 0.1 to 8 seconds
     state_dir = "/var/lib/nodecheck"
     snapshot = "/run/nodecheck/snapshot.json"   # root-only checks, from nodecheck snapshot
     tls_cert_file = ""           # HTTPS when both are set
@@ -14,26 +14,34 @@
 
     [checks.pcie_acs]            # any registered check
     enabled = true
-    interval = 300               # seconds
-    timeout = 10
+    interval = 300               # seconds, 1 to 30 days
+    timeout = 10                 # seconds, above 0 and at most an hour
 
     [benchmarks]
     enabled = false
-    interval = 86400
-    duration = 4.0
+    interval = 86400             # seconds, 1 to 30 days
+    duration = 4.0               # seconds, 0.1 to 600
     device = "cuda"
-    idle_window = 60.0           # seconds every GPU must be idle before one starts
-    warn_below = 0.9             # ratio to the node's median GPU and to the baseline
+    idle_window = 60.0           # seconds every GPU must be idle before one starts, 0 to 3600
+    warn_below = 0.9             # ratio to the node's median GPU and to the baseline, (0, 1]
     fail_below = 0.8
-    memory_fraction = 0.5        # of each GPU's free memory
+    memory_fraction = 0.5        # of each GPU's free memory, 0.01 to 0.95
 
 A bad file is refused whole, with the file, line and key named: the agent
-keeps running on what it had.
+keeps running on what it had. Every way a file can be bad is a ConfigError:
+unreadable, not a regular file, over 1 MiB, not UTF-8, not TOML, nested too
+deeply, a value of the wrong type or out of its range (NaN and infinities
+included: TOML has `nan` and `inf`), or a file it names that cannot be used.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import math
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +54,18 @@ else:  # pragma: no cover - Python 3.10
 
 DEFAULT_PATH = Path("/etc/nodecheck/config.toml")
 DEFAULT_PORT = 19410
+# A configuration, a users file or a PEM file above this is not one: refused unread.
+MAX_FILE_BYTES = 1 << 20
+DAY_S = 86400.0
+INTERVAL_RANGE_S = (1.0, 30 * DAY_S)
+CHECK_TIMEOUT_MAX_S = 3600.0
+# A GPU pass waits at most three NVML deadlines (init, listing, reads): the cap keeps
+# that inside the GPU checks' own 30 s timeout. The command line uses the same range.
+NVML_TIMEOUT_RANGE_S = (0.1, 8.0)
+MAX_EXPECTED_GPUS = 1024
+BENCH_DURATION_RANGE_S = (0.1, 600.0)
+IDLE_WINDOW_RANGE_S = (0.0, 3600.0)
+MEMORY_FRACTION_RANGE = (0.01, 0.95)
 
 
 class ConfigError(Exception):
@@ -54,6 +74,138 @@ class ConfigError(Exception):
     def __init__(self, path: Path | str, line: int | None, key: str, reason: str) -> None:
         where = f"{path}:{line}" if line else str(path)
         super().__init__(f"{where}: {key}: {reason}" if key else f"{where}: {reason}")
+
+
+class UnreadableFileError(Exception):
+    """A file that cannot be read as text: why, and the line of a decoding error."""
+
+    def __init__(self, reason: str, line: int | None = None, missing: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.line, self.missing = reason, line, missing
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, as an operator would say it."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def read_text_file(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes; UnreadableFileError if not.
+
+    Opened non-blocking and checked with fstat before any read: a FIFO in its place
+    would otherwise block the caller until a writer comes (for the agent, a SIGHUP
+    that never returns), and /dev/zero would never end.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UnreadableFileError("no such file", missing=True) from None
+    except OSError as err:
+        raise UnreadableFileError(err.strerror or str(err)) from None
+    except ValueError:  # os.open refuses a path with a NUL byte
+        raise UnreadableFileError("the path has a NUL character") from None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnreadableFileError(f"{file_kind(mode)}, not a regular file")
+        while size <= limit:
+            chunk = os.read(descriptor, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as err:  # EIO from a dying disk, EISDIR, ...
+        raise UnreadableFileError(err.strerror or str(err)) from None
+    finally:
+        os.close(descriptor)
+    if size > limit:
+        size_text = f"{limit / 2**20:g} MiB" if limit >= 2**20 else f"{limit} bytes"
+        raise UnreadableFileError(f"larger than {size_text}: not a file of this kind")
+    data = b"".join(chunks)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UnreadableFileError(f"not UTF-8 text (byte 0x{data[err.start]:02x})", line) from None
+    return text.removeprefix("\ufeff")  # a byte-order mark some editors write
+
+
+_LISTEN = re.compile(
+    r"(?:\[(?P<ipv6>[^\[\]]+)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})", re.ASCII
+)
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """(host, port) of a `host:port`, `:port` (every interface) or `[IPv6]:port` address;
+    ValueError saying what is wrong. The same rules for the file and `--listen`."""
+    match = _LISTEN.fullmatch(listen)
+    if match is None:
+        raise ValueError(f"expected host:port, :port or [IPv6]:port, got {_shown(listen)}")
+    port = int(match.group("port"))
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range (1 to 65535) in {listen!r}")
+    if match.group("ipv6") is not None:
+        try:
+            ipaddress.IPv6Address(match.group("ipv6"))
+        except ValueError:
+            raise ValueError(f"not an IPv6 address in brackets: {listen!r}") from None
+        return match.group("ipv6"), port
+    host = match.group("host")
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"not an IPv4 address: {host!r}") from None
+    elif host and (
+        len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in host.split("."))
+    ):
+        raise ValueError(f"not a host name or address: {_shown(host)}")
+    return host, port
+
+
+_TOO_DEEP = "a deeply nested value"
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """repr(value), cut short: a 1 MiB string or a table nested 10,000 deep is not an
+    error message (repr of the latter raises RecursionError)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return _TOO_DEEP
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _described(value: object) -> str:
+    """A TOML value as its kind and a short rendering: "an array [1, 2]", "a date-time
+    1979-05-27T07:32:00+00:00"."""
+    import datetime
+
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (datetime.date, datetime.time)):
+        return f"a date or time {value.isoformat()}"
+    kinds = ((str, "a string"), (int, "an integer"), (float, "a number"), (list, "an array"))
+    kind = next((name for cls, name in kinds if isinstance(value, cls)), "a table")
+    shown = _shown(value)
+    return f"{kind} nested too deeply to show" if shown == _TOO_DEEP else f"{kind} {shown}"
+
+
+def _expected(kinds: tuple[type, ...]) -> str:
+    if set(kinds) == {int, float}:
+        return "a number"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return " or ".join(names.get(kind, "a table") for kind in kinds)
 
 
 @dataclass(frozen=True)
@@ -66,7 +218,7 @@ class CheckSettings:
 @dataclass(frozen=True)
 class BenchmarkSettings:
     enabled: bool = False
-    interval_s: float = 86400.0
+    interval_s: float = DAY_S
     duration_s: float = 4.0
     device: str = "cuda"
     idle_window_s: float = 60.0  # the agent waits a minute of idleness, the CLI two seconds
@@ -97,26 +249,30 @@ class AgentConfig:
         return self.checks.get(name, CheckSettings())
 
     def show(self) -> str:
-        """The effective configuration, as TOML."""
+        """The effective configuration, as TOML (strings quoted as TOML basic strings)."""
+
+        def quoted(value: object) -> str:
+            return json.dumps(str(value), ensure_ascii=False)
+
         lines = [f"# effective configuration ({self.source})", "[agent]"]
-        lines.append(f'listen = "{self.listen}"')
-        lines.append(f'textfile_dir = "{self.textfile_dir or ""}"')
+        lines.append(f"listen = {quoted(self.listen)}")
+        lines.append(f"textfile_dir = {quoted(self.textfile_dir or '')}")
         if self.expected_gpus is not None:
             lines.append(f"expected_gpus = {self.expected_gpus}")
         if self.kernel_log is not None:
-            lines.append(f'kernel_log = "{self.kernel_log}"')
+            lines.append(f"kernel_log = {quoted(self.kernel_log)}")
         lines.append(f"nvml_timeout = {self.nvml_timeout_s}")
         if self.state_dir is not None:
-            lines.append(f'state_dir = "{self.state_dir}"')
+            lines.append(f"state_dir = {quoted(self.state_dir)}")
         if self.snapshot is not None:
-            lines.append(f'snapshot = "{self.snapshot}"')
+            lines.append(f"snapshot = {quoted(self.snapshot)}")
         for key, value in (
             ("tls_cert_file", self.tls_cert_file),
             ("tls_key_file", self.tls_key_file),
             ("basic_auth_file", self.basic_auth_file),
         ):
             if value is not None:
-                lines.append(f'{key} = "{value}"')
+                lines.append(f"{key} = {quoted(value)}")
         for name, settings in sorted(self.checks.items()):
             lines += ["", f"[checks.{name}]", f"enabled = {str(settings.enabled).lower()}"]
             if settings.interval_s is not None:
@@ -130,7 +286,7 @@ class AgentConfig:
             f"enabled = {str(bench.enabled).lower()}",
             f"interval = {bench.interval_s}",
             f"duration = {bench.duration_s}",
-            f'device = "{bench.device}"',
+            f"device = {quoted(bench.device)}",
             f"idle_window = {bench.idle_window_s}",
             f"warn_below = {bench.warn_below}",
             f"fail_below = {bench.fail_below}",
@@ -153,14 +309,29 @@ def key_line(text: str, table: tuple[str, ...], key: str | None) -> int | None:
         if (
             key is not None
             and current == table
-            and re.match(rf"^\s*\"?{re.escape(key)}\"?\s*=", line)
+            and re.match(rf"^\s*\"?{re.escape(key)}\"?\s*[=.]", line)
         ):
             return number
     return None
 
 
+def _range_text(low: float, high: float, low_open: bool, unit: str) -> str:
+    """ "from 1 to 2592000 seconds (30 days)", "above 0 and at most 1"."""
+
+    def number(value: float) -> str:
+        return f"{value:g}" if value < 1e6 else f"{value:.0f}"
+
+    start, end = (
+        (f"above {number(low)} and at most", "") if low_open else (f"from {number(low)}", "to")
+    )
+    allowed = " ".join(part for part in (start, end, number(high), unit) if part)
+    if unit == "seconds" and high >= DAY_S:
+        allowed += f" ({high / DAY_S:g} days)"
+    return allowed
+
+
 class _Reader:
-    """Takes values out of one parsed table, checking each one's type."""
+    """Takes values out of one parsed table, checking each one's type and range."""
 
     def __init__(self, path: Path, text: str, table: tuple[str, ...], data: dict[str, Any]):
         self.path, self.text, self.table, self.data = path, text, table, dict(data)
@@ -180,27 +351,65 @@ class _Reader:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         wrong_bool = isinstance(value, bool) and bool not in kinds
         if wrong_bool or not isinstance(value, kinds):
-            names = " or ".join(k.__name__ for k in kinds)
-            raise self.fail(key, f"expected {names}, got {value!r}")
+            raise self.fail(key, f"expected {_expected(kinds)}, got {_described(value)}")
         return value
 
-    def positive(self, key: str, default: float | None) -> float | None:
-        value = self.take(key, (int, float), default)
-        if value is not None and value <= 0:
-            raise self.fail(key, f"must be greater than 0, got {value!r}")
-        return None if value is None else float(value)
+    def text_value(self, key: str, default: str | None) -> str | None:
+        value: str | None = self.take(key, str, default)
+        if value is not None and "\x00" in value:
+            raise self.fail(key, "contains a NUL character")
+        return value
+
+    def path_value(self, key: str) -> Path | None:
+        """A path value: "" or absent for none; absolute, since the agent does not run in
+        the directory `config check` was run from."""
+        value = self.text_value(key, None)
+        if not value:
+            return None
+        if not value.startswith("/"):
+            raise self.fail(key, f"must be an absolute path, got {_shown(value)}")
+        return Path(value)
+
+    def number(
+        self,
+        key: str,
+        default: float,
+        low: float,
+        high: float,
+        *,
+        low_open: bool = False,
+        unit: str = "seconds",
+    ) -> float:
+        """A finite number in [low, high] (or (low, high]); NaN and infinities refused."""
+        value = self.optional_number(key, low, high, low_open=low_open, unit=unit)
+        return default if value is None else value
+
+    def optional_number(
+        self, key: str, low: float, high: float, *, low_open: bool = False, unit: str = "seconds"
+    ) -> float | None:
+        if key not in self.data:
+            return None
+        value = self.take(key, (int, float), None)
+        allowed = _range_text(low, high, low_open, unit)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number {allowed}, got {value}")
+        # int compared with float is exact in Python, even for a 30-digit int.
+        if (value <= low if low_open else value < low) or value > high:
+            raise self.fail(key, f"must be {allowed}, got {_shown(value)}")
+        return float(value)
 
     def done(self) -> None:
         for key in self.data:
             raise self.fail(key, "unknown key")
 
 
-def _unusable(key: str, path: Path) -> str | None:
+def _named_file_problem(key: str, path: Path) -> str | None:
     """Why a file the configuration names cannot be used, or None."""
     try:
-        text = path.read_text()
-    except OSError as err:
-        return f"{path}: {err.strerror or err}"
+        text = read_text_file(path)
+    except UnreadableFileError as err:
+        where = f"{path}:{err.line}" if err.line else str(path)
+        return f"{where}: {err.reason}"
     if key == "basic_auth_file":
         from nodecheck.agent.exporter import parse_basic_auth
 
@@ -215,13 +424,66 @@ def _unusable(key: str, path: Path) -> str | None:
     return None
 
 
+def _directory_problem(path: Path, *, must_exist: bool, writable: bool) -> str | None:
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"{path}: no such directory" if must_exist else None
+    except OSError as err:
+        return f"{path}: {err.strerror or err}"
+    if not stat.S_ISDIR(mode):
+        kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+        return f"{path}: {kind}, not a directory"
+    if writable and not os.access(path, os.W_OK | os.X_OK):
+        return f"{path}: not writable by this user (uid {os.geteuid()})"
+    return None
+
+
+def kernel_log_problem(path: Path) -> str | None:
+    """A kernel log must be there to be read: a regular file (a log) or a character
+    device (/dev/kmsg); a directory or a FIFO is a mistake."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"{path}: no such file"
+    except OSError as err:
+        return f"{path}: {err.strerror or err}"
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        return f"{path}: {file_kind(mode)}, not a log file or /dev/kmsg"
+    if not os.access(path, os.R_OK):
+        return f"{path}: not readable by this user (uid {os.geteuid()})"
+    return None
+
+
+def snapshot_problem(path: Path) -> str | None:
+    """The snapshot is written later, by nodecheck-snapshot.timer (whose RuntimeDirectory=
+    creates /run/nodecheck), so neither it nor its directory need exist yet; until it does
+    the agent reports the snapshot's checks as an error. Something other than a file in
+    its place is a mistake now."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"{path}: {err.strerror or err}"
+    if not stat.S_ISREG(mode):
+        return f"{path}: {file_kind(mode)}, not a snapshot file"
+    return None
+
+
 def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     """AgentConfig from TOML text; ConfigError naming the file, line and key."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         match = re.search(r"line (\d+)", str(err))
-        raise ConfigError(path, int(match.group(1)) if match else None, "", str(err)) from err
+        raise ConfigError(path, int(match.group(1)) if match else None, "", str(err)) from None
+    except RecursionError:
+        raise ConfigError(
+            path, None, "", "nested too deeply (arrays, inline tables or dotted keys)"
+        ) from None
+    except ValueError as err:  # an integer of over 4300 digits, for one
+        raise ConfigError(path, None, "", f"not usable TOML: {err}") from None
     config = AgentConfig(source=str(path))
     root = _Reader(path, text, (), document)
     agent = root.take("agent", dict, {})
@@ -230,33 +492,60 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     root.done()
 
     section = _Reader(path, text, ("agent",), agent)
-    listen = section.take("listen", str, config.listen)
-    if listen and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[\w.-]*):\d{1,5}", listen):
-        raise section.fail("listen", f"expected host:port (or :port), got {listen!r}")
-    if listen and not 0 < int(listen.rpartition(":")[2]) < 65536:
-        raise section.fail("listen", f"port out of range in {listen!r}")
-    textfile = section.take("textfile_dir", str, "")
+    listen = section.text_value("listen", config.listen) or ""
+    if listen:
+        try:
+            parse_listen(listen)
+        except ValueError as err:
+            raise section.fail("listen", str(err)) from None
+    textfile = section.path_value("textfile_dir")
+    if textfile is not None:
+        problem = _directory_problem(textfile, must_exist=True, writable=True)
+        if problem:
+            raise section.fail("textfile_dir", problem)
     expected = section.take("expected_gpus", int, None)
-    if expected is not None and expected < 0:
-        raise section.fail("expected_gpus", f"must be 0 or more, got {expected}")
-    kernel_log = section.take("kernel_log", str, None)
-    timeout = section.positive("nvml_timeout", config.nvml_timeout_s)
-    if timeout is not None and timeout > 8:
-        raise section.fail("nvml_timeout", "must be at most 8 seconds (checks time out at 30)")
-    state_dir = section.take("state_dir", str, None)
-    snapshot = section.take("snapshot", str, None)
+    if expected is not None and not 0 <= expected <= MAX_EXPECTED_GPUS:
+        raise section.fail(
+            "expected_gpus", f"must be from 0 to {MAX_EXPECTED_GPUS}, got {_shown(expected)}"
+        )
+    kernel_log = section.path_value("kernel_log")
+    if kernel_log is not None:
+        problem = kernel_log_problem(kernel_log)
+        if problem:
+            raise section.fail("kernel_log", problem)
+    timeout = section.number("nvml_timeout", config.nvml_timeout_s, *NVML_TIMEOUT_RANGE_S)
+    state_dir = section.path_value("state_dir")
+    if state_dir is not None:
+        problem = _directory_problem(state_dir, must_exist=False, writable=False)
+        if problem:
+            raise section.fail("state_dir", problem)
+    snapshot = section.path_value("snapshot")
+    if snapshot is not None:
+        problem = snapshot_problem(snapshot)
+        if problem:
+            raise section.fail("snapshot", problem)
     web = {
-        key: section.take(key, str, None)
-        for key in ("tls_cert_file", "tls_key_file", "basic_auth_file")
+        key: section.path_value(key) for key in ("tls_cert_file", "tls_key_file", "basic_auth_file")
     }
-    if bool(web["tls_cert_file"]) != bool(web["tls_key_file"]):
-        missing = "tls_key_file" if web["tls_cert_file"] else "tls_cert_file"
+    cert, key = web["tls_cert_file"], web["tls_key_file"]
+    if (cert is None) != (key is None):
+        missing = "tls_key_file" if cert else "tls_cert_file"
         raise section.fail(missing, "TLS needs both tls_cert_file and tls_key_file")
-    for key, value in web.items():
-        if value:
-            problem = _unusable(key, Path(value))
+    for name, value in web.items():
+        if value is not None:
+            problem = _named_file_problem(name, value)
             if problem:
-                raise section.fail(key, problem)
+                raise section.fail(name, problem)
+    if cert is not None and key is not None:
+        # The server's own loader: a key that does not match the certificate, or one
+        # encrypted with a pass phrase (which would make the agent prompt on a terminal).
+        from nodecheck.agent.exporter import tls_context
+
+        try:
+            tls_context(cert, key)
+        except ValueError as err:
+            blamed = "tls_cert_file" if str(cert) in str(err) and str(key) not in str(err) else ""
+            raise section.fail(blamed or "tls_key_file", str(err)) from None
     section.done()
 
     settings: dict[str, CheckSettings] = {}
@@ -264,55 +553,55 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         table = _Reader(path, text, ("checks", name), {})
         if name not in known_checks:
             raise table.fail(
-                None, f"no check named {name!r} (checks: {', '.join(sorted(known_checks))})"
+                None,
+                f"no check named {_shown(name)} (checks: {', '.join(sorted(known_checks))})",
             )
         if not isinstance(values, dict):
-            raise _Reader(path, text, ("checks",), {}).fail(name, "expected a table")
+            raise _Reader(path, text, ("checks",), {}).fail(
+                name, f"expected a table, got {_described(values)}"
+            )
         table = _Reader(path, text, ("checks", name), values)
         settings[name] = CheckSettings(
             enabled=table.take("enabled", bool, True),
-            interval_s=table.positive("interval", None),
-            timeout_s=table.positive("timeout", None),
+            interval_s=table.optional_number("interval", *INTERVAL_RANGE_S),
+            timeout_s=table.optional_number("timeout", 0, CHECK_TIMEOUT_MAX_S, low_open=True),
         )
         table.done()
 
     bench = _Reader(path, text, ("benchmarks",), benchmarks)
     defaults = BenchmarkSettings()
-    device = bench.take("device", str, defaults.device)
+    device = bench.text_value("device", defaults.device)
     if device not in ("cuda", "cpu"):
-        raise bench.fail("device", f'expected "cuda" or "cpu", got {device!r}')
-    idle_window = bench.take("idle_window", (int, float), defaults.idle_window_s)
-    if idle_window < 0:
-        raise bench.fail("idle_window", f"must be 0 or more, got {idle_window!r}")
-    ratios = {}
-    for key in ("warn_below", "fail_below", "memory_fraction"):
-        value = bench.take(key, (int, float), getattr(defaults, key))
-        if not 0 < value <= 1:
-            raise bench.fail(key, f"must be a ratio in (0, 1], got {value!r}")
-        ratios[key] = float(value)
-    if ratios["fail_below"] > ratios["warn_below"]:
+        raise bench.fail("device", f'expected "cuda" or "cpu", got {_shown(device)}')
+    warn_below = bench.number("warn_below", defaults.warn_below, 0, 1, low_open=True, unit="")
+    fail_below = bench.number("fail_below", defaults.fail_below, 0, 1, low_open=True, unit="")
+    if fail_below > warn_below:
         raise bench.fail("fail_below", "must not be above warn_below")
     bench_settings = BenchmarkSettings(
         enabled=bench.take("enabled", bool, defaults.enabled),
-        interval_s=bench.positive("interval", defaults.interval_s) or defaults.interval_s,
-        duration_s=bench.positive("duration", defaults.duration_s) or defaults.duration_s,
-        device=device,
-        idle_window_s=float(idle_window),
-        **ratios,
+        interval_s=bench.number("interval", defaults.interval_s, *INTERVAL_RANGE_S),
+        duration_s=bench.number("duration", defaults.duration_s, *BENCH_DURATION_RANGE_S),
+        device=device or defaults.device,
+        idle_window_s=bench.number("idle_window", defaults.idle_window_s, *IDLE_WINDOW_RANGE_S),
+        warn_below=warn_below,
+        fail_below=fail_below,
+        memory_fraction=bench.number(
+            "memory_fraction", defaults.memory_fraction, *MEMORY_FRACTION_RANGE, unit=""
+        ),
     )
     bench.done()
     return replace(
         config,
         listen=listen,
-        textfile_dir=Path(textfile) if textfile else None,
+        textfile_dir=textfile,
         expected_gpus=expected,
-        kernel_log=Path(kernel_log) if kernel_log else None,
-        nvml_timeout_s=timeout or config.nvml_timeout_s,
-        state_dir=Path(state_dir) if state_dir else None,
-        snapshot=Path(snapshot) if snapshot else None,
-        tls_cert_file=Path(web["tls_cert_file"]) if web["tls_cert_file"] else None,
-        tls_key_file=Path(web["tls_key_file"]) if web["tls_key_file"] else None,
-        basic_auth_file=Path(web["basic_auth_file"]) if web["basic_auth_file"] else None,
+        kernel_log=kernel_log,
+        nvml_timeout_s=timeout,
+        state_dir=state_dir,
+        snapshot=snapshot,
+        tls_cert_file=cert,
+        tls_key_file=key,
+        basic_auth_file=web["basic_auth_file"],
         checks=settings,
         benchmarks=bench_settings,
     )
@@ -324,11 +613,9 @@ def load_config(path: Path | None, known_checks: set[str]) -> AgentConfig:
     if path is None:
         return AgentConfig()
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        if path == DEFAULT_PATH:
+        text = read_text_file(path)
+    except UnreadableFileError as err:
+        if err.missing and path == DEFAULT_PATH:
             return AgentConfig()
-        raise ConfigError(path, None, "", "no such file") from None
-    except OSError as err:
-        raise ConfigError(path, None, "", err.strerror or str(err)) from err
+        raise ConfigError(path, err.line, "", err.reason) from None
     return parse_config(text, path, known_checks)

@@ -4,15 +4,21 @@
   STATUS= carries a one-line summary after each run.
 - WATCHDOG=1 is sent only while the scheduler loop turns: a stalled scheduler
   stops the pings and systemd restarts the agent.
-- SIGTERM/SIGINT stop it within 2 s; SIGHUP reloads the configuration (a bad
-  file keeps the old one, says so in the log and in
-  nodecheck_config_last_reload_successful).
+- SIGTERM/SIGINT stop it within 2 s; SIGHUP reloads the configuration, the basic-auth
+  users and the TLS certificate and key; nvml_timeout applies to the next NVML call.
+  A bad file (or any failure while reloading) keeps the old configuration, says so in
+  the log (event=reload_failed) and in nodecheck_config_last_reload_successful 0; the
+  agent keeps serving. Changing listen, or turning TLS or basic auth on or off, takes
+  a restart (refused the same way).
+- An address it cannot listen on is a ListenError naming it (the command exits 2).
 - An NVML XID event re-runs gpu_xid at once instead of at the next poll.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import ipaddress
 import logging
 import os
 import signal
@@ -20,12 +26,19 @@ import socket
 import threading
 import time
 from dataclasses import replace
-from http.server import ThreadingHTTPServer
 from importlib import metadata
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
-from nodecheck.agent.config import AgentConfig, ConfigError, load_config
+from nodecheck.agent.config import (
+    AgentConfig,
+    ConfigError,
+    UnreadableFileError,
+    load_config,
+    parse_listen,
+    read_text_file,
+)
 from nodecheck.agent.exporter import (
     BasicAuth,
     CachedExposition,
@@ -70,6 +83,68 @@ def notify(message: str) -> None:
         log.warning("event=notify_failed error=%r", str(err))
 
 
+class ListenError(Exception):
+    """The agent cannot serve on the address it was given: which, and why."""
+
+
+class HttpServing(Protocol):
+    """What the agent needs of the server exporter.serve() started."""
+
+    def shutdown(self) -> None: ...
+
+    def server_close(self) -> None: ...
+
+    def reload_tls(self) -> None:
+        """Re-read the certificate and key it was started with; ValueError naming the
+        file when they are unusable (the old ones stay)."""
+
+
+# What errno means to an operator choosing an address (errno(3), bind(2), getaddrinfo(3)).
+_BIND_REASONS = {
+    errno.EADDRINUSE: "address in use (another process listens there)",
+    errno.EADDRNOTAVAIL: "address not available: no interface of this host has it",
+    errno.EACCES: "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)",
+}
+
+
+def listen_failure(listen: str, err: Exception) -> ListenError:
+    """A bind or resolution failure as one sentence naming the address."""
+    if isinstance(err, ValueError):  # exporter.serve(): the TLS files it was given
+        return ListenError(f"cannot serve on {listen}: {err}")
+    if isinstance(err, socket.gaierror):
+        reason = f"host not found ({err.strerror or err})"
+    elif isinstance(err, OSError) and err.errno in _BIND_REASONS:
+        reason = _BIND_REASONS[err.errno]
+    elif isinstance(err, OSError):
+        reason = err.strerror or str(err)
+    else:
+        reason = str(err)
+    return ListenError(f"cannot listen on {listen}: {reason}")
+
+
+def watchdog_interval(value: str | None) -> float | None:
+    """Seconds of systemd's watchdog from WATCHDOG_USEC (sd_watchdog_enabled(3): a
+    positive decimal number of microseconds), or None. Anything else is logged and
+    ignored: an exception here would end the thread that also writes the textfile."""
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and 0 < int(value) < 10**12):
+        # The value itself is not logged: only audited variables' values ever are.
+        log.warning("event=watchdog_ignored reason=%r", "WATCHDOG_USEC is not microseconds")
+        return None
+    return int(value) / 1e6
+
+
+def _reaches_other_hosts(host: str) -> bool:
+    """False only for loopback: "" (every interface) and any other address do."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host.partition("%")[0]).is_loopback
+    except ValueError:
+        return True  # a host name: whatever it resolves to
+
+
 def _version() -> str:
     try:
         return metadata.version("nodecheck")
@@ -106,7 +181,7 @@ class Agent:
         )
         self.scheduler = self._scheduler()
         self.listener: XidListener | None = None
-        self.server: ThreadingHTTPServer | None = None
+        self.server: HttpServing | None = None
         self._stop = threading.Event()
         self._ready = False
 
@@ -196,16 +271,32 @@ class Agent:
     # -- life ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Listen first (ListenError when it cannot, with nothing else started), then run
+        the checks and the XID listener."""
+        config = self.config
+        log.info(
+            "event=starting config=%r checks=%d nvml_timeout_s=%g",
+            config.source,
+            len(self._checks(config)),
+            self.nvml.deadline_s,
+        )
+        if config.listen:
+            self.server = self._serve(config)
         self.scheduler.start()
         if not self._fast_checks(self.config):
             self._ready = True  # nothing to wait for
             notify("READY=1\nSTATUS=no checks enabled")
-        if self.config.listen:
-            config = self.config
-            tls = None
-            if config.tls_cert_file and config.tls_key_file:
-                tls = (config.tls_cert_file, config.tls_key_file)
-            self.server = serve(
+        self.listener = XidListener(self.nvml, self.xid_log, on_event=self._on_xid)
+        self.listener.start()
+        threading.Thread(target=self._background, name="agent-background", daemon=True).start()
+
+    def _serve(self, config: AgentConfig) -> HttpServing:
+        tls = None
+        if config.tls_cert_file and config.tls_key_file:
+            tls = (config.tls_cert_file, config.tls_key_file)
+        host, port = parse_listen(config.listen)
+        try:
+            server = serve(
                 config.listen,
                 CachedExposition(self.registry, self.store, lambda: self.reload_ok),
                 lambda: results_document(self.store, self.hostname),
@@ -213,18 +304,29 @@ class Agent:
                 tls,
                 self.auth,
             )
-            log.info("event=listening address=%s", self.config.listen)
-        self.listener = XidListener(self.nvml, self.xid_log, on_event=self._on_xid)
-        self.listener.start()
-        threading.Thread(target=self._background, name="agent-background", daemon=True).start()
+        except (OSError, ValueError, OverflowError) as err:  # socket.gaierror is an OSError
+            raise listen_failure(config.listen, err) from None
+        shown = f"[{host}]" if ":" in host else host or "0.0.0.0"
+        address = f"{'https' if tls else 'http'}://{shown}:{port}/metrics"
+        log.info("event=listening address=%s", address)
+        if tls is None and self.auth is None and _reaches_other_hosts(host):
+            log.warning(
+                "event=unprotected address=%s reason=%r",
+                address,
+                "serving without TLS or basic auth"
+                + (" on all interfaces" if host in ("", "0.0.0.0", "::") else " beyond loopback")
+                + ": anyone who reaches this port can read the results "
+                "(set tls_cert_file, tls_key_file and basic_auth_file, or listen on 127.0.0.1)",
+            )
+        return server
 
     def healthy(self) -> bool:
         return self.scheduler.alive and time.monotonic() - self.scheduler.heartbeat < 10
 
     def _background(self) -> None:
         """The watchdog pings and the textfile, both only while the scheduler lives."""
-        watchdog_us = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
-        ping_every = watchdog_us / 1e6 / 2 if watchdog_us else None
+        watchdog_s = watchdog_interval(os.environ.get("WATCHDOG_USEC"))
+        ping_every = watchdog_s / 2 if watchdog_s else None
         last_textfile = 0.0
         while not self._stop.wait(min(ping_every or 1.0, 1.0)):
             if ping_every and self.healthy():
@@ -244,38 +346,55 @@ class Agent:
         if path is None:
             return None
         try:
-            return BasicAuth(parse_basic_auth(path.read_text(), str(path)))
-        except (OSError, ValueError) as err:
-            raise ConfigError(path, None, "", str(err)) from err
+            return BasicAuth(parse_basic_auth(read_text_file(path), str(path)))
+        except UnreadableFileError as err:
+            raise ConfigError(path, err.line, "", err.reason) from None
+        except ValueError as err:
+            raise ConfigError(path, None, "", str(err)) from None
 
     def _load(self) -> AgentConfig:
         config = load_config(self.config_path, set(self.available))
         return replace(config, **self.overrides)  # type: ignore[arg-type]
 
     def reload(self) -> None:
+        """SIGHUP. Never raises: whatever goes wrong keeps the running configuration,
+        logs event=reload_failed and sets nodecheck_config_last_reload_successful 0."""
         try:
-            config = self._load()
+            self._reload()
         except ConfigError as err:
             self.reload_ok = False
             log.error("event=reload_failed keeping=previous error=%r", str(err))
-            return
-        try:
-            auth = self._auth(config)
-        except ConfigError as err:
-            self.reload_ok = False
-            log.error("event=reload_failed keeping=previous error=%r", str(err))
-            return
-        served = (self.config.listen, self.config.tls_cert_file, self.config.tls_key_file)
-        wanted = (config.listen, config.tls_cert_file, config.tls_key_file)
-        if served != wanted or (auth is None) != (self.auth is None):
+        except Exception as err:
             self.reload_ok = False
             log.error(
                 "event=reload_failed keeping=previous error=%r",
-                "listen, TLS and turning basic auth on or off take a restart",
+                f"{type(err).__name__}: {err}",
             )
-            return
+
+    def _reload(self) -> None:
+        config = self._load()
+        auth = self._auth(config)
+        served = (self.config.listen, self.config.tls_cert_file, self.config.tls_key_file)
+        wanted = (config.listen, config.tls_cert_file, config.tls_key_file)
+        if served != wanted or (auth is None) != (self.auth is None):
+            raise ConfigError(
+                config.source,
+                None,
+                "",
+                "listen, the TLS files' paths and turning basic auth on or off take a restart",
+            )
+        if self.server is not None and config.tls_cert_file is not None:
+            # The same paths, perhaps new files (certbot, cert-manager): swapped in for new
+            # connections, or ValueError naming the file and the old ones kept.
+            try:
+                self.server.reload_tls()
+            except ValueError as err:
+                raise ConfigError(config.source, None, "", f"TLS: {err}") from None
+        # Nothing can fail from here on: the new configuration is applied whole.
         if auth is not None and self.auth is not None:
             self.auth.users = auth.users  # the running server's check, updated in place
+        # Read by every NVML call as it starts; a call already waiting keeps its deadline.
+        self.nvml.deadline_s = config.nvml_timeout_s
         self.reload_ok = True
         self.config = config
         old = self.scheduler
@@ -284,7 +403,12 @@ class Agent:
         self.scheduler.start()
         enabled = {check.name for check, _ in self._checks(config)}
         self.store.forget({s.run.check.name for s in self.store.all()} - enabled)
-        log.info("event=reloaded source=%r checks=%d", config.source, len(enabled))
+        log.info(
+            "event=reloaded source=%r checks=%d nvml_timeout_s=%g",
+            config.source,
+            len(enabled),
+            self.nvml.deadline_s,
+        )
 
     def stop(self) -> None:
         notify("STOPPING=1")
@@ -312,7 +436,7 @@ class Agent:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
-        self.start()
+        self.start()  # ListenError before anything runs
         while not stop.wait(0.2):
             if hup.is_set():
                 hup.clear()

@@ -1,14 +1,19 @@
-"""Model FLOPs utilisation of a training run, by the seed article's formula.
+"""Model FLOPs utilisation of a training run, by the estimate in Stas Bekman's
+"Machine Learning Engineering" open book (github.com/stas00/ml-engineering,
+training/performance/README.md, "TFLOPS as a performance metric"):
 
     achieved TFLOPS per GPU = params x 2 x seqlen x global batch x k / (iteration time x GPUs)
 
 with k = 4 when activations are recomputed (forward, backward twice over, and the
 recomputed forward) and 3 without. MFU is that over the GPU's dense peak for the
-data type (checks/bench/peaks.py, hardware.md §6.1).
+data type (checks/bench/peaks.py). The book notes the formula slightly under-reports
+the real figure, so an MFU above 100 % cannot come from a real run: the inputs are
+wrong, and the result says so (`plausible`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from nodecheck.checks.bench.peaks import matmul_rates
@@ -35,6 +40,20 @@ class Mfu:
     def mfu(self) -> float | None:
         return None if not self.peak_tflops else self.tflops_per_gpu / self.peak_tflops
 
+    @property
+    def plausible(self) -> bool:
+        """False when the GPU would have done more than its peak: the inputs are wrong."""
+        return self.mfu is None or self.mfu <= 1.0
+
+    def warning(self) -> str | None:
+        """What is wrong with the figures, in a sentence; None when nothing is."""
+        if self.plausible or self.mfu is None:
+            return None
+        return (
+            f"MFU {self.mfu:.0%}: impossible, above the {self.model}'s peak; "
+            "check --params, --global-batch, --seqlen, --iter-time and --gpus"
+        )
+
     def formula(self) -> str:
         return (
             f"{self.params:g} params x 2 x {self.seqlen} seqlen x {self.global_batch} global batch "
@@ -54,10 +73,13 @@ def compute_mfu(
     gpu_model: str | None = None,
     dtype: str = "bf16",
 ) -> Mfu:
-    if min(params, seqlen, global_batch, iter_time_s, gpus) <= 0:
-        raise ValueError("every figure must be greater than 0")
+    figures = (params, seqlen, global_batch, iter_time_s, gpus)
+    if not all(math.isfinite(figure) and figure > 0 for figure in figures):
+        raise ValueError("every figure must be a finite number greater than 0")
     factor = 4 if recompute else 3
     tflops = params * 2 * seqlen * global_batch * factor / (iter_time_s * gpus) / 1e12
+    if not math.isfinite(tflops):
+        raise ValueError("the figures overflow: check their magnitudes")
     rates = matmul_rates(gpu_model.replace("-", " ")) if gpu_model else None
     peak = rates.peak_tflops.get(dtype) if rates else None
     return Mfu(

@@ -33,7 +33,21 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["check"], ["inventory"], ["bench"], ["agent"], ["tune"], ["exec"]]
+    "command",
+    [
+        [],
+        ["check"],
+        ["inventory"],
+        ["bench"],
+        ["agent"],
+        ["tune"],
+        ["exec"],
+        ["mfu"],
+        ["snapshot"],
+        ["config"],
+        ["config", "show"],
+        ["config", "check"],
+    ],
 )
 def test_help_for_every_command(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
@@ -271,7 +285,7 @@ def test_no_nvml_library_on_a_gpu_node_is_undetermined(dgx: Node) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nvml-timeout", "nan"], "nan is not a number of seconds"),
+        (["--nvml-timeout", "nan"], "'nan' is not a finite number"),
         (["--nvml-timeout", "60"], "60.0 is not in the range 0.1<=x<=8.0"),
         (["--nvml-library", "/no/such/libnvidia-ml.so.1"], "does not exist"),
         (["check", "--kernel-log", "/no/such/kern.log"], "does not exist"),
@@ -334,3 +348,16 @@ def test_bench_that_measured_nothing_is_undetermined(dgx: Node, tmp_path: Path) 
     done = run(*dgx.cli_args, *args, env=dgx.env)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "not run: GPU 0 (0000:18:00.0) is in use by pid 5151 (python3)" in done.stdout
+
+
+def test_the_readme_example_is_what_the_demo_prints(tmp_path: Path) -> None:
+    """README.md's example block comes from `python -m tests.fixtures.demo --readme` (make
+    demo): the commands it shows reproduce it."""
+    from tests.fixtures.demo import readme_excerpt, run_demo
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Example: the faulty 8-GPU replica node", 1)[1]
+    shown = section.split("--readme` prints it", 1)[1].split("```\n", 2)[1]
+    done = run_demo(tmp_path, [], capture=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert readme_excerpt(done.stdout) == shown

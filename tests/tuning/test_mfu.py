@@ -1,4 +1,5 @@
-"""MFU by the seed's formula, and `nodecheck mfu`."""
+"""MFU by the estimate of the Machine Learning Engineering book (training/performance),
+and `nodecheck mfu`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.conftest import Node
 LLAMA_70B = ["--params", "70e9", "--seqlen", "4096", "--global-batch", "1024"]
 
 
-def test_the_seed_formula() -> None:
+def test_the_book_formula() -> None:
     # 70e9 x 2 x 4096 x 1024 x 4 / (12.5 s x 512 GPUs) = 367.0e12 FLOP/s per GPU
     figures = compute_mfu(70e9, 4096, 1024, 12.5, 512, gpu_model="H100-SXM")
     assert figures.tflops_per_gpu == pytest.approx(367.0, abs=0.05)
@@ -25,6 +26,30 @@ def test_the_seed_formula() -> None:
     assert unknown.mfu is None
     with pytest.raises(ValueError):
         compute_mfu(70e9, 4096, 1024, 0, 512)
+    assert figures.plausible and figures.warning() is None and unknown.plausible
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_figures_that_are_not_numbers_are_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="finite number greater than 0"):
+        compute_mfu(bad, 4096, 1024, 12.5, 512)
+    with pytest.raises(ValueError, match="finite number greater than 0"):
+        compute_mfu(70e9, 4096, 1024, bad, 512)
+
+
+def test_overflowing_figures_are_refused() -> None:
+    with pytest.raises(ValueError, match="overflow"):
+        compute_mfu(1e300, 4096, 1024, 1e-300, 1)
+
+
+def test_an_mfu_above_the_peak_is_implausible() -> None:
+    """The formula under-reports (the book says so): above 100 % the inputs are wrong."""
+    figures = compute_mfu(70e9, 4096, 1024, 0.0125, 512, gpu_model="H100-SXM")
+    assert figures.mfu == pytest.approx(371.08, abs=0.01) and not figures.plausible
+    assert figures.warning() == (
+        "MFU 37108%: impossible, above the H100 SXM's peak; check --params, --global-batch, "
+        "--seqlen, --iter-time and --gpus"
+    )
 
 
 def test_mfu_command_detects_the_gpu(dgx: Node) -> None:

@@ -1,0 +1,219 @@
+"""Fault matrix, the command line: no input makes `nodecheck` print a traceback or
+"internal error", hang, or take NaN, infinity or a 20-digit count as a value. Each bad
+invocation is a usage error (exit 2) naming the option or the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent.test_cli import run
+from tests.conftest import Node
+
+MFU = ["mfu", "--seqlen", "4096", "--global-batch", "1024", "--gpu-model", "H100-SXM"]
+MFU_OK = ["--params", "70e9", "--iter-time", "12.5", "--gpus", "512"]
+
+
+def mfu(**changes: str) -> list[str]:
+    """`nodecheck mfu` with one figure changed (--params=..., as given)."""
+    figures = dict(zip(MFU_OK[::2], MFU_OK[1::2], strict=True))
+    figures.update({f"--{name.replace('_', '-')}": value for name, value in changes.items()})
+    return [*MFU, *(part for pair in figures.items() for part in pair)]
+
+
+# (argv, what stderr must name). @FIFO@, @NOT_UTF8@, @DEEP@ are replaced by real files.
+BAD_INVOCATIONS: list[tuple[list[str], str]] = [
+    (["--nvml-timeout", "nan", "check"], "--nvml-timeout"),
+    (["--nvml-timeout", "inf", "check"], "--nvml-timeout"),
+    (["--nvml-timeout", "-1", "check"], "--nvml-timeout"),
+    (["--nvml-timeout", "1e999", "check"], "--nvml-timeout"),
+    (["check", "--nvml-timeout", "nan"], "--nvml-timeout"),
+    (["--nvml-library", "@FIFO@", "check"], "@FIFO@: a FIFO, not a regular file"),
+    (["--nvml-library", "/dev/null", "check"], "/dev/null: a character device"),
+    (["--sysfs-root", "/dev/null", "check"], "--sysfs-root /dev/null: not a directory"),
+    (["--procfs-root", "/bin/ls", "check"], "--procfs-root"),
+    (["check", "--expected-gpus", "99999999999"], "--expected-gpus"),
+    (["check", "--expected-gpus", "-1"], "--expected-gpus"),
+    (["check", "--expected-gpus", "8.5"], "--expected-gpus"),
+    (["check", "--kernel-log", "@FIFO@"], "@FIFO@: a FIFO, not a log file or /dev/kmsg"),
+    (["check", "--kernel-log", "/"], "--kernel-log"),
+    (["check", "--only", "nope"], "unknown check nope"),
+    (mfu(params="nan"), "--params"),
+    (mfu(params="inf"), "--params"),
+    (mfu(params="1e999"), "--params"),
+    (mfu(params="0"), "--params"),
+    (mfu(iter_time="nan"), "--iter-time"),
+    (mfu(iter_time="0"), "--iter-time"),
+    (mfu(iter_time="1e-300"), "--iter-time"),
+    (mfu(iter_time="-inf"), "--iter-time"),
+    (mfu(gpus="99999999999999"), "--gpus"),
+    ([*mfu(), "--seqlen", "99999999999999999999"], "--seqlen"),
+    ([*mfu(), "--global-batch", "0"], "--global-batch"),
+    (["bench", "matmul", "--duration", "nan"], "--duration"),
+    (["bench", "matmul", "--duration", "inf"], "--duration"),
+    (["bench", "matmul", "--idle-window", "nan"], "--idle-window"),
+    (["bench", "matmul", "--warn-below", "nan"], "--warn-below"),
+    (["bench", "matmul", "--fail-below", "nan"], "--fail-below"),
+    (["bench", "matmul", "--warn-below", "0"], "--warn-below"),
+    (["bench", "matmul", "--memory-fraction", "nan"], "--memory-fraction"),
+    (["bench", "matmul", "--gpus", "-1"], "--gpus"),
+    (["bench", "matmul", "--gpus", "99999"], "--gpus"),
+    (["bench", "matmul", "--gpus", "\u0661"], "--gpus"),
+    (["bench", "matmul", "--gpus", ","], "--gpus"),
+    (["bench", "matmul", "--state-dir", "/bin/ls"], "--state-dir"),
+    (["tune", "--nodes", "99999999999"], "--nodes"),
+    (["tune", "--local-rank", "99999999999"], "--local-rank"),
+    (["exec", "--local-rank", "99999999999", "--", "true"], "--local-rank"),
+    (["agent", "--listen", "garbage"], "--listen"),
+    (["agent", "--listen", ":99999"], "--listen"),
+    (["agent", "--listen", ":0"], "--listen"),
+    (["agent", "--listen", "a:b:1"], "--listen"),
+    (["agent", "--listen", "[::1:1"], "--listen"),
+    (["agent", "--snapshot", "@FIFO@"], "@FIFO@: a FIFO, not a snapshot file"),
+    (["agent", "--snapshot", "/"], "--snapshot"),
+    (["agent", "--config", "/dev/zero"], "/dev/zero: a character device"),
+    (["agent", "--config", "@FIFO@"], "@FIFO@: a FIFO, not a regular file"),
+    (["agent", "--config", "@NOT_UTF8@"], "@NOT_UTF8@:2: not UTF-8 text"),
+    (["agent", "--config", "@DEEP@"], "@DEEP@: nested too deeply"),
+    (["config", "show", "--config", "/dev/zero"], "/dev/zero: a character device"),
+    (["config", "show", "--config", "@FIFO@"], "@FIFO@: a FIFO"),
+    (["config", "check", "/bin/ls"], "/bin/ls:1: not UTF-8 text"),
+    (["config", "check", "@FIFO@"], "@FIFO@: a FIFO"),
+    (["config", "check", "@DEEP@"], "@DEEP@: nested too deeply"),
+    (["config", "check", "@NOT_UTF8@"], "@NOT_UTF8@:2: not UTF-8"),
+    (["config", "check", "/nonexistent.toml"], "/nonexistent.toml: no such file"),
+    (["snapshot", "--output", "/"], "--output"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    work = tmp_path_factory.mktemp("bad-files")
+    fifo = work / "fifo"
+    os.mkfifo(fifo)
+    not_utf8 = work / "latin1.toml"
+    not_utf8.write_bytes(b"# a comment\n# \xe9quipe\n")
+    deep = work / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    yield {"@FIFO@": str(fifo), "@NOT_UTF8@": str(not_utf8), "@DEEP@": str(deep)}
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"), BAD_INVOCATIONS, ids=[" ".join(argv) for argv, _ in BAD_INVOCATIONS]
+)
+def test_a_bad_invocation_is_a_usage_error_naming_what_is_wrong(
+    build: Callable[..., Node], files: dict[str, str], argv: list[str], named: str
+) -> None:
+    """Exit 2; stderr names the option or the file; no traceback, no "internal error";
+    nothing on stdout. On the CPU-only replica, so a command that wrongly runs is quick."""
+    node = build("cpu-only")
+    for placeholder, path in files.items():
+        argv = [path if arg == placeholder else arg for arg in argv]
+        named = named.replace(placeholder, path)
+    done = run(*node.cli_args, *argv, env=node.env)
+    assert done.returncode == 2, (done.returncode, done.stdout[-300:], done.stderr[-500:])
+    assert named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_no_arguments_shows_the_help_and_succeeds() -> None:
+    """Today: exit 2 (click's missing-command error)."""
+    done = run()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: nodecheck") and "Commands:" in done.stdout
+
+
+def test_python_dash_m_nodecheck_runs_the_command() -> None:
+    """`nodecheck` is a namespace package; its __main__ comes from main/ (pyproject)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nodecheck", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",  # not the checkout: the installed package
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("nodecheck, version ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["config", "show", "--config", "CONFIG", "--log-level", "debug"],
+        ["config", "--log-level", "info", "show", "--config", "CONFIG"],
+        ["--log-level", "error", "config", "show", "--config", "CONFIG"],
+        ["config", "check", "CONFIG", "--log-level", "debug"],
+    ],
+)
+def test_config_commands_take_the_global_options(tmp_path: Path, argv: list[str]) -> None:
+    """The README says every command takes --log-level; today config show|check refuse it."""
+    config = tmp_path / "c.toml"
+    config.write_text("[agent]\nexpected_gpus = 8\n")
+    done = run(*[str(config) if arg == "CONFIG" else arg for arg in argv])
+    assert done.returncode == 0, done.stderr
+    assert "expected_gpus = 8" in done.stdout or done.stdout == f"{config}: ok\n"
+
+
+def test_an_impossible_mfu_says_so() -> None:
+    """An iteration 1000 times too fast: MFU 37108 %. Today printed without a word."""
+    done = run(*mfu(iter_time="0.0125"))
+    assert done.returncode == 1, done.stderr
+    assert "MFU: 37108.4% of the H100 SXM's 989 TFLOPS" in done.stdout
+    assert done.stderr == (
+        "nodecheck: MFU 37108%: impossible, above the H100 SXM's peak; check --params, "
+        "--global-batch, --seqlen, --iter-time and --gpus\n"
+    )
+    as_json = run(*mfu(iter_time="0.0125"), "--json")
+    assert as_json.returncode == 1
+
+    def no_nan(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    document = json.loads(as_json.stdout, parse_constant=no_nan)
+    assert document["plausible"] is False and "impossible" in document["warning"]
+    fine = json.loads(run(*mfu(), "--json").stdout, parse_constant=no_nan)
+    assert fine["plausible"] is True and fine["warning"] is None
+
+
+def test_mfu_help_names_its_source() -> None:
+    """Not "the seed's formula": the book and the chapter."""
+    done = run("mfu", "--help")
+    assert done.returncode == 0
+    assert "seed" not in done.stdout
+    assert "Machine Learning Engineering" in done.stdout and "stas00/ml-engineering" in done.stdout
+
+
+def test_an_exception_in_the_log_stays_on_one_line() -> None:
+    """A log record with an exception, and a thread that dies of one: each one key=value
+    line (journald splits a multi-line traceback into unrelated entries)."""
+    program = (
+        "import logging, threading\n"
+        "from nodecheck.agent.logs import configure_logging\n"
+        "configure_logging('debug')\n"
+        "try:\n"
+        "    raise OSError('disk\\non fire')\n"
+        "except OSError as err:\n"
+        "    logging.getLogger('nodecheck.test').debug('event=caught', exc_info=err)\n"
+        "def crash():\n"
+        "    raise ValueError('in a thread')\n"
+        "worker = threading.Thread(target=crash, name='worker')\n"
+        "worker.start()\n"
+        "worker.join()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith("level=debug logger=nodecheck.test event=caught exception=OSError")
+    assert "error='disk\\non fire' at=<string>:5:<module>" in lines[0]
+    assert lines[1].startswith("level=error logger=nodecheck event=thread_crashed thread=worker")
+    assert "exception=ValueError error='in a thread'" in lines[1]
