@@ -169,16 +169,18 @@ class ForeignProcessWatch:
             activity = _activity(self.ctx)
             # One GPU that cannot be read (hung, lost) blinds the watch to that GPU as
             # surely as NVML failing blinds it to all of them.
-            if isinstance(activity, Refusal):
-                blind: Refusal | None = Refusal(activity.reason, f"the GPUs: {activity.text}")
-            else:
-                blind = _unreadable(activity)
-            if blind is not None:
+            blind = (
+                Refusal(activity.reason, f"the GPUs: {activity.text}")
+                if isinstance(activity, Refusal)
+                else _unreadable(activity)
+            )
+            if blind is not None or isinstance(activity, Refusal):
                 # An NVML hiccup is forgiven; going blind for longer is not: a job
                 # could arrive unseen.
                 blind_since = blind_since or time.monotonic()
                 if time.monotonic() - blind_since > BLIND_LIMIT_S:
-                    self.stop(Refusal("nvml_unavailable", f"lost sight of {blind.text}"))
+                    what = blind.text if blind is not None else "the GPUs"
+                    self.stop(Refusal("nvml_unavailable", f"lost sight of {what}"))
                     return
                 continue
             blind_since = None
