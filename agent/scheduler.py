@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import Check
+from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun, run_checks
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class Scheduled:
     due: float  # time.monotonic()
     running: bool = False
     group: str | None = None  # jobs of one group never run at once (the benchmarks)
+    last_status: Status | None = None  # of the previous run, to log changes only
 
 
 class Scheduler:
@@ -180,7 +182,11 @@ class Scheduler:
             if self._stop.is_set():
                 return  # replaced by a reload meanwhile: the new scheduler speaks now
             self.store.put(run, job.interval_s)
-            log.info(
+            # The journal gets a line when a check's status changes; every run at debug.
+            changed = run.status is not job.last_status
+            job.last_status = run.status
+            log.log(
+                logging.INFO if changed else logging.DEBUG,
                 "event=check check=%s status=%s duration_s=%.3f",
                 run.check.name,
                 run.status.value,

@@ -411,6 +411,32 @@ def test_a_hung_check_stalls_nothing() -> None:
     assert stored["hung"].results[0].summary == "check hung did not finish within 0.5 s"
 
 
+def test_the_journal_gets_a_line_per_status_change(caplog: pytest.LogCaptureFixture) -> None:
+    """The agent logs at info by default: a check's run is an info line when its status
+    changed (ok, ok, fail, fail, ok: three lines), every other run only at debug."""
+    statuses = [Status.OK, Status.OK, Status.FAIL, Status.FAIL, Status.OK]
+    calls = {"n": 0}
+
+    def flipping(ctx: CheckContext) -> list[Result]:
+        status = statuses[min(calls["n"], len(statuses) - 1)]
+        calls["n"] += 1
+        return [Result(status, NODE, status.value)]
+
+    store = ResultStore()
+    scheduler = Scheduler([(Check("flipping", flipping, 0.05, 5, ""), 0.05)], CheckContext, store)
+    caplog.set_level("DEBUG", logger="nodecheck.agent.scheduler")
+    scheduler.start()
+    try:
+        wait_for(lambda: calls["n"] >= len(statuses) + 1, 60, "six runs")
+    finally:
+        scheduler.stop()
+    runs = [r for r in caplog.records if "event=check check=flipping" in r.getMessage()]
+    info = [r.getMessage().split()[2] for r in runs if r.levelname == "INFO"]
+    assert info[:3] == ["status=ok", "status=fail", "status=ok"], info
+    assert len(info) == 3
+    assert len(runs) > len(info)
+
+
 def test_a_reload_keeps_the_schedule() -> None:
     """A new scheduler (SIGHUP) takes over the due times: the daily benchmark is not rerun
     by every reload."""
