@@ -125,11 +125,17 @@ def _undetermined(
     return CheckRun(check, [result], duration, completed=False)
 
 
-def stuck_paths(thread: int | None, limit: int = 2) -> list[str]:
-    """The reads a timed-out check is held up by: its own thread's, else the oldest ones."""
+def stuck_paths(thread: int | None, limit: int = 2, since: float | None = None) -> list[str]:
+    """The reads a timed-out check is held up by: its own thread's, else the oldest of the
+    others (a shared read it waits for) that began after `since` (time.monotonic()): a read
+    stuck since long before is some earlier run's, already reported by that run."""
     reads = reads_in_flight()
     own = [read.path for read in reads if read.thread == thread]
-    others = [read.path for read in reads if read.thread != thread]
+    others = [
+        read.path
+        for read in reads
+        if read.thread != thread and (since is None or read.started >= since)
+    ]
     return (own or others)[:limit]
 
 
@@ -137,7 +143,7 @@ def _outcome(worker: _Worker) -> CheckRun:
     check = worker.check
     if worker.finished is None:
         thread = worker.thread.ident if worker.thread is not None else None
-        paths = stuck_paths(thread)
+        paths = stuck_paths(thread, since=worker.started - check.timeout_s)
         log.warning(
             "check=%s event=timeout timeout_s=%s reading=%r", check.name, check.timeout_s, paths
         )

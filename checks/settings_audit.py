@@ -49,7 +49,10 @@ def audit(
     for (name, value, status, reason), settings in grouped.items():
         places = [setting.where for setting in settings]
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
-        remedies = list(dict.fromkeys(remedy_for(setting) for setting in settings))
+        # Removing a setting is the fix for what it does wrong, not for what could not be
+        # told about it (an error).
+        judged = status in (Status.WARN, Status.FAIL)
+        remedies = list(dict.fromkeys(remedy_for(s) for s in settings)) if judged else []
         results.append(
             Result(
                 status,

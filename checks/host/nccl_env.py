@@ -353,6 +353,7 @@ def gid_index_findings(ctx: CheckContext, setting: Setting) -> list[Finding]:
     if index < 0:
         return []
     wrong = []
+    unknown = []
     for rdma in ctx.inventory.rdma:
         for port in rdma.ports:
             if port.link_layer != "Ethernet":
@@ -370,18 +371,28 @@ def gid_index_findings(ctx: CheckContext, setting: Setting) -> list[Finding]:
             try:
                 gid_type = read_optional_text(path)
             except ReadError as err:
-                gid_type = f"unreadable ({err})"
+                # Could not tell: not the same as "not RoCE v2".
+                unknown.append(f"{rdma.name} port {port.number}: {err}")
+                continue
             if gid_type != "RoCE v2":
                 wrong.append(f"{rdma.name} port {port.number}: {gid_type or 'no such GID'}")
+    findings = []
     if wrong:
-        return [
+        findings.append(
             Finding(
                 Status.WARN,
                 f"GID index {index} is not RoCE v2 on {'; '.join(wrong)}; NCCL 2.21+ picks "
                 "the GID itself when this is unset",
             )
-        ]
-    return []
+        )
+    if unknown:
+        findings.append(
+            Finding(
+                Status.ERROR,
+                f"cannot tell whether GID index {index} is RoCE v2 on {'; '.join(unknown)}",
+            )
+        )
+    return findings
 
 
 def source_problems(variables: Variables) -> list[Result]:

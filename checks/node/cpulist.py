@@ -38,7 +38,15 @@ def parse_cpulist(text: str, cpu_bound: int = NR_CPUS_MAX) -> frozenset[int]:
     text = text.strip()
     if not text:
         return frozenset()
-    for item in text.split(","):
+    items = text.split(",")
+    if len(items) > cpu_bound:
+        raise ImplausibleValueError(
+            f"{len(items)} CPU ranges, more than the {cpu_bound} CPUs the kernel can have"
+        )
+    # The kernel prints each CPU once: ranges that together name more CPUs than there can
+    # be are not its output, and expanding them would cost time without bound.
+    spanned = 0
+    for item in items:
         part, _, stride_text = item.strip().partition(":")
         # "a-b:used/group" takes the first `used` CPUs of every `group` (bitmap_parselist);
         # a bare "a-b:step" is read as every step-th CPU.
@@ -59,6 +67,11 @@ def parse_cpulist(text: str, cpu_bound: int = NR_CPUS_MAX) -> frozenset[int]:
         if last >= cpu_bound:
             raise ImplausibleValueError(
                 f"CPU {last} is beyond the {cpu_bound} CPUs the kernel can have (0-{cpu_bound - 1})"
+            )
+        spanned += last - first + 1
+        if spanned > cpu_bound:
+            raise ImplausibleValueError(
+                f"the ranges name more than the {cpu_bound} CPUs the kernel can have"
             )
         cpus.update(cpu for cpu in range(first, last + 1) if (cpu - first) % group < used)
     return frozenset(cpus)

@@ -60,6 +60,7 @@ class ImplausibleValueError(ValueError):
 
 MISSING = "missing"
 PERMISSION_DENIED = "permission denied"
+EXITED = "the process has exited"
 
 
 def os_error_reason(err: OSError) -> str:
@@ -68,6 +69,8 @@ def os_error_reason(err: OSError) -> str:
         return MISSING
     if err.errno in (errno.EACCES, errno.EPERM):
         return PERMISSION_DENIED
+    if err.errno == errno.ESRCH:  # /proc/<pid>/... of a process that exited meanwhile
+        return EXITED
     if err.errno == errno.ELOOP:
         return "a symlink loop (too many levels of symbolic links)"
     if err.errno == errno.ENOTDIR:
@@ -147,6 +150,12 @@ def read_prefix(path: Path, limit: int = DEFAULT_LIMIT) -> Contents:
     """
     with reading(path):
         try:
+            # The kind first: opening a device node is not harmless (/dev/watchdog arms
+            # the watchdog, a tape rewinds: Documentation/watchdog/watchdog-api.rst), so
+            # nothing but a regular file is opened; fstat below closes the race.
+            kind = os.stat(path).st_mode
+            if not stat.S_ISREG(kind):
+                raise ReadError(path, describe_kind(kind))
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError as err:
             raise ReadError(path, os_error_reason(err)) from err
@@ -359,5 +368,7 @@ class NodeFS:
         symlink targets continue inside it. A symlink loop is a ReadError naming it.
         """
         if self.rootfs == Path("/") or self.rootfs.resolve() == Path("/"):
-            return Path(posixpath.normpath("/" + absolute))
+            # normpath keeps a leading "//" (POSIX leaves it implementation-defined):
+            # "/" + "/etc/nccl.conf" must become /etc/nccl.conf, not //etc/nccl.conf.
+            return Path(posixpath.normpath("/" + absolute.lstrip("/")))
         return resolve_inside(self.rootfs, absolute)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodecheck.checks.node.fs import (
+    EXITED,
     MISSING,
     PERMISSION_DENIED,
     Contents,
@@ -50,10 +51,16 @@ def audited(name: str) -> bool:
     return name.startswith(AUDITED_PREFIXES)
 
 
+MAX_COUNT_DIGITS = 9
+
+
 def parse_count(value: str) -> int | None:
     """A non-negative integer as launchers write one ("8", " 8 "); None for anything else.
     str.isdigit is not enough: it accepts "²", which int() refuses."""
     text = value.strip()
+    # Past 9 digits no count, rank or GPU index is meant (and int() refuses over 4300).
+    if len(text) > MAX_COUNT_DIGITS:
+        return None
     return int(text) if text.isascii() and text.isdigit() else None
 
 
@@ -244,6 +251,14 @@ def _cut_note(path: Path, what: str, limit: int) -> str:
     return f"{path}: longer than {limit >> 20} MiB; {what} past {limit >> 20} MiB were not read"
 
 
+def _host_label(fs: NodeFS, path: Path) -> str:
+    """A file under the root filesystem as the host names it (/etc/nccl.conf)."""
+    try:
+        return "/" + str(path.relative_to(fs.rootfs))
+    except ValueError:  # --rootfs is / by another name (a symlink to it)
+        return str(path)
+
+
 def _record_failure(found: Variables, err: ReadError, label: str | None = None) -> None:
     """Permissions go to `unreadable` (root can read it); anything else is a problem."""
     where = f"{label}: {err}" if label else str(err)
@@ -293,7 +308,7 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
                 continue
             if contents.truncated:
                 found.problems.append(_cut_note(path, "lines", NCCL_CONF_LIMIT))
-            source = Source("file", "/" + str(path.relative_to(fs.rootfs)))
+            source = Source("file", _host_label(fs, path))
             found.sources.append(source)
             for line in parse_nccl_conf(contents.data.decode(errors="replace")):
                 if audited(line.name.strip()):
@@ -312,7 +327,10 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
         try:
             contents: Contents = read_prefix(environ_path, ENVIRON_LIMIT)
         except ReadError as err:
-            _record_failure(found, err, label)
+            # A process that held a GPU a moment ago and is gone now (a DataLoader worker)
+            # has no environment left to audit: that is not a failure to audit it.
+            if err.reason not in (MISSING, EXITED):
+                _record_failure(found, err, label)
             continue
         if contents.truncated:
             found.problems.append(

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,8 +15,13 @@ import pytest
 
 from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal
 from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.cpulist import parse_cpulist
+from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS
 from nodecheck.checks.node.variables import Variables
+from nodecheck.checks.registry import load_checks
 from nodecheck.checks.result import Status
+from nodecheck.checks.runner import run_checks
 from nodecheck.checks.settings_audit import sources_summary
 from tests.conftest import Node
 from tests.fixtures.nvml_scenarios import dgx_healthy
@@ -78,3 +86,139 @@ def test_root_is_not_told_to_run_as_root() -> None:
     assert "1 process(es) or file(s) not readable" in text
     assert "run as root" not in text
     assert details["unreadable"] == ["/proc/4242/environ"]
+
+
+def test_nccl_conf_on_the_live_root_is_audited(tmp_path: Path) -> None:
+    """The default roots (/, as on a real node) and NCCL_CONF_FILE naming a real file: the
+    file is read and judged (a "//tmp/..." path once made both env checks crash)."""
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_P2P_DISABLE=1\n")
+    assert NodeFS().host("/etc/nccl.conf") == Path("/etc/nccl.conf")
+    context = CheckContext(fs=NodeFS(), environ={"NCCL_CONF_FILE": str(conf)}, uid=1000)
+    checks = load_checks()
+    runs = run_checks([checks["nccl_env"], checks["torch_alloc"]], context)
+    assert all(run.completed for run in runs), [r.summary for run in runs for r in run.results]
+    flagged = [r for r in runs[0].results if "NCCL_P2P_DISABLE" in r.summary]
+    assert flagged and f"{conf} line 1" in flagged[0].summary, flagged
+
+
+def test_a_gpu_process_that_exits_mid_audit_is_no_error(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """A process that held a GPU a moment ago is gone by the time its environment is read
+    (a DataLoader worker): nothing to audit, and no `error` that would flap on every busy
+    node. Its siblings are still audited."""
+    node = copy_node(dgx)
+    before = node.results("nccl_env", "torch_alloc")
+    assert not [r for r in before if r.status is Status.ERROR]
+    job = node.root / "proc" / "5151"  # holds /dev/nvidia0 in the replica
+    assert any("nvidia" in os.readlink(fd) for fd in (job / "fd").iterdir())
+    (job / "environ").unlink()
+    after = node.results("nccl_env", "torch_alloc")
+    assert not [r for r in after if r.status is Status.ERROR], [r.summary for r in after]
+
+
+@pytest.mark.parametrize(
+    ("command", "variable"),
+    [(["exec", "--", "true"], "LOCAL_RANK"), (["tune", "--format", "json"], "SLURM_JOB_NUM_NODES")],
+)
+def test_a_five_thousand_digit_count_is_no_internal_error(
+    dgx: Node, command: list[str], variable: str
+) -> None:
+    """int() refuses over 4300 digits: a launcher variable of 5000 is not a number to
+    nodecheck (exec: exit 2 naming the variable; tune: a note), never "internal error"."""
+    value = "9" * 5000
+    done = subprocess.run(
+        [sys.executable, "-m", "nodecheck.agent", *dgx.cli_args, *command],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "HOME": "/nonexistent", variable: value},
+        timeout=120,
+        check=False,
+    )
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert value not in done.stdout + done.stderr
+    assert done.returncode == (2 if command[0] == "exec" else 0), done.stderr
+    assert variable in done.stdout + done.stderr
+
+
+def test_a_megabyte_cpulist_is_refused_without_expanding_it() -> None:
+    """1 MiB of "0-8191," (a sysfs file's most): each range is plausible, together they
+    name 8192 CPUs 150,000 times over. Refused as soon as they pass the bound, so the
+    parse is cheap (expanding them took about a minute)."""
+    text = "0-8191," * ((1 << 20) // 7)
+    with pytest.raises(ImplausibleValueError, match="more than the 8192 CPUs"):
+        parse_cpulist(text)
+    with pytest.raises(ImplausibleValueError, match="CPU ranges"):
+        parse_cpulist(",".join(["0"] * 9000))
+    assert parse_cpulist("0-8191") == frozenset(range(8192))
+
+
+def test_an_unreadable_gid_type_is_an_error_not_not_roce(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """NCCL_IB_GID_INDEX=3 and the RoCE port's gid_attrs/types/3 cannot be read: could
+    not tell, an `error` naming the port and the file with no remedy (it used to say the
+    GID is "not RoCE v2" and to remove the variable)."""
+    node = copy_node(dgx)
+    port = node.root / "sys" / "class" / "infiniband" / "mlx5_8" / "ports" / "1"
+    types = (port / "gid_attrs" / "types").resolve()
+    (types / "3").unlink()
+    (types / "3").mkdir()
+    results = node.results("nccl_env", environ={"NCCL_IB_GID_INDEX": "3"})
+    errors = [r for r in results if r.status is Status.ERROR]
+    assert len(errors) == 1, [(r.status, r.summary) for r in results]
+    assert "cannot tell whether GID index 3 is RoCE v2 on mlx5_8 port 1" in errors[0].summary
+    assert "types/3" in errors[0].summary and errors[0].remedy == ""
+    assert not [r for r in results if r.status is Status.WARN]
+
+
+def test_a_read_stuck_since_before_a_check_is_not_blamed_for_its_timeout() -> None:
+    """A read stuck for good in an earlier run's abandoned thread is not named as the cause
+    of every later timeout: only reads that began within the timed-out check's window."""
+    from nodecheck.checks.node.fs import reading
+    from nodecheck.checks.runner import stuck_paths
+
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        with reading("/sys/bus/pci/devices/0000:3a:00.0/config"):
+            entered.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=stuck, daemon=True)
+    thread.start()
+    try:
+        assert entered.wait(30)
+        began = time.monotonic()
+        assert stuck_paths(None, since=began - 30) == ["/sys/bus/pci/devices/0000:3a:00.0/config"]
+        assert stuck_paths(None, since=began + 1) == []
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_a_node_file_that_is_no_file_is_never_opened(tmp_path: Path) -> None:
+    """Device nodes and FIFOs are refused by their kind before they are opened (opening
+    /dev/watchdog arms it). Seen from a FIFO's writer, blocked in open() until a reader
+    opens it: refused reads leave it blocked."""
+    from nodecheck.checks.node.fs import ReadError, read_prefix
+
+    fifo = tmp_path / "numa_node"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "wb"):  # returns once some reader has opened the FIFO
+            opened.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        for _ in range(3):
+            with pytest.raises(ReadError, match="a FIFO, not a file"):
+                read_prefix(fifo)
+        assert not opened.wait(2), "nodecheck opened the FIFO"
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the writer go
+        thread.join(30)
