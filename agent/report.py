@@ -33,19 +33,18 @@ def _joined(texts: list[str]) -> str:
 
 
 def _merged_details(results: list[Result]) -> dict[str, object]:
-    """Every result's details; a key two results give different values holds them all."""
+    """The worst result's details, the other results' keys it lacks, and under "findings"
+    every result's own status, summary and details: nothing is lost, and a key keeps the
+    type it has in an unfolded row (a consumer reading details["cause"] gets one value)."""
     merged: dict[str, object] = {}
-    collided: dict[str, list[object]] = {}
-    for result in results:
+    for result in results:  # worst first
         for key, value in result.details.items():
-            if key not in merged:
-                merged[key] = value
-            elif key in collided:
-                if value not in collided[key]:
-                    collided[key].append(value)
-            elif merged[key] != value:
-                collided[key] = [merged[key], value]
-    return {**merged, **collided}
+            merged.setdefault(key, value)
+    merged["findings"] = [
+        {"status": r.status.value, "summary": r.summary, "details": dict(r.details)}
+        for r in results
+    ]
+    return merged
 
 
 def fold(results: Sequence[Result]) -> list[Result]:

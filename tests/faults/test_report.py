@@ -80,8 +80,9 @@ def test_agent_results_have_one_row_per_check_and_subject(dgx_faulty: Node) -> N
 
 def test_a_folded_row_keeps_every_finding() -> None:
     """Four findings about one subject become one row: the worst status, summaries worst
-    first, the remedies of what is not ok, every detail (a key given twice keeps both
-    values) and every metric sample; another subject stays its own row."""
+    first, the remedies of what is not ok, every detail (a key given twice takes the worst
+    finding's value; each finding's own are under "findings") and every metric sample;
+    another subject stays its own row."""
     spec = MetricSpec("nodecheck_test_value", "gauge", "a test series", ("n",))
     findings = [
         Result(Status.OK, NODE, "fine", "", {"shared": 1}, (Sample(spec, 1, {"n": "1"}),)),
@@ -94,6 +95,13 @@ def test_a_folded_row_keeps_every_finding() -> None:
     assert (node.status, node.subject) == (Status.FAIL, NODE)
     assert node.summary == "broken; odd; fine; not here"
     assert node.remedy == "fix it; look at it"
-    assert dict(node.details) == {"shared": [2, 1], "only": "here"}
+    details = dict(node.details)
+    assert details.pop("findings") == [
+        {"status": "fail", "summary": "broken", "details": {"shared": 2, "only": "here"}},
+        {"status": "warn", "summary": "odd", "details": {}},
+        {"status": "ok", "summary": "fine", "details": {"shared": 1}},
+        {"status": "skip", "summary": "not here", "details": {}},
+    ]
+    assert details == {"shared": 2, "only": "here"}  # the worst finding's value, one type
     assert [sample.value for sample in node.samples] == [1, 3]
     assert gpu == findings[-1]
