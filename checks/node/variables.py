@@ -295,7 +295,7 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
             try:
                 path = fs.host(name)
             except ReadError as err:
-                _record_failure(found, err)
+                found.problems.append(str(err))
                 continue
             if path in read_files:
                 continue
@@ -303,8 +303,10 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
             try:
                 contents = read_prefix(path, NCCL_CONF_LIMIT)
             except ReadError as err:
+                # NCCL reads this file as the job's user: one we cannot read, for whatever
+                # reason, holds settings we cannot judge (not just another user's secret).
                 if err.reason != MISSING:
-                    _record_failure(found, err)
+                    found.problems.append(str(err))
                 continue
             if contents.truncated:
                 found.problems.append(_cut_note(path, "lines", NCCL_CONF_LIMIT))

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +30,8 @@ from tests.conftest import Node
 from tests.fixtures.nvml_scenarios import dgx_healthy
 
 WAIT_S = 60.0
+# GPU 0 of the 8-GPU replica, under its host bridge, root port and switch.
+GPU_DIR = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"
 
 
 def test_benchmark_watch_stops_when_one_gpu_goes_dark(dgx: Node, tmp_path: Path) -> None:
@@ -222,3 +227,67 @@ def test_a_node_file_that_is_no_file_is_never_opened(tmp_path: Path) -> None:
     finally:
         os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the writer go
         thread.join(30)
+
+
+UNREADABLE_AS_NOBODY = {
+    # file -> the check that must name it, "permission denied", in an `error`
+    f"{GPU_DIR}/current_link_width": "pcie_link",
+    f"{GPU_DIR}/numa_node": "numa",
+    f"{GPU_DIR.replace('17:00.0/0000:18', '17:02.0/0000:1a')}/local_cpulist": "numa",
+    "sys/devices/system/node/node1/meminfo": "numa",
+    "sys/devices/system/cpu/cpu5/topology/thread_siblings_list": "cpu",
+    "proc/sys/kernel/numa_balancing": "numa",
+    "sys/class/infiniband/mlx5_0/ports/1/state": "nccl_env",
+    "etc/nccl.conf": "nccl_env",
+}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops root's privileges to read as nobody")
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux)")
+def test_files_unreadable_to_a_user_are_errors_naming_them(dgx: Node) -> None:
+    """The "unreadable" column of the read matrix, which root cannot see (root reads any
+    mode): a real `nodecheck check` as nobody (setpriv) on a replica whose files are mode
+    0. Each file is an `error` naming it with "permission denied"; another user's job
+    environment is counted with the advice to run as root; nothing crashes."""
+    base = Path(tempfile.mkdtemp(prefix="nodecheck-nobody-"))
+    try:
+        base.chmod(0o755)
+        root = base / dgx.root.name
+        shutil.copytree(dgx.root, root, symlinks=True)
+        for relative in [*UNREADABLE_AS_NOBODY, "proc/5151/environ"]:
+            path = Path(os.path.realpath(root / relative))
+            if not path.exists():
+                path.write_text("\n")
+            path.chmod(0)
+        host_checks = ["pcie_link", "numa", "cpu", "nccl_env", "torch_alloc", "pcie_acs"]
+        done = subprocess.run(
+            [
+                *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+                *(sys.executable, "-m", "nodecheck.agent"),
+                *("--sysfs-root", str(root / "sys"), "--procfs-root", str(root / "proc")),
+                *("--rootfs", str(root), "check", "--json"),
+                *(f"--only={name}" for name in host_checks),
+            ],
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "HOME": "/nonexistent"},
+            timeout=120,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    results = json.loads(done.stdout)["results"]
+    assert not [r for r in results if r["details"].get("cause") in ("exception", "timeout")]
+    errors = [r for r in results if r["status"] == "error"]
+    for relative, check in UNREADABLE_AS_NOBODY.items():
+        named = [
+            r
+            for r in errors
+            if r["check"] == check
+            and "permission denied" in r["summary"]
+            and Path(relative).name in r["summary"]
+        ]
+        assert named, (relative, [(r["check"], r["summary"]) for r in errors])
+    audit = [r for r in results if r["check"] == "nccl_env" and r["subject"] == "node"]
+    assert any("run as root to audit other users' jobs" in r["summary"] for r in audit), audit
