@@ -102,8 +102,7 @@ def test_on_a_gpu_machine_without_cuda_torch_the_benchmarks_are_marked_not_run(
     if "PYTHONPATH" in os.environ:
         environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
     done = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_report", "--output", str(output)]
-        + ["--step-timeout", "1"],
+        [sys.executable, "-m", "tools.gpu_report", "--output", str(output), "--step-timeout", "1"],
         cwd=ROOT,
         env=environ,
         capture_output=True,

@@ -205,9 +205,7 @@ def verdict_of(outcomes: list[Outcome]) -> str:
     return "; ".join(parts) or "every step passed"
 
 
-def render_report(
-    gpus: list[str], driver: str, torch: TorchCuda, outcomes: list[Outcome]
-) -> str:
+def render_report(gpus: list[str], driver: str, torch: TorchCuda, outcomes: list[Outcome]) -> str:
     lines = ["# nodecheck on a real GPU", "", f"**{verdict_of(outcomes)}**", "", "## Machine", ""]
     lines += machine_lines(gpus, driver, torch)
     lines += ["", "## Steps", "", "| step | command | exit status | duration | output |"]
