@@ -61,6 +61,9 @@ clean:
 
 # On a machine with an NVIDIA GPU: pytest -m gpu, tools.gpu_side_by_side and
 # bench.bench_accuracy --device cuda, one report in gpu-report/ (report.md and each
-# step's log); non-zero when a step failed, 2 at once when there is no GPU.
-gpu: $(BIN)/.torch
+# step's log); non-zero when a step failed or could not run, 2 at once when there is no
+# GPU. Not $(BIN)/.torch: that is the CPU build, which would replace a CUDA torch already
+# in the venv. Bring the CUDA build for the driver (.venv/bin/pip install torch); without
+# it the report says which torch it found, and the benchmark step is not run.
+gpu: $(BIN)/.installed
 	$(BIN)/python -m tools.gpu_report --output gpu-report

@@ -156,6 +156,11 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
         summary += f"; unset {', '.join(removed)}"
     if kept:
         summary += f"; kept your {', '.join(kept)} (see nodecheck tune)"
+    if plan.left_out:
+        summary += (
+            f"; not counted, not meant for this host or container: GPU "
+            f"{', '.join(plan.left_out)} (see nodecheck tune)"
+        )
     warnings = (*plan.unusable, *([rank.warning] if rank.warning else []))
     return Launch(argv, env, frozenset(binding.cpus), summary, warnings)
 

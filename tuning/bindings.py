@@ -2,7 +2,9 @@
 fairly, and the RDMA NIC nearest its GPU.
 
 Local rank N drives the Nth GPU in PCI bus order (what CUDA_DEVICE_ORDER=PCI_BUS_ID
-gives), or the Nth of CUDA_VISIBLE_DEVICES when that names GPUs by index. Each
+gives), or the Nth of CUDA_VISIBLE_DEVICES when that names GPUs by index, counting only
+the GPUs meant for this host and container (checks/node/gpu_assignment.py), as CUDA
+does: a GPU passed through to a VM or given to another container is not counted. Each
 rank is bound to the NUMA node its GPU hangs off (hardware.md §2), and the
 physical cores of that node are split into disjoint, equal, contiguous sets
 among the ranks that share it, so data loaders of two ranks never fight for a
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.gpu_assignment import GpuAssignment
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
@@ -58,15 +61,19 @@ def slurm_gpus(gpus: list[PciDevice], environ: Mapping[str, str], *names: str) -
     return []
 
 
-def visible_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciDevice]:
-    """The GPUs local ranks count, in order: every GPU in PCI bus order, or those
-    CUDA_VISIBLE_DEVICES names by index. CUDA stops at the first entry it cannot
-    use, so "" or "-1" hide every GPU; UUIDs cannot be matched from sysfs: all GPUs.
+def visible_gpus(
+    gpus: list[PciDevice], environ: Mapping[str, str], host: list[PciDevice] | None = None
+) -> list[PciDevice]:
+    """The GPUs local ranks count, in order: every GPU of `gpus` (those CUDA enumerates
+    here, in PCI bus order), or those CUDA_VISIBLE_DEVICES names by index among them.
+    CUDA stops at the first entry it cannot use, so "" or "-1" hide every GPU; UUIDs
+    cannot be matched from sysfs: all GPUs.
 
-    Slurm with ConstrainDevices=yes numbers CUDA_VISIBLE_DEVICES from 0 among the job's
-    GPUs (the device cgroup hides the others from CUDA, not from sysfs). When indices
-    name GPUs outside SLURM_STEP_GPUS (or SLURM_JOB_GPUS) but fit its length, they are
-    read as positions in that list.
+    Slurm's SLURM_STEP_GPUS and SLURM_JOB_GPUS index the host's GPUs (`host`, default
+    `gpus`: inside a container it also holds the GPUs given to others). Slurm with
+    ConstrainDevices=yes numbers CUDA_VISIBLE_DEVICES from 0 among the job's GPUs (the
+    device cgroup hides the others from CUDA, not from sysfs). When indices name GPUs
+    outside those Slurm lists but fit its length, they are read as positions in it.
     """
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
@@ -80,7 +87,9 @@ def visible_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciD
         if index is None:
             break
         indices.append(index)
-    allocated = slurm_gpus(gpus, environ, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+    allocated = slurm_gpus(
+        gpus if host is None else host, environ, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"
+    )
     outside = any(index >= len(gpus) or gpus[index] not in allocated for index in indices)
     if allocated and outside and all(index < len(allocated) for index in indices):
         return [allocated[index] for index in indices]
@@ -117,15 +126,18 @@ def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str
     )
 
 
-def sharing_gpus(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[PciDevice] | None:
+def sharing_gpus(
+    gpus: list[PciDevice], environ: Mapping[str, str], host: list[PciDevice] | None = None
+) -> list[PciDevice] | None:
     """Every GPU of this job step on the node, when the launcher shows that this process
     sees only some of them: `srun --gpus-per-task` or `--gpu-bind` give each task its own
     CUDA_VISIBLE_DEVICES, while SLURM_STEP_GPUS lists the step's GPUs by index. Sibling
     tasks then share the node's cores, and each must take only its GPU's share. None
     when there is nothing to share with (SLURM_JOB_GPUS alone does not say so: a batch
-    script may run one process on one of its GPUs)."""
-    visible = visible_gpus(gpus, environ)
-    step = slurm_gpus(gpus, environ, "SLURM_STEP_GPUS")
+    script may run one process on one of its GPUs). `gpus` and `host` as for
+    visible_gpus."""
+    visible = visible_gpus(gpus, environ, host)
+    step = slurm_gpus(gpus if host is None else host, environ, "SLURM_STEP_GPUS")
     if len(step) > len(visible) and all(gpu in step for gpu in visible):
         return step
     return None
@@ -137,13 +149,17 @@ def bind_ranks(
     *,
     allowed: frozenset[int] | None = None,
     with_smt_siblings: bool = False,
+    assignment: GpuAssignment | None = None,
 ) -> list[RankBinding]:
     """One binding per visible GPU (one rank per GPU), inside the CPUs `allowed`
     (this process's cpuset; None: every online CPU). The cores of each NUMA node are
     split among the GPUs on it that this job uses: the visible ones, or the whole
-    step's when each task sees only its own (sharing_gpus)."""
-    gpus = visible_gpus(inventory.gpus, environ)
-    sharers = sharing_gpus(inventory.gpus, environ) or gpus
+    step's when each task sees only its own (sharing_gpus). `assignment`: which GPUs
+    are meant for this host and container (None: every GPU of the inventory)."""
+    here = inventory.gpus if assignment is None else assignment.here
+    host = inventory.gpus if assignment is None else assignment.host
+    gpus = visible_gpus(here, environ, host)
+    sharers = sharing_gpus(here, environ, host) or gpus
     usable = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
     if allowed is not None:
         usable &= allowed

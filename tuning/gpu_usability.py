@@ -1,6 +1,7 @@
-"""Whether CUDA can drive a GPU that sysfs lists: it must answer on the PCI bus and be
-bound to the nvidia driver. Read from sysfs only, so `nodecheck tune` stays fast and
-never loads NVML.
+"""Whether CUDA can drive a GPU meant for this host (checks/node/gpu_assignment.py leaves
+out those passed through to a VM or not given to this container): it must answer on the
+PCI bus and be bound to the nvidia driver. Read from sysfs only, so `nodecheck tune` stays
+fast and never loads NVML.
 
 A device that no longer answers configuration requests (fallen off the bus) reads as
 all ones: a request that no function claims completes with all-1s data (PCI Express
@@ -16,10 +17,10 @@ from __future__ import annotations
 import struct
 
 from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.node.gpu_assignment import CUDA_DRIVER
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.pci_config import read_config
 
-CUDA_DRIVER = "nvidia"
 # What pci_bus_generic_read_dev_vendor_id() (drivers/pci/probe.c) takes for "no device"
 # in the first dword of config space (vendor id in the low 16 bits, device id above).
 NO_DEVICE_IDS = (0xFFFFFFFF, 0x00000000, 0x0000FFFF, 0xFFFF0000)
@@ -61,10 +62,10 @@ def usability_problem(gpu: PciDevice) -> tuple[str, bool]:
             True,
         )
     if gpu.driver != CUDA_DRIVER:
-        passed_through = " (passed through to a VM)" if gpu.driver.startswith("vfio") else ""
         return (
-            f"GPU {gpu.bdf} is bound to {gpu.driver}{passed_through}, not to nvidia: CUDA "
-            "will not see it here, so local ranks after it would shift",
+            f"GPU {gpu.bdf} is bound to {gpu.driver}, not to nvidia: CUDA will not see it "
+            f"here, so local ranks after it would shift; blacklist {gpu.driver} or drain "
+            "the node",
             True,
         )
     return "", True

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.node.gpu import read_driver_gpus
+from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
 from nodecheck.checks.node.net import read_addressed_interfaces
-from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.result import Status
 from nodecheck.tuning import nccl, pytorch
@@ -44,8 +46,8 @@ class RankPlan:
     nics: NicPairing
     env: list[Recommendation]  # this rank's own variables (on top of the shared ones)
     dataloader: DataLoaderHint
-    # Why this rank must not run here: CUDA cannot drive its GPU (fallen off the bus, no
-    # driver, bound to vfio-pci). `nodecheck exec` refuses such a rank.
+    # Why this rank must not run here: CUDA cannot drive its GPU, which is meant for this
+    # host (fallen off the bus, no driver, nouveau). `nodecheck exec` refuses such a rank.
     refusal: str = ""
     # Why its binding may be wrong: a GPU before it that CUDA cannot drive (CUDA's
     # numbering skips it), or its GPU's state could not be read. `exec` says so and runs.
@@ -68,9 +70,12 @@ class Plan:
     left_unset: list[LeftUnset]
     ranks: list[RankPlan]
     notes: list[str]
-    # Why CUDA cannot drive a GPU of this node, one line per GPU: every rank's concern
-    # (the node needs draining, or a GPU is not this host's), also in `notes`.
+    # Why CUDA cannot drive a GPU meant for this host, one line per GPU: every rank's
+    # concern (the node needs draining), also in `notes`. GPUs not meant for this host
+    # (passed through to a VM, given to another container) are only in `notes`.
     unusable: list[str] = field(default_factory=list)
+    # GPUs on the bus not meant for this host or container: bus id -> why.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def rank(self, local_rank: int) -> RankPlan | None:
         """The plan for a local rank. With one GPU visible (a node with one GPU, or
@@ -87,7 +92,7 @@ class Plan:
         return {r.name: r.value for r in chosen if r.value is not None}
 
 
-def _visibility_notes(gpus: list[PciDevice], environ: Mapping[str, str]) -> list[str]:
+def _visibility_notes(assignment: GpuAssignment, environ: Mapping[str, str]) -> list[str]:
     visible = environ.get("CUDA_VISIBLE_DEVICES", "")
     entries = [item.strip() for item in visible.split(",")]
     if any(item.startswith(("GPU-", "MIG-")) for item in entries):
@@ -95,7 +100,8 @@ def _visibility_notes(gpus: list[PciDevice], environ: Mapping[str, str]) -> list
             "CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance, which sysfs cannot "
             "match: ranks are counted over every GPU"
         ]
-    shown = visible_gpus(gpus, environ)
+    gpus, host = assignment.here, assignment.host
+    shown = visible_gpus(gpus, environ, host)
     by_index = visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if visible else shown
     if shown != by_index:
         names = ", ".join(gpu.bdf for gpu in shown)
@@ -150,6 +156,33 @@ def _with_current(left: LeftUnset, ctx: CheckContext, flagged: list[Recommendati
     return replace(left, found=found) if found else left
 
 
+def _assignment(ctx: CheckContext) -> tuple[GpuAssignment, list[str]]:
+    """Which GPUs on the bus are meant for this host and container, and the notes that
+    name those left out and why (or why it could not be told)."""
+    try:
+        exposed = read_driver_gpus(ctx.fs)
+        unknown = ""
+    except ReadError as err:
+        exposed = None
+        unknown = (
+            f"cannot list the nvidia driver's GPUs ({err}): whether this is a container given "
+            "only some GPUs is unknown, so every GPU bound to nvidia counts as this one's, "
+            "and local ranks may not be driving the GPUs named here"
+        )
+    assignment = assign_gpus(ctx.inventory.gpus, exposed)
+    by_reason: dict[str, list[str]] = {}
+    for bdf, reason in assignment.left_out.items():
+        by_reason.setdefault(reason, []).append(bdf)
+    notes = [
+        f"{'GPUs' if len(bdfs) > 1 else 'GPU'} {', '.join(bdfs)} "
+        f"{'are' if len(bdfs) > 1 else 'is'} {reason}: left out of the bindings (no local "
+        f"rank drives {'them' if len(bdfs) > 1 else 'it'}); local ranks count only the "
+        f"{len(assignment.here)} GPU(s) meant for this host and container, as CUDA does"
+        for reason, bdfs in by_reason.items()
+    ]
+    return assignment, notes + ([unknown] if unknown else [])
+
+
 def _rank_verdicts(
     bindings: list[RankBinding], problems: dict[str, tuple[str, bool]]
 ) -> list[tuple[str, str]]:
@@ -179,16 +212,19 @@ def _rank_verdicts(
 def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     inventory = ctx.inventory
     environ = ctx.environ
+    assignment, assignment_notes = _assignment(ctx)
     bindings = bind_ranks(
         inventory,
         environ,
         allowed=options.allowed_cpus,
         with_smt_siblings=options.with_smt_siblings,
+        assignment=assignment,
     )
-    # Every GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on every
-    # rank of the node, and NICs are dealt out in bus order.
-    pairings = {p.gpu: p for p in pair_nics(inventory, inventory.gpus)}
-    notes: list[str] = []
+    # Every host GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on
+    # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
+    # to a VM uses none of this host's.
+    pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host)}
+    notes: list[str] = list(assignment_notes)
     shape = options.shape
     if shape.nodes is None:
         nodes, variable = nccl.job_nodes(environ)
@@ -206,13 +242,18 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     ranks: list[RankPlan] = []
     unusable: list[str] = []
     if not bindings:
-        notes.append(
-            "no GPU visible (CUDA_VISIBLE_DEVICES hides them all): no ranks to bind"
-            if inventory.gpus
-            else "no NVIDIA GPU on this node: no ranks to bind, and no GPU settings"
-        )
+        if assignment.here:
+            why = "no GPU visible (CUDA_VISIBLE_DEVICES hides them all): no ranks to bind"
+        elif inventory.gpus:
+            why = (
+                "no GPU on this node is meant for this host and container (see the notes "
+                "on each): no ranks to bind"
+            )
+        else:
+            why = "no NVIDIA GPU on this node: no ranks to bind, and no GPU settings"
+        notes.insert(0, why)  # the first note is what exec says when it finds no rank
     else:
-        notes += _visibility_notes(inventory.gpus, environ)
+        notes += _visibility_notes(assignment, environ)
         env.append(pytorch.device_order())
         env += pytorch.allocator(environ, options.torch_version)
         advice = nccl.nccl_advice(
@@ -234,7 +275,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                 "(cpu*/topology): SMT siblings cannot be told apart, so each counts as a core "
                 "and a rank may hold both threads of one core"
             )
-        problems = {gpu.bdf: usability_problem(gpu) for gpu in inventory.gpus}
+        problems = {gpu.bdf: usability_problem(gpu) for gpu in assignment.here}
         notes += [problem for problem, _ in problems.values() if problem]
         unusable = [problem for problem, certain in problems.values() if problem and certain]
         verdicts = _rank_verdicts(bindings, problems)
@@ -259,4 +300,5 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         ranks=ranks,
         notes=notes,
         unusable=unusable,
+        left_out=assignment.left_out,
     )

@@ -7,7 +7,9 @@ bus id names the missing GPU instead of just counting one short.
 
 Not every GPU on the bus is meant to be seen here, though: sysfs shows all of
 the host's GPUs inside a container that was given only some of them, and a GPU
-bound to vfio-pci belongs to a VM. Those are `skip`, not "fallen off the bus".
+bound to vfio-pci belongs to a VM. Those are `skip`, not "fallen off the bus"
+(node/gpu_assignment.py decides, for `nodecheck tune` too). One bound to another
+host driver (nouveau) is this host's, and fails.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from collections.abc import Iterator
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading, read_driver_gpus
+from nodecheck.checks.node.gpu_assignment import CUDA_DRIVER, not_meant_here
 from nodecheck.checks.node.nvml import NvmlUnavailableError
-from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.per_gpu import GPU_LABELS, lost_remedy, nvml_unavailable_result, subject_of
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
@@ -59,13 +61,12 @@ UNBOUND_REMEDY = (
 )
 
 
-def _not_meant_here(gpu: PciDevice, exposed: set[str] | None) -> str | None:
-    """Why a GPU on the bus is not this host's to use, or None when it is."""
-    if gpu.driver not in (None, "nvidia"):
-        return f"bound to {gpu.driver}, not the nvidia driver (passed through to a VM?)"
-    if gpu.driver == "nvidia" and exposed is not None and gpu.bdf not in exposed:
-        return "not assigned to this container (absent from /proc/driver/nvidia/gpus)"
-    return None
+def _other_driver_remedy(driver: str) -> str:
+    return (
+        f"the nvidia driver cannot take a GPU {driver} holds: blacklist {driver} "
+        "(a modprobe.d blacklist line), rebuild the initramfs and reboot; drain the node "
+        "until then"
+    )
 
 
 @register("gpu_count", interval_s=60, timeout_s=30)
@@ -82,7 +83,7 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
         exposed = None
     meant: list[str] = []
     for gpu in on_bus:
-        reason = _not_meant_here(gpu, exposed)
+        reason = not_meant_here(gpu, exposed)
         if reason is None:
             meant.append(gpu.bdf)
         else:
@@ -121,17 +122,22 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
                 f"{names}: cannot tell whether it is one of them",
             )
         elif reading is None:
-            unbound = by_bdf[bus_id].driver is None
-            yield Result(
-                Status.FAIL,
-                gpu_subject(bus_id),
-                "on the PCI bus with no driver bound"
-                if unbound
-                else "on the PCI bus but not enumerated by NVML (fallen off the bus?)",
-                UNBOUND_REMEDY if unbound else MISSING_REMEDY,
-            )
+            yield _missing_result(bus_id, by_bdf[bus_id].driver)
     yield from _nvml_only_results(snapshot.gpus, set(by_bdf))
     yield _node_result(ctx, len(meant), snapshot.gpus, samples)
+
+
+def _missing_result(bus_id: str, driver: str | None) -> Result:
+    """A GPU meant for this host that NVML does not enumerate."""
+    if driver is None:
+        summary, remedy = "on the PCI bus with no driver bound", UNBOUND_REMEDY
+    elif driver != CUDA_DRIVER:
+        summary = f"on the PCI bus, bound to {driver}, not the nvidia driver"
+        remedy = _other_driver_remedy(driver)
+    else:
+        summary = "on the PCI bus but not enumerated by NVML (fallen off the bus?)"
+        remedy = MISSING_REMEDY
+    return Result(Status.FAIL, gpu_subject(bus_id), summary, remedy)
 
 
 def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Result]:

@@ -21,8 +21,8 @@ from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Recommendation
 from tests.agent.test_cli import NODECHECK, run
 from tests.conftest import CLEAN_ENVIRON, Node
-from tests.fixtures.nodegen import build_node
-from tests.fixtures.nodes import SECRET, two_gpu_box
+from tests.faults.test_tune import build_two_gpu_box
+from tests.fixtures.nodes import SECRET
 
 ENVIRONMENT_D_GENERATOR = Path(
     "/usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator"
@@ -217,9 +217,7 @@ def box(scratch_dir: Path) -> Node:
     if not Path("/sys/devices/system/node/node0").is_dir():
         pytest.skip("needs NUMA node 0 for --membind=0")
     root = scratch_dir / "two-gpu-box"
-    if not root.exists():
-        build_node(two_gpu_box(cores=2), root)
-    return Node(root)
+    return Node(root) if root.exists() else build_two_gpu_box(root)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ import pytest
 from tests.agent.test_cli import run
 from tests.conftest import Node
 from tests.fixtures.nodegen import build_node
-from tests.fixtures.nodes import two_gpu_box
+from tests.fixtures.nodes import proc_files, two_gpu_box
+from tests.fixtures.nvml_scenarios import modified
+from tests.fixtures.nvml_scenarios import workstation as workstation_scenario
 
 # Values a caller might hold in variables nodecheck does not audit (NCCL_*, TORCH_*,
 # PYTORCH_*, CUDA_* are audited): none of them may appear in anything nodecheck prints.
@@ -38,6 +41,8 @@ FALLEN_OFF = (
     "not see it, so local ranks after it would shift"
 )
 FIRST_GPU = "0000:01:00.0"  # the two-GPU box's first GPU: local rank 0
+SECOND_GPU = "0000:02:00.0"
+DGX_GPUS = [f"0000:{bus}:00.0" for bus in ("18", "1a", "3a", "3c", "9a", "9c", "ba", "bc")]
 
 
 def leaked(text: str) -> list[str]:
@@ -117,6 +122,20 @@ def test_exec_refuses_the_rank_of_the_gpu_that_fell_off_the_bus(
     assert not started.exists()
 
 
+def build_two_gpu_box(root: Path) -> Node:
+    """The two-GPU box (rank 0 on CPU 0, rank 1 on CPU 1), its /proc/driver/nvidia/gpus
+    listing both GPUs as the driver does on bare metal (two_gpu_box's spec inherits the
+    workstation's, which lists only the first)."""
+    spec = two_gpu_box(cores=2)
+    spec.proc_files.update(
+        proc_files(
+            [(FIRST_GPU, "NVIDIA GeForce RTX 4090"), (SECOND_GPU, "NVIDIA GeForce RTX 4090")]
+        )
+    )
+    build_node(spec, root)
+    return Node(root)
+
+
 @pytest.fixture
 def box(tmp_path: Path) -> Node:
     """A private two-GPU box sized to this machine (rank 0 on CPU 0, rank 1 on CPU 1), for a
@@ -127,9 +146,7 @@ def box(tmp_path: Path) -> Node:
         pytest.skip("needs NUMA node 0 for --membind=0")
     if shutil.which("numactl") is None:
         pytest.skip("numactl is missing: run make (it installs the Debian packages)")
-    root = tmp_path / "two-gpu-box"
-    build_node(two_gpu_box(cores=2), root)
-    return Node(root)
+    return build_two_gpu_box(tmp_path / "two-gpu-box")
 
 
 def device_dir(node: Node, bdf: str) -> Path:
@@ -186,17 +203,17 @@ def bind_to(node: Node, bdf: str, driver: str | None) -> None:
 @pytest.mark.parametrize(
     ("driver", "reason"),
     [
-        ("vfio-pci", f"GPU {FIRST_GPU} is bound to vfio-pci (passed through to a VM), not to"),
         ("nouveau", f"GPU {FIRST_GPU} is bound to nouveau, not to nvidia: CUDA will not see"),
         (None, f"GPU {FIRST_GPU} has no driver bound (no "),
     ],
-    ids=["vfio-pci", "nouveau", "no-driver"],
+    ids=["nouveau", "no-driver"],
 )
-def test_a_gpu_cuda_cannot_use_gets_no_rank_silently(
+def test_a_dead_gpu_meant_for_this_host_gets_no_rank_silently(
     box: Node, tmp_path: Path, driver: str | None, reason: str
 ) -> None:
-    """A GPU bound to vfio-pci, to another driver or to none: tune marks its rank with the
-    reason and a note, and exec refuses that rank (exit 2) without starting the command."""
+    """A GPU of this host bound to another host driver (nouveau) or to none: tune marks its
+    rank with the reason and a note, and exec refuses that rank (exit 2) without starting
+    the command."""
     bind_to(box, FIRST_GPU, driver)
     document = tune_json(box)
     assert document["ranks"][0]["refusal"].startswith(reason)
@@ -204,6 +221,146 @@ def test_a_gpu_cuda_cannot_use_gets_no_rank_silently(
     assert any(note.startswith(reason) for note in document["notes"])
     code, stderr, ran = exec_child(box, tmp_path, 0)
     assert code == 2 and not ran and reason in stderr
+
+
+def without_driver_entry(node: Node, bdf: str) -> None:
+    """A container's /proc/driver/nvidia/gpus: the GPUs it was not given are not there."""
+    shutil.rmtree(node.root / "proc" / "driver" / "nvidia" / "gpus" / bdf)
+
+
+LEFT_OUT_TAIL = (
+    ": left out of the bindings (no local rank drives it); local ranks count only the 1 "
+    "GPU(s) meant for this host and container, as CUDA does"
+)
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("vfio-pci", "bound to vfio-pci, not the nvidia driver (passed through to a VM?)"),
+        (
+            "nvgrace-gpu-vfio-pci",
+            "bound to nvgrace-gpu-vfio-pci, not the nvidia driver (passed through to a VM?)",
+        ),
+        ("pci-stub", "bound to pci-stub, not the nvidia driver (passed through to a VM?)"),
+        ("container", "not assigned to this container (absent from /proc/driver/nvidia/gpus)"),
+    ],
+    ids=["vfio-pci", "vfio-variant", "pci-stub", "container"],
+)
+def test_a_gpu_not_meant_for_this_host_is_left_out_and_ranks_count_the_rest(
+    box: Node, tmp_path: Path, fault: str, reason: str
+) -> None:
+    """The first GPU passed through to a VM (vfio-pci, a vfio variant driver, pci-stub) or
+    not given to this container: tune leaves it out with a note naming it and why, and
+    local rank 0 drives the second GPU, as CUDA numbers it (also as CUDA_VISIBLE_DEVICES=0);
+    no rank is refused or warned, nothing says to drain the node, exec runs rank 0 on the
+    second GPU and names the GPU left out."""
+    if fault == "container":
+        without_driver_entry(box, FIRST_GPU)
+    else:
+        bind_to(box, FIRST_GPU, fault)
+    note = f"GPU {FIRST_GPU} is {reason}{LEFT_OUT_TAIL}"
+    for environ in ({}, {"CUDA_VISIBLE_DEVICES": "0"}):
+        document = tune_json(box, env=environ)
+        [rank] = document["ranks"]
+        assert (rank["local_rank"], rank["gpu"]) == (0, SECOND_GPU)
+        assert "refusal" not in rank and "warning" not in rank
+        assert note in document["notes"]
+        assert not [n for n in document["notes"] if "drain" in n or "shift" in n]
+    code, stderr, ran = exec_child(box, tmp_path, 0)
+    assert code == 0 and ran, stderr
+    assert stderr.startswith(f"nodecheck exec: local rank 0 -> GPU {SECOND_GPU}, NUMA node 0")
+    assert "warning" not in stderr
+    assert f"not counted, not meant for this host or container: GPU {FIRST_GPU}" in stderr
+
+
+@pytest.mark.parametrize(
+    ("fault", "check_status", "tune_says"),
+    [
+        ("vfio-pci", "skip", "left out"),
+        ("container", "skip", "left out"),
+        ("nouveau", "fail", "refusal"),
+        ("no-driver", "fail", "refusal"),
+    ],
+)
+def test_gpu_count_and_tune_agree_on_whose_gpu_it_is(
+    box: Node,
+    fake_nvml_library: Path,
+    tmp_path: Path,
+    fault: str,
+    check_status: str,
+    tune_says: str,
+) -> None:
+    """The first GPU, which NVML does not enumerate, bound to vfio-pci, not given to this
+    container, bound to nouveau or to no driver: gpu_count skips it exactly when tune leaves
+    it out, and fails it exactly when tune refuses its rank and says to drain the node."""
+    if fault == "container":
+        without_driver_entry(box, FIRST_GPU)
+    else:
+        bind_to(box, FIRST_GPU, {"no-driver": None}.get(fault, fault))
+    scenario = modified(workstation_scenario(), gpu=0, bus_id=SECOND_GPU)
+    node = Node(box.root, fake_nvml_library).with_scenario(scenario, tmp_path / "nvml.json")
+    done = run(*node.cli_args, "check", "--only", "gpu_count", "--json", env=node.env)
+    assert "Traceback" not in done.stderr, done.stderr
+    results = {r["subject"]: r for r in json.loads(done.stdout)["results"]}
+    assert results[f"gpu {FIRST_GPU}"]["status"] == check_status
+    document = tune_json(node)
+    ranks = {rank["gpu"]: rank for rank in document["ranks"]}
+    if tune_says == "left out":
+        assert list(ranks) == [SECOND_GPU]
+        assert results["node"]["status"] == "ok"
+    else:
+        assert list(ranks) == [FIRST_GPU, SECOND_GPU] and "refusal" in ranks[FIRST_GPU]
+        assert results["node"]["status"] == "fail"
+        assert "drain" in results[f"gpu {FIRST_GPU}"]["remedy"]
+
+
+def test_in_a_container_ranks_count_only_its_gpus_and_slurm_indices_stay_the_hosts(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """A container given GPUs 4 and 5 of the eight (Pyxis under Slurm: SLURM_STEP_GPUS
+    names them by the host's index, CUDA_VISIBLE_DEVICES counts from 0 inside): two ranks,
+    on those two GPUs, with or without CUDA_VISIBLE_DEVICES; the six others are named in
+    one note; no rank is refused."""
+    node = copy_node(dgx)
+    given = [DGX_GPUS[4], DGX_GPUS[5]]
+    for bdf in DGX_GPUS:
+        if bdf not in given:
+            without_driver_entry(node, bdf)
+    others = ", ".join(bdf for bdf in DGX_GPUS if bdf not in given)
+    for environ in (
+        {},
+        {"SLURM_STEP_GPUS": "4,5"},
+        {"SLURM_STEP_GPUS": "4,5", "CUDA_VISIBLE_DEVICES": "0,1"},
+        {"CUDA_VISIBLE_DEVICES": "0,1"},
+    ):
+        document = tune_json(node, env=environ)
+        assert [rank["gpu"] for rank in document["ranks"]] == given, environ
+        assert all("refusal" not in rank for rank in document["ranks"])
+        assert (
+            f"GPUs {others} are not assigned to this container (absent from "
+            "/proc/driver/nvidia/gpus): left out of the bindings (no local rank drives them); "
+            "local ranks count only the 2 GPU(s) meant for this host and container, as CUDA "
+            "does"
+        ) in document["notes"]
+
+
+def test_a_dead_gpu_still_refused_next_to_one_passed_through(
+    dgx_faulty: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """On the faulty replica (0000:bc:00.0 fell off the bus), GPU 0000:18:00.0 also bound to
+    vfio-pci: seven ranks over the other GPUs; the dead GPU's rank (now 6) is still refused
+    with the drain note, the GPU passed through gets no rank and no drain."""
+    node = copy_node(dgx_faulty)
+    bind_to(node, DGX_GPUS[0], "vfio-pci")
+    document = tune_json(node)
+    gpus = [rank["gpu"] for rank in document["ranks"]]
+    assert gpus == DGX_GPUS[1:]
+    assert document["ranks"][6]["refusal"] == FALLEN_OFF
+    assert FALLEN_OFF in document["notes"]
+    assert all("refusal" not in rank for rank in document["ranks"][:6])
+    done = run(*node.cli_args, "exec", "--quiet", "--local-rank", "6", "--", "true")
+    assert (done.returncode, done.stderr) == (2, f"nodecheck exec: local rank 6: {FALLEN_OFF}\n")
 
 
 def damage(path: Path, kind: str) -> str:
