@@ -19,7 +19,7 @@ import pytest
 from tests.agent.test_cli import run
 from tests.conftest import Node
 from tests.fixtures.nodegen import build_node
-from tests.fixtures.nodes import proc_files, two_gpu_box
+from tests.fixtures.nodes import two_gpu_box
 from tests.fixtures.nvml_scenarios import modified
 from tests.fixtures.nvml_scenarios import workstation as workstation_scenario
 
@@ -123,16 +123,8 @@ def test_exec_refuses_the_rank_of_the_gpu_that_fell_off_the_bus(
 
 
 def build_two_gpu_box(root: Path) -> Node:
-    """The two-GPU box (rank 0 on CPU 0, rank 1 on CPU 1), its /proc/driver/nvidia/gpus
-    listing both GPUs as the driver does on bare metal (two_gpu_box's spec inherits the
-    workstation's, which lists only the first)."""
-    spec = two_gpu_box(cores=2)
-    spec.proc_files.update(
-        proc_files(
-            [(FIRST_GPU, "NVIDIA GeForce RTX 4090"), (SECOND_GPU, "NVIDIA GeForce RTX 4090")]
-        )
-    )
-    build_node(spec, root)
+    """The two-GPU box (rank 0 on CPU 0, rank 1 on CPU 1)."""
+    build_node(two_gpu_box(cores=2), root)
     return Node(root)
 
 
