@@ -4,7 +4,8 @@ As nccl-tests and stas00's all_reduce_bench define it: algbw = bytes / time,
 busbw = algbw x 2(n-1)/n. Each iteration is timed on its own (barrier, then
 one blocking all_reduce), and an iteration's time is the slowest rank's: the
 collective is done only when every rank is. The spread of those iterations
-is the seed's stability profile: coefficient of variation and worst iteration.
+is all_reduce_bench.py's --profile_stability (Machine Learning Engineering book,
+network/benchmarks): the coefficient of variation and the worst iteration.
 
 Two ways in:
 - `launch(spec)`: the benchmark child starts one rank process per local
