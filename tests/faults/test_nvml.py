@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from nodecheck.checks.bench.gate import check_gate
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.node.gpu import GpuHistory, read_gpu_activity
 from nodecheck.checks.node.nvml import NvmlSession
-from nodecheck.checks.node.xid import XidListener, XidLog
+from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import CheckRun
 from tests.conftest import Node, by_status
@@ -610,6 +611,35 @@ def test_a_gpu_whose_xid_registration_hangs_costs_only_that_gpu_and_is_retried(
         assert xid_log.listening
     finally:
         assert listener.stop()
+
+
+def test_an_xid_storm_is_judged_in_seconds_each_error_once(dgx: Node, tmp_path: Path) -> None:
+    """An XID storm on GPU 1: a kernel log of 100k XID 48 lines (~10 MiB, journalctl form)
+    and 10k NVML events, half of them the log's latest: gpu_xid answers within 20 s (a
+    bound for a loaded machine, under its 30 s timeout; comparing each NVML event with every
+    event kept took minutes), counting each error once: 100k + 5k."""
+    bus = DGX_GPUS[1]
+    start = time.time() - 7 * 86_400
+    log_lines = [
+        f"{datetime.fromtimestamp(start + i * 0.01, timezone.utc).isoformat()} dgx01 kernel: "
+        f"NVRM: Xid (PCI:{bus[:-2]}): 48, pid=4242, name=python, An uncorrectable ECC error"
+        for i in range(100_000)
+    ]
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("\n".join(log_lines) + "\n")
+    xid_log = XidLog()
+    xid_log.set_listening(start - 60)
+    for i in range(5_000):  # the kernel log's latest errors, seen by NVML 1 s later
+        xid_log.add(XidEvent(bus, 48, start + 950 + i * 0.01 + 1, "nvml event"))
+    for i in range(5_000):  # after the log's last line, 6 s apart: errors it lacks
+        xid_log.add(XidEvent(bus, 48, start + 2_000 + i * 6, "nvml event"))
+    began = time.monotonic()
+    results = dgx.results("gpu_xid", kernel_log=kernel_log, xid_log=xid_log)
+    assert time.monotonic() - began < 20
+    [storm] = of(results, subject(bus))
+    assert "XID 48 GPU_ECC_DBE x105000," in storm.summary, storm
+    others = [r for r in results if r is not storm]
+    assert len(others) == 7 and {r.status for r in others} == {Status.OK}, others
 
 
 def test_driver_version_unreadable_is_an_error_not_driver_none(dgx: Node, tmp_path: Path) -> None:
