@@ -426,9 +426,11 @@ class XidListener:
     When NVML cannot be used yet (the driver loads after the agent starts, an
     nvmlInit hangs) the listener tries again after `retry_initial_s`, doubling
     the wait up to `retry_max_s`, until it listens or is stopped; meanwhile
-    `xid_log.listening` is False and `xid_log.source_error` says why. The
-    blocking wait runs on this thread, never as a session job, so it never
-    makes the session look stuck.
+    `xid_log.listening` is False and `xid_log.source_error` says why. Each GPU
+    is registered as its own job under its session key: one whose registration
+    hangs is unwatched (`xid_log.unwatched` says so) and retried with the same
+    backoff while the others are listened to. The blocking wait runs on this
+    thread, never as a session job, so it never makes the session look stuck.
     """
 
     def __init__(
@@ -477,10 +479,15 @@ class XidListener:
         try:
             while not self._stop.is_set():
                 self.attempts += 1
+                event_set = None
                 try:
                     nvml = self.session.module()
                     event_set = self.session.run(nvml.nvmlEventSetCreate, EVENT_SET_JOB)
+                    count = self.session.run(functools.partial(device_count, nvml), ENUMERATION_JOB)
                 except Exception as err:  # any failure: say why, and try again later
+                    if event_set is not None:
+                        with contextlib.suppress(Exception):
+                            nvml.nvmlEventSetFree(event_set)
                     self._not_listening(err, delay)
                     self._ready.set()
                     if self._stop.wait(delay):
@@ -488,17 +495,6 @@ class XidListener:
                     delay = min(delay * 2, self.retry_max_s)
                     continue
                 try:
-                    try:
-                        count = self.session.run(
-                            functools.partial(device_count, nvml), ENUMERATION_JOB
-                        )
-                    except Exception as err:
-                        self._not_listening(err, delay)
-                        self._ready.set()
-                        if self._stop.wait(delay):
-                            return
-                        delay = min(delay * 2, self.retry_max_s)
-                        continue
                     registered = _RegisteredGpus()
                     pending = self._register(nvml, event_set, registered, range(count))
                     self.error = None
