@@ -680,7 +680,8 @@ def resolve_lost_bus_ids(session: NvmlSession, snapshot: GpuSnapshot, bus_ids: l
     A GPU lost before this run answers GPU_IS_LOST to every call, its PCI info
     included. Asking NVML for each sysfs GPU it did not list, by bus id, tells
     lost (GPU_IS_LOST) from absent (NOT_FOUND). NVML numbers GPUs in PCI bus
-    order, so the lost readings and the lost bus ids pair up in that order.
+    order, so the lost readings and the lost bus ids pair up in that order, up to
+    the first bus id whose lookup did not answer (hung): beyond it the order is unknown.
     """
     nameless = [gpu for gpu in snapshot.gpus if gpu.bus_id is None and gpu.lost is not None]
     listed = {gpu.bus_id for gpu in snapshot.gpus}
@@ -700,11 +701,17 @@ def resolve_lost_bus_ids(session: NvmlSession, snapshot: GpuSnapshot, bus_ids: l
             return error_code(err) in LOST_CODES
         return False
 
-    # One job per bus id: a lookup stuck on one GPU leaves the others named.
+    # One job per bus id: a lookup stuck on one GPU leaves the GPUs before it named.
     outcomes = session.run_many(
         {f"looking up the GPU at {bus}": functools.partial(is_lost, bus) for bus in unlisted}
     )
-    lost = [bus for bus in unlisted if outcomes[f"looking up the GPU at {bus}"] is True]
+    lost = []
+    for bus in unlisted:
+        outcome = outcomes[f"looking up the GPU at {bus}"]
+        if not isinstance(outcome, bool):
+            break
+        if outcome:
+            lost.append(bus)
     for gpu, bus in zip(sorted(nameless, key=lambda g: g.index), lost, strict=False):
         gpu.bus_id = bus
 

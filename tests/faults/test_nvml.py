@@ -410,6 +410,27 @@ def test_a_gpu_stuck_while_opened_keeps_the_bus_id_it_had(dgx_faulty: Node, tmp_
     wait_for(read_again, "GPU 2 read again")
 
 
+def test_a_lost_gpu_whose_lookup_by_bus_id_hangs_leaves_the_one_before_it_named(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """GPUs 4 and 5 lost before the run (no bus id from NVML), GPU 5's lookup by bus id
+    hanging: GPU 4 is still named by its bus id (`fail` "GPU is lost" on 0000:9a:00.0);
+    GPU 5, whose slot cannot be told, stays by index; within one deadline."""
+    scenario = modified(dgx_healthy(), gpu=4, lost_after_s=0)
+    scenario["gpus"][5].update(lost_after_s=0, hang={"nvmlDeviceGetHandleByPciBusId_v2": 0})
+    node = dgx.with_scenario(scenario, tmp_path / "lost.json")
+    started = time.monotonic()
+    runs = node.run(*PER_GPU_CHECKS, nvml=node.nvml())
+    assert time.monotonic() - started < 30
+    results = flat(runs)
+    named = of(results, subject(LOST_BUS))
+    assert len(named) == len(PER_GPU_CHECKS), named
+    assert all(r.status is Status.FAIL and "GPU is lost" in r.summary for r in named), named
+    by_index = of(results, "gpu index 5")
+    assert len(by_index) == len(PER_GPU_CHECKS) and {r.status for r in by_index} == {Status.FAIL}
+    assert of(results, "gpu index 4") == []
+
+
 def test_a_gpu_whose_opening_hangs_is_named_by_the_benchmark_gate(
     dgx: Node, tmp_path: Path
 ) -> None:
