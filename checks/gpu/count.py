@@ -114,7 +114,7 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
         labels = reading.labels() if reading else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
         samples.append(Sample(ANSWERS, int(reading is not None and reading.lost is None), labels))
         if reading is None and unnamed:
-            names = ", ".join(f"GPU {gpu.index}: {gpu.error}" for gpu in unnamed)
+            names = ", ".join(f"GPU {gpu.index}: {gpu.hung or gpu.error}" for gpu in unnamed)
             yield Result(
                 Status.ERROR,
                 gpu_subject(bus_id),

@@ -217,6 +217,24 @@ def _since(xid_log: XidLog | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
 
 
+def _unregistered(bus_id: str, gpu: GpuReading | None, unwatched: dict[str, str]) -> str | None:
+    """Why the listener does not listen to the GPU at `bus_id`, None when it does.
+
+    A GPU whose registration failed before NVML told its bus id is filed as
+    "GPU <index>": it is the reading of that index, and while NVML names no GPU at
+    `bus_id`, any such GPU may be this one (never assumed watched).
+    """
+    if bus_id in unwatched:
+        return unwatched[bus_id]
+    nameless = {name: why for name, why in unwatched.items() if name.startswith("GPU ")}
+    if gpu is not None:
+        return nameless.get(f"GPU {gpu.index}")
+    if not nameless:
+        return None
+    named = "; ".join(f"{name}: {why}" for name, why in sorted(nameless.items()))
+    return f"NVML names no GPU at this bus id, and could not register {named}"
+
+
 @register("gpu_xid", interval_s=60, timeout_s=30)
 def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     """XID errors per GPU, judged by NVIDIA's recommended action.
@@ -272,7 +290,7 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         named = gpu if gpu is not None and gpu.name else view.previous.get(bus_id) or gpu
         labels = named.labels() if named else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
         mine = [event for event in events if event.bus_id == bus_id]
-        unregistered = unwatched.get(bus_id) if listening else None
+        unregistered = _unregistered(bus_id, gpu, unwatched) if listening else None
         sources = [] if log_source is None else [log_source]
         if listening and unregistered is None:
             sources.append(

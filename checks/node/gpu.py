@@ -544,40 +544,62 @@ def _read_state(nvml: Any, h: object, r: _Reader) -> None:
         ]
 
 
-def _list_gpus(nvml: Any) -> list[tuple[object, GpuReading]]:
-    """Handle and bus id of every GPU NVML counts (handle None where it cannot be opened).
+def _open_gpu(nvml: Any, index: int) -> tuple[object, GpuReading]:
+    """Handle and bus id of GPU `index` (handle None where it cannot be opened)."""
+    reading = GpuReading(index)
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        raw = nvml.nvmlDeviceGetPciInfo(handle).busId
+    except nvml.NVMLError as err:
+        # A lost GPU still counts: it is exactly what the checks must report.
+        if error_code(err) in LOST_CODES:
+            reading.lost = describe_error(err)
+        else:
+            reading.error = f"NVML cannot open it: {describe_error(err)}"
+        return None, reading
+    except UnicodeDecodeError as err:
+        raw = err.object
+    try:
+        reading.bus_id = normalize_bus_id(raw)
+    except ValueError:
+        # Unjoinable with sysfs, and a sign the driver's answers are garbage.
+        reading.error = f"NVML reported bus id {raw!r}: not a PCI bus id"
+        return None, reading
+    return handle, reading
 
-    ValueError when the count itself is nonsense.
+
+def _list_gpus(session: NvmlSession, nvml: Any, count: int) -> list[tuple[object, GpuReading]]:
+    """Handle and bus id of each of the `count` GPUs, each GPU its own job under its own key
+    (handle None where it cannot be opened).
+
+    Opening a GPU that fell off the bus can hang as any of its reads can: it costs
+    that GPU (`hung`, named by the bus id it had earlier in this session), never the
+    listing of the others; while its call is stuck it is answered at once.
     """
+    jobs = {gpu_key(index): functools.partial(_open_gpu, nvml, index) for index in range(count)}
+    labels = {gpu_key(index): f"GPU {index}, opening it" for index in range(count)}
+    outcomes = session.run_many(jobs, labels=labels)
     found: list[tuple[object, GpuReading]] = []
-    for index in range(device_count(nvml)):
-        reading = GpuReading(index)
-        handle = None
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            raw = nvml.nvmlDeviceGetPciInfo(handle).busId
-        except nvml.NVMLError as err:
-            # A lost GPU still counts: it is exactly what the checks must report.
-            if error_code(err) in LOST_CODES:
-                reading.lost = describe_error(err)
+    for index in range(count):
+        outcome = outcomes[gpu_key(index)]
+        if isinstance(outcome, BaseException):
+            reading = GpuReading(index, bus_id=session.known_bus_id(index))
+            if isinstance(outcome, NvmlHungError):
+                reading.hung = str(outcome)
             else:
-                reading.error = f"NVML cannot open it: {describe_error(err)}"
+                reading.error = f"opening it failed: {type(outcome).__name__}: {outcome}"
             found.append((None, reading))
             continue
-        except UnicodeDecodeError as err:
-            raw = err.object
-        try:
-            reading.bus_id = normalize_bus_id(raw)
-        except ValueError:
-            # Unjoinable with sysfs, and a sign the driver's answers are garbage.
-            reading.error = f"NVML reported bus id {raw!r}: not a PCI bus id"
-            handle = None
+        handle, reading = outcome
+        if reading.bus_id is not None:
+            session.remember_bus_id(index, reading.bus_id)
         found.append((handle, reading))
     return found
 
 
-def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, int | None]:
-    """Handles and bus ids of every GPU NVML sees, and the driver versions."""
+def _system(nvml: Any) -> tuple[int, str | None, int | None]:
+    """How many GPUs NVML counts, and the driver versions. ValueError when the count
+    itself is nonsense."""
     try:
         driver: str | None = str(nvml.nvmlSystemGetDriverVersion())
     except (nvml.NVMLError, UnicodeDecodeError):
@@ -586,15 +608,21 @@ def _enumerate(nvml: Any) -> tuple[list[tuple[object, GpuReading]], str | None, 
         cuda: int | None = int(nvml.nvmlSystemGetCudaDriverVersion())
     except nvml.NVMLError:
         cuda = None
-    return _list_gpus(nvml), driver, cuda
+    return device_count(nvml), driver, cuda
 
 
 ENUMERATION_JOB = "listing the GPUs"
 
 
-def gpu_job_name(reading: GpuReading) -> str:
-    """The session key of this GPU's reads: the same every pass, so a GPU whose call is
-    still stuck is answered at once, whichever read (checks, benchmark gate) asks."""
+def gpu_key(index: int) -> str:
+    """The session key of every call for GPU `index` (opening it, reading it): the same
+    every pass, so a GPU whose call is still stuck is answered at once, whichever read
+    (checks, benchmark gate, XID listener) asks, and costs only itself."""
+    return f"GPU {index}"
+
+
+def gpu_label(reading: GpuReading) -> str:
+    """How errors name this GPU's reads: "GPU 2 at 0000:3a:00.0"."""
     where = f" at {reading.bus_id}" if reading.bus_id else ""
     return f"GPU {reading.index}{where}"
 
@@ -612,8 +640,8 @@ def read_gpus(session: NvmlSession) -> GpuSnapshot:
         snapshot.hung = err
         return snapshot
     try:
-        found, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
-            lambda: _enumerate(nvml), ENUMERATION_JOB
+        count, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
+            lambda: _system(nvml), ENUMERATION_JOB
         )
     except NvmlHungError as err:
         snapshot.hung = err
@@ -624,13 +652,16 @@ def read_gpus(session: NvmlSession) -> GpuSnapshot:
             f"NVML could not list the GPUs: {describe_error(err)}",
         )
         return snapshot
+    found = _list_gpus(session, nvml, count)
     jobs: dict[str, Callable[[], GpuReading]] = {}
+    labels: dict[str, str] = {}
     for handle, reading in found:
         if handle is not None:
-            jobs[gpu_job_name(reading)] = functools.partial(_read_gpu, nvml, handle, reading)
-    outcomes = session.run_many(jobs)
+            jobs[gpu_key(reading.index)] = functools.partial(_read_gpu, nvml, handle, reading)
+            labels[gpu_key(reading.index)] = gpu_label(reading)
+    outcomes = session.run_many(jobs, labels=labels)
     for handle, reading in found:
-        outcome = outcomes.get(gpu_job_name(reading)) if handle is not None else None
+        outcome = outcomes.get(gpu_key(reading.index)) if handle is not None else None
         if isinstance(outcome, NvmlHungError):
             # The reading thread may still be writing into `reading`: report a
             # fresh one that holds only what enumeration found.
@@ -649,7 +680,8 @@ def resolve_lost_bus_ids(session: NvmlSession, snapshot: GpuSnapshot, bus_ids: l
     A GPU lost before this run answers GPU_IS_LOST to every call, its PCI info
     included. Asking NVML for each sysfs GPU it did not list, by bus id, tells
     lost (GPU_IS_LOST) from absent (NOT_FOUND). NVML numbers GPUs in PCI bus
-    order, so the lost readings and the lost bus ids pair up in that order.
+    order, so the lost readings and the lost bus ids pair up in that order, up to
+    the first bus id whose lookup did not answer (hung): beyond it the order is unknown.
     """
     nameless = [gpu for gpu in snapshot.gpus if gpu.bus_id is None and gpu.lost is not None]
     listed = {gpu.bus_id for gpu in snapshot.gpus}
@@ -657,21 +689,29 @@ def resolve_lost_bus_ids(session: NvmlSession, snapshot: GpuSnapshot, bus_ids: l
     if not nameless or not unlisted or not snapshot.usable:
         return
 
-    def lost_ones() -> list[str]:
-        nvml = session.module()
-        found = []
-        for bus in unlisted:
-            try:
-                nvml.nvmlDeviceGetHandleByPciBusId(bus)
-            except nvml.NVMLError as err:
-                if error_code(err) in LOST_CODES:
-                    found.append(bus)
-        return found
-
     try:
-        lost = session.run(lost_ones, "looking up lost GPUs")
+        nvml = session.module()
     except (NvmlHungError, NvmlUnavailableError):
         return
+
+    def is_lost(bus: str) -> bool:
+        try:
+            nvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except nvml.NVMLError as err:
+            return error_code(err) in LOST_CODES
+        return False
+
+    # One job per bus id: a lookup stuck on one GPU leaves the GPUs before it named.
+    outcomes = session.run_many(
+        {f"looking up the GPU at {bus}": functools.partial(is_lost, bus) for bus in unlisted}
+    )
+    lost = []
+    for bus in unlisted:
+        outcome = outcomes[f"looking up the GPU at {bus}"]
+        if not isinstance(outcome, bool):
+            break
+        if outcome:
+            lost.append(bus)
     for gpu, bus in zip(sorted(nameless, key=lambda g: g.index), lost, strict=False):
         gpu.bus_id = bus
 
@@ -775,12 +815,13 @@ def read_gpu_activity(session: NvmlSession) -> list[GpuActivity]:
     """
     nvml = session.module()
     try:
-        found = session.run(lambda: _list_gpus(nvml), ENUMERATION_JOB)
+        count = session.run(lambda: device_count(nvml), ENUMERATION_JOB)
     except (nvml.NVMLError, ValueError) as err:
         raise NvmlUnavailableError(
             NvmlUnavailableError.QUERY_FAILED,
             f"NVML could not list the GPUs: {describe_error(err)}",
         ) from err
+    found = _list_gpus(session, nvml, count)
 
     def read(handle: object, reading: GpuReading) -> GpuActivity:
         utilization = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
@@ -791,20 +832,21 @@ def read_gpu_activity(session: NvmlSession) -> list[GpuActivity]:
         free = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
         return GpuActivity(reading.index, reading.bus_id, utilization, processes, free, None)
 
+    opened = [(handle, reading) for handle, reading in found if handle is not None]
     jobs: dict[str, Callable[[], GpuActivity]] = {
-        gpu_job_name(reading): functools.partial(read, handle, reading)
-        for handle, reading in found
-        if handle is not None
+        gpu_key(reading.index): functools.partial(read, handle, reading)
+        for handle, reading in opened
     }
-    outcomes = session.run_many(jobs)
+    labels = {gpu_key(reading.index): gpu_label(reading) for _, reading in opened}
+    outcomes = session.run_many(jobs, labels=labels)
     activity = []
     for handle, reading in found:
-        outcome = outcomes.get(gpu_job_name(reading)) if handle is not None else None
+        outcome = outcomes.get(gpu_key(reading.index)) if handle is not None else None
         if isinstance(outcome, GpuActivity):
             activity.append(outcome)
             continue
         if outcome is None:
-            problem = reading.lost or reading.error or "cannot be opened"
+            problem = reading.lost or reading.hung or reading.error or "cannot be opened"
         elif isinstance(outcome, nvml.NVMLError | NvmlHungError):
             problem = describe_error(outcome)
         else:

@@ -4,8 +4,8 @@ NVML calls go into the kernel driver, and when a GPU falls off the bus they can
 block for minutes (nvidia-smi stuck in D state: NVIDIA/gpu-monitoring-tools
 #46). So no caller ever waits on NVML directly: each job runs on its own daemon
 thread and the caller waits at most `deadline_s`. A job past its deadline is
-abandoned, and its *key* (the job's name: "GPU 2 at 0000:3a:00.0", "nvmlInit",
-"listing the GPUs") is stuck until that thread comes back. While it is, a new
+abandoned, and its *key* (the job's name: "GPU 2", "nvmlInit", "listing the
+GPUs") is stuck until that thread comes back. While it is, a new
 job with that key fails at once with `NvmlHungError` instead of stacking another
 thread behind the stuck call; jobs with other keys (the other GPUs) run as usual.
 So one GPU that stopped answering costs only that GPU's results, and the GPU is
@@ -21,7 +21,7 @@ import ctypes
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -104,6 +104,7 @@ class _Job:
 class _StuckCall:
     thread: threading.Thread
     since: float  # time.monotonic() when the call started
+    label: str  # what the call was doing ("GPU 2 at 0000:3a:00.0")
 
 
 class NvmlSession:
@@ -123,6 +124,7 @@ class NvmlSession:
         self._init_lock = threading.Lock()
         self._initialized = False
         self._stuck: dict[str, list[_StuckCall]] = {}
+        self._bus_ids: dict[int, str] = {}
 
     # -- running jobs under the deadline ----------------------------------
 
@@ -145,6 +147,22 @@ class NvmlSession:
         """The job keys whose last call past its deadline has not returned yet."""
         return set(self._alive_stuck())
 
+    def remember_bus_id(self, index: int, bus_id: str) -> None:
+        """Record the bus id NVML reported for GPU `index` in this session.
+
+        nvml.h promises no consistency of the index order between reboots
+        (nvmlDeviceGetHandleByIndex_v2), but NVML enumerates once per nvmlInit, so
+        within this session an index stays the same GPU: a GPU whose calls are
+        stuck can still be named by the bus id it had.
+        """
+        with self._lock:
+            self._bus_ids[index] = bus_id
+
+    def known_bus_id(self, index: int) -> str | None:
+        """The bus id GPU `index` last reported in this session, None if never."""
+        with self._lock:
+            return self._bus_ids.get(index)
+
     def run(self, job: Callable[[], T], what: str, deadline_s: float | None = None) -> T:
         """Run `job` on its own thread; NvmlHungError when it takes longer than the deadline,
         or at once when the previous job named `what` is still stuck."""
@@ -154,14 +172,19 @@ class NvmlSession:
         return outcome
 
     def run_many(
-        self, jobs: dict[str, Callable[[], T]], deadline_s: float | None = None
+        self,
+        jobs: Mapping[str, Callable[[], T]],
+        deadline_s: float | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> dict[str, T | BaseException]:
         """Run jobs in parallel, each under the same deadline; a hung one gives NvmlHungError.
 
         Used to read every GPU at once: one GPU that stopped answering costs
         the pass one deadline, not one deadline per GPU. A job whose key is
         still stuck from an earlier call is answered at once (no new thread),
-        naming how long that call has been stuck; the other jobs run.
+        naming the stuck call and how long it has been stuck; the other jobs
+        run. `labels` says what a job does, for the errors ("GPU 2 at
+        0000:3a:00.0" for the key "GPU 2"); a job without one is named by its key.
         """
         deadline = self.deadline_s if deadline_s is None else valid_deadline(deadline_s)
         stuck = self._alive_stuck()
@@ -171,9 +194,10 @@ class NvmlSession:
         threads: dict[str, tuple[threading.Thread, float]] = {}
         for name, job in jobs.items():
             if name in stuck:
-                since = min(call.since for call in stuck[name])
+                oldest = min(stuck[name], key=lambda call: call.since)
                 results[name] = NvmlHungError(
-                    deadline, f"{name}: its call of {now - since:.0f} s ago is still stuck"
+                    deadline,
+                    f"{oldest.label}: its call of {now - oldest.since:.0f} s ago is still stuck",
                 )
                 continue
             outcome = outcomes[name] = _Job(threading.Event())
@@ -193,9 +217,10 @@ class NvmlSession:
         for name, outcome in outcomes.items():
             if not outcome.done.wait(max(end - time.monotonic(), 0.0)):
                 thread, started = threads[name]
+                label = name if labels is None else labels.get(name, name)
                 with self._lock:
-                    self._stuck.setdefault(name, []).append(_StuckCall(thread, started))
-                results[name] = NvmlHungError(deadline, name)
+                    self._stuck.setdefault(name, []).append(_StuckCall(thread, started, label))
+                results[name] = NvmlHungError(deadline, label)
             elif outcome.failure is not None:
                 results[name] = outcome.failure
             else:
@@ -253,6 +278,7 @@ class NvmlSession:
         """Shut NVML down, unless a call is stuck in it (then shutdown would hang too)."""
         with self._lock:
             initialized, self._initialized = self._initialized, False
+            self._bus_ids.clear()  # the next nvmlInit may number the GPUs differently
         if not initialized or self.wedged:
             return
         import pynvml

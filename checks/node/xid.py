@@ -9,6 +9,7 @@ agent also runs `XidListener` so an XID reaches the metrics at once.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import enum
@@ -21,13 +22,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
-from nodecheck.checks.node.gpu import device_count, normalize_bus_id
+from nodecheck.checks.node.gpu import ENUMERATION_JOB, device_count, gpu_key, normalize_bus_id
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlSession, NvmlUnavailableError
 
 log = logging.getLogger(__name__)
@@ -344,6 +345,11 @@ class XidLog:
             self._listening_since, self._source_error = since, None
             self._unwatched = dict(unwatched or {})
 
+    def set_unwatched(self, unwatched: dict[str, str]) -> None:
+        """Replace the GPUs not registered (a late registration succeeded, or failed anew)."""
+        with self._lock:
+            self._unwatched = dict(unwatched)
+
     def set_not_listening(self, why: str) -> None:
         with self._lock:
             self._listening_since, self._source_error = None, why
@@ -351,7 +357,8 @@ class XidLog:
 
     @property
     def unwatched(self) -> dict[str, str]:
-        """GPUs (bus id) the listener could not register for XID events, and why."""
+        """GPUs the listener could not register for XID events, and why: by bus id, or
+        "GPU <index>" for a GPU that never told NVML its bus id."""
         with self._lock:
             return dict(self._unwatched)
 
@@ -373,21 +380,35 @@ class XidLog:
             return self._source_error
 
 
+SAME_XID_WITHIN_S = 5.0
+
+
 def merge_sources(kernel: Iterable[XidEvent], nvml: Iterable[XidEvent]) -> list[XidEvent]:
     """Both sources together, each XID once: an NVML event that the kernel log also
-    has (same GPU and XID, within 5 s) is the same error seen twice."""
+    has (same GPU and XID, less than 5 s apart) is the same error seen twice.
+
+    The kernel log's events first, then the NVML events it lacks, in their order.
+    An NVML event is compared with the kernel log's and with the NVML events kept
+    before it (one error delivered twice is kept once). Indexed by (GPU, XID), and
+    by time within each: a 16 MiB kernel log (~100k XID lines) during an XID storm
+    (10k events) is merged in well under a second, not in minutes.
+    """
     merged = list(kernel)
+    times: dict[tuple[str, int], list[float]] = {}
+    for seen in merged:
+        if seen.at is not None:
+            times.setdefault((seen.bus_id, seen.xid), []).append(seen.at)
+    for bucket in times.values():
+        bucket.sort()
     for event in nvml:
-        duplicate = any(
-            seen.bus_id == event.bus_id
-            and seen.xid == event.xid
-            and seen.at is not None
-            and event.at is not None
-            and abs(seen.at - event.at) < 5
-            for seen in merged
-        )
-        if not duplicate:
-            merged.append(event)
+        bucket = times.setdefault((event.bus_id, event.xid), [])
+        if event.at is not None:
+            # The first time not before event.at - 5 s; a duplicate is under event.at + 5 s.
+            first = bisect.bisect_right(bucket, event.at - SAME_XID_WITHIN_S)
+            if first < len(bucket) and bucket[first] < event.at + SAME_XID_WITHIN_S:
+                continue
+            bisect.insort(bucket, event.at)
+        merged.append(event)
     return merged
 
 
@@ -405,9 +426,11 @@ class XidListener:
     When NVML cannot be used yet (the driver loads after the agent starts, an
     nvmlInit hangs) the listener tries again after `retry_initial_s`, doubling
     the wait up to `retry_max_s`, until it listens or is stopped; meanwhile
-    `xid_log.listening` is False and `xid_log.source_error` says why. The
-    blocking wait runs on this thread, never as a session job, so it never
-    makes the session look stuck.
+    `xid_log.listening` is False and `xid_log.source_error` says why. Each GPU
+    is registered as its own job under its session key: one whose registration
+    hangs is unwatched (`xid_log.unwatched` says so) and retried with the same
+    backoff while the others are listened to. The blocking wait runs on this
+    thread, never as a session job, so it never makes the session look stuck.
     """
 
     def __init__(
@@ -456,27 +479,34 @@ class XidListener:
         try:
             while not self._stop.is_set():
                 self.attempts += 1
+                event_set = None
                 try:
                     nvml = self.session.module()
-                    event_set, buses, unwatched = self.session.run(
-                        functools.partial(self._register, nvml), "registering for XID events"
-                    )
+                    event_set = self.session.run(nvml.nvmlEventSetCreate, EVENT_SET_JOB)
+                    count = self.session.run(functools.partial(device_count, nvml), ENUMERATION_JOB)
                 except Exception as err:  # any failure: say why, and try again later
+                    if event_set is not None:
+                        with contextlib.suppress(Exception):
+                            nvml.nvmlEventSetFree(event_set)
                     self._not_listening(err, delay)
                     self._ready.set()
                     if self._stop.wait(delay):
                         return
                     delay = min(delay * 2, self.retry_max_s)
                     continue
-                self.error = None
-                self.xid_log.set_listening(time.time(), unwatched)
-                log.info(
-                    "event=xid_listener_listening gpus=%d attempts=%d", len(buses), self.attempts
-                )
-                self._ready.set()
-                delay = self.retry_initial_s
                 try:
-                    broken = self._listen(nvml, event_set, buses)
+                    registered = _RegisteredGpus()
+                    pending = self._register(nvml, event_set, registered, range(count))
+                    self.error = None
+                    self.xid_log.set_listening(time.time(), pending.unwatched)
+                    log.info(
+                        "event=xid_listener_listening gpus=%d attempts=%d",
+                        len(registered),
+                        self.attempts,
+                    )
+                    self._ready.set()
+                    delay = self.retry_initial_s
+                    broken = self._listen(nvml, event_set, registered, pending)
                 finally:
                     with contextlib.suppress(Exception):
                         nvml.nvmlEventSetFree(event_set)
@@ -509,37 +539,78 @@ class XidListener:
             retry_in_s,
         )
 
-    def _register(self, api: Any) -> tuple[object, dict[int | None, str], dict[str, str]]:
-        """The event set, the registered GPUs by handle address, and the GPUs (by bus id,
-        or "GPU <index>" where NVML gave none) not registered, with why."""
-        event_set = api.nvmlEventSetCreate()
-        buses: dict[int | None, str] = {}
-        unwatched: dict[str, str] = {}
-        for index in range(device_count(api)):
-            bus = f"GPU {index}"
-            try:
-                handle = api.nvmlDeviceGetHandleByIndex(index)
-                bus = normalize_bus_id(api.nvmlDeviceGetPciInfo(handle).busId)
-                supported = api.nvmlDeviceGetSupportedEventTypes(handle)
-                if supported & XID_CRITICAL_EVENT:
-                    api.nvmlDeviceRegisterEvents(handle, XID_CRITICAL_EVENT, event_set)
-                    buses[_address(handle)] = bus
-                else:
-                    unwatched[bus] = "the GPU does not report XID events"
-            except (api.NVMLError, ValueError, UnicodeDecodeError) as err:
-                unwatched[bus] = f"registering failed: {err}"
-                log.warning("event=xid_register_failed gpu=%d error=%r", index, str(err))
-        return event_set, buses, unwatched
+    def _register(
+        self, api: Any, event_set: object, registered: _RegisteredGpus, indices: Iterable[int]
+    ) -> _Unregistered:
+        """Register each GPU of `indices` for XID events in `event_set`, each GPU its own job
+        under its session key (the key of its reads: one stuck there is answered at once).
+
+        A GPU whose registration hung is not listened to, says so, and is retried at each
+        `retry_hung` (its job may also finish late: it then records itself in
+        `registered`); the other GPUs are listened to meanwhile.
+        """
+        indices = list(indices)
+        jobs = {
+            gpu_key(index): functools.partial(
+                _register_gpu, api, self.session, event_set, registered, index
+            )
+            for index in indices
+        }
+        labels = {
+            gpu_key(index): f"GPU {index}, registering it for XID events" for index in indices
+        }
+        outcomes = self.session.run_many(jobs, labels=labels)
+        pending = _Unregistered()
+        for index in indices:
+            outcome = outcomes[gpu_key(index)]
+            if isinstance(outcome, NvmlHungError):
+                pending.hung[index] = str(outcome)
+                log.warning("event=xid_register_hung gpu=%d error=%r", index, str(outcome))
+            elif isinstance(outcome, BaseException):
+                pending.failed[f"GPU {index}"] = f"registering failed: {outcome}"
+                log.warning("event=xid_register_failed gpu=%d error=%r", index, str(outcome))
+            elif outcome is not None:
+                name, why = outcome
+                if name == f"GPU {index}":  # it failed before telling its bus id
+                    name = self.session.known_bus_id(index) or name
+                pending.failed[name] = why
+        pending.name_hung(self.session)
+        return pending
+
+    def _retry_hung(
+        self, api: Any, event_set: object, registered: _RegisteredGpus, pending: _Unregistered
+    ) -> None:
+        """Register again the GPUs whose registration hung; forget those registered since."""
+        for index in [index for index in pending.hung if registered.has(index)]:
+            del pending.hung[index]  # its stuck call came back and registered it
+        if not pending.hung:
+            return
+        again = self._register(api, event_set, registered, list(pending.hung))
+        pending.hung = again.hung
+        pending.failed.update(again.failed)
+        pending.name_hung(self.session)
 
     WAIT_FAILURES_BEFORE_REREGISTERING = 3
 
     def _listen(
-        self, api: Any, event_set: object, buses: dict[int | None, str]
+        self, api: Any, event_set: object, registered: _RegisteredGpus, pending: _Unregistered
     ) -> Exception | None:
-        """Wait for events until stopped (None), or until waiting keeps failing (the error)."""
+        """Wait for events until stopped (None), or until waiting keeps failing (the error).
+
+        GPUs whose registration hung are retried with the listener's backoff.
+        """
         timeout_ms = max(int(self.poll_s * 1000), 1)
         failures = 0
+        retry_delay = self.retry_initial_s
+        retry_at = time.monotonic() + retry_delay
         while not self._stop.is_set():
+            if pending.hung and time.monotonic() >= retry_at:
+                self._retry_hung(api, event_set, registered, pending)
+                self.xid_log.set_unwatched(pending.unwatched)
+                retry_delay = min(retry_delay * 2, self.retry_max_s)
+                retry_at = time.monotonic() + retry_delay
+                if not pending.hung:
+                    log.info("event=xid_listener_listening gpus=%d", len(registered))
             try:
                 data = api.nvmlEventSetWait_v2(event_set, timeout_ms)
             except api.NVMLError_Timeout:
@@ -557,7 +628,7 @@ class XidListener:
             failures = 0
             if not data.eventType & XID_CRITICAL_EVENT:
                 continue
-            bus = buses.get(_address(data.device), "unknown")
+            bus = registered.bus_of(_address(data.device))
             event = XidEvent(bus, int(data.eventData), time.time(), "nvml event")
             self.xid_log.add(event)
             log.warning("event=xid gpu=%s xid=%d", bus, event.xid)
@@ -567,6 +638,81 @@ class XidListener:
                 except Exception as err:
                     log.error("event=xid_callback_failed error=%r", str(err))
         return None
+
+
+EVENT_SET_JOB = "creating the XID event set"
+
+
+class _RegisteredGpus:
+    """The GPUs registered in one event set, by handle address (to name an event's GPU).
+
+    Written by the registration jobs, a job that finished after its deadline too:
+    that GPU is then registered, and its events must be named."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buses: dict[int | None, str] = {}
+        self._indices: set[int] = set()
+
+    def add(self, index: int, address: int | None, bus: str) -> None:
+        with self._lock:
+            self._buses[address] = bus
+            self._indices.add(index)
+
+    def has(self, index: int) -> bool:
+        with self._lock:
+            return index in self._indices
+
+    def bus_of(self, address: int | None) -> str:
+        with self._lock:
+            return self._buses.get(address, "unknown")
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._indices)
+
+
+@dataclass
+class _Unregistered:
+    """GPUs not listened to: those that cannot be (by bus id, or "GPU <index>"), and those
+    whose registration hung (by index; retried), with why."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    hung: dict[int, str] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+
+    def name_hung(self, session: NvmlSession) -> None:
+        """Name each hung GPU by the bus id it reported in this session, if it ever did."""
+        self.names = {index: session.known_bus_id(index) or f"GPU {index}" for index in self.hung}
+
+    @property
+    def unwatched(self) -> dict[str, str]:
+        hung = {
+            self.names.get(index, f"GPU {index}"): f"{why}; retrying"
+            for index, why in self.hung.items()
+        }
+        return {**self.failed, **hung}
+
+
+def _register_gpu(
+    api: Any, session: NvmlSession, event_set: object, registered: _RegisteredGpus, index: int
+) -> tuple[str, str] | None:
+    """Register GPU `index` for XID events: None when it is, else (its name, why not)."""
+    bus = f"GPU {index}"
+    try:
+        handle = api.nvmlDeviceGetHandleByIndex(index)
+        bus = normalize_bus_id(api.nvmlDeviceGetPciInfo(handle).busId)
+        # Known before the calls that may hang: a GPU stuck in them is named by it.
+        session.remember_bus_id(index, bus)
+        supported = api.nvmlDeviceGetSupportedEventTypes(handle)
+        if not supported & XID_CRITICAL_EVENT:
+            return bus, "the GPU does not report XID events"
+        api.nvmlDeviceRegisterEvents(handle, XID_CRITICAL_EVENT, event_set)
+    except (api.NVMLError, ValueError, UnicodeDecodeError) as err:
+        log.warning("event=xid_register_failed gpu=%d error=%r", index, str(err))
+        return bus, f"registering failed: {err}"
+    registered.add(index, _address(handle), bus)
+    return None
 
 
 def _address(handle: object) -> int | None:

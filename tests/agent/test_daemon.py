@@ -174,11 +174,20 @@ def running_agent(node: Node, work: Path, benchmarks: bool) -> Iterator[RunningA
 
 @pytest.fixture(scope="module")
 def agent(build: Callable[..., Node]) -> Iterator[RunningAgent]:
-    """The agent on the DGX where GPU 3 falls off the bus (XID 79) 3 s after NVML starts.
+    """The agent on the DGX where GPU 3 falls off the bus (XID 79) 3 s after the agent's
+    XID listener registered it: timed from the registration, not from NVML's start, since
+    a GPU lost before it is registered can no longer be (GPU_IS_LOST), its XID would never
+    be listened to, and gpu_xid (hourly) would not run again on a loaded machine.
     It runs no benchmark: a node with a lost GPU is never benchmarked, and a benchmark
     that had to finish before the loss would race it on a loaded machine."""
     work = Path(tempfile.mkdtemp(prefix="nodecheck-agent-"))
-    scenario = modified(dgx_healthy(), gpu=3, xids=[{"xid": 79, "after_s": 3}], lost_after_s=3)
+    scenario = modified(
+        dgx_healthy(),
+        gpu=3,
+        timed_from="registration",
+        xids=[{"xid": 79, "after_s": 3}],
+        lost_after_s=3,
+    )
     node = build("dgx-h100").with_scenario(scenario, work / "scenario.json")
     try:
         with running_agent(node, work / "agent", benchmarks=False) as running:

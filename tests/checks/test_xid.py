@@ -147,3 +147,51 @@ def test_judge_group(
     assert found is status, summary
     assert says in summary
     assert bool(remedy) == (status is not Status.OK)
+
+
+GPU_A, GPU_B = "0000:1b:00.0", "0000:3a:00.0"
+
+
+def kernel_event(bus: str, xid: int, at: float | None) -> XidEvent:
+    return XidEvent(bus, xid, at, "kernel log")
+
+
+def nvml_event(bus: str, xid: int, at: float | None) -> XidEvent:
+    return XidEvent(bus, xid, at, "nvml event")
+
+
+def test_merge_keeps_exactly_the_events_not_seen_within_5_s_of_the_same_gpu_and_xid() -> None:
+    """Same GPU and XID less than 5 s apart (either way) is one error; 5 s apart, another
+    GPU or XID, or an unknown time is another. NVML events duplicate each other too.
+    Kernel events come first, in their order, then the NVML events kept, in theirs."""
+    kernel = [
+        kernel_event(GPU_A, 79, 100.0),
+        kernel_event(GPU_A, 48, 100.0),
+        kernel_event(GPU_B, 79, 300.0),
+        kernel_event(GPU_A, 79, None),
+        kernel_event(GPU_A, 79, 90.0),  # out of order: not sorted by the caller
+    ]
+    nvml = [
+        nvml_event(GPU_A, 79, 104.999),  # 4.999 s after 100: the same
+        nvml_event(GPU_A, 79, 95.5),  # between 90 and 100: the same
+        nvml_event(GPU_A, 79, 85.001),  # 4.999 s before 90: the same
+        nvml_event(GPU_A, 79, 105.0),  # exactly 5 s after 100: another
+        nvml_event(GPU_A, 79, 109.0),  # 4 s after the NVML one kept at 105: the same
+        nvml_event(GPU_A, 79, 85.0),  # exactly 5 s before 90: another
+        nvml_event(GPU_B, 48, 300.0),  # another XID on GPU B
+        nvml_event(GPU_A, 31, 100.0),  # an XID the kernel log lacks
+        nvml_event(GPU_B, 79, None),  # no time: never taken for another
+        nvml_event(GPU_B, 79, None),
+        nvml_event(GPU_A, 48, 96.0),  # 4 s before GPU A's 48: the same
+    ]
+    merged = merge_sources(kernel, nvml)
+    assert merged[: len(kernel)] == kernel
+    kept = [(e.bus_id, e.xid, e.at) for e in merged[len(kernel) :]]
+    assert kept == [
+        (GPU_A, 79, 105.0),
+        (GPU_A, 79, 85.0),
+        (GPU_B, 48, 300.0),
+        (GPU_A, 31, 100.0),
+        (GPU_B, 79, None),
+        (GPU_B, 79, None),
+    ]

@@ -143,6 +143,8 @@ typedef struct {
     struct { unsigned pid; unsigned long long mem; double after, until; } proc[MAX_ITEMS];
     struct { unsigned long long xid; double after; } xid[MAX_ITEMS];
     double lost_after;           /* < 0: never */
+    int from_registration;       /* "timed_from": "registration" */
+    double registered_at;        /* seconds since t0 of its first XID registration; < 0: none */
     nvmlReturn_t err[N_DEV_FNS]; /* NVML_SUCCESS: no injected error */
     double hang[N_DEV_FNS];      /* < 0: no hang */
     double hang_until[N_DEV_FNS]; /* < 0: for ever; else calls from then on answer */
@@ -449,7 +451,7 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         .thresh = {92, 89, 95, 87}, .temp = 34, .cc = {9, 0}, .power_mw = 71000,
         .power_limit_mw = 700000, .default_power_limit_mw = 700000, .persistence = 1,
         .arch = NVML_DEVICE_ARCH_HOPPER, .sm_clock = 1980, .max_sm_clock = 1980,
-        .mem_clock = 2619, .minor = UINT_MAX, .lost_after = -1};
+        .mem_clock = 2619, .minor = UINT_MAX, .lost_after = -1, .registered_at = -1};
     *g = dflt;
     for (int f = 0; f < N_DEV_FNS; f++) g->hang[f] = g->hang_until[f] = -1;
     int have_bus = 0;
@@ -590,6 +592,11 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
             }
         } else if (IS("lost_after_s")) {
             if (m->t != J_NULL) g->lost_after = jsecs(c, m);
+        } else if (IS("timed_from")) {
+            jtype(c, m, J_STR);
+            if (!strcmp(m->s, "registration")) g->from_registration = 1;
+            else if (strcmp(m->s, "load"))
+                fail(c, m->pos, "'timed_from' is \"load\" or \"registration\", not '%s'", m->s);
         } else unknown_key(c, m);
     }
     if (!have_bus) fail(c, o->pos, "a GPU needs a 'bus_id'");
@@ -767,6 +774,13 @@ static nvmlReturn_t genter(int f) {
     pthread_mutex_unlock(&mu);
     return injected;
 }
+/* Seconds since t0 at which a timed fault of the GPU ("lost_after_s", an XID's "after_s")
+ * falls due: `after` itself, or after the GPU's first XID registration with "timed_from":
+ * "registration" (1e300, never, before it). */
+static double due_at(const gpu_t *g, double after) {
+    if (!g->from_registration) return after;
+    return g->registered_at < 0 ? 1e300 : g->registered_at + after;
+}
 /* With mu held: the GPU's "hang", "lost_after_s" and "errors" for function f,
  * else a copy of the GPU in *out. Releases mu. */
 static nvmlReturn_t gate(int slot, int f, gpu_t *out) {
@@ -780,7 +794,7 @@ static nvmlReturn_t gate(int slot, int f, gpu_t *out) {
         pthread_mutex_unlock(&mu);
         return hang_until(gen, limit);
     }
-    if (g->lost_after >= 0 && t >= g->lost_after) rc = NVML_ERROR_GPU_IS_LOST;
+    if (g->lost_after >= 0 && t >= due_at(g, g->lost_after)) rc = NVML_ERROR_GPU_IS_LOST;
     else if (g->err[f]) rc = g->err[f];
     else { *out = *g; out->t = t; }
     pthread_mutex_unlock(&mu);
@@ -1229,6 +1243,9 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ev
     pthread_mutex_lock(&mu);
     struct nvmlEventSet_st *es = set_of(set);
     if (es) es->reg[g.slot] |= eventTypes;
+    gpu_t *registered = &S.gpus[g.slot];
+    if (es && eventTypes & nvmlEventTypeXidCriticalError && registered->registered_at < 0)
+        registered->registered_at = mono() - t0;
     pthread_mutex_unlock(&mu);
     return es ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
@@ -1244,8 +1261,9 @@ static int next_xid(struct nvmlEventSet_st *es, nvmlEventData_t *data) {
         const gpu_t *g = &S.gpus[s];
         if (!g->visible || !(es->reg[s] & nvmlEventTypeXidCriticalError)) continue;
         for (unsigned i = 0; i < g->nxid; i++)
-            if (!(es->delivered[s] >> i & 1) && g->xid[i].after <= t && g->xid[i].after < best) {
-                best = g->xid[i].after;
+            if (!(es->delivered[s] >> i & 1) && due_at(g, g->xid[i].after) <= t &&
+                due_at(g, g->xid[i].after) < best) {
+                best = due_at(g, g->xid[i].after);
                 bs = s;
                 bi = (int)i;
             }
@@ -1265,8 +1283,8 @@ static double next_due(const struct nvmlEventSet_st *es) {
         const gpu_t *g = &S.gpus[s];
         if (!g->visible || !(es->reg[s] & nvmlEventTypeXidCriticalError)) continue;
         for (unsigned i = 0; i < g->nxid; i++)
-            if (!(es->delivered[s] >> i & 1) && g->xid[i].after - t < best)
-                best = g->xid[i].after - t;
+            if (!(es->delivered[s] >> i & 1) && due_at(g, g->xid[i].after) - t < best)
+                best = due_at(g, g->xid[i].after) - t;
     }
     return best;
 }

@@ -742,6 +742,40 @@ def test_xid_event_timing(fake: Fake) -> None:
     assert out["unsupported_type"] == NOT_SUPPORTED
 
 
+def test_faults_timed_from_registration(fake: Fake) -> None:
+    """ "timed_from": "registration": the GPU's XIDs and loss count from its first XID
+    registration, so a GPU registered late still sees them in order; before it, the GPU
+    answers (not lost, however long after load)."""
+    timed = {
+        "bus_id": "0000:18:00.0",
+        "timed_from": "registration",
+        "xids": [{"xid": 79, "after_s": 3}],
+        "lost_after_s": 0.3,
+    }
+    scenario = {"gpus": [timed, {"bus_id": "0000:19:00.0", "xids": [{"xid": 13}]}]}
+    out, _ = fake.run(
+        scenario,
+        """
+        n.nvmlInit()
+        h0 = n.nvmlDeviceGetHandleByIndex(0)
+        time.sleep(0.5)  # past lost_after_s from load: still answering
+        out["before"] = rc(n.nvmlDeviceGetName, h0)
+        es = n.nvmlEventSetCreate()
+        n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(1), 8, es)
+        n.nvmlDeviceRegisterEvents(h0, 8, es)
+        registered = time.monotonic()
+        out["first"] = [n.nvmlEventSetWait_v2(es, 0).eventData, rc(n.nvmlEventSetWait_v2, es, 0)]
+        d = n.nvmlEventSetWait_v2(es, 10000)
+        out["xid"] = [d.eventData, time.monotonic() - registered]
+        out["after"] = rc(n.nvmlDeviceGetName, h0)
+        """,
+    )
+    assert out["before"] == SUCCESS
+    assert out["first"] == [13, TIMEOUT]  # GPU 0's XID 79 is 3 s after its registration
+    assert out["xid"][0] == 79 and 2.9 <= out["xid"][1] < 10
+    assert out["after"] == GPU_IS_LOST
+
+
 def test_event_set_sees_reloaded_scenario(fake: Fake) -> None:
     second = fake.scenario(gpu(xids=[{"xid": 94, "after_s": 0}]))
     out, _ = fake.run(
@@ -817,6 +851,7 @@ def test_missing_env_var_or_file(fake: Fake) -> None:
         ),
         ('{"hang": {"nvmlDeviceGetName": 0}}', "is not a system/global function"),
         ('{"a": 1, "a": 2}', "duplicate key 'a' at byte 9"),
+        (json.dumps(gpu(timed_from="boot")), '\'timed_from\' is "load" or "registration"'),
     ],
 )
 def test_scenario_errors(fake: Fake, doc: str, message: str) -> None:

@@ -9,6 +9,7 @@ checked by those faults still being found.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from nodecheck.checks.bench.gate import check_gate
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.node.gpu import GpuHistory, read_gpu_activity
 from nodecheck.checks.node.nvml import NvmlSession
-from nodecheck.checks.node.xid import XidListener, XidLog
+from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import CheckRun
 from tests.conftest import Node, by_status
@@ -139,7 +141,7 @@ def test_hung_gpu_is_an_error_for_that_gpu_only_and_is_read_again_once_its_call_
     hung = [r for r in of(second, subject(HUNG_BUS)) if "XID" not in r.summary]
     assert {r.status for r in hung} == {Status.ERROR}
     assert any("is still stuck" in r.summary for r in hung), [r.summary for r in hung]
-    stuck_threads = [t for t in threading.enumerate() if t.name == f"nvml-GPU 2 at {HUNG_BUS}"]
+    stuck_threads = [t for t in threading.enumerate() if t.name == "nvml-GPU 2"]
     assert len(stuck_threads) == 1, stuck_threads
     lost = [r for r in of(second, subject(LOST_BUS)) if "XID" not in r.summary]
     assert lost and {r.status for r in lost} == {Status.FAIL}
@@ -322,6 +324,128 @@ def test_hung_gpu_is_named_by_the_benchmark_gate(dgx: Node, tmp_path: Path) -> N
     assert "still stuck" in refusal.text
 
 
+OPENING_CALLS = ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetPciInfo_v3")
+
+
+def reload_scenario(scenario: Scenario, path: Path) -> None:
+    """Write `scenario` and load it with an init of our own (tests/fake_nvml/README.md,
+    Loading and timing): a call stuck in the old scenario's hang returns."""
+    import pynvml
+
+    write_scenario(scenario, path)
+    pynvml.nvmlInit()
+    pynvml.nvmlShutdown()
+
+
+@pytest.mark.parametrize("call", OPENING_CALLS)
+def test_a_gpu_whose_opening_hangs_costs_only_that_gpu(
+    dgx_faulty: Node, tmp_path: Path, call: str
+) -> None:
+    """GPU 2's handle or bus id lookup (the listing) hanging: GPU 2 alone is `error` ("NVML
+    did not answer in 1 s (GPU 2, opening it)"), by index since NVML never named it; the
+    other GPUs are read and their planted faults found, nothing is a node-level error;
+    the next pass answers GPU 2 at once (one stuck thread)."""
+    scenario = faulty_scenario()
+    scenario["gpus"][2]["hang"] = {call: 0}
+    node = dgx_faulty.with_scenario(scenario, tmp_path / "open.json")
+    session = node.nvml()
+    started = time.monotonic()
+    first_runs = node.run(*GPU_CHECKS, nvml=session)
+    assert time.monotonic() - started < 30  # one 1 s deadline, not one per check or GPU
+    first = flat(first_runs)
+    assert [r for r in first if r.subject == "node" and r.status is Status.ERROR] == []
+    planted_faults_found(first_runs)
+    by_index = of(first, "gpu index 2")
+    assert {r.status for r in by_index} == {Status.ERROR}
+    assert len(by_index) == len(PER_GPU_CHECKS) + 1  # gpu_count names it too
+    assert all(r.summary == "NVML did not answer in 1 s (GPU 2, opening it)" for r in by_index)
+    # gpu_count cannot tell which of sysfs's GPUs NVML did not name (0000:3a:00.0, and
+    # 0000:bc:00.0 fallen off the bus) is GPU 2: `error` for each, naming GPU 2's hang.
+    unnamed = (subject(HUNG_BUS), subject(DGX_GPUS[7]))
+    for bus in unnamed:
+        unlisted = by_check(first_runs)[("gpu_count", bus)]
+        assert unlisted.status is Status.ERROR, unlisted
+        assert "GPU 2: NVML did not answer in 1 s (GPU 2, opening it)" in unlisted.summary
+    errors = {r.subject for r in by_status(first, Status.ERROR)}
+    assert errors == {"gpu index 2", *unnamed}, errors
+    second = flat(node.run(*PER_GPU_CHECKS, nvml=session))
+    again = of(second, "gpu index 2")
+    assert again and all(r.summary.endswith("is still stuck)") for r in again), again
+    assert len([t for t in threading.enumerate() if t.name == "nvml-GPU 2"]) == 1
+
+
+def test_a_gpu_stuck_while_opened_keeps_the_bus_id_it_had(dgx_faulty: Node, tmp_path: Path) -> None:
+    """A GPU read once, whose bus id lookup then hangs (the driver wedged mid-run, as in
+    the agent): the next pass names it by its bus id, `error` on its own subject, the
+    others judged; the pass after answers it at once; released, it is read again."""
+    path = tmp_path / "wedge.json"
+    node = dgx_faulty.with_scenario(faulty_scenario(), path)
+    session = node.nvml()
+    history = GpuHistory()
+    healthy = node.run(*PER_GPU_CHECKS, nvml=session, gpu_history=history)
+    assert all(r.status is not Status.ERROR for r in of(flat(healthy), subject(HUNG_BUS)))
+    wedged = faulty_scenario()
+    wedged["gpus"][2]["hang"] = {"nvmlDeviceGetPciInfo_v3": 0}
+    reload_scenario(wedged, path)
+    try:
+        runs = node.run(*PER_GPU_CHECKS, nvml=session, gpu_history=history)
+        mine = of(flat(runs), subject(HUNG_BUS))
+        assert len(mine) == len(PER_GPU_CHECKS) and {r.status for r in mine} == {Status.ERROR}
+        assert all("NVML did not answer in 1 s (GPU 2, opening it" in r.summary for r in mine)
+        planted_faults_found(runs)
+        errors = {r.subject for r in by_status(flat(runs), Status.ERROR)}
+        assert errors == {subject(HUNG_BUS)}, errors
+        again = of(
+            flat(node.run(*PER_GPU_CHECKS, nvml=session, gpu_history=history)), subject(HUNG_BUS)
+        )
+        assert again and all(r.summary.endswith("is still stuck)") for r in again), again
+    finally:
+        reload_scenario(faulty_scenario(), path)
+
+    def read_again() -> list[Result] | None:
+        results = flat(node.run(*PER_GPU_CHECKS, nvml=session, gpu_history=history))
+        mine = of(results, subject(HUNG_BUS))
+        return results if mine and all(r.status is not Status.ERROR for r in mine) else None
+
+    wait_for(read_again, "GPU 2 read again")
+
+
+def test_a_lost_gpu_whose_lookup_by_bus_id_hangs_leaves_the_one_before_it_named(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """GPUs 4 and 5 lost before the run (no bus id from NVML), GPU 5's lookup by bus id
+    hanging: GPU 4 is still named by its bus id (`fail` "GPU is lost" on 0000:9a:00.0);
+    GPU 5, whose slot cannot be told, stays by index; within one deadline."""
+    scenario = modified(dgx_healthy(), gpu=4, lost_after_s=0)
+    scenario["gpus"][5].update(lost_after_s=0, hang={"nvmlDeviceGetHandleByPciBusId_v2": 0})
+    node = dgx.with_scenario(scenario, tmp_path / "lost.json")
+    started = time.monotonic()
+    runs = node.run(*PER_GPU_CHECKS, nvml=node.nvml())
+    assert time.monotonic() - started < 30
+    results = flat(runs)
+    named = of(results, subject(LOST_BUS))
+    assert len(named) == len(PER_GPU_CHECKS), named
+    assert all(r.status is Status.FAIL and "GPU is lost" in r.summary for r in named), named
+    by_index = of(results, "gpu index 5")
+    assert len(by_index) == len(PER_GPU_CHECKS) and {r.status for r in by_index} == {Status.FAIL}
+    assert of(results, "gpu index 4") == []
+
+
+def test_a_gpu_whose_opening_hangs_is_named_by_the_benchmark_gate(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """read_gpu_activity with GPU 2's bus id lookup hung: GPU 2 alone names the hang, the
+    other seven are read."""
+    scenario = dgx_healthy()
+    scenario["gpus"][2]["hang"] = {"nvmlDeviceGetPciInfo_v3": 0}
+    node = dgx.with_scenario(scenario, tmp_path / "gate.json")
+    activity = read_gpu_activity(node.nvml())
+    assert [gpu.index for gpu in activity] == list(range(8))
+    problems = {gpu.index: gpu.problem for gpu in activity if gpu.problem}
+    assert problems == {2: "NVML did not answer in 1 s (GPU 2, opening it)"}, problems
+    assert all(gpu.memory_free for gpu in activity if gpu.index != 2)
+
+
 # -- 2. the XID listener retries, and a source that is not listening is never a pass ---
 
 
@@ -453,6 +577,90 @@ def test_a_gpu_the_listener_could_not_register_has_no_source_without_the_kernel_
     assert "registering failed: Unknown Error" in blind.summary
     others = [r for r in results if r.subject.startswith("gpu ") and r is not blind]
     assert len(others) == 7 and {r.status for r in others} == {Status.OK}
+
+
+REGISTERING_CALLS = (
+    *OPENING_CALLS,
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+)
+
+
+@pytest.mark.parametrize("call", REGISTERING_CALLS)
+def test_a_gpu_whose_xid_registration_hangs_costs_only_that_gpu_and_is_retried(
+    dgx: Node, tmp_path: Path, call: str
+) -> None:
+    """One call of GPU 3's registration for XID events hanging: the listener listens to
+    the other seven (GPU 5's XID 48 arrives, a `fail`), GPU 3 is unwatched saying it hung; with the
+    kernel log unreadable (the shipped unit) GPU 3 alone is `error` in gpu_xid, the others
+    `ok`; once the driver answers again GPU 3 is registered and its XID 79 arrives."""
+    path = tmp_path / "register.json"
+    answering = modified(
+        modified(dgx_healthy(), gpu=3, xids=[{"xid": 79}]), gpu=5, xids=[{"xid": 48}]
+    )
+    hanging = copy.deepcopy(answering)
+    hanging["gpus"][3]["hang"] = {call: 0}
+    node = dgx.with_scenario(hanging, path)
+    session = node.nvml()
+    xid_log = XidLog()
+    listener = XidListener(session, xid_log, poll_s=0.1, retry_initial_s=0.05, retry_max_s=0.2)
+    listener.start()
+    try:
+        wait_for(lambda: xid_log.listening, "the listener to listen")
+        [(name, why)] = xid_log.unwatched.items()
+        assert name in ("GPU 3", DGX_GPUS[3]), name
+        assert why.startswith("NVML did not answer in 1 s (GPU 3"), why
+        wait_for(lambda: any(e.bus_id == DGX_GPUS[5] for e in xid_log.events()), "GPU 5's XID 48")
+        assert not any(e.bus_id == DGX_GPUS[3] for e in xid_log.events())
+        results = node.results(
+            "gpu_xid", kernel_log=tmp_path / "kmsg", xid_log=xid_log, nvml=session
+        )
+        blind = of(results, subject(DGX_GPUS[3]))
+        assert [r.status for r in blind] == [Status.ERROR], blind
+        assert "no XID source for this GPU" in blind[0].summary
+        assert "NVML did not answer in 1 s (GPU 3" in blind[0].summary
+        [ecc] = of(results, subject(DGX_GPUS[5]))
+        assert ecc.status is Status.FAIL and "XID 48" in ecc.summary, ecc
+        others = [
+            r for r in results if r.subject not in (subject(DGX_GPUS[3]), subject(DGX_GPUS[5]))
+        ]
+        assert len(others) == 6 and {r.status for r in others} == {Status.OK}, others
+
+        reload_scenario(answering, path)
+        wait_for(lambda: not xid_log.unwatched, "GPU 3 registered")
+        wait_for(lambda: any(e.bus_id == DGX_GPUS[3] for e in xid_log.events()), "GPU 3's XID 79")
+        assert xid_log.listening
+    finally:
+        assert listener.stop()
+
+
+def test_an_xid_storm_is_judged_in_seconds_each_error_once(dgx: Node, tmp_path: Path) -> None:
+    """An XID storm on GPU 1: a kernel log of 100k XID 48 lines (~10 MiB, journalctl form)
+    and 10k NVML events, half of them the log's latest: gpu_xid answers within 20 s (a
+    bound for a loaded machine, under its 30 s timeout; comparing each NVML event with every
+    event kept took minutes), counting each error once: 100k + 5k."""
+    bus = DGX_GPUS[1]
+    start = time.time() - 7 * 86_400
+    log_lines = [
+        f"{datetime.fromtimestamp(start + i * 0.01, timezone.utc).isoformat()} dgx01 kernel: "
+        f"NVRM: Xid (PCI:{bus[:-2]}): 48, pid=4242, name=python, An uncorrectable ECC error"
+        for i in range(100_000)
+    ]
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("\n".join(log_lines) + "\n")
+    xid_log = XidLog()
+    xid_log.set_listening(start - 60)
+    for i in range(5_000):  # the kernel log's latest errors, seen by NVML 1 s later
+        xid_log.add(XidEvent(bus, 48, start + 950 + i * 0.01 + 1, "nvml event"))
+    for i in range(5_000):  # after the log's last line, 6 s apart: errors it lacks
+        xid_log.add(XidEvent(bus, 48, start + 2_000 + i * 6, "nvml event"))
+    began = time.monotonic()
+    results = dgx.results("gpu_xid", kernel_log=kernel_log, xid_log=xid_log)
+    assert time.monotonic() - began < 20
+    [storm] = of(results, subject(bus))
+    assert "XID 48 GPU_ECC_DBE x105000," in storm.summary, storm
+    others = [r for r in results if r is not storm]
+    assert len(others) == 7 and {r.status for r in others} == {Status.OK}, others
 
 
 def test_driver_version_unreadable_is_an_error_not_driver_none(dgx: Node, tmp_path: Path) -> None:
