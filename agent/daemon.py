@@ -264,9 +264,13 @@ class Agent:
         return {check.name for check, _ in self._checks(config)} - set(self.benchmarks)
 
     def _on_xid(self, event: XidEvent) -> None:
-        log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
-        self.shared.forget()  # gpu_xid must judge the GPU as it is now, not 10 s ago
-        self.scheduler.run_now("gpu_xid")
+        """On the XID listener's thread, which must outlive any failure here."""
+        try:
+            log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
+            self.shared.forget()  # gpu_xid must judge the GPU as it is now, not 10 s ago
+            self.scheduler.run_now("gpu_xid")
+        except Exception as err:
+            log.error("event=xid_rerun_failed error=%r", f"{type(err).__name__}: {err}")
 
     # -- life ------------------------------------------------------------------------
 
@@ -336,8 +340,12 @@ class Agent:
                 last_textfile = time.monotonic()
                 try:
                     write_textfile(directory, self.registry)
-                except OSError as err:
-                    log.error("event=textfile_failed dir=%s error=%r", directory, str(err))
+                except Exception as err:  # any failure: this thread also pings the watchdog
+                    log.error(
+                        "event=textfile_failed dir=%s error=%r",
+                        directory,
+                        str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}",
+                    )
 
     @staticmethod
     def _auth(config: AgentConfig) -> BasicAuth | None:
