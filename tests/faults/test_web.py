@@ -879,3 +879,22 @@ def test_the_dummy_hash_is_computed_once_per_cost_across_reloads() -> None:
     assert first._dummy != dummy and first._dummy.startswith(b"$2b$06$")
     first.users = dict(at_5)
     assert first._dummy == dummy
+
+
+def test_tls_files_that_are_no_regular_file_are_never_opened(tmp_path: Path) -> None:
+    """A FIFO as the certificate or key (a writer blocked on it would be woken), a device
+    node: ValueError naming it, without opening it. (Before: opened, then refused.)"""
+    from tests.faults.test_config import BlockedWriter
+
+    cert, key = make_certificate(tmp_path, "a")
+    for make_pair in (lambda f: (f, key), lambda f: (cert, f)):
+        fifo_path = tmp_path / f"fifo-{len(list(tmp_path.iterdir()))}"
+        writer = BlockedWriter(fifo_path)
+        try:
+            with pytest.raises(ValueError, match=f"{fifo_path}: the .* is a FIFO"):
+                tls_context(*make_pair(fifo_path))
+            assert not writer.opened.wait(2), "the FIFO was opened"
+        finally:
+            writer.release()
+    with pytest.raises(ValueError, match="/dev/null: the certificate is a character device"):
+        tls_context(Path("/dev/null"), key)
