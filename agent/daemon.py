@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import logging
@@ -428,8 +427,14 @@ class Agent:
             self.server.shutdown()
             self.server.server_close()
         if self.config.textfile_dir:
-            with contextlib.suppress(OSError):
+            try:
                 write_textfile(self.config.textfile_dir, self.registry)
+            except Exception as err:  # the last write: stopping must not fail on it
+                log.error(
+                    "event=textfile_failed dir=%s error=%r",
+                    self.config.textfile_dir,
+                    f"{type(err).__name__}: {err}",
+                )
 
     def run_until_signalled(self) -> None:
         stop = threading.Event()
