@@ -96,27 +96,63 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+class NotRegularFileError(Exception):
+    """A path that is something other than a regular file: what it is, as file_kind says."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def open_regular_file(path: Path) -> int:
+    """A read-only, non-blocking descriptor of the regular file at `path`.
+
+    stat(2) first, and nothing but a regular file is opened: opening a device node has
+    side effects of its own (/dev/watchdog arms the hardware watchdog, a tape device
+    rewinds, a FIFO wakes a writer blocked in open(2): fifo(7)). fstat(2) after the open
+    confirms it is still that file, should the path have been replaced in between.
+    NotRegularFileError when it is not one; OSError (FileNotFoundError, ...) or
+    ValueError (a NUL in the path) from the calls themselves.
+    """
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode):
+        raise NotRegularFileError(file_kind(before.st_mode))
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        after = os.fstat(descriptor)
+    except OSError:
+        os.close(descriptor)
+        raise
+    if not stat.S_ISREG(after.st_mode) or (after.st_dev, after.st_ino) != (
+        before.st_dev,
+        before.st_ino,
+    ):
+        os.close(descriptor)
+        kind = file_kind(after.st_mode) if not stat.S_ISREG(after.st_mode) else "another file"
+        raise NotRegularFileError(f"replaced while being opened (now {kind})")
+    return descriptor
+
+
 def read_text_file(path: Path, limit: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes; UnreadableFileError if not.
 
-    Opened non-blocking and checked with fstat before any read: a FIFO in its place
-    would otherwise block the caller until a writer comes (for the agent, a SIGHUP
-    that never returns), and /dev/zero would never end.
+    Opened only once stat says it is a regular file (open_regular_file), non-blocking:
+    a FIFO in its place would otherwise block the caller until a writer comes (for the
+    agent, a SIGHUP that never returns), and /dev/zero would never end.
     """
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = open_regular_file(path)
     except FileNotFoundError:
         raise UnreadableFileError("no such file", missing=True) from None
+    except NotRegularFileError as err:
+        raise UnreadableFileError(f"{err.kind}, not a regular file") from None
     except OSError as err:
         raise UnreadableFileError(err.strerror or str(err)) from None
-    except ValueError:  # os.open refuses a path with a NUL byte
+    except ValueError:  # os.stat refuses a path with a NUL byte
         raise UnreadableFileError("the path has a NUL character") from None
     chunks: list[bytes] = []
     size = 0
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnreadableFileError(f"{file_kind(mode)}, not a regular file")
         while size <= limit:
             chunk = os.read(descriptor, min(1 << 16, limit + 1 - size))
             if not chunk:
@@ -439,16 +475,32 @@ def _directory_problem(path: Path, *, must_exist: bool, writable: bool) -> str |
     return None
 
 
+# The kmsg device: character major 1, minor 11 (the kernel's
+# Documentation/admin-guide/devices.txt); any other device is no kernel log.
+KMSG_DEVICE = (1, 11)
+
+
 def kernel_log_problem(path: Path) -> str | None:
-    """A kernel log must be there to be read: a regular file (a log) or a character
-    device (/dev/kmsg); a directory or a FIFO is a mistake."""
+    """A kernel log must be there to be read: a regular file (a log) or the kmsg device
+    (/dev/kmsg, by its numbers, wherever its node is); a directory, a FIFO or another
+    device (/dev/null, a tty) is a mistake."""
     try:
-        mode = path.stat().st_mode
+        info = path.stat()
     except FileNotFoundError:
         return f"{path}: no such file"
     except OSError as err:
         return f"{path}: {err.strerror or err}"
-    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+    except ValueError:  # a NUL in the path
+        return f"{path!r}: the path has a NUL character"
+    mode = info.st_mode
+    if stat.S_ISCHR(mode):
+        numbers = (os.major(info.st_rdev), os.minor(info.st_rdev))
+        if numbers != KMSG_DEVICE:
+            return (
+                f"{path}: a character device {numbers[0]}:{numbers[1]}, not the kmsg device "
+                f"(1:11, /dev/kmsg) or a log file"
+            )
+    elif not stat.S_ISREG(mode):
         return f"{path}: {file_kind(mode)}, not a log file or /dev/kmsg"
     if not os.access(path, os.R_OK):
         return f"{path}: not readable by this user (uid {os.geteuid()})"
@@ -543,7 +595,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
 
         try:
             tls_context(cert, key)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:  # tls_context names the file
             blamed = "tls_cert_file" if str(cert) in str(err) and str(key) not in str(err) else ""
             raise section.fail(blamed or "tls_key_file", str(err)) from None
     section.done()

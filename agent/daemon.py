@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import logging
@@ -264,9 +263,13 @@ class Agent:
         return {check.name for check, _ in self._checks(config)} - set(self.benchmarks)
 
     def _on_xid(self, event: XidEvent) -> None:
-        log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
-        self.shared.forget()  # gpu_xid must judge the GPU as it is now, not 10 s ago
-        self.scheduler.run_now("gpu_xid")
+        """On the XID listener's thread, which must outlive any failure here."""
+        try:
+            log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
+            self.shared.forget()  # gpu_xid must judge the GPU as it is now, not 10 s ago
+            self.scheduler.run_now("gpu_xid")
+        except Exception as err:
+            log.error("event=xid_rerun_failed error=%r", f"{type(err).__name__}: {err}")
 
     # -- life ------------------------------------------------------------------------
 
@@ -336,8 +339,12 @@ class Agent:
                 last_textfile = time.monotonic()
                 try:
                     write_textfile(directory, self.registry)
-                except OSError as err:
-                    log.error("event=textfile_failed dir=%s error=%r", directory, str(err))
+                except Exception as err:  # any failure: this thread also pings the watchdog
+                    log.error(
+                        "event=textfile_failed dir=%s error=%r",
+                        directory,
+                        str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}",
+                    )
 
     @staticmethod
     def _auth(config: AgentConfig) -> BasicAuth | None:
@@ -420,8 +427,14 @@ class Agent:
             self.server.shutdown()
             self.server.server_close()
         if self.config.textfile_dir:
-            with contextlib.suppress(OSError):
+            try:
                 write_textfile(self.config.textfile_dir, self.registry)
+            except Exception as err:  # the last write: stopping must not fail on it
+                log.error(
+                    "event=textfile_failed dir=%s error=%r",
+                    self.config.textfile_dir,
+                    f"{type(err).__name__}: {err}",
+                )
 
     def run_until_signalled(self) -> None:
         stop = threading.Event()

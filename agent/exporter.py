@@ -16,9 +16,11 @@ log line, never a traceback.
 from __future__ import annotations
 
 import base64
+import contextlib
 import enum
 import hashlib
 import io
+import ipaddress
 import json
 import logging
 import math
@@ -28,12 +30,12 @@ import re
 import select
 import socket
 import ssl
-import stat
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
@@ -42,6 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from nodecheck.agent.config import NotRegularFileError, open_regular_file
 from nodecheck.agent.report import check_document
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.node.fs import write_atomically
@@ -411,6 +414,10 @@ def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:
 # "$2b$" + two-digit cost + "$" + 22 characters of salt and 31 of hash, in bcrypt's own
 # base64 alphabet: what htpasswd -B and bcrypt.hashpw write.
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+# htpasswd -B takes costs 4 to 17 (Apache's htpasswd(1), -C); bcrypt's time doubles with
+# each step, and the agent pays it at start-up (the dummy hash) and on a scraper's first
+# request: a cost of 20 would take minutes, past the unit's TimeoutStartSec.
+BCRYPT_MAX_COST = 17
 # bcrypt uses the first 72 bytes of a password; bcrypt >= 4.1 (pyca/bcrypt CHANGELOG)
 # raises ValueError for a longer one instead of truncating it, so none can match.
 BCRYPT_MAX_PASSWORD = 72
@@ -433,6 +440,13 @@ def parse_basic_auth(text: str, source: str) -> dict[str, bytes]:
             raise ValueError(f"{source}:{number}: expected user:<bcrypt hash>")
         if not BCRYPT_HASH.fullmatch(hashed):
             raise ValueError(f"{source}:{number}: {user}: not a whole bcrypt hash (htpasswd -B)")
+        cost = _bcrypt_cost(hashed.encode())
+        if cost > BCRYPT_MAX_COST:
+            raise ValueError(
+                f"{source}:{number}: {user}: bcrypt cost {cost} is above {BCRYPT_MAX_COST} "
+                f"(htpasswd -B's maximum): every check would take minutes; "
+                f"hash it again with htpasswd -B -C 12"
+            )
         users[user] = hashed.encode()
     if not users:
         raise ValueError(f"{source}: no users")
@@ -466,13 +480,24 @@ def _bcrypt_cost(hashed: bytes) -> int:
     return int(match.group(1)) if match else 12
 
 
+# One dummy hash per cost for the agent's life: computing one costs as much as a check,
+# and a reload (SIGHUP, on the main thread) must not pay it again.
+_dummy_hashes: dict[int, bytes] = {}
+_dummy_hashes_lock = threading.Lock()
+
+
 def _dummy_hash(users: Mapping[str, bytes]) -> bytes:
     """A hash nobody's password matches, as costly as the real ones: an unknown user
     pays the same bcrypt time as a wrong password, so timing does not tell who exists."""
     import bcrypt
 
     cost = max((_bcrypt_cost(hashed) for hashed in users.values()), default=12)
-    return bcrypt.hashpw(os.urandom(18), bcrypt.gensalt(rounds=cost))
+    with _dummy_hashes_lock:
+        known = _dummy_hashes.get(cost)
+        if known is None:
+            known = bcrypt.hashpw(os.urandom(18), bcrypt.gensalt(rounds=cost))
+            _dummy_hashes[cost] = known
+        return known
 
 
 class BasicAuth:
@@ -574,6 +599,9 @@ def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
 # -- TLS ---------------------------------------------------------------------------------
 
 PEM_FILE_LIMIT = 1 << 20  # a certificate chain or a key is a few kB
+PEM_CERTIFICATE_BLOCK = re.compile(
+    r"-----BEGIN CERTIFICATE-----\r?\n.*?-----END CERTIFICATE-----", re.DOTALL
+)
 
 
 class _PassPhraseWantedError(Exception):
@@ -588,18 +616,18 @@ def _refuse_pass_phrase() -> str:
 
 def _read_pem(path: Path, what: str) -> str:
     """The file's text; ValueError naming it when it is no regular, readable, small file.
-    Opened non-blocking, so a FIFO in its place does not hang the agent."""
+    Opened only once stat says it is a regular file (never a device: opening one has
+    side effects), non-blocking. Bytes outside ASCII (a UTF-8 "Bag Attributes:
+    friendlyName" line of openssl pkcs12's output) become U+FFFD."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = open_regular_file(path)
+    except NotRegularFileError as err:
+        raise ValueError(f"{path}: the {what} is {err.kind}") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read the {what}: {err.strerror}") from err
+    except ValueError:  # a NUL in the path
+        raise ValueError(f"{path!r}: cannot read the {what}: a NUL in the path") from None
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}.get(
-                stat.S_IFMT(mode), "not a regular file"
-            )
-            raise ValueError(f"{path}: the {what} is {kind}")
         data = b""
         while len(data) <= PEM_FILE_LIMIT:
             chunk = os.read(descriptor, PEM_FILE_LIMIT + 1 - len(data))
@@ -633,10 +661,23 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     )
     if "ENCRYPTED" in key_header.group(1) or "Proc-Type: 4,ENCRYPTED" in key_text:
         raise ValueError(encrypted_hint)
+    # Only the certificate blocks (RFC 7468 §2: text outside them is explanatory and may be
+    # anything): cadata takes an ASCII string only, and raises TypeError otherwise.
+    blocks = PEM_CERTIFICATE_BLOCK.findall(cert_text)
+    if not blocks:
+        raise ValueError(f"{cert}: not a PEM certificate (no END CERTIFICATE line)")
+    for number, block in enumerate(blocks, start=1):
+        if not block.isascii():
+            raise ValueError(
+                f"{cert}: certificate {number} of the file has bytes outside ASCII inside "
+                "its BEGIN/END CERTIFICATE lines: not base64"
+            )
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=cert_text)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata="\n".join(blocks))
     except ssl.SSLError as err:
         raise ValueError(f"{cert}: not a usable PEM certificate: {err.reason or err}") from err
+    except (TypeError, UnicodeError) as err:
+        raise ValueError(f"{cert}: not a usable PEM certificate: {err}") from err
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -661,7 +702,16 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
 # listen(2): a backlog above /proc/sys/net/core/somaxconn is silently capped to it
 # (4096 since Linux 5.4); socketserver's default of 5 refuses a burst of connections.
 LISTEN_BACKLOG = 1024
-HANDLER_THREADS = 64  # beyond these, connections wait in the backlog
+HANDLER_THREADS = 64  # beyond these, accepted connections wait for a free one
+# A client address (an IPv6 client: its /64, what one host is usually given) holds this
+# many connections at most, open or waiting; beyond them a new one is closed at once.
+# Prometheus needs one per target; 8 leave room for a second scraper and curl.
+CONNECTIONS_PER_CLIENT = 8
+WAITING_CONNECTIONS = 1024  # accepted, waiting for a handler thread: all clients together
+# A kept-alive connection is closed after this many requests or this long (the response
+# says Connection: close), so no client holds a thread for ever by asking in time.
+REQUESTS_PER_CONNECTION = 100
+CONNECTION_LIFETIME_S = 300.0
 REQUEST_DEADLINE_S = 10.0  # from the first read to the end of the headers, TLS included
 RESPONSE_DEADLINE_S = 30.0  # the whole response written, however slowly the client reads
 SEND_CHUNK = 1 << 16
@@ -672,9 +722,19 @@ class _DeadlineReader(io.RawIOBase):
     restarts at every byte, so a client dripping a header line every few seconds would
     hold its thread for ever."""
 
-    def __init__(self, connection: socket.socket, deadline: float) -> None:
+    def __init__(
+        self,
+        connection: socket.socket,
+        deadline: float,
+        on_idle: Callable[[bool], None] | None = None,
+    ) -> None:
         self._connection = connection
         self.deadline = deadline
+        # Set between two requests of a kept-alive connection: the next read waits for
+        # a request that may never come, and the server may close it when it needs the
+        # thread (on_idle(True) before that read, on_idle(False) after).
+        self.idle = False
+        self._on_idle = on_idle
 
     def readable(self) -> bool:
         return True
@@ -684,7 +744,14 @@ class _DeadlineReader(io.RawIOBase):
         if remaining <= 0:
             raise TimeoutError(f"request not complete within {REQUEST_DEADLINE_S:g} s")
         self._connection.settimeout(remaining)
-        return self._connection.recv_into(buffer)
+        if not (self.idle and self._on_idle is not None):
+            return self._connection.recv_into(buffer)
+        self._on_idle(True)
+        try:
+            return self._connection.recv_into(buffer)
+        finally:
+            self.idle = False
+            self._on_idle(False)
 
 
 class _DeadlineWriter(io.BufferedIOBase):
@@ -749,9 +816,43 @@ def _describe(error: BaseException | None) -> str:
     return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
 
 
+def client_key(address: Any) -> str:
+    """Whose connection this is, for CONNECTIONS_PER_CLIENT: the IPv4 address (also
+    when IPv4-mapped), an IPv6 address's /64."""
+    host = str(address[0]) if isinstance(address, tuple) and address else str(address)
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+@dataclass
+class _Waiting:
+    request: Any
+    address: Any
+    key: str
+    since: float
+
+
 class AgentServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a real backlog, bounded handler threads, TLS that can be
-    reloaded, and connection failures logged as one line each."""
+    """ThreadingHTTPServer with a real backlog, bounded handler threads shared fairly
+    between client addresses, TLS that can be reloaded, and connection failures logged as
+    one line each.
+
+    The accept loop never waits for a thread: it closes a connection beyond a client's
+    CONNECTIONS_PER_CLIENT at once and queues the others. A free thread goes to the
+    queued connection of the client with the fewest connections being served (the
+    oldest first among equals), so a scraper is served by the next thread that frees
+    up however many connections other addresses keep open; while connections wait,
+    kept-alive connections idle between two requests are closed to free their threads.
+    Every served connection frees its thread within REQUEST_DEADLINE_S of its last
+    response (and RESPONSE_DEADLINE_S of writing), and after a 4xx or 5xx at once.
+    """
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True
@@ -767,8 +868,13 @@ class AgentServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._tls_paths = tls
         self._tls = tls_context(*tls) if tls is not None else None
-        self._handler_slots = threading.BoundedSemaphore(HANDLER_THREADS)
         self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._served = 0  # connections on a handler thread
+        self._connections: dict[str, int] = {}  # per client key: served or waiting
+        self._served_by: dict[str, int] = {}  # per client key: served
+        self._waiting: list[_Waiting] = []
+        self._idle: dict[int, tuple[socket.socket, str]] = {}  # between two requests
         super().__init__(address, handler)
 
     def reload_tls(self) -> None:
@@ -793,21 +899,114 @@ class AgentServer(ThreadingHTTPServer):
         return connection, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        while not self._handler_slots.acquire(timeout=0.2):
-            if self._closing.is_set():
-                self.shutdown_request(request)
-                return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._handler_slots.release()
-            raise
+        """On the accept loop: refuse, or queue and hand out the free threads; never waits."""
+        key = client_key(client_address)
+        evicted: _Waiting | None = None
+        with self._lock:
+            count = self._connections.get(key, 0)
+            refused = self._closing.is_set() or count >= CONNECTIONS_PER_CLIENT
+            if not refused:
+                self._connections[key] = count + 1
+                self._waiting.append(_Waiting(request, client_address, key, time.monotonic()))
+                if len(self._waiting) > WAITING_CONNECTIONS:
+                    evicted = self._evict_locked()
+        if refused:
+            log.debug(
+                "event=connection_refused client=%s reason=%r",
+                _client(client_address),
+                f"{CONNECTIONS_PER_CLIENT} connections from {key} already",
+            )
+            self.shutdown_request(request)
+            return
+        if evicted is not None:
+            self._close_waiting(evicted, "too many connections waiting")
+        self._dispatch()
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _evict_locked(self) -> _Waiting:
+        """The newest waiting connection of the client with the most connections."""
+        most = max(self._waiting, key=lambda w: (self._connections.get(w.key, 0), w.since))
+        self._waiting.remove(most)
+        return most
+
+    def _close_waiting(self, waiting: _Waiting, reason: str) -> None:
+        log.debug("event=connection_dropped client=%s reason=%r", _client(waiting.address), reason)
+        self.shutdown_request(waiting.request)
+        self._forget(waiting.key, served=False)
+
+    def _forget(self, key: str, *, served: bool) -> None:
+        with self._lock:
+            counters = (self._connections, self._served_by) if served else (self._connections,)
+            for counter in counters:
+                counter[key] -= 1
+                if counter[key] <= 0:
+                    del counter[key]
+            if served:
+                self._served -= 1
+
+    def _dispatch(self) -> None:
+        """Free threads to the waiting connections, fewest served per client first; while
+        some still wait, close as many idle kept-alive connections."""
+        start: list[_Waiting] = []
+        idle: list[socket.socket] = []
+        with self._lock:
+            while self._waiting and self._served < HANDLER_THREADS:
+                chosen = min(self._waiting, key=lambda w: (self._served_by.get(w.key, 0), w.since))
+                self._waiting.remove(chosen)
+                self._served += 1
+                self._served_by[chosen.key] = self._served_by.get(chosen.key, 0) + 1
+                start.append(chosen)
+            if self._waiting and self._idle:
+                ranked = sorted(
+                    self._idle.items(), key=lambda item: -self._served_by.get(item[1][1], 0)
+                )
+                for ident, (connection, _) in ranked[: len(self._waiting)]:
+                    del self._idle[ident]
+                    idle.append(connection)
+        for connection in idle:
+            # The bare socket's shutdown: the handler's blocked read returns at once (an
+            # SSLSocket's own shutdown would drop its SSL object under the reading thread).
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(connection, socket.SHUT_RDWR)
+        for waiting in start:
+            thread = threading.Thread(
+                target=self._serve_connection,
+                args=(waiting.request, waiting.address, waiting.key),
+                name="http-connection",
+                daemon=True,
+            )
+            try:
+                thread.start()
+            except RuntimeError as err:  # no thread to be had (RLIMIT_NPROC)
+                log.warning(
+                    "event=connection_dropped client=%s reason=%r",
+                    _client(waiting.address),
+                    str(err),
+                )
+                self.shutdown_request(waiting.request)
+                self._forget(waiting.key, served=True)
+
+    def _serve_connection(self, request: Any, client_address: Any, key: str) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self._handler_slots.release()
+            self.shutdown_request(request)
+            with self._lock:
+                self._idle.pop(id(request), None)
+            self._forget(key, served=True)
+            if not self._closing.is_set():
+                self._dispatch()
+
+    def connection_idle(self, connection: socket.socket, client_address: Any, idle: bool) -> None:
+        """A handler says its kept-alive connection waits for a next request (or no more)."""
+        with self._lock:
+            if idle:
+                self._idle[id(connection)] = (connection, client_key(client_address))
+            else:
+                self._idle.pop(id(connection), None)
+        if idle:
+            self._dispatch()  # connections waiting now may take its thread
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """One line per failed connection (socketserver prints a traceback): plain HTTP
@@ -824,9 +1023,32 @@ class AgentServer(ThreadingHTTPServer):
                 "event=handler_failed client=%s error=%r", _client(client_address), _describe(error)
             )
 
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """socketserver's loop, restarted after anything unexpected (one log line), so the
+        agent never stops answering while it lives."""
+        while not self._closing.is_set():
+            try:
+                super().serve_forever(poll_interval)
+                return
+            except Exception as err:
+                log.error("event=http_loop_failed error=%r", _describe(err))
+                time.sleep(poll_interval)
+
+    def _close_all_waiting(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for entry in waiting:
+            self.shutdown_request(entry.request)
+            self._forget(entry.key, served=False)
+
     def shutdown(self) -> None:
         self._closing.set()
         super().shutdown()
+        self._close_all_waiting()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._close_all_waiting()
 
 
 def serve(
@@ -859,18 +1081,29 @@ def serve(
             deadline = time.monotonic() + REQUEST_DEADLINE_S
             if isinstance(self.connection, ssl.SSLSocket):
                 _handshake(self.connection, deadline)
-            self._reader = _DeadlineReader(self.connection, deadline)
+            connection, client = self.connection, self.client_address
+            server = cast(AgentServer, self.server)
+            self._reader = _DeadlineReader(
+                connection,
+                deadline,
+                lambda idle: server.connection_idle(connection, client, idle),
+            )
             self._writer = _DeadlineWriter(self.connection)
             self.rfile = io.BufferedReader(self._reader)
             self.wfile = self._writer
             self._requests = 0
+            self._opened = time.monotonic()
 
         def handle_one_request(self) -> None:
             if self._requests:  # the first one's deadline began before the handshake
                 self._reader.deadline = time.monotonic() + REQUEST_DEADLINE_S
+                self._reader.idle = True
                 self._writer.restart()
             self._requests += 1
-            super().handle_one_request()
+            try:
+                super().handle_one_request()
+            finally:
+                self._reader.idle = False
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -920,6 +1153,15 @@ def serve(
             self.send_header("Content-Length", str(len(body)))
             for name, value in headers:
                 self.send_header(name, value)
+            # An error (a 401 or 429 above all) ends the connection: a client without the
+            # password must not keep a thread by asking again and again; so do the
+            # request and lifetime caps of a kept-alive connection.
+            if (
+                code >= 400
+                or self._requests >= REQUESTS_PER_CONNECTION
+                or time.monotonic() - self._opened >= CONNECTION_LIFETIME_S
+            ):
+                self.send_header("Connection", "close")  # sets close_connection
             self.end_headers()
             self.wfile.write(body)
 

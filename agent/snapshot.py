@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nodecheck.agent.config import NotRegularFileError, open_regular_file
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import write_atomically
 from nodecheck.checks.registry import Check
@@ -81,16 +81,14 @@ class SnapshotError(ValueError):
 
 
 def _read_snapshot(path: Path) -> str:
-    """The file's text: a regular file, at most SNAPSHOT_LIMIT bytes, UTF-8. Opened
-    non-blocking, so a FIFO in its place does not hang the check."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    """The file's text: a regular file, at most SNAPSHOT_LIMIT bytes, UTF-8. Opened only
+    once stat says it is a regular file (never a device or a FIFO: opening one has side
+    effects), non-blocking."""
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}.get(
-                stat.S_IFMT(mode), "not a regular file"
-            )
-            raise SnapshotError(f"it is {kind}")
+        descriptor = open_regular_file(path)
+    except NotRegularFileError as err:
+        raise SnapshotError(f"it is {err.kind}") from None
+    try:
         data = b""
         while len(data) <= SNAPSHOT_LIMIT:
             chunk = os.read(descriptor, SNAPSHOT_LIMIT + 1 - len(data))

@@ -5,8 +5,10 @@ some), and `nodecheck config check` exits 2 saying so: never a traceback, never
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from nodecheck.agent.config import ConfigError, load_config
 from nodecheck.checks.registry import load_checks
 from tests.agent.test_cli import run
+from tests.agent.test_daemon import wait_for
 
 CHECKS = set(load_checks())
 MIB = 1 << 20
@@ -226,3 +229,144 @@ def test_show_quotes_what_it_prints(tmp_path: Path) -> None:
     config = load_config(path, CHECKS)
     again = write(tmp_path / "again.toml", config.show())
     assert load_config(again, CHECKS).state_dir == odd
+
+
+def config_check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*run_argv(), "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/zero", "/dev/urandom"])
+def test_kernel_log_refuses_character_devices_other_than_kmsg(tmp_path: Path, device: str) -> None:
+    """kernel_log = "/dev/null": exit 2 naming the device and its numbers; xid.py refuses
+    it at run time, so config check must too. (Before: accepted, exit 0.) /dev/kmsg and
+    a log file pass."""
+    path = write(tmp_path / "c.toml", f'[agent]\nkernel_log = "{device}"\n')
+    done = config_check(path)
+    assert done.returncode == 2, done.stderr
+    assert f"{path}:2: agent.kernel_log: {device}: a character device 1:" in done.stderr
+    assert "not the kmsg device" in done.stderr, done.stderr
+    log = write(tmp_path / "kern.log", "")
+    for good in ("/dev/kmsg", str(log)):
+        if os.access(good, os.R_OK):
+            write(path, f'[agent]\nkernel_log = "{good}"\n')
+            assert config_check(path).returncode == 0, good
+
+
+BAG_ATTRIBUTES = "Bag Attributes\n    friendlyName: café\n    localKeyID: 01 02\n"
+
+
+def test_a_certificate_with_utf8_bag_attributes_passes_config_check(tmp_path: Path) -> None:
+    """openssl pkcs12 -nokeys writes "Bag Attributes: friendlyName: café" (UTF-8) before
+    the certificate: text outside BEGIN/END, which the server ignores; config check exits
+    0. (Before: exit 3, "internal error: TypeError ...".)"""
+    cert, key = certificate(tmp_path, "bag")
+    cert.write_text(BAG_ATTRIBUTES + cert.read_text(), encoding="utf-8")
+    path = write(
+        tmp_path / "c.toml", f'[agent]\ntls_cert_file = "{cert}"\ntls_key_file = "{key}"\n'
+    )
+    done = config_check(path)
+    assert done.returncode == 0, done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_certificate_with_non_ascii_inside_its_block_is_exit_2_naming_it(tmp_path: Path) -> None:
+    """A byte outside ASCII inside BEGIN/END CERTIFICATE (not base64): exit 2 naming the
+    file and the key. (Before: exit 3, "internal error: TypeError ...".)"""
+    cert, key = certificate(tmp_path, "broken")
+    lines = cert.read_text().splitlines(keepends=True)
+    lines.insert(2, "é\n")
+    cert.write_text("".join(lines), encoding="utf-8")
+    path = write(
+        tmp_path / "c.toml", f'[agent]\ntls_cert_file = "{cert}"\ntls_key_file = "{key}"\n'
+    )
+    done = config_check(path)
+    assert done.returncode == 2, done.stderr
+    assert f"{path}:2: agent.tls_cert_file: {cert}: certificate 1 of the file" in done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_config_check_refuses_a_bcrypt_cost_above_17(tmp_path: Path) -> None:
+    """A users line at cost 20 would make the agent's start-up take minutes (past the
+    unit's TimeoutStartSec): exit 2 naming file, line and user. (Before: exit 0.)"""
+    users = write(tmp_path / "users", "# scrapers\nslow:$2b$20$" + "a" * 53 + "\n")
+    path = write(tmp_path / "c.toml", f'[agent]\nbasic_auth_file = "{users}"\n')
+    done = config_check(path)
+    assert done.returncode == 2, done.stderr
+    assert f"{users}:2: slow: bcrypt cost 20 is above 17" in done.stderr, done.stderr
+
+
+class BlockedWriter:
+    """A thread blocked in open(2) of a FIFO for writing: fifo(7) wakes it when anyone
+    opens the FIFO for reading, which is how the test sees an open that must not be."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.opened = threading.Event()
+        self._thread_id: list[int] = []
+        self.thread = threading.Thread(target=self._open, daemon=True)
+        self.thread.start()
+        wait_for(self._blocked, 30, f"a writer blocked in open({path})")
+
+    def _blocked(self) -> bool:
+        """The thread sleeps in the kernel's wait_for_partner (fs/pipe.c, fifo_open)."""
+        if not self._thread_id:
+            return False
+        task = Path(f"/proc/self/task/{self._thread_id[0]}")
+        try:
+            return (task / "wchan").read_text().strip() == "wait_for_partner"
+        except OSError:
+            return False
+
+    def _open(self) -> None:
+        self._thread_id.append(threading.get_native_id())
+        try:
+            descriptor = os.open(self.path, os.O_WRONLY)
+        except OSError:
+            return
+        self.opened.set()
+        os.close(descriptor)
+
+    def release(self) -> None:
+        """Open it for reading ourselves, so the thread ends."""
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("key", ["config", "basic_auth_file", "tls_cert_file", "tls_key_file"])
+def test_a_fifo_in_place_of_a_file_is_refused_without_being_opened(
+    tmp_path: Path, key: str
+) -> None:
+    """A FIFO as the configuration file or a file it names: exit 2 naming it, and it is
+    never opened (stat first: opening a device node has side effects, /dev/watchdog arms
+    the watchdog; here, a writer blocked on the FIFO would be woken). (Before: opened
+    non-blocking, then refused.)"""
+    fifo_path = tmp_path / "fifo"
+    writer = BlockedWriter(fifo_path)
+    try:
+        cert, tls_key = certificate(tmp_path, "c")
+        files = {"tls_cert_file": cert, "tls_key_file": tls_key}
+        if key == "config":
+            path = fifo_path
+        else:
+            if key in files:
+                files[key] = fifo_path
+                lines = "".join(f'{name} = "{value}"\n' for name, value in files.items())
+            else:
+                lines = f'{key} = "{fifo_path}"\n'
+            path = write(tmp_path / "c.toml", f"[agent]\n{lines}")
+        done = config_check(path)
+        assert done.returncode == 2, done.stderr
+        assert f"{fifo_path}: a FIFO" in done.stderr or "a FIFO" in done.stderr, done.stderr
+        # The open would have woken the writer before config check exited.
+        assert not writer.opened.wait(2), f"{fifo_path} was opened"
+    finally:
+        writer.release()

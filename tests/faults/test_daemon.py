@@ -8,6 +8,7 @@ the command line says wins over the file; the agent says where it listens."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import signal
@@ -467,3 +468,102 @@ def test_a_garbage_watchdog_interval_costs_nothing(cpu_only: Node, tmp_path: Pat
         _, stderr = process.communicate(timeout=20)
     assert "Traceback" not in stderr, stderr
     assert "event=watchdog_ignored" in stderr and "abc" not in stderr, stderr
+
+
+BAG_ATTRIBUTES = "Bag Attributes\n    friendlyName: café\n    localKeyID: 01 02\n"
+
+
+def test_a_certificate_with_utf8_bag_attributes_is_served_and_a_broken_one_named(
+    cpu_only: Node, tmp_path: Path, workdir: Path
+) -> None:
+    """openssl pkcs12's "Bag Attributes: friendlyName: café" before the certificate: the
+    agent starts and serves it. A certificate with a non-ASCII byte inside its block: at
+    start, exit 2 naming the file; on SIGHUP, reload_failed naming it, the old one kept.
+    (Before: start and reload failed on a TypeError: exit 3 "internal error".)"""
+    (tmp_path / "users").write_text((workdir / "users").read_text())
+    cert, key = certificate(tmp_path, "a")
+    served = der(cert)
+    original = cert.read_text()
+    cert.write_text(BAG_ATTRIBUTES + original, encoding="utf-8")
+    port = free_port()
+    extra = f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n'
+    agent = start_agent(cpu_only, tmp_path, port, good_config(tmp_path, port, extra), tls=True)
+    try:
+        assert served_certificate(port) == served
+        lines = original.splitlines(keepends=True)
+        cert.write_text("".join([*lines[:2], "é\n", *lines[2:]]), encoding="utf-8")
+        mark = agent.hup()
+        [line] = wait_for(lambda: agent.logged(mark, "event=reload_failed"), 30, "refusal")
+        assert str(cert) in line and "TypeError" not in line, line
+        assert served_certificate(port) == served
+    finally:
+        stop_agent(agent)
+    done = subprocess.run(
+        [*AGENT, *node_args(cpu_only), "agent", "--config", str(agent.config)],
+        env={**os.environ, **cpu_only.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"{cert}: certificate 1 of the file has bytes outside ASCII" in done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+class BrokenCollector:
+    """A collector with a bug: rendering the exposition raises something not an OSError."""
+
+    def collect(self) -> Iterator[object]:
+        raise RuntimeError("a bug in a collector")
+
+
+def test_a_textfile_failure_of_any_kind_does_not_stop_the_watchdog_pings(
+    cpu_only: Node,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """write_textfile raising something other than OSError: one event=textfile_failed
+    line, and WATCHDOG=1 keeps coming (the same thread sends it). (Before: the exception
+    ended the thread: no more pings, and systemd would restart the agent.)"""
+    from prometheus_client.registry import CollectorRegistry
+
+    from nodecheck.agent.daemon import Agent as RealAgent
+
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    messages: list[bytes] = []
+
+    def collect() -> None:  # as systemd does: a full queue would block the agent's sends
+        with contextlib.suppress(OSError):
+            while True:
+                messages.append(listener.recv(4096))
+
+    threading.Thread(target=collect, daemon=True).start()
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[agent]\nlisten = "127.0.0.1:{free_port()}"\ntextfile_dir = "{textfile}"\n'
+        "[checks.cpu]\ninterval = 5\n"
+    )
+    library = str(cpu_only.nvml_library) if cpu_only.nvml_library else None
+    agent = RealAgent(cpu_only.fs, config, library)
+    broken = CollectorRegistry(auto_describe=False)
+    broken.register(BrokenCollector())  # type: ignore[arg-type]
+    agent.registry = broken
+    caplog.set_level("ERROR", logger="nodecheck.agent.daemon")
+    agent.start()
+    try:
+        # One ping a second (half of WATCHDOG_USEC): the textfile fails after the first.
+        wait_for(lambda: messages.count(b"WATCHDOG=1") >= 5, 60, "five watchdog pings")
+        lines = [r.getMessage() for r in caplog.records if "textfile_failed" in r.getMessage()]
+        assert lines and "RuntimeError: a bug in a collector" in lines[0], lines
+    finally:
+        agent.stop()
+        listener.close()

@@ -466,3 +466,22 @@ def test_results_that_cannot_be_rendered_are_a_500_not_a_dead_connection(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_snapshot_that_is_no_regular_file_is_never_opened(tmp_path: Path) -> None:
+    """A FIFO (a writer blocked on it would be woken) or a device node (/dev/null) as the
+    snapshot: one `error` naming it, without opening it (stat first: opening a device
+    has side effects). (Before: opened, then refused.)"""
+    from tests.faults.test_config import BlockedWriter
+
+    fifo_path = tmp_path / "snapshot.json"
+    writer = BlockedWriter(fifo_path)
+    try:
+        [result] = results_from_snapshot(fifo_path, "pcie_acs")
+        assert result.status is Status.ERROR
+        assert result.summary == f"cannot read the snapshot {fifo_path}: it is a FIFO"
+        assert not writer.opened.wait(2), "the FIFO was opened"
+    finally:
+        writer.release()
+    [result] = results_from_snapshot(Path("/dev/null"), "pcie_acs")
+    assert result.summary == "cannot read the snapshot /dev/null: it is a character device"
