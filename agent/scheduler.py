@@ -147,34 +147,48 @@ class Scheduler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            now = time.monotonic()
-            stuck = _stuck_checks()
-            elsewhere = _running_elsewhere(self)
-            with self._lock:
-                busy = {
-                    job.group
-                    for job in self.jobs.values()
-                    if job.group and (job.running or job.check.name in elsewhere)
-                }
-                due = []
-                for job in self.jobs.values():
-                    if job.due > now or job.running or job.check.name in stuck | elsewhere:
-                        continue
-                    if job.group is not None:
-                        if job.group in busy:
-                            continue  # stays due: runs when the group is free
-                        busy.add(job.group)
-                    due.append(job)
-                for job in due:
-                    job.running = True
-                    job.due = now + job.interval_s * (1 + random.uniform(0, JITTER))
-                nearest = min((job.due for job in self.jobs.values()), default=now + 60)
+            try:
+                nearest = self._turn()
+            except Exception as err:  # never let the loop (and with it the watchdog) die
+                log.error("event=scheduler_loop_failed error=%r", f"{type(err).__name__}: {err}")
+                nearest = time.monotonic() + 1.0
+            self._wake.wait(min(max(nearest - time.monotonic(), 0.05), 1.0))
+            self._wake.clear()
+
+    def _turn(self) -> float:
+        """Start what is due; the time the next job falls due."""
+        now = time.monotonic()
+        stuck = _stuck_checks()
+        elsewhere = _running_elsewhere(self)
+        with self._lock:
+            busy = {
+                job.group
+                for job in self.jobs.values()
+                if job.group and (job.running or job.check.name in elsewhere)
+            }
+            due = []
+            for job in self.jobs.values():
+                if job.due > now or job.running or job.check.name in stuck | elsewhere:
+                    continue
+                if job.group is not None:
+                    if job.group in busy:
+                        continue  # stays due: runs when the group is free
+                    busy.add(job.group)
+                due.append(job)
             for job in due:
+                job.running = True
+                job.due = now + job.interval_s * (1 + random.uniform(0, JITTER))
+            nearest = min((job.due for job in self.jobs.values()), default=now + 60)
+        for job in due:
+            try:
                 threading.Thread(
                     target=self._run, args=(job,), name=f"run-{job.check.name}", daemon=True
                 ).start()
-            self._wake.wait(min(max(nearest - time.monotonic(), 0.05), 1.0))
-            self._wake.clear()
+            except RuntimeError as err:  # "can't start new thread": try again next time
+                log.error("event=check_not_started check=%s error=%r", job.check.name, str(err))
+                with self._lock:
+                    job.running = False
+        return nearest
 
     def _run(self, job: Scheduled) -> None:
         try:

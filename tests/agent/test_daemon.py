@@ -446,6 +446,41 @@ def test_the_journal_gets_a_line_per_status_change(caplog: pytest.LogCaptureFixt
     assert len(runs) > len(info)
 
 
+def test_a_failing_turn_does_not_end_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something in the scheduler's own bookkeeping raises once (here: listing the stuck
+    checks): one event=scheduler_loop_failed line, and the loop, its heartbeat (what the
+    watchdog pings on) and the checks go on."""
+    import nodecheck.agent.scheduler as scheduler_module
+
+    real = scheduler_module._stuck_checks
+    failures = {"left": 1}
+
+    def flaky() -> set[str]:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("thread list changed size")
+        return real()
+
+    monkeypatch.setattr(scheduler_module, "_stuck_checks", flaky)
+    calls = {"n": 0}
+
+    def quick(ctx: CheckContext) -> list[Result]:
+        calls["n"] += 1
+        return [Result(Status.OK, NODE, "fine")]
+
+    scheduler = Scheduler([(Check("quick", quick, 0.05, 5, ""), 0.05)], CheckContext, ResultStore())
+    scheduler.start()
+    try:
+        wait_for(lambda: calls["n"] >= 3, 60, "three runs after the failed turn")
+        assert scheduler.alive
+    finally:
+        scheduler.stop()
+    assert failures["left"] == 0
+    assert any("event=scheduler_loop_failed" in r.getMessage() for r in caplog.records)
+
+
 def test_a_reload_keeps_the_schedule() -> None:
     """A new scheduler (SIGHUP) takes over the due times: the daily benchmark is not rerun
     by every reload."""
