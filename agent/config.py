@@ -523,8 +523,65 @@ def snapshot_problem(path: Path) -> str | None:
     return None
 
 
+# No configuration of nodecheck's nests deeper than three levels.
+MAX_NESTING = 32
+
+
+def nesting_problem(text: str) -> tuple[int, str] | None:
+    """(line, what) when the TOML text nests keys or brackets deeper than MAX_NESTING.
+
+    tomllib takes time quadratic in a dotted key's depth (20,000 levels: half a minute)
+    and recursion for brackets, so depth is checked first, outside strings and comments,
+    in one pass. Dots count towards a key's depth between two of `= , { } [ ]` or a
+    line end (a float's one dot, or a date's, never comes near the limit)."""
+    if text.count(".") <= MAX_NESTING and text.count("[") + text.count("{") <= MAX_NESTING:
+        return None
+    line, depth, dots, index, size = 1, 0, 0, 0, len(text)
+    while index < size:
+        char = text[index]
+        if char in "\"'":
+            quote = char * 3 if text.startswith(char * 3, index) else char
+            end = index + len(quote)
+            while end < size:
+                if quote[0] == '"' and text[end] == "\\":
+                    end += 2
+                    continue
+                if text.startswith(quote, end):
+                    break
+                if text[end] == "\n" and len(quote) == 1:
+                    break  # an unclosed string: tomllib will say so
+                end += 1
+            line += text.count("\n", index, end)
+            index = end + len(quote)
+            continue
+        if char == "#":
+            end = text.find("\n", index)
+            index = size if end < 0 else end
+            continue
+        if char == "\n":
+            line, dots = line + 1, 0
+        elif char == ".":
+            dots += 1
+            if dots > MAX_NESTING:
+                return line, f"nested too deeply: a key of more than {MAX_NESTING} levels"
+        elif char in "[{":
+            depth, dots = depth + 1, 0
+            if depth > MAX_NESTING:
+                what = f"arrays or inline tables of more than {MAX_NESTING} levels"
+                return line, f"nested too deeply: {what}"
+        elif char in "]}":
+            depth, dots = max(depth - 1, 0), 0
+        elif char in "=,":
+            dots = 0
+        index += 1
+    return None
+
+
 def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     """AgentConfig from TOML text; ConfigError naming the file, line and key."""
+    deep = nesting_problem(text)
+    if deep is not None:
+        raise ConfigError(path, deep[0], "", deep[1])
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.agent.exporter import OWN_FAMILIES
 from nodecheck.checks.registry import load_benchmarks, load_checks
 from nodecheck.checks.result import MetricSpec
 
@@ -20,16 +21,8 @@ pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool (Debian's prometheus; make test installs it)"
 )
 # Families the exporter builds itself (agent/exporter.py), besides the checks' samples.
-EXPORTER_METRICS = {
-    "nodecheck_check_status",
-    "nodecheck_check_run_success",
-    "nodecheck_check_duration_seconds",
-    "nodecheck_check_last_run_timestamp_seconds",
-    "nodecheck_check_interval_seconds",
-    "nodecheck_build_info",
-    "nodecheck_config_last_reload_successful",
-    "nodecheck_exposition_dropped_samples",
-}
+# The families the exporter writes itself, besides the checks' own.
+EXPORTER_METRICS = OWN_FAMILIES
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -80,7 +73,7 @@ def metric_specs() -> list[MetricSpec]:
 
 
 def exported_metrics() -> set[str]:
-    return EXPORTER_METRICS | {spec.name for spec in metric_specs()}
+    return set(EXPORTER_METRICS) | {spec.name for spec in metric_specs()}
 
 
 # promtool misses these (conventions.md): units must be base units, plural, lower case.

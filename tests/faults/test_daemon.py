@@ -17,7 +17,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from typing import TypeVar
 import bcrypt
 import pytest
 
+from tests.agent.test_daemon import free_port, wait_for
 from tests.conftest import Node
 from tests.faults.test_config import certificate
 
@@ -38,22 +38,6 @@ PASSWORD = "s3cret"
 TOKEN = base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()
 RELOAD_OK = "nodecheck_config_last_reload_successful 1.0"
 RELOAD_FAILED = "nodecheck_config_last_reload_successful 0.0"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], T], seconds: float, what: str) -> T:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
 @dataclass

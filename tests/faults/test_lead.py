@@ -291,3 +291,29 @@ def test_files_unreadable_to_a_user_are_errors_naming_them(dgx: Node) -> None:
         assert named, (relative, [(r["check"], r["summary"]) for r in errors])
     audit = [r for r in results if r["check"] == "nccl_env" and r["subject"] == "node"]
     assert any("run as root to audit other users' jobs" in r["summary"] for r in audit), audit
+
+
+def test_nesting_is_measured_outside_strings_and_comments() -> None:
+    """The depth check before tomllib refuses only real nesting: dots and brackets in
+    strings, multi-line strings and comments, and floats, are not keys."""
+    from nodecheck.agent.config import MAX_NESTING, nesting_problem
+
+    dots = ".".join(["a"] * (MAX_NESTING + 10))
+    brackets = "[" * (MAX_NESTING + 10)
+    valid = (
+        f"# {dots} {brackets}\n"
+        f'[agent]\nstate_dir = "/var/{dots}"\n'
+        f"kernel_log = '/{dots}'\n"
+        f'x = """\n{dots}\n{brackets}\n"""\n'
+        f"y = '''{brackets}'''\n"
+        f'z = "a \\" {dots}"\n'
+        "[benchmarks]\nwarn_below = 0.9\nfail_below = 0.8\n"
+    )
+    assert nesting_problem(valid) is None
+    assert nesting_problem(f"[checks.numa]\nenabled.{dots} = true\n") == (
+        2,
+        f"nested too deeply: a key of more than {MAX_NESTING} levels",
+    )
+    assert nesting_problem(f"[{dots}]\n") is not None
+    assert nesting_problem(f"a = {brackets}\n") is not None
+    assert nesting_problem("a = " + "{b = " * (MAX_NESTING + 1) + "1" + "}" * 40) is not None
