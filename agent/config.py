@@ -133,23 +133,11 @@ def open_regular_file(path: Path) -> int:
     return descriptor
 
 
-def read_text_file(path: Path, limit: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most `limit` bytes; UnreadableFileError if not.
-
-    Opened only once stat says it is a regular file (open_regular_file), non-blocking:
-    a FIFO in its place would otherwise block the caller until a writer comes (for the
-    agent, a SIGHUP that never returns), and /dev/zero would never end.
-    """
-    try:
-        descriptor = open_regular_file(path)
-    except FileNotFoundError:
-        raise UnreadableFileError("no such file", missing=True) from None
-    except NotRegularFileError as err:
-        raise UnreadableFileError(f"{err.kind}, not a regular file") from None
-    except OSError as err:
-        raise UnreadableFileError(err.strerror or str(err)) from None
-    except ValueError:  # os.stat refuses a path with a NUL byte
-        raise UnreadableFileError("the path has a NUL character") from None
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The start of a regular file, one byte past `limit` at most, so a caller tells a file
+    of `limit` bytes from a longer one; opened by open_regular_file (its errors, and
+    OSError from the reads)."""
+    descriptor = open_regular_file(path)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -159,14 +147,31 @@ def read_text_file(path: Path, limit: int = MAX_FILE_BYTES) -> str:
                 break
             chunks.append(chunk)
             size += len(chunk)
-    except OSError as err:  # EIO from a dying disk, EISDIR, ...
-        raise UnreadableFileError(err.strerror or str(err)) from None
     finally:
         os.close(descriptor)
-    if size > limit:
+    return b"".join(chunks)
+
+
+def read_text_file(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes; UnreadableFileError if not.
+
+    Opened only once stat says it is a regular file (open_regular_file), non-blocking:
+    a FIFO in its place would otherwise block the caller until a writer comes (for the
+    agent, a SIGHUP that never returns), and /dev/zero would never end.
+    """
+    try:
+        data = read_regular_file(path, limit)
+    except FileNotFoundError:
+        raise UnreadableFileError("no such file", missing=True) from None
+    except NotRegularFileError as err:
+        raise UnreadableFileError(f"{err.kind}, not a regular file") from None
+    except OSError as err:  # EACCES, EIO from a dying disk, ...
+        raise UnreadableFileError(err.strerror or str(err)) from None
+    except ValueError:  # os.stat refuses a path with a NUL byte
+        raise UnreadableFileError("the path has a NUL character") from None
+    if len(data) > limit:
         size_text = f"{limit / 2**20:g} MiB" if limit >= 2**20 else f"{limit} bytes"
         raise UnreadableFileError(f"larger than {size_text}: not a file of this kind")
-    data = b"".join(chunks)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

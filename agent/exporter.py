@@ -44,7 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from nodecheck.agent.config import NotRegularFileError, open_regular_file
+from nodecheck.agent.config import NotRegularFileError, read_regular_file
 from nodecheck.agent.report import check_document
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.node.fs import write_atomically
@@ -620,24 +620,13 @@ def _read_pem(path: Path, what: str) -> str:
     side effects), non-blocking. Bytes outside ASCII (a UTF-8 "Bag Attributes:
     friendlyName" line of openssl pkcs12's output) become U+FFFD."""
     try:
-        descriptor = open_regular_file(path)
+        data = read_regular_file(path, PEM_FILE_LIMIT)
     except NotRegularFileError as err:
         raise ValueError(f"{path}: the {what} is {err.kind}") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read the {what}: {err.strerror}") from err
     except ValueError:  # a NUL in the path
         raise ValueError(f"{path!r}: cannot read the {what}: a NUL in the path") from None
-    try:
-        data = b""
-        while len(data) <= PEM_FILE_LIMIT:
-            chunk = os.read(descriptor, PEM_FILE_LIMIT + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read the {what}: {err.strerror}") from err
-    finally:
-        os.close(descriptor)
     if len(data) > PEM_FILE_LIMIT:
         raise ValueError(f"{path}: the {what} is over {PEM_FILE_LIMIT} bytes")
     return data.decode("ascii", "replace")

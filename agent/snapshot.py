@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.config import NotRegularFileError, open_regular_file
+from nodecheck.agent.config import NotRegularFileError, read_regular_file
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import write_atomically
 from nodecheck.checks.registry import Check
@@ -85,18 +84,9 @@ def _read_snapshot(path: Path) -> str:
     once stat says it is a regular file (never a device or a FIFO: opening one has side
     effects), non-blocking."""
     try:
-        descriptor = open_regular_file(path)
+        data = read_regular_file(path, SNAPSHOT_LIMIT)
     except NotRegularFileError as err:
         raise SnapshotError(f"it is {err.kind}") from None
-    try:
-        data = b""
-        while len(data) <= SNAPSHOT_LIMIT:
-            chunk = os.read(descriptor, SNAPSHOT_LIMIT + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(descriptor)
     if len(data) > SNAPSHOT_LIMIT:
         raise SnapshotError(f"over {SNAPSHOT_LIMIT} bytes")
     try:

@@ -122,6 +122,9 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
             f"{len(inventory.gpus)} GPUs by NUMA node: {shown}",
             details={"gpus": spread},
         )
+    elif nodes:
+        # A healthy node without GPUs still gets its verdict: nothing said is no pass.
+        yield Result(Status.OK, NODE, f"{len(nodes)} NUMA node(s); no GPU on the PCI bus")
 
     path = ctx.fs.proc("sys", "kernel", "numa_balancing")
     try:

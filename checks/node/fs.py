@@ -218,8 +218,13 @@ def decode_text(path: Path, data: bytes) -> str:
 
 
 def read_text(path: Path, limit: int = DEFAULT_LIMIT) -> str:
-    """Read a small text attribute, stripped of surrounding whitespace."""
-    return decode_text(path, read_bytes(path, limit)).strip()
+    """Read a small text attribute, stripped of surrounding whitespace.
+
+    Trailing NULs are padding, not content: since Linux 5.14 the cpulist and cpumap files
+    of devices/system/node and cpu/*/topology are bin_attributes (drivers/base/node.c,
+    drivers/base/topology.c) whose reads can end with the string's terminating NUL, as a
+    real Kunpeng 920 capture on 5.15 shows ("0-31\n\0")."""
+    return decode_text(path, read_bytes(path, limit).rstrip(b"\0")).strip()
 
 
 def read_optional_text(path: Path) -> str | None:

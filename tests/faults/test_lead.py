@@ -20,7 +20,7 @@ from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import parse_cpulist
-from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS
+from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS, ReadError
 from nodecheck.checks.node.variables import Variables
 from nodecheck.checks.registry import load_checks
 from nodecheck.checks.result import Status
@@ -317,3 +317,28 @@ def test_nesting_is_measured_outside_strings_and_comments() -> None:
     assert nesting_problem(f"[{dots}]\n") is not None
     assert nesting_problem(f"a = {brackets}\n") is not None
     assert nesting_problem("a = " + "{b = " * (MAX_NESTING + 1) + "1" + "}" * 40) is not None
+
+
+def test_a_trailing_nul_after_a_cpulist_is_padding(tmp_path: Path) -> None:
+    """Linux 5.14+'s bin_attribute cpulists can end with their string's NUL ("0-31\\n\\0",
+    seen in a real Kunpeng 920 capture): read as the list, not as binary content."""
+    from nodecheck.checks.node.fs import read_text
+
+    cpulist = tmp_path / "cpulist"
+    cpulist.write_bytes(b"0-31\n\x00")
+    assert read_text(cpulist) == "0-31"
+    cpulist.write_bytes(b"0-\x0031\n")
+    with pytest.raises(ReadError, match="binary content"):
+        read_text(cpulist)
+
+
+def test_numa_on_a_node_without_gpus_still_gives_a_verdict(
+    build: Callable[..., Node], copy_node: Callable[[Node], Node]
+) -> None:
+    """A healthy NUMA machine without GPUs (and without numa_balancing) used to give no
+    result at all, "check numa returned no result", an `error`."""
+    node = copy_node(build("cpu-only"))
+    (node.root / "proc" / "sys" / "kernel" / "numa_balancing").unlink(missing_ok=True)
+    [run] = node.run("numa")
+    assert run.completed, run.results
+    assert [r.status for r in run.results if r.subject == "node"] == [Status.OK]
