@@ -4,8 +4,10 @@ decodes the same ACS bits, link states and bus hierarchy that nodecheck reads.""
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 import pytest
 
@@ -13,6 +15,9 @@ from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.pci_config import acs_bit_names, parse_acs, read_config
 from nodecheck.tuning.gpu_usability import answers_config_reads
 from tests.conftest import Node
+from tests.fixtures import nodes
+from tests.fixtures.nodegen import build_node
+from tools.hwloc_captures import real_data_dir
 
 
 def lspci_blocks(node: Node) -> dict[str, str]:
@@ -33,10 +38,21 @@ def lspci_blocks(node: Node) -> dict[str, str]:
 def test_lspci_agrees_with_nodecheck(build: object, name: str) -> None:
     node = build(name)  # type: ignore[operator]
     blocks = lspci_blocks(node)
+    checked_acs = assert_lspci_agrees(node)
+    assert checked_acs > 0 or name == "workstation"
+    fallen_off = [bdf for bdf, block in blocks.items() if "Unknown header type 7f" in block]
+    assert fallen_off == (["0000:bc:00.0"] if name == "dgx-h100-faulty" else [])
+    if name == "dgx-h100-faulty":
+        assert "Width x8 (downgraded)" in blocks["0000:9c:00.0"]
+
+
+def assert_lspci_agrees(node: Node) -> int:
+    """lspci and nodecheck read the node's tree, ACS bits and links alike; the number of
+    functions whose ACS was compared."""
+    blocks = lspci_blocks(node)
     inventory = read_inventory(node.fs)
     assert set(blocks) == set(inventory.pci)
     checked_acs = 0
-    fallen_off: list[str] = []
     for bdf, device in inventory.pci.items():
         # The symlink hierarchy and the bridges' bus numbers describe the same tree.
         if device.parents:
@@ -52,7 +68,6 @@ def test_lspci_agrees_with_nodecheck(build: object, name: str) -> None:
             # capability, while the names it prints come from sysfs's cached attributes.
             assert "Unknown header type 7f" in block, bdf
             assert "Capabilities:" not in block and "LnkSta:" not in block, bdf
-            fallen_off.append(bdf)
             continue
         acs_line = re.search(r"ACSCtl:\s+(.*)", block)
         acs = parse_acs(config)
@@ -68,7 +83,134 @@ def test_lspci_agrees_with_nodecheck(build: object, name: str) -> None:
             assert link is not None, bdf
             assert float(link.group(1)) == device.link.current_speed, bdf
             assert int(link.group(2)) == device.link.current_width, bdf
-    assert checked_acs > 0 or name == "workstation"
-    assert fallen_off == (["0000:bc:00.0"] if name == "dgx-h100-faulty" else [])
-    if name == "dgx-h100-faulty":
-        assert "Width x8 (downgraded)" in blocks["0000:9c:00.0"]
+    return checked_acs
+
+
+# --- the XE9680 replica against the real node's lspci -vvv ----------------------------
+
+XE9680_LSPCI = "lspci/xe9680-hgx-h100-lspci-vvv.txt"  # under tools.hwloc_captures' real data
+
+
+@dataclass(frozen=True)
+class LspciDevice:
+    """What `lspci -vvv` says of one function that the replica must reproduce."""
+
+    bdf: str  # bus:device.function, without the domain
+    header: str  # "PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch", rev and prog-if cut
+    bus_range: tuple[int, int] | None  # a bridge's secondary and subordinate bus
+    link_cap: tuple[float, int] | None  # LnkCap speed (GT/s) and width
+    link_status: tuple[float, int] | None  # LnkSta speed and width
+    acs_control: tuple[str, ...] | None  # the ACSCtl bits that are on (None: no ACS)
+    numa_node: int | None
+
+
+def _speed_width(pattern: str, block: str) -> tuple[float, int] | None:
+    match = re.search(pattern + r"(?:Port #\d+, )?Speed ([\d.]+)GT/s[^,]*, Width x(\d+)", block)
+    return (float(match.group(1)), int(match.group(2))) if match else None
+
+
+def parse_lspci_vvv(text: str) -> dict[str, LspciDevice]:
+    """`lspci -vvv` output (with or without -D) by bus:device.function."""
+    devices = {}
+    for block in re.split(r"\n(?=[0-9a-f]{4}:[0-9a-f]{2}:|[0-9a-f]{2}:[0-9a-f]{2}\.)", text):
+        first = block.split("\n", 1)[0].strip()
+        if not first:
+            continue
+        address, _, rest = first.partition(" ")
+        bdf = address[-7:]
+        header = re.sub(r" \((rev \w+|prog-if [^)]*\)?)\)", "", rest).strip()
+        bus = re.search(r"Bus: primary=\w+, secondary=(\w+), subordinate=(\w+)", block)
+        acs = re.search(r"ACSCtl:\s+(.*)", block)
+        numa = re.search(r"NUMA node: (\d+)", block)
+        devices[bdf] = LspciDevice(
+            bdf,
+            header,
+            (int(bus.group(1), 16), int(bus.group(2), 16)) if bus else None,
+            _speed_width(r"LnkCap:\s+", block),
+            _speed_width(r"LnkSta:\s+", block),
+            tuple(t[:-1] for t in acs.group(1).split() if t.endswith("+")) if acs else None,
+            int(numa.group(1)) if numa else None,
+        )
+    return devices
+
+
+def in_pcie_tree(devices: dict[str, LspciDevice]) -> dict[str, LspciDevice]:
+    """The PCI bridges and every function below one: what the replica holds. (The CPUs'
+    root-complex integrated endpoints on the host bridges' own buses are left out.)"""
+    ranges = [d.bus_range for d in devices.values() if d.bus_range is not None]
+    return {
+        bdf: device
+        for bdf, device in devices.items()
+        if device.bus_range is not None
+        or any(low <= int(bdf[:2], 16) <= high for low, high in ranges)
+    }
+
+
+def parent_bridge(bdf: str, devices: dict[str, LspciDevice]) -> str | None:
+    """The bridge whose secondary bus the function sits on (None: on a host bridge's bus)."""
+    bus = int(bdf[:2], 16)
+    parents = [d.bdf for d in devices.values() if d.bus_range and d.bus_range[0] == bus]
+    assert len(parents) <= 1, (bdf, parents)
+    return parents[0] if parents else None
+
+
+def lspci_ids(node: Node) -> dict[str, tuple[str, str, str, str, str]]:
+    """By bus:device.function: class name, vendor name and id, device name and id, as the
+    machine-readable `lspci -mm -nn` gives them (names from this machine's pci.ids)."""
+    lspci = shutil.which("lspci") or "/usr/bin/lspci"
+    done = subprocess.run(
+        [lspci, "-A", "linux-sysfs", "-O", f"sysfs.path={node.root}/sys/bus/pci", "-mm", "-nn"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = {}
+    for line in done.stdout.splitlines():
+        bdf, pci_class, vendor, device, *_ = shlex.split(line)
+        vendor_name, vendor_id = re.fullmatch(r"(.*) \[(\w{4})\]", vendor).groups()  # type: ignore[union-attr]
+        device_name, device_id = re.fullmatch(r"(.*) \[(\w{4})\]", device).groups()  # type: ignore[union-attr]
+        class_name = re.sub(r" \[\w{4}\]$", "", pci_class)
+        found[bdf[-7:]] = (class_name, vendor_name, vendor_id, device_name, device_id)
+    return found
+
+
+@pytest.fixture(scope="module")
+def xe9680_replica(tmp_path_factory: pytest.TempPathFactory) -> Node:
+    return Node(build_node(nodes.xe9680(), tmp_path_factory.mktemp("xe9680") / "node"))
+
+
+def test_xe9680_replica_agrees_with_nodecheck(xe9680_replica: Node) -> None:
+    """lspci reads the XE9680 replica as nodecheck does (bus tree, ACS, links)."""
+    checked_acs = assert_lspci_agrees(xe9680_replica)
+    # Root and downstream ports, the Switchtec functions and the CX-6 Dx functions: 55.
+    assert checked_acs == 55
+
+
+def test_xe9680_replica_matches_the_real_lspci(xe9680_replica: Node) -> None:
+    """The replica, decoded by lspci, against the real XE9680's `lspci -vvv`: the same
+    functions in the PCIe tree, each below the same bridge, with the same vendor:device,
+    LnkCap and LnkSta, ACS control bits and NUMA node."""
+    folder = real_data_dir()
+    if folder is None or not (folder / XE9680_LSPCI).is_file():
+        pytest.skip(
+            f"no real XE9680 lspci here ({XE9680_LSPCI} under ../shared/real or "
+            "NODECHECK_REAL_DATA): the replica's own tests still run"
+        )
+    real = in_pcie_tree(parse_lspci_vvv((folder / XE9680_LSPCI).read_text()))
+    replica = parse_lspci_vvv("\n".join(lspci_blocks(xe9680_replica).values()))
+    assert sorted(replica) == sorted(real)
+    ids = lspci_ids(xe9680_replica)
+    for bdf, ours in replica.items():
+        theirs = real[bdf]
+        assert parent_bridge(bdf, replica) == parent_bridge(bdf, real), bdf
+        assert ours.bus_range == theirs.bus_range, bdf
+        # The real capture's pci.ids was older: where it had no name for a device it
+        # printed "Device 2330", the id itself.
+        class_name, vendor, vendor_id, device, device_id = ids[bdf]
+        assert theirs.header in (
+            f"{class_name}: {vendor} {device}",
+            f"{class_name}: {vendor} Device {device_id}",
+        ), (bdf, vendor_id)
+        assert (ours.link_cap, ours.link_status) == (theirs.link_cap, theirs.link_status), bdf
+        assert ours.acs_control == theirs.acs_control, bdf
+        assert ours.numa_node == theirs.numa_node, bdf
