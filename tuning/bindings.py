@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.gpu_assignment import GpuAssignment
-from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.inventory import Inventory, Nic
+from nodecheck.checks.node.nic_roles import GPUDIRECT_REACH, NicRole, nic_roles
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.variables import parse_count
@@ -209,18 +210,41 @@ def bind_ranks(
 @dataclass(frozen=True)
 class NicPairing:
     gpu: str  # PCI bus id
-    nics: tuple[str, ...]  # RDMA device names (mlx5_0), nearest first
+    nics: tuple[str, ...]  # compute RDMA device names (mlx5_0), nearest first
     relation: str | None  # PIX, PXB, PHB, NODE or SYS; None without an RDMA NIC
     note: str
+    # Storage RDMA NICs as near this GPU as its own, named apart: "mlx5_1 (storage,
+    # 100 Gb/s, PIX)". NCCL's collectives stay on the compute NICs.
+    also_near: tuple[str, ...] = ()
+
+
+def _also_near(
+    inventory: Inventory, gpu: PciDevice, storage: list[Nic], nearest: Relation
+) -> tuple[str, ...]:
+    described = []
+    for nic in storage:
+        relation = inventory.relation(gpu, nic.pci)
+        if relation <= max(nearest, GPUDIRECT_REACH):
+            rate = f"{nic.rate_gbps:g} Gb/s" if nic.rate_gbps else "rate unknown"
+            described.append(f"{nic.name} ({NicRole.STORAGE.value}, {rate}, {relation.name})")
+    return tuple(described)
 
 
 def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
-    """Each GPU's nearest RDMA NIC(s) by PCIe relation (PIX before PXB before PHB
-    before NODE before SYS, as NCCL ranks them). GPUs with the same nearest NICs (two
-    GPUs and two NICs behind one switch) get them dealt out in bus order, one each,
-    so no NIC carries two GPUs' traffic while another idles."""
+    """Each GPU's nearest compute NIC(s) by PCIe relation (PIX before PXB before PHB
+    before NODE before SYS, as NCCL ranks them). Compute NICs are the fastest RDMA NICs
+    nearest the GPUs (checks/node/nic_roles.py); a slower storage port beside a GPU (the
+    XE9680's ConnectX-6 Dx behind GPU 0's switch) is named apart in `also_near`, never
+    dealt out as an equal. GPUs with the same nearest NICs (two GPUs and two NICs behind
+    one switch) get them dealt out in bus order, one each, so no NIC carries two GPUs'
+    traffic while another idles."""
+    roles = nic_roles(inventory)
     # A NIC without an ACTIVE port carries nothing (NCCL skips it).
-    rdma = [nic for nic in inventory.nics if nic.is_rdma and nic.state == "ACTIVE"]
+    active = [nic for nic in inventory.nics if nic.is_rdma and nic.state == "ACTIVE"]
+    compute = [nic for nic in active if roles[nic.name] is NicRole.COMPUTE]
+    # With every compute port down, NCCL falls back on whatever RDMA port is active.
+    rdma = compute or active
+    storage = [nic for nic in active if nic not in rdma]
     best: dict[str, tuple[Relation, list[str]]] = {}
     for gpu in gpus:
         if not rdma:
@@ -239,11 +263,17 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
         turn = shares.get(tuple(names), 0)
         shares[tuple(names)] = turn + 1
         ordered = tuple(names[turn % len(names) :] + names[: turn % len(names)])
-        note = ""
+        notes = []
         if relation >= Relation.PHB:
-            note = (
+            notes.append(
                 f"the nearest RDMA NIC is {relation.name} from this GPU: NCCL does not use "
                 "GPUDirect RDMA that far by default (NCCL_NET_GDR_LEVEL)"
             )
-        pairings.append(NicPairing(gpu.bdf, ordered, relation.name, note))
+        also = _also_near(inventory, gpu, storage, relation)
+        if also:
+            notes.append(
+                f"GPU {gpu.bdf} is also near {', '.join(also)}: slower than its compute NIC "
+                f"{ordered[0]}, so NCCL keeps the collectives on {ordered[0]}"
+            )
+        pairings.append(NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also))
     return pairings

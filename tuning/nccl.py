@@ -208,8 +208,9 @@ def _ib_hca(
         ]
         value = "=" + ",".join(ports)
     reason = (
-        f"keeps collectives on the {len(used)} NIC(s) nearest the GPUs; "
-        f"{', '.join(described)} is nearest no GPU, and NCCL would otherwise weigh every "
+        f"keeps collectives on the {len(used)} compute NIC(s), the GPUs' own; "
+        f"{', '.join(described)}: storage (slower than the GPUs' own NICs, or nearest "
+        "no GPU), and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
     works = current is not None and not fails(rule_ib_hca("", current, node_facts(inventory)))
@@ -365,11 +366,17 @@ def network_note(
         rates = {
             r.name: max((p.rate_gbps or 0 for p in r.ports if p.state == "ACTIVE"), default=0)
             for r in inventory.rdma
-            if r.name in used_hcas
+            if r.active
         }
-        total = sum(rates.values())
-        speeds = "/".join(f"{rate:g}" for rate in sorted(set(rates.values())))
-        what = f"{len(rates)} RDMA NIC(s) at {speeds} Gb/s"
+        # Only the compute NICs carry collectives; storage ports are named, not counted.
+        compute = {name: rate for name, rate in rates.items() if name in used_hcas}
+        total = sum(compute.values())
+        speeds = "/".join(f"{rate:g}" for rate in sorted(set(compute.values())))
+        what = f"{len(compute)} compute RDMA NIC(s) at {speeds} Gb/s"
+        storage = [n.name for n in inventory.nics if n.name in rates and n.name not in compute]
+        if storage:
+            storage_speeds = "/".join(f"{r:g}" for r in sorted({rates[n] for n in storage}))
+            what += f"; not counted: storage {', '.join(storage)} at {storage_speeds} Gb/s"
     elif sockets:
         total = sum((i.speed_mbps or 0) / 1000 for i in sockets)
         what = f"no RDMA; TCP sockets over {', '.join(i.name for i in sockets)}"

@@ -10,6 +10,12 @@ crosses the root complex whatever ACS says, and Linux turns ACS on at root
 ports itself whenever an IOMMU driver is active (drivers/pci/pci.c
 pci_std_enable_acs). The switch ports between a device and its root port are
 where ACS costs bandwidth.
+
+Only bridges with a GPU or an RDMA NIC below them are judged: ACS redirect matters for
+GPU peer-to-peer and GPUDirect RDMA traffic only. An HGX baseboard's NVSwitches sit
+behind a switch of their own (a Microchip Switchtec on the Dell XE9680) whose downstream
+ports ship with ACS redirect on; the NVSwitches' PCIe links carry only management (the
+GPUs talk over NVLink), so those ports are no subject here.
 """
 
 from __future__ import annotations

@@ -6,13 +6,21 @@ poorly seated card) halves its bandwidth for good. A slower *speed* is often
 power saving: GPUs drop their link to 2.5 GT/s when idle (hardware.md §5.6),
 so a speed below the maximum is a warning that a look under load confirms or
 clears.
+
+Only NICs that carry training traffic are judged so (checks/node/nic_roles.py: the
+GPUs' RDMA rails, storage RDMA ports, the interfaces NCCL's sockets use on a node
+without RDMA). A management port (a server's LOM: the Dell XE9680's BCM5720 is wired
+x1 of its x2, on every such node) carries none of a job's bandwidth: its link is
+reported, never a warning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.nic_roles import NicRole, nic_roles
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import (
@@ -135,6 +143,20 @@ def _judge_device(
     return judge_link(device, subject, kind, narrow=narrow, upstream_max=upstream_max)
 
 
+def as_information(result: Result, role: NicRole) -> Result:
+    """A management NIC's link: what judge_link found, as a note that is never a warning."""
+    details = {**result.details, "role": role.value}
+    if result.status is not Status.WARN:
+        return replace(result, details=details)
+    return replace(
+        result,
+        status=Status.OK,
+        summary=f"{result.summary} ({role.value} NIC: carries no training traffic, noted only)",
+        remedy="",
+        details=details | {"noted": "link below its maximum, not judged for a management NIC"},
+    )
+
+
 @register("pcie_link", interval_s=300, timeout_s=10)
 def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     """PCIe link width and speed of GPUs, NICs and the switch uplinks above them."""
@@ -151,7 +173,9 @@ def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     subjects: list[tuple[PciDevice, str, str, Status]] = [
         (gpu, gpu_subject(gpu.bdf), "gpu", Status.FAIL) for gpu in inventory.gpus
     ]
+    roles = nic_roles(inventory)
     subjects += [(nic.pci, nic_subject(nic.name), "nic", Status.WARN) for nic in inventory.nics]
+    role_of = {nic_subject(nic.name): roles[nic.name] for nic in inventory.nics}
     if not subjects:
         yield Result(Status.SKIP, "node", "no GPU or NIC on the PCI bus")
         return
@@ -160,11 +184,20 @@ def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     # device below the switch shares: judged as strictly as the strictest one.
     uplinks: dict[str, Status] = {}
     for device, subject, kind, narrow in subjects:
-        yield _judge_device(ctx, device, subject, kind, narrow)
+        result = _judge_device(ctx, device, subject, kind, narrow)
+        role = role_of.get(subject)
+        if role is not None and not role.carries_training_traffic:
+            yield as_information(result, role)
+        elif role is not None and result.status is not Status.SKIP:
+            yield replace(result, details={**result.details, "role": role.value})
+        else:
+            yield result
         if "driver" in device.problems:
             yield Result(
                 Status.ERROR, subject, f"cannot tell its driver: {device.problems['driver']}"
             )
+        if role is not None and not role.carries_training_traffic:
+            continue  # a switch serving only management ports is not judged for them
         for bridge in device.parents[1::2]:
             previous = uplinks.get(bridge, Status.WARN)
             uplinks[bridge] = max(previous, narrow, key=lambda status: status.severity)
