@@ -1,9 +1,9 @@
 """Which NICs carry a training job's traffic, the way NCCL picks them.
 
-NCCL gives each GPU the network devices with the best path to it: the highest
+NCCL gives each GPU the network devices with the best path to it: the highest path
 bandwidth, then the shortest PCIe path type (PIX before PXB before PHB before SYS;
-NVIDIA/nccl src/graph/topo.cc ncclTopoGetLocalNet), and uses GPUDirect RDMA only up to
-PXB by default (NCCL_NET_GDR_LEVEL). On an HGX node each GPU has its own NIC of the
+NVIDIA/nccl src/graph/search.cc ncclTopoGetLocalNet through ncclTopoGetLocal), and uses
+GPUDirect RDMA only up to PXB by default (NCCL_NET_GDR_LEVEL). On an HGX node each GPU has its own NIC of the
 fastest class behind its own PCIe switch: those rails are the compute NICs. A slower
 RDMA port loses to them even when it sits behind the same switch (the Dell XE9680's
 100 GbE ConnectX-6 Dx beside GPU 0 and its 400 GbE ConnectX-7): it is there for storage
