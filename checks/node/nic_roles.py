@@ -3,12 +3,12 @@
 NCCL gives each GPU the network devices with the best path to it: the highest path
 bandwidth, then the shortest PCIe path type (PIX before PXB before PHB before SYS;
 NVIDIA/nccl src/graph/search.cc ncclTopoGetLocalNet through ncclTopoGetLocal), and uses
-GPUDirect RDMA only up to PXB by default (NCCL_NET_GDR_LEVEL). On an HGX node each GPU has its own NIC of the
-fastest class behind its own PCIe switch: those rails are the compute NICs. A slower
-RDMA port loses to them even when it sits behind the same switch (the Dell XE9680's
-100 GbE ConnectX-6 Dx beside GPU 0 and its 400 GbE ConnectX-7): it is there for storage
-(GPUDirect Storage, NFS or Lustre over RDMA), as is an RDMA port that is no GPU's
-nearest. A NIC without RDMA carries collectives only on a node without any RDMA NIC
+GPUDirect RDMA only up to PXB by default (NCCL_NET_GDR_LEVEL). On an HGX node each GPU
+has its own NIC of the fastest class behind its own PCIe switch: those rails are the
+compute NICs. A slower RDMA port loses to them even when it sits behind the same switch
+(the Dell XE9680's 100 GbE ConnectX-6 Dx beside GPU 0 and its 400 GbE ConnectX-7): it
+is there for storage (GPUDirect Storage, NFS or Lustre over RDMA), as is an RDMA port
+that is no GPU's nearest. A NIC without RDMA carries collectives only on a node without any RDMA NIC
 (NCCL's socket transport over the fastest interfaces); otherwise it is a management
 port (the BMC's LOM, ssh, at most NCCL's bootstrap).
 
