@@ -305,15 +305,36 @@ def bind_ranks(
             unplaced_note = _unplaced_note(inventory, gpu.bdf, node, usable)
             notes[gpu.bdf] = f"{inferred}; {unplaced_note}" if inferred else unplaced_note
     pools: dict[int | None, frozenset[int]] = {n: node_cpus[n] for n in groups if n is not None}
+    # A node with fewer CPUs in reach than GPUs on it: the ranks beyond one CPU each run
+    # elsewhere rather than share (a rank of its own on a remote CPU beats two on one).
+    for node in list(groups):
+        members, room = groups[node], len(pools[node])
+        if len(members) > room:
+            groups[node] = members[:room]
+            for bdf in members[room:]:
+                unplaced.append(bdf)
+                notes[bdf] = (
+                    f"NUMA node {node} has {room} CPU(s) in reach for the ranks of its "
+                    f"{len(members)} GPUs: this one runs on CPUs no other rank uses, elsewhere, "
+                    "and its memory is not bound"
+                )
     if unplaced:
-        # No locality to follow: use CPUs no other rank is bound to; if there are none,
-        # join the largest group, so every rank still has its own cores where it can.
+        # No locality to follow: CPUs no other rank is bound to, one at least each; then a
+        # group with CPUs to spare; and only when every CPU is taken, the least crowded
+        # group (ranks then share CPUs, and say so).
         free = usable - frozenset().union(*pools.values())
-        if free or not groups:
-            groups[None], pools[None] = unplaced, free or usable
-        else:
-            largest = max(groups, key=lambda n: len(pools[n]))
-            groups[largest] = groups[largest] + unplaced
+        if free:
+            groups[None], pools[None] = unplaced[: len(free)], free
+        cores = {n: len(_cores_of(inventory, pool)) for n, pool in pools.items()}
+        for bdf in unplaced[len(free) :]:
+            # Whole cores to spare first, then hardware threads.
+            spare = max(
+                groups,
+                key=lambda n: (cores[n] - len(groups[n]), len(pools[n]) - len(groups[n])),
+            )
+            if len(pools[spare]) <= len(groups[spare]):
+                spare = max(groups, key=lambda n: len(pools[n]) / len(groups[n]))
+            groups[spare] = groups[spare] + [bdf]
     slices: dict[str, tuple[int | None, tuple[int, ...]]] = {}
     for node, members in groups.items():
         shares = _split(_cores_of(inventory, pools[node]), len(members), with_smt_siblings)
