@@ -195,7 +195,9 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                 "env": {r.name: r.value for r in rank.env if r.value is not None},
                 "nics": list(rank.nics.nics),
                 "nic_relation": rank.nics.relation,
-                "dataloader": {
+                "dataloader": None
+                if rank.error
+                else {
                     "num_workers": rank.dataloader.num_workers,
                     "pin_memory": rank.dataloader.pin_memory,
                 },
@@ -272,7 +274,7 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
                 "-" if rank.binding.numa_node is None else str(rank.binding.numa_node),
                 rank.cpulist or "-",
                 ", ".join(f"{r.name}={r.value}" for r in rank.env),
-                str(rank.dataloader.num_workers),
+                "-" if rank.error else str(rank.dataloader.num_workers),
                 f"{rank.nics.nics[0]} ({rank.nics.relation})" if rank.nics.nics else "-",
             ]
             for rank in ranks

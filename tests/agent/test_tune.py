@@ -425,6 +425,7 @@ def test_tune_never_prints_an_empty_binding(no_cpu_info: Node) -> None:
     assert [r["status"] for r in doc["ranks"]] == ["error", "error"]
     for rank in doc["ranks"]:
         assert rank["cpus"] == [] and rank["numactl"] is None and rank["env"] == {}
+        assert rank["dataloader"] is None
         assert rank["error"].startswith("no CPU to bind it to: the online CPUs could not be read")
     outputs = [json.dumps(doc)]
     for output_format in ("text", "shell", "env"):

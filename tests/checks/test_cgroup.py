@@ -225,14 +225,18 @@ def test_missing_effective_cpus_and_an_empty_list_walk_up(tmp_path: Path) -> Non
 
 def test_container_mount_root(tmp_path: Path) -> None:
     """A container bind-mounts its own cgroup (root /docker/ID) at /sys/fs/cgroup/cpuset;
-    /proc/self/cgroup names /docker/ID: the mount point itself holds its cpuset."""
+    /proc/self/cgroup names /docker/ID: the mount point itself holds its cpuset, not the
+    nested cgroup of the same name below it (docker in docker)."""
     fs = cgroup_node(
         tmp_path,
         mountinfo=mountinfo_line(
             "/sys/fs/cgroup/cpuset", "cgroup", "rw,cpuset", root="/docker/0123abcd"
         ),
         proc_cgroup="7:cpuset:/docker/0123abcd\n",
-        files={"/sys/fs/cgroup/cpuset/cpuset.effective_cpus": "1,3\n"},
+        files={
+            "/sys/fs/cgroup/cpuset/cpuset.effective_cpus": "1,3\n",
+            "/sys/fs/cgroup/cpuset/docker/0123abcd/cpuset.effective_cpus": "3\n",
+        },
     )
     reading = read_cpuset(fs)
     assert (reading.cpus, reading.error) == (frozenset({1, 3}), "")
