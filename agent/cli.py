@@ -640,7 +640,7 @@ def _tune_plan(
 
     fs = node_fs(ctx)
     from nodecheck.checks.context import CheckContext
-    from nodecheck.checks.node.cgroup import read_allowed_cpus
+    from nodecheck.checks.node.cgroup import read_cpuset
     from nodecheck.checks.runner import UnfinishedError, run_bounded
     from nodecheck.tuning.nccl import JobShape
     from nodecheck.tuning.plan import TuneOptions, make_plan
@@ -650,7 +650,7 @@ def _tune_plan(
         options = TuneOptions(
             shape=JobShape(nodes, single_switch),
             with_smt_siblings=with_smt_siblings,
-            allowed_cpus=read_allowed_cpus(fs),
+            cpuset=read_cpuset(fs),
             torch_version=installed_torch_version(),
         )
         return make_plan(CheckContext(fs=fs, environ=dict(os.environ), uid=os.getuid()), options)

@@ -61,12 +61,17 @@ def local_rank_from(option: int | None, environ: Mapping[str, str]) -> int:
 
 
 def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
-    """The rank's plan; refused when CUDA cannot drive its GPU. A job started there would
+    """The rank's plan; refused when CUDA cannot drive its GPU (a job started there would
     fail at its first CUDA call with "invalid device ordinal", or worse run on a GPU that
-    another rank drives, and the node needs draining anyway: exit 2 with the reason."""
+    another rank drives, and the node needs draining anyway), or when the rank has no CPU
+    to run on: exit 2 with the reason."""
     rank = plan.rank(local_rank)
     if rank is not None and rank.refusal:
         raise ExecError(f"local rank {local_rank}: {rank.refusal}", EXIT_USAGE)
+    if rank is not None and rank.error:
+        # No CPU to bind it to: an empty affinity is EINVAL in sched_setaffinity(2), and
+        # numactl refuses --physcpubind= with nothing after it.
+        raise ExecError(f"local rank {local_rank}: {rank.error}", EXIT_USAGE)
     if rank is not None:
         return rank
     if not plan.ranks:

@@ -65,8 +65,8 @@ def exported(plan: Plan, local_rank: int | None) -> dict[str, str]:
 
 def _rank_command(rank: RankPlan) -> str:
     """How to launch the rank, or why not to."""
-    if rank.refusal:
-        return f"do not run it here (nodecheck exec refuses): {rank.refusal}"
+    if rank.refusal or rank.error:
+        return f"do not run it here (nodecheck exec refuses): {rank.refusal or rank.error}"
     command = f"{shlex.join(rank.binding.numactl())} CMD  (or: nodecheck exec -- CMD)"
     return f"{command}; warning: {rank.warning}" if rank.warning else command
 
@@ -79,7 +79,7 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
         node = rank.binding.numa_node
         lines[0] += (
             f", local rank {local_rank}: GPU {rank.binding.gpu}, "
-            f"NUMA node {'?' if node is None else node}, CPUs {rank.cpulist}"
+            f"NUMA node {'?' if node is None else node}, CPUs {rank.cpulist or 'none'}"
         )
     for rank in ranks:
         lines.append(f"# rank {rank.local_rank}: {_rank_command(rank)}")
@@ -104,7 +104,8 @@ def render_shell(plan: Plan, local_rank: int | None) -> str:
     for rank in _selected(plan, local_rank) if local_rank is not None else []:
         # Sourced with eval "$(nodecheck tune --local-rank N)", comments go unseen: say it
         # on the shell's stderr.
-        problems = [*plan.unusable, rank.warning] if not rank.refusal else [rank.refusal]
+        refused = rank.refusal or rank.error
+        problems = [*plan.unusable, rank.warning] if not refused else [refused]
         for problem in dict.fromkeys(problem for problem in problems if problem):
             lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
@@ -165,6 +166,16 @@ def _recommendation_json(recommendation: Recommendation) -> dict[str, Any]:
     }
 
 
+def _rank_status(rank: RankPlan) -> str:
+    """As a check's result: error (no CPU to run on), fail (CUDA cannot drive its GPU),
+    warn (it runs, but see its warning), ok."""
+    if rank.error:
+        return "error"
+    if rank.refusal:
+        return "fail"
+    return "warn" if rank.warning else "ok"
+
+
 def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
     ranks = _selected(plan, local_rank)
     return {
@@ -178,17 +189,22 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                 "numa_node": rank.binding.numa_node,
                 "cpus": list(rank.binding.cpus),
                 "cpulist": rank.cpulist,
-                "numactl": rank.binding.numactl(),
+                # A rank without CPUs has no command line: it is an error, and says why.
+                "numactl": rank.binding.numactl() if rank.binding.cpus else None,
+                "status": _rank_status(rank),
                 "env": {r.name: r.value for r in rank.env if r.value is not None},
                 "nics": list(rank.nics.nics),
                 "nic_relation": rank.nics.relation,
-                "dataloader": {
+                "dataloader": None
+                if rank.error
+                else {
                     "num_workers": rank.dataloader.num_workers,
                     "pin_memory": rank.dataloader.pin_memory,
                 },
                 "recommendations": [_recommendation_json(r) for r in rank.env],
                 **({"note": rank.binding.note} if rank.binding.note else {}),
                 **({"refusal": rank.refusal} if rank.refusal else {}),
+                **({"error": rank.error} if rank.error else {}),
                 **({"warning": rank.warning} if rank.warning else {}),
             }
             for rank in ranks
@@ -247,11 +263,18 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
         rows = [
             [
                 str(rank.local_rank),
-                rank.binding.gpu + (" (unusable: do not run)" if rank.refusal else ""),
+                rank.binding.gpu
+                + (
+                    " (unusable: do not run)"
+                    if rank.refusal
+                    else " (error: no CPU, do not run)"
+                    if rank.error
+                    else ""
+                ),
                 "-" if rank.binding.numa_node is None else str(rank.binding.numa_node),
-                rank.cpulist,
+                rank.cpulist or "-",
                 ", ".join(f"{r.name}={r.value}" for r in rank.env),
-                str(rank.dataloader.num_workers),
+                "-" if rank.error else str(rank.dataloader.num_workers),
                 f"{rank.nics.nics[0]} ({rank.nics.relation})" if rank.nics.nics else "-",
             ]
             for rank in ranks

@@ -32,9 +32,17 @@ class RankBinding:
     numa_node: int | None  # the node its CPUs and memory are bound to; None: not bound to one
     cpus: tuple[int, ...]  # the rank's cores (with their SMT siblings when asked for)
     note: str = ""  # why the binding is not the GPU's own NUMA node, when it is not
+    # Why the rank has no CPU to run on (then `cpus` is empty): it must not be launched.
+    error: str = ""
+    # Why the binding is not what it should be though it can run: ranks share CPUs.
+    warning: str = ""
 
     def numactl(self) -> list[str]:
-        """The numactl command line that applies this binding (before the command)."""
+        """The numactl command line that applies this binding (before the command). A
+        binding without CPUs has none: `--physcpubind=` with nothing after it is refused by
+        numactl, and an empty affinity by sched_setaffinity(2) (EINVAL)."""
+        if not self.cpus:
+            raise ValueError(f"local rank {self.local_rank} has no CPU to bind to: {self.error}")
         if self.numa_node is None:
             return ["numactl", f"--physcpubind={format_cpulist(set(self.cpus))}"]
         return [
@@ -111,6 +119,123 @@ def _cores_of(inventory: Inventory, cpus: frozenset[int]) -> list[tuple[int, ...
     return sorted(cores)
 
 
+def _split(
+    cores: list[tuple[int, ...]], ranks: int, with_smt_siblings: bool
+) -> list[tuple[int, ...]]:
+    """`ranks` CPU sets out of `cores`: disjoint, equal and contiguous shares of whole
+    cores while there are enough cores; else of hardware threads (the SMT siblings of one
+    core go to different ranks); else one CPU each, in turn (ranks share CPUs: the caller
+    says so)."""
+    if len(cores) >= ranks:
+        share = len(cores) // ranks
+        return [
+            tuple(
+                sorted(
+                    cpu
+                    for core in cores[position * share : (position + 1) * share]
+                    for cpu in (core if with_smt_siblings else core[:1])
+                )
+            )
+            for position in range(ranks)
+        ]
+    threads = [cpu for core in cores for cpu in core]
+    if len(threads) >= ranks:
+        share = len(threads) // ranks
+        return [
+            tuple(sorted(threads[position * share : (position + 1) * share]))
+            for position in range(ranks)
+        ]
+    return [(threads[position % len(threads)],) for position in range(ranks)]
+
+
+def _no_cpu_reason(
+    inventory: Inventory, online: frozenset[int], allowed: frozenset[int] | None
+) -> str:
+    """Why no CPU is left to bind any rank to."""
+    if not online:
+        read = inventory.cpu.problems.get("online", "")
+        return (
+            "no CPU to bind it to: the online CPUs could not be read"
+            + (f" ({read})" if read else " (devices/system/cpu lists none)")
+            + "; without them a binding would be empty, which numactl and sched_setaffinity "
+            "refuse"
+        )
+    return (
+        f"no CPU to bind it to: this process's cpuset ({format_cpulist(allowed or ())}) holds "
+        f"none of the online CPUs ({format_cpulist(online)}); ask the scheduler for CPUs of "
+        "this node"
+    )
+
+
+def _unplaced_note(inventory: Inventory, gpu: str, node: int | None, usable: frozenset[int]) -> str:
+    """Why a GPU's rank cannot be bound next to it, and what it gets instead."""
+    instead = (
+        "it gets CPUs no other rank is bound to (or shares a group's) and its memory is not bound"
+    )
+    if node is None:
+        return (
+            f"firmware gives GPU {gpu} no NUMA node (numa_node -1) and no other device under "
+            f"its host bridge tells which: {instead}"
+        )
+    known = {n.number: n for n in inventory.numa_nodes}
+    if node not in known:
+        return (
+            f"GPU {gpu} is on NUMA node {node}, which devices/system/node does not list "
+            f"(offline, or not described): {instead}"
+        )
+    if not (known[node].cpus & (frozenset(inventory.cpu.online) or known[node].cpus)):
+        return (
+            f"GPU {gpu} is on NUMA node {node}, which has no online CPU (a memory-only node, "
+            f"such as GPU or CXL memory, or one whose CPUs are offline): {instead}"
+        )
+    return (
+        f"this process may not use any CPU of NUMA node {node} "
+        f"(cpuset {format_cpulist(usable)}): the rank runs away from its GPU; ask "
+        "the scheduler for CPUs on every GPU's socket"
+    )
+
+
+def _sharing_warnings(
+    inventory: Inventory, slices: dict[str, tuple[int | None, tuple[int, ...]]]
+) -> dict[str, str]:
+    """For each GPU whose rank shares CPUs, or physical cores (one SMT thread each), with
+    another GPU's rank, the warning that says so: they slow each other down."""
+    siblings = {number: cpu.siblings for number, cpu in inventory.cpu.cpus.items()}
+
+    def cores(cpus: tuple[int, ...]) -> set[frozenset[int]]:
+        return {siblings.get(cpu, frozenset({cpu})) for cpu in cpus}
+
+    warnings = {}
+    for bdf, (_, cpus) in slices.items():
+        same_cpus: dict[str, set[int]] = {}
+        same_cores: list[str] = []
+        for other, (_, theirs) in slices.items():
+            if other == bdf:
+                continue
+            if set(cpus) & set(theirs):
+                same_cpus[other] = set(cpus) & set(theirs)
+            elif cores(cpus) & cores(theirs):
+                same_cores.append(other)
+        parts = []
+        if same_cpus:
+            common = set().union(*same_cpus.values())
+            parts.append(
+                f"fewer CPUs than ranks: this rank shares CPU(s) {format_cpulist(common)} with "
+                f"the rank(s) of GPU {', '.join(sorted(same_cpus))}"
+            )
+        if same_cores:
+            parts.append(
+                "fewer physical cores than ranks: this rank shares a core (one SMT thread "
+                f"each) with the rank(s) of GPU {', '.join(sorted(same_cores))}"
+            )
+        if parts:
+            warnings[bdf] = (
+                "; ".join(parts) + ", and they slow each other down; run fewer ranks here, "
+                "or ask the scheduler for more CPUs"
+            )
+    return warnings
+
+
 def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str]:
     """The GPU's NUMA node, and a note when it had to be inferred from its host bridge
     (firmware left numa_node at -1, Documentation/ABI/testing/sysfs-bus-pci)."""
@@ -161,48 +286,70 @@ def bind_ranks(
     host = inventory.gpus if assignment is None else assignment.host
     gpus = visible_gpus(here, environ, host)
     sharers = sharing_gpus(here, environ, host) or gpus
-    usable = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
-    if allowed is not None:
-        usable &= allowed
+    online = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
+    usable = online if allowed is None else online & allowed
+    if not usable:
+        why = _no_cpu_reason(inventory, online, allowed)
+        return [RankBinding(rank, gpu.bdf, None, (), error=why) for rank, gpu in enumerate(gpus)]
     node_cpus = {node.number: node.cpus & usable for node in inventory.numa_nodes}
     located = {gpu.bdf: gpu_numa_node(inventory, gpu) for gpu in sharers}
+    notes: dict[str, str] = {bdf: note for bdf, (_, note) in located.items() if note}
     groups: dict[int | None, list[str]] = {}
+    unplaced: list[str] = []
     for gpu in sharers:
         node = located[gpu.bdf][0]
-        groups.setdefault(node if node is not None and node_cpus.get(node) else None, []).append(
-            gpu.bdf
-        )
-    pools: dict[int | None, frozenset[int]] = {n: node_cpus[n] for n in groups if n is not None}
-    notes: dict[str, str] = {bdf: note for bdf, (_, note) in located.items() if note}
-    unplaced = groups.pop(None, [])
-    if unplaced:
-        # No locality to follow: the GPU's node is unknown (firmware says -1), or this
-        # cpuset holds none of its node's CPUs. Use CPUs no other rank is bound to; if
-        # there are none, join the largest group, so every rank still has its own cores.
-        free = usable - frozenset().union(*pools.values())
-        if free or not groups:
-            groups[None], pools[None] = unplaced, free or usable
+        if node is not None and node_cpus.get(node):
+            groups.setdefault(node, []).append(gpu.bdf)
         else:
-            largest = max(groups, key=lambda n: len(pools[n]))
-            groups[largest] = groups[largest] + unplaced
-        for bdf in unplaced:
-            if located[bdf][0] is not None:
+            unplaced.append(gpu.bdf)
+            inferred = notes.get(gpu.bdf, "")
+            unplaced_note = _unplaced_note(inventory, gpu.bdf, node, usable)
+            notes[gpu.bdf] = f"{inferred}; {unplaced_note}" if inferred else unplaced_note
+    pools: dict[int | None, frozenset[int]] = {n: node_cpus[n] for n in groups if n is not None}
+    # A node with fewer CPUs in reach than GPUs on it: the ranks beyond one CPU each run
+    # elsewhere rather than share (a rank of its own on a remote CPU beats two on one).
+    for node in list(groups):
+        members, room = groups[node], len(pools[node])
+        if len(members) > room:
+            groups[node] = members[:room]
+            for bdf in members[room:]:
+                unplaced.append(bdf)
                 notes[bdf] = (
-                    f"this process may not use any CPU of NUMA node {located[bdf][0]} "
-                    f"(cpuset {format_cpulist(usable)}): the rank runs away from its GPU; ask "
-                    "the scheduler for CPUs on every GPU's socket"
+                    f"NUMA node {node} has {room} CPU(s) in reach for the ranks of its "
+                    f"{len(members)} GPUs: this one runs on CPUs no other rank uses, elsewhere, "
+                    "and its memory is not bound"
                 )
+    if unplaced:
+        # No locality to follow: CPUs no other rank is bound to, one at least each; then a
+        # group with CPUs to spare; and only when every CPU is taken, the least crowded
+        # group (ranks then share CPUs, and say so).
+        free = usable - frozenset().union(*pools.values())
+        if free:
+            groups[None], pools[None] = unplaced[: len(free)], free
+        cores = {n: len(_cores_of(inventory, pool)) for n, pool in pools.items()}
+        for bdf in unplaced[len(free) :]:
+            # Whole cores to spare first, then hardware threads.
+            spare = max(
+                groups,
+                key=lambda n: (cores[n] - len(groups[n]), len(pools[n]) - len(groups[n])),
+            )
+            if len(pools[spare]) <= len(groups[spare]):
+                spare = max(groups, key=lambda n: len(pools[n]) / len(groups[n]))
+            groups[spare] = groups[spare] + [bdf]
     slices: dict[str, tuple[int | None, tuple[int, ...]]] = {}
     for node, members in groups.items():
-        cores = _cores_of(inventory, pools[node])
-        share = max(len(cores) // len(members), 1)
-        for position, bdf in enumerate(members):
-            mine = cores[position * share : (position + 1) * share] or cores[-1:]
-            threads = [cpu for core in mine for cpu in (core if with_smt_siblings else core[:1])]
-            bound = node if bdf not in unplaced else None
-            slices[bdf] = (bound, tuple(sorted(threads)))
+        shares = _split(_cores_of(inventory, pools[node]), len(members), with_smt_siblings)
+        for bdf, cpus in zip(members, shares, strict=True):
+            slices[bdf] = (node if bdf not in unplaced else None, cpus)
+    warnings = _sharing_warnings(inventory, slices)
     return [
-        RankBinding(rank, gpu.bdf, *slices[gpu.bdf], notes.get(gpu.bdf, ""))
+        RankBinding(
+            rank,
+            gpu.bdf,
+            *slices[gpu.bdf],
+            note=notes.get(gpu.bdf, ""),
+            warning=warnings.get(gpu.bdf, ""),
+        )
         for rank, gpu in enumerate(gpus)
     ]
 

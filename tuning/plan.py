@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.cgroup import CpusetReading
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import read_driver_gpus
@@ -37,6 +38,9 @@ class TuneOptions:
     shape: JobShape = field(default_factory=JobShape)
     with_smt_siblings: bool = False
     allowed_cpus: frozenset[int] | None = None  # this process's cpuset; None: no limit
+    # The cpuset as read (node.cgroup.read_cpuset), with what was inferred; it wins over
+    # allowed_cpus when given.
+    cpuset: CpusetReading | None = None
     torch_version: tuple[int, int] | None = None
 
 
@@ -50,8 +54,14 @@ class RankPlan:
     # host (fallen off the bus, no driver, nouveau). `nodecheck exec` refuses such a rank.
     refusal: str = ""
     # Why its binding may be wrong: a GPU before it that CUDA cannot drive (CUDA's
-    # numbering skips it), or its GPU's state could not be read. `exec` says so and runs.
+    # numbering skips it), its GPU's state could not be read, it shares CPUs with another
+    # rank, or the cpuset could not be read. `exec` says so and runs.
     warning: str = ""
+
+    @property
+    def error(self) -> str:
+        """Why the rank has no CPU to run on (`nodecheck exec` refuses it); "" when it has."""
+        return self.binding.error
 
     @property
     def local_rank(self) -> int:
@@ -209,14 +219,30 @@ def _rank_verdicts(
     return verdicts
 
 
+def _cpuset_notes(cpuset: CpusetReading | None) -> tuple[list[str], str]:
+    """The notes on how the cpuset was read, and the warning every rank carries when it
+    could not be."""
+    if cpuset is None:
+        return [], ""
+    notes = [f"cpuset: {note}" for note in cpuset.notes]
+    if not cpuset.error:
+        return notes, ""
+    warning = (
+        f"the cpuset of this process could not be read ({cpuset.error}): the bindings assume "
+        "every online CPU may be used, and the kernel narrows or refuses one outside it"
+    )
+    return [*notes, warning], warning
+
+
 def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     inventory = ctx.inventory
     environ = ctx.environ
     assignment, assignment_notes = _assignment(ctx)
+    cpuset_notes, cpuset_warning = _cpuset_notes(options.cpuset)
     bindings = bind_ranks(
         inventory,
         environ,
-        allowed=options.allowed_cpus,
+        allowed=options.allowed_cpus if options.cpuset is None else options.cpuset.cpus,
         with_smt_siblings=options.with_smt_siblings,
         assignment=assignment,
     )
@@ -224,7 +250,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
     # to a VM uses none of this host's.
     pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host)}
-    notes: list[str] = list(assignment_notes)
+    notes: list[str] = [*assignment_notes, *cpuset_notes]
     shape = options.shape
     if shape.nodes is None:
         nodes, variable = nccl.job_nodes(environ)
@@ -268,6 +294,14 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         left += advice.left_unset + pytorch.left_to_torch()
         notes += advice.notes
         notes += list(dict.fromkeys(b.note for b in bindings if b.note))
+        notes += list(dict.fromkeys(b.error for b in bindings if b.error))
+        shared = [b.local_rank for b in bindings if b.warning]
+        if shared:
+            notes.append(
+                f"local rank(s) {format_cpulist(shared)} share CPUs or cores with other ranks: "
+                "there are fewer CPUs in reach than ranks (each rank's warning names them); "
+                "nodecheck binds them anyway rather than leave a rank without CPUs"
+            )
         unread = frozenset(inventory.cpu.online) - frozenset(inventory.cpu.cpus)
         if unread:
             notes.append(
@@ -280,15 +314,18 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         unusable = [problem for problem, certain in problems.values() if problem and certain]
         verdicts = _rank_verdicts(bindings, problems)
         for binding, (refusal, warning) in zip(bindings, verdicts, strict=True):
-            cores = pytorch.physical_cores(inventory, binding)
+            # A rank always has a CPU here (a rank without one is an error, with no thread
+            # count at all): OMP_NUM_THREADS=0 would be no setting OpenMP accepts.
+            cores = max(1, pytorch.physical_cores(inventory, binding))
+            warnings = [w for w in (warning, binding.warning, cpuset_warning) if w]
             ranks.append(
                 RankPlan(
                     binding,
                     pairings[binding.gpu],
-                    [pytorch.omp_threads(cores, environ).against(environ)],
+                    [] if binding.error else [pytorch.omp_threads(cores, environ).against(environ)],
                     pytorch.dataloader(cores),
                     refusal,
-                    warning,
+                    "; ".join(warnings),
                 )
             )
     marked, flagged = _merge_flags([r.against(environ) for r in env], removals(ctx))

@@ -22,6 +22,8 @@ from nodecheck.tuning.recommendation import Recommendation
 from tests.agent.test_cli import NODECHECK, run
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.faults.test_tune import build_two_gpu_box
+from tests.fixtures.graft import placed_gpus_spec
+from tests.fixtures.nodegen import build_node
 from tests.fixtures.nodes import SECRET
 
 ENVIRONMENT_D_GENERATOR = Path(
@@ -401,3 +403,72 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     env, changed, _, kept = applied_environment(plan, plan.ranks[0], own)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
     assert "PYTORCH_CUDA_ALLOC_CONF" in kept and "PYTORCH_ALLOC_CONF" not in [*env, *changed]
+
+
+# Bindings that can always run, through the commands ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def no_cpu_info(scratch_dir: Path) -> Node:
+    """Two GPUs on a node whose devices/system/cpu could not be read at all."""
+    root = scratch_dir / "no-cpu-info"
+    if not root.exists():
+        build_node(placed_gpus_spec([0, 1]), root)
+        shutil.rmtree(root / "sys" / "devices" / "system" / "cpu")
+    return Node(root)
+
+
+def test_tune_never_prints_an_empty_binding(no_cpu_info: Node) -> None:
+    """Every rank is an error with its reason in JSON, text and shell; nothing says
+    `--physcpubind=` with nothing after it, or OMP_NUM_THREADS=0."""
+    doc = document(no_cpu_info)
+    assert [r["status"] for r in doc["ranks"]] == ["error", "error"]
+    for rank in doc["ranks"]:
+        assert rank["cpus"] == [] and rank["numactl"] is None and rank["env"] == {}
+        assert rank["dataloader"] is None
+        assert rank["error"].startswith("no CPU to bind it to: the online CPUs could not be read")
+    outputs = [json.dumps(doc)]
+    for output_format in ("text", "shell", "env"):
+        done = run(*no_cpu_info.cli_args, "tune", "--format", output_format)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        outputs.append(done.stdout)
+        assert "do not run it here (nodecheck exec refuses): no CPU to bind it to" in done.stdout
+    for output in outputs:
+        assert not re.search(r"physcpubind=(?![0-9])", output), output
+        assert "OMP_NUM_THREADS=0" not in output and '"OMP_NUM_THREADS": "0"' not in output
+
+
+def test_exec_refuses_a_rank_without_cpus(no_cpu_info: Node, tmp_path: Path) -> None:
+    """exit 2 and one line saying why; the command never starts (it used to die in
+    sched_setaffinity with exit 1, or run numactl --physcpubind= with nothing)."""
+    started = tmp_path / "started"
+    done = run(
+        *no_cpu_info.cli_args,
+        *("exec", "--local-rank", "1", "--", sys.executable, "-c"),
+        *(f"open({str(started)!r}, 'w')",),
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("nodecheck exec: local rank 1: no CPU to bind it to: the online CPUs")
+    assert not started.exists()
+
+
+def test_tune_keeps_each_rank_inside_a_cpuset_mounted_elsewhere(tmp_path: Path) -> None:
+    """A Slurm step whose cgroup2 is mounted at /cgroup/unified (mountinfo), with /sys/fs/
+    cgroup holding a wider decoy: every rank stays inside the step's CPUs 1,2,5."""
+    root = tmp_path / "slurm-node"
+    spec = placed_gpus_spec([0, 1])
+    step = "uid_2008/job_15389/step_0"
+    spec.proc_files |= {
+        "self/mountinfo": "41 25 0:38 / /cgroup/unified rw,relatime - cgroup2 none rw\n",
+        "self/cgroup": f"0::/{step}\n",
+    }
+    spec.files |= {
+        "/cgroup/unified/cgroup.controllers": "cpuset cpu memory\n",
+        f"/cgroup/unified/{step}/cpuset.cpus.effective": "1-2,5\n",
+        f"/sys/fs/cgroup/{step}/cpuset.cpus.effective": "0-7\n",
+    }
+    build_node(spec, root)
+    ranks = document(Node(root))["ranks"]
+    assert [r["cpus"] for r in ranks] == [[1, 2], [5]]
+    assert [r["status"] for r in ranks] == ["ok", "ok"]

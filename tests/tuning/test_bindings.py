@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
+
+from nodecheck.checks.node.cgroup import CpusetReading
 from nodecheck.checks.node.inventory import read_inventory
-from nodecheck.tuning.bindings import bind_ranks, pair_nics
+from nodecheck.tuning.bindings import RankBinding, bind_ranks, pair_nics
+from nodecheck.tuning.plan import TuneOptions, make_plan
 from tests.conftest import Node
+from tests.fixtures.graft import placed_gpus_spec
+from tests.fixtures.nodegen import build_node
 
 
 def test_dgx_ranks_follow_their_gpus(dgx: Node) -> None:
@@ -64,3 +72,137 @@ def test_far_nic_is_noted(dgx: Node) -> None:
     pairings = pair_nics(storage_only, inventory.gpus)
     assert [p.relation for p in pairings] == ["SYS"] * 4 + ["NODE"] * 4
     assert all(p.nics == ("mlx5_8",) and "GPUDirect RDMA" in p.note for p in pairings)
+
+
+# --- bindings that can always run ---------------------------------------------------------
+
+
+def placed(tmp_path: Path, numa_nodes: list[int], **layout: int) -> Node:
+    root = tmp_path / "placed-gpus"
+    build_node(placed_gpus_spec(numa_nodes, **layout), root)
+    return Node(root)
+
+
+def assert_runnable(bindings: list[RankBinding], usable: frozenset[int]) -> None:
+    """Every rank can be applied: CPUs it may use, never none; or an error saying why."""
+    for binding in bindings:
+        if binding.error:
+            assert binding.cpus == ()
+            with pytest.raises(ValueError, match="no CPU to bind to"):
+                binding.numactl()
+        else:
+            assert binding.cpus and set(binding.cpus) <= usable, binding
+            assert binding.numactl()[1] != "--physcpubind="
+
+
+def cpus_of(bindings: list[RankBinding]) -> list[set[int]]:
+    return [set(b.cpus) for b in bindings]
+
+
+def disjoint(sets: list[set[int]]) -> bool:
+    return sum(len(s) for s in sets) == len(set().union(*sets))
+
+
+def test_no_cpu_read_is_an_error_for_every_rank(tmp_path: Path) -> None:
+    """A tree whose devices/system/cpu could not be read (an old or stripped kernel): no
+    rank gets an empty binding; each is an error naming the file."""
+    node = placed(tmp_path, [0, 1])
+    shutil.rmtree(node.root / "sys" / "devices" / "system" / "cpu")
+    inventory = read_inventory(node.fs)
+    bindings = bind_ranks(inventory, {})
+    assert len(bindings) == 2
+    assert_runnable(bindings, frozenset())
+    assert all("the online CPUs could not be read" in b.error for b in bindings)
+    assert all("devices/system/cpu/online" in b.error for b in bindings)
+    plan = make_plan(node.context(), TuneOptions())
+    assert [r.error for r in plan.ranks] == [b.error for b in bindings]
+    assert all(r.env == [] for r in plan.ranks)  # no OMP_NUM_THREADS at all, never 0
+    assert bindings[0].error in plan.notes
+
+
+def test_a_cpuset_without_online_cpus_is_an_error(tmp_path: Path) -> None:
+    node = placed(tmp_path, [0, 1])
+    bindings = bind_ranks(read_inventory(node.fs), {}, allowed=frozenset({100, 101}))
+    assert_runnable(bindings, frozenset())
+    assert all("cpuset (100-101) holds none of the online CPUs (0-7)" in b.error for b in bindings)
+
+
+@pytest.mark.parametrize(
+    ("numa_nodes", "memory_only_nodes", "words"),
+    [
+        ([0, 1, 2], 1, "NUMA node 2, which has no online CPU (a memory-only node"),
+        ([0, 1, -1], 0, "no NUMA node (numa_node -1)"),
+        ([0, 1, 3], 0, "NUMA node 3, which devices/system/node does not list"),
+    ],
+    ids=["memory-only-node", "numa-node-minus-one", "unlisted-node"],
+)
+def test_a_gpu_without_a_cpu_node_gets_cpus_of_its_own(
+    tmp_path: Path, numa_nodes: list[int], memory_only_nodes: int, words: str
+) -> None:
+    """Two sockets of 4 cores, a GPU on each, and a third GPU whose node has no CPU to
+    give: it takes spare cores of a socket (every CPU belongs to one), disjoint from the
+    others, without --membind, and says why."""
+    node = placed(tmp_path, numa_nodes, memory_only_nodes=memory_only_nodes)
+    inventory = read_inventory(node.fs)
+    bindings = bind_ranks(inventory, {})
+    assert_runnable(bindings, frozenset(range(8)))
+    assert [b.numa_node for b in bindings] == [0, 1, None]
+    assert disjoint(cpus_of(bindings)) and all(not b.warning for b in bindings)
+    assert words in bindings[2].note
+    assert bindings[2].numactl()[2:] == []  # memory not bound to a node without CPUs
+
+
+def test_more_gpus_on_a_node_than_its_cpus_spill_to_free_cpus(tmp_path: Path) -> None:
+    """Four GPUs on socket 0 of a 2x2-core box: two keep socket 0's cores, two run on
+    socket 1's (no GPU there), each alone; no rank shares a CPU."""
+    node = placed(tmp_path, [0, 0, 0, 0], cores=2)
+    bindings = bind_ranks(read_inventory(node.fs), {})
+    assert_runnable(bindings, frozenset(range(4)))
+    assert [b.numa_node for b in bindings] == [0, 0, None, None]
+    assert disjoint(cpus_of(bindings)) and all(not b.warning for b in bindings)
+    assert "NUMA node 0 has 2 CPU(s) in reach for the ranks of its 4 GPUs" in bindings[2].note
+
+
+def test_more_ranks_than_cores_share_threads_then_cpus_and_say_so(tmp_path: Path) -> None:
+    """One socket of 2 cores x 2 threads and 4 GPUs: one hardware thread each (two ranks
+    per core, warned); one core without SMT and 3 GPUs: all three on CPU 0, warned, and
+    OMP_NUM_THREADS is 1, never 0."""
+    node = placed(tmp_path, [0, 0, 0, 0], sockets=1, cores=2, threads=2)
+    bindings = bind_ranks(read_inventory(node.fs), {})
+    assert_runnable(bindings, frozenset(range(4)))
+    assert disjoint(cpus_of(bindings)) and [len(b.cpus) for b in bindings] == [1, 1, 1, 1]
+    assert all("shares a core (one SMT thread each)" in b.warning for b in bindings)
+    crowded = placed(tmp_path / "crowded", [0, 0, 0], sockets=1, cores=1)
+    plan = make_plan(crowded.context(), TuneOptions())
+    assert [r.binding.cpus for r in plan.ranks] == [(0,), (0,), (0,)]
+    assert all("shares CPU(s) 0 with the rank(s) of GPU" in r.warning for r in plan.ranks)
+    assert all(plan.environment(r)["OMP_NUM_THREADS"] == "1" for r in plan.ranks)
+    assert any("share CPUs or cores with other ranks" in note for note in plan.notes)
+
+
+def test_slurm_tasks_each_seeing_one_gpu_stay_runnable(tmp_path: Path) -> None:
+    """srun --gpus-per-task=1 on a 1-socket, 2-core box with 4 GPUs in the step: each task
+    takes its share, which is one core for two tasks: a CPU, and the warning."""
+    node = placed(tmp_path, [0, 0, 0, 0], sockets=1, cores=2)
+    inventory = read_inventory(node.fs)
+    step = {"SLURM_STEP_GPUS": "0,1,2,3"}
+    seen = [bind_ranks(inventory, {**step, "CUDA_VISIBLE_DEVICES": str(i)}) for i in range(4)]
+    for [task] in seen:
+        assert_runnable([task], frozenset(range(2)))
+        assert "shares CPU(s)" in task.warning
+    # Slurm's ConstrainDevices numbering (indices among the step's GPUs) lands on the same.
+    constrained = bind_ranks(inventory, {"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert [b.gpu for b in constrained] == ["0000:12:00.0", "0000:13:00.0"]
+    assert_runnable(constrained, frozenset(range(2)))
+    assert disjoint(cpus_of(constrained))
+
+
+def test_an_unreadable_cpuset_warns_every_rank(tmp_path: Path) -> None:
+    node = placed(tmp_path, [0, 1])
+    unknown = CpusetReading(None, error="/sys/fs/cgroup/job/cpuset.cpus.effective: garbage")
+    plan = make_plan(node.context(), TuneOptions(cpuset=unknown))
+    assert all("the cpuset of this process could not be read" in r.warning for r in plan.ranks)
+    assert all(r.binding.cpus for r in plan.ranks)
+    read = CpusetReading(frozenset({1, 2, 5}), "/cgroup/unified/job/cpuset.cpus.effective")
+    limited = make_plan(node.context(), TuneOptions(cpuset=read))
+    assert [r.binding.cpus for r in limited.ranks] == [(1, 2), (5,)]

@@ -1,0 +1,177 @@
+"""`tune` on real machines nobody here described: hwloc's 33 Linux captures, with GPUs
+grafted on (tests/fixtures/graft.py: one on each NUMA node, memory-only ones included, and
+one whose firmware gives no node).
+
+Every local rank must be runnable or an error: a non-empty binding inside the CPUs hwloc
+found usable on that machine (online, and inside the capture's cpuset), inside its NUMA
+node's CPUs when bound to one, disjoint from the other ranks' while there are CPUs enough,
+OMP_NUM_THREADS >= 1; or an `error` with its reason, which `nodecheck exec` refuses with
+exit 2. The bulk runs in-process through the planning API; a few `nodecheck` subprocesses
+check the commands. Where the cgroup captures restrict the CPUs, nodecheck's allowed CPUs
+must be hwloc's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.cgroup import read_cpuset
+from nodecheck.checks.node.fs import NodeFS
+from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
+from tests.agent.test_cli import run
+from tests.conftest import CLEAN_ENVIRON
+from tests.fixtures.graft import Grafted, capture_numa_nodes, graft_gpus
+from tools.hwloc_captures import Capture, list_captures, real_data_dir
+
+DATA = real_data_dir()
+CAPTURES: dict[str, Capture] = (
+    {capture.name: capture for capture in list_captures(DATA / "hwloc")} if DATA else {}
+)
+# The captures whose hwloc reading is restricted by a cpuset or cgroup.
+CGROUP_CAPTURES = (
+    "16amd64-4n4c-cgroup-distance-merge",
+    "32amd64-4s2n4c-cgroup2",
+    "16em64t-4s2ca2c-cpusetreorder",
+)
+PU_CONSOLE = re.compile(r"\bPU L#\d+ \(P#(\d+)")
+PU_XML = re.compile(r'type="PU" os_index="(\d+)"')
+
+
+def hwloc_usable_cpus(capture: Capture) -> frozenset[int] | None:
+    """The PUs in hwloc's reading of the capture (its .console or .xml target): the CPUs a
+    process there may use, online and inside its cpuset (hwloc leaves out the others)."""
+    target = capture.target if capture.description.is_file() else None
+    if target is None or not target.is_file():
+        return None
+    pattern = {".console": PU_CONSOLE, ".xml": PU_XML}.get(target.suffix)
+    if pattern is None:
+        return None
+    return frozenset(int(number) for number in pattern.findall(target.read_text()))
+
+
+@pytest.fixture(scope="module")
+def grafted(
+    hwloc_captures: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Grafted]:
+    into = tmp_path_factory.mktemp("grafted")
+    return {name: graft_gpus(root, into / name) for name, root in hwloc_captures.items()}
+
+
+def node_fs(root: Path) -> NodeFS:
+    return NodeFS(sysfs=root / "sys", procfs=root / "proc", rootfs=root)
+
+
+def plan_for(root: Path) -> Plan:
+    fs = node_fs(root)
+    options = TuneOptions(cpuset=read_cpuset(fs), torch_version=(2, 13))
+    return make_plan(CheckContext(fs=fs, environ=dict(CLEAN_ENVIRON), uid=1000), options)
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURES) or ["(no captures)"])
+def test_every_rank_is_runnable_or_an_error(grafted: dict[str, Grafted], name: str) -> None:
+    capture, node = CAPTURES[name], grafted[name]
+    usable = hwloc_usable_cpus(capture)
+    if usable is None:
+        pytest.skip(f"{name}: no hwloc reading to compare with")
+    fs = node_fs(node.root)
+    cpuset = read_cpuset(fs).cpus
+    allowed = usable if cpuset is None else usable & cpuset
+    numa_cpus = capture_numa_nodes(node.root)
+    plan = plan_for(node.root)
+    assert {rank.binding.gpu for rank in plan.ranks} >= {gpu.bdf for gpu in node.gpus}
+    for rank in plan.ranks:
+        binding = rank.binding
+        if rank.error:
+            assert binding.cpus == () and rank.env == [], rank
+            assert "no CPU to bind it to" in rank.error
+            continue
+        assert binding.cpus, rank
+        assert set(binding.cpus) <= allowed, (name, binding, sorted(allowed))
+        if binding.numa_node is not None:
+            assert set(binding.cpus) <= numa_cpus[binding.numa_node], (name, binding)
+        threads = int(plan.environment(rank)["OMP_NUM_THREADS"])
+        assert threads >= 1
+    runnable = [rank for rank in plan.ranks if not rank.error]
+    for rank in runnable:
+        others = [set(other.binding.cpus) for other in runnable if other is not rank]
+        if set(rank.binding.cpus) & set().union(*others):
+            # Sharing only when there are fewer CPUs than ranks, and never silently.
+            assert len(allowed) < len(plan.ranks), (name, rank)
+            assert "shares CPU(s)" in rank.warning, (name, rank)
+
+
+@pytest.mark.parametrize("name", CGROUP_CAPTURES)
+def test_allowed_cpus_are_hwlocs_where_a_cpuset_restricts_them(
+    grafted: dict[str, Grafted], name: str
+) -> None:
+    """The cpuset (cgroup v1 with noprefix at /dev/cpuset, cgroup2 at /cgroup/unified, the
+    old cpuset form), read through /proc/mounts and /proc/self/cpuset, and the node's online
+    CPUs: what nodecheck binds inside is exactly what hwloc shows. Through the command."""
+    if name not in CAPTURES:
+        pytest.skip(f"{name}: not among the captures here")
+    usable = hwloc_usable_cpus(CAPTURES[name])
+    root = grafted[name].root
+    cpuset = read_cpuset(node_fs(root))
+    assert cpuset.error == "" and cpuset.cpus is not None
+    online = frozenset(plan_inventory_online(root))
+    assert cpuset.cpus & online == usable
+    done = run(
+        *("--sysfs-root", str(root / "sys"), "--procfs-root", str(root / "proc")),
+        *("--rootfs", str(root), "tune", "--format", "json"),
+    )
+    assert done.returncode == 0, done.stderr
+    ranks = json.loads(done.stdout)["ranks"]
+    bound = set().union(*(set(rank["cpus"]) for rank in ranks))
+    assert bound and usable is not None and bound <= usable
+    assert all(rank["cpus"] or rank["status"] == "error" for rank in ranks)
+
+
+def plan_inventory_online(root: Path) -> frozenset[int]:
+    from nodecheck.checks.node.cpu import read_cpu_topology
+
+    return read_cpu_topology(node_fs(root)).online
+
+
+def test_exec_refuses_the_error_ranks_and_runs_a_valid_one(
+    grafted: dict[str, Grafted], tmp_path: Path
+) -> None:
+    """A few `nodecheck exec` runs: a rank without CPUs exits 2 with one line; a rank whose
+    binding this machine can apply (its CPUs here, no memory node it lacks) runs `true`."""
+    erroring = []
+    applicable = []
+    here = os.sched_getaffinity(0)
+    for _, node in sorted(grafted.items()):
+        plan = plan_for(node.root)
+        for rank in plan.ranks:
+            if rank.error:
+                erroring.append((node, rank.local_rank))
+            elif set(rank.binding.cpus) <= here and rank.binding.numa_node in (None,):
+                applicable.append((node, rank.local_rank))
+    for node, local_rank in erroring[:2] + applicable[:2]:
+        root = node.root
+        started = tmp_path / f"started-{root.name}-{local_rank}"
+        done = run(
+            *("--sysfs-root", str(root / "sys"), "--procfs-root", str(root / "proc")),
+            *("--rootfs", str(root), "exec", "--local-rank", str(local_rank), "--"),
+            *(sys.executable, "-c", f"open({str(started)!r}, 'w')"),
+        )
+        assert "Traceback" not in done.stderr
+        if (node, local_rank) in erroring:
+            assert done.returncode == 2, done.stderr
+            [line] = done.stderr.splitlines()
+            assert "no CPU to bind it to" in line and not started.exists()
+        else:
+            assert done.returncode == 0, done.stderr
+            assert started.exists()
+    if not erroring:
+        pytest.skip(
+            "no capture leaves a rank without CPUs (the CLI case is covered by "
+            "tests/agent/test_tune.py)"
+        )
