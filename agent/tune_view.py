@@ -195,6 +195,8 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                 "env": {r.name: r.value for r in rank.env if r.value is not None},
                 "nics": list(rank.nics.nics),
                 "nic_relation": rank.nics.relation,
+                # Storage ports as near as the rank's own NICs: named, never given as equals.
+                "also_near": list(rank.nics.also_near),
                 "dataloader": None
                 if rank.error
                 else {

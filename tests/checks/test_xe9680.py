@@ -224,6 +224,11 @@ def test_tune_pairs_each_gpu_with_its_own_compute_nic(xe: Node) -> None:
         "mlx5_2 (storage, 100 Gb/s, PIX)" in notes
     )
     assert "GPU 0000:9b:00.0 is also near mlx5_7 (storage, 100 Gb/s, PIX)" in notes
+    assert doc["ranks"][0]["also_near"] == [
+        "mlx5_1 (storage, 100 Gb/s, PIX)",
+        "mlx5_2 (storage, 100 Gb/s, PIX)",
+    ]
+    assert doc["ranks"][1]["also_near"] == []
     [network] = [note for note in doc["notes"] if note.startswith("network:")]
     assert network.startswith("network: 3200 Gb/s between nodes (8 compute RDMA NIC(s) at 400")
     assert "not counted: storage mlx5_1, mlx5_2, mlx5_7, mlx5_8 at 100 Gb/s" in network
