@@ -12,7 +12,8 @@ Each XID is judged by NVIDIA's action for it (hardware.md §5.3):
   XID recurring the failure becomes a warning ("recovery not confirmed"),
   never a silent pass;
 - an NVLink5 XID (144-150) whose line the driver writes as Nonfatal needs no
-  action (it is counted); a Fatal one takes the catalog's action (a reset);
+  action (it is counted); a Fatal one takes the catalog's action (a reset); one
+  without the driver's word (an NVML event) follows the GPU's recovery action;
 - anything logged before the current boot was cleared by that reboot.
 
 Of all the lines of one XID on one GPU, the one shown and judged is the worst:
@@ -34,6 +35,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.xid import (
+    NVLINK5_XIDS,
     KernelLogXids,
     XidAction,
     XidEvent,
@@ -103,9 +105,15 @@ NO_ACTION = (XidAction.NONE, XidAction.APP_ERROR)
 
 def event_action(event: XidEvent) -> XidAction:
     """What this one line asks for: the catalog's action, unless the driver called it
-    Nonfatal (NVLink5 XIDs 144-150 say so on the line): then nothing."""
+    Nonfatal (NVLink5 XIDs 144-150 say so on the line): then nothing.
+
+    An NVLink5 XID without the driver's word (an NVML event carries only the number,
+    and the agent may have no kernel log) may be either: the GPU's recovery action
+    decides, as the driver sets it for a fatal one (NVIDIA's XID catalog, XID 154)."""
     if event.severity == "nonfatal":
         return XidAction.NONE
+    if event.severity is None and event.xid in NVLINK5_XIDS:
+        return XidAction.FOLLOW_RECOVERY_ACTION
     return classify(event.xid).action
 
 

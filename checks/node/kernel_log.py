@@ -188,7 +188,7 @@ class LineClock:
         if zone in ("UTC", "GMT", "Z"):
             try:
                 at = datetime(*fields, tzinfo=timezone.utc).timestamp() + part
-            except ValueError:
+            except (ValueError, OverflowError, OSError):
                 return Stamp(None, "journalctl short-full with an impossible date")
             return Stamp(at, "journalctl short-full (UTC)")
         try:
@@ -222,15 +222,18 @@ def _iso_time(match: re.Match[str]) -> float | None:
     except ValueError:
         return None
     part = float(f"0.{fraction}") if fraction else 0.0
-    if not zone:
-        return time.mktime(moment.timetuple()) + part
-    if zone == "Z":
-        offset = timedelta(0)
-    else:
-        digits = zone[1:].replace(":", "")
-        hours, minutes = int(digits[:2]), int(digits[2:4] or 0)
-        offset = timedelta(hours=hours, minutes=minutes) * (1 if zone[0] == "+" else -1)
-    return moment.replace(tzinfo=timezone(offset)).timestamp() + part
+    try:
+        if not zone:
+            return time.mktime(moment.timetuple()) + part
+        if zone == "Z":
+            offset = timedelta(0)
+        else:
+            digits = zone[1:].replace(":", "")
+            hours, minutes = int(digits[:2]), int(digits[2:4] or 0)
+            offset = timedelta(hours=hours, minutes=minutes) * (1 if zone[0] == "+" else -1)
+        return moment.replace(tzinfo=timezone(offset)).timestamp() + part
+    except (ValueError, OverflowError, OSError):
+        return None  # a zone past 24 h, or a date the platform cannot convert
 
 
 def _local(text: str, layout: str) -> float | None:

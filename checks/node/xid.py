@@ -36,10 +36,17 @@ from nodecheck.checks.node.kernel_log import (
     read_kernel_log,
 )
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlSession, NvmlUnavailableError
-from nodecheck.checks.node.xid_catalog import XID_CATALOG, XidAction, XidInfo, classify
+from nodecheck.checks.node.xid_catalog import (
+    NVLINK5_XIDS,
+    XID_CATALOG,
+    XidAction,
+    XidInfo,
+    classify,
+)
 
 __all__ = [
     "KERNEL_LOG_LIMIT",
+    "NVLINK5_XIDS",
     "XID_CATALOG",
     "KernelLogText",
     "XidAction",

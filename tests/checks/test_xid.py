@@ -87,6 +87,28 @@ def test_line_times(line: str, at: float | None) -> None:
     assert event.clock  # how the time was read (or that it could not be) is said
 
 
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "0001-01-01T00:00:00 ",
+        "9999-12-31T23:59:59,999999-23:59 ",
+        "2026-02-30T10:00:00+00:00 ",
+        "2026-09-21T10:00:00+99:99 ",
+        "Tue 0000-00-00 00:00:00 UTC n7 kernel: ",
+        "Tue 9999-12-31 23:59:59 CEST n7 kernel: ",
+        "[Mon Feb 30 25:61:61 2026] ",
+        "[Feb30 25:61] ",
+        "Feb 30 25:61:61 n7 kernel: ",
+        "<4>1 2026-13-01T00:00:00Z n7 kernel - - - ",
+        "[99999999999999999999.5] ",
+        "99999999999.999999999 n7 kernel: ",
+    ],
+)
+def test_an_impossible_stamp_is_no_time_and_no_crash(stamp: str) -> None:
+    [event] = parse_kernel_log(f"{stamp}{XID}", BOOT, now=NOW)
+    assert event.xid == 79  # the line is still read; its time is whatever the stamp allows
+
+
 def test_reltime_counts_from_the_minute_line_before() -> None:
     """dmesg --time-format reltime: "[Sep22 12:00]" on the first line of a minute (local
     time, no year, to the minute), then "[  +0.5]" from the line before, XID or not."""
@@ -180,9 +202,13 @@ def test_nonfatal_nvlink5_lines_need_no_action() -> None:
     status, summary, remedy = judge_group(group, reading(), NOW, NOW - 86_400)
     assert (status, remedy) == (Status.OK, "")
     assert summary.endswith(": Nonfatal, as the driver says: no action"), summary
-    # the same XID with no word from the driver is the catalog's: a reset
+    # the same XID as an NVML event (no word from the driver): the GPU's recovery action
+    # decides: none pending passes, one pending fails, no such field warns
     [plain] = group_events([XidEvent(bus, 145, NOW - 60, "nvml event")])
-    assert judge_group(plain, reading(), NOW, NOW - 86_400)[0] is Status.FAIL
+    assert judge_group(plain, reading(recovery_action=0), NOW, NOW - 86_400)[0] is Status.OK
+    assert judge_group(plain, reading(recovery_action=1), NOW, NOW - 86_400)[0] is Status.FAIL
+    assert judge_group(plain, reading(), NOW, NOW - 86_400)[0] is Status.WARN
+    assert judge_group(plain, None, NOW, NOW - 86_400)[0] is Status.FAIL
 
 
 def test_the_catalog_covers_every_code_nvidia_documents() -> None:
