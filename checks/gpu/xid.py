@@ -185,8 +185,9 @@ def judge_group(
     action = group.judged_action
     judged_at = group.judged_at
     age = None if judged_at is None else now - judged_at
-    when = "at an unknown time" if age is None else f"{_ago(age)} ago"
-    text = f"XID {group.xid} {info.mnemonic} x{group.count}, last {when}"
+    text = f"XID {group.xid} {info.mnemonic} x{group.count}, last {_when(group.last_seen, now)}"
+    if judged_at != group.last_seen:
+        text += f", the worst {_when(judged_at, now)}"
     if group.fatal and group.nonfatal:
         text += f" ({group.fatal} Fatal, {group.nonfatal} Nonfatal, as the driver's lines say)"
     if group.message:
@@ -232,6 +233,10 @@ def _judge_recovery(
     if age > FORGET_AFTER_S:
         return Status.WARN, f"{text}: recovery not confirmed", unconfirmed
     return Status.FAIL, text, action.value
+
+
+def _when(at: float | None, now: float) -> str:
+    return "at an unknown time" if at is None else f"{_ago(now - at)} ago"
 
 
 def _ago(seconds: float) -> str:
