@@ -70,7 +70,7 @@ UNIX_PREFIX = re.compile(r"^(\d{9,11}\.\d{1,9}) \S+ \S+: ")
 
 # Lines of a log with no stamp at all (dmesg -t) are known by the NVIDIA driver's own
 # prefixes: nothing else tells such a file from any text.
-NVIDIA_MESSAGE = re.compile(r"^(?:NVRM: |nvidia-nvswitch\d*: |nvidia-nvlink: |nvidia \w)")
+NVIDIA_MESSAGE = re.compile(r"^(?:NVRM: |nvidia-nvswitch\d*: |nvidia-nvlink: |nvidia [0-9a-f]{4}:)")
 
 STAMPED_FORMS = (
     KMSG_PREFIX,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.checks.gpu.xid import XidGroup, group_events, judge_group
+from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import (
     GpuReading,
     normalize_bus_id,
@@ -23,6 +24,7 @@ from nodecheck.checks.node.xid import (
     merge_sources,
     parse_boot_time,
     parse_kernel_log,
+    read_kernel_log,
 )
 from nodecheck.checks.result import Status, gpu_subject
 from tests.conftest import Node
@@ -499,3 +501,17 @@ def test_nvlink5_lines_are_judged_by_the_drivers_word(dgx: Node, tmp_path: Path)
         s.labels["action"]: s.value for s in broken.samples if s.metric.name.endswith("pending")
     }
     assert pending == {"reset_gpu": 1}
+
+
+def test_a_file_of_bare_messages_is_a_kernel_log_only_with_the_drivers_lines(
+    tmp_path: Path,
+) -> None:
+    """Without stamps (dmesg -t) only the NVIDIA driver's own prefixes tell a kernel log
+    from any text: notes that mention the driver are still refused."""
+    bare = tmp_path / "dmesg-t.txt"
+    bare.write_text("eth0: link up\nNVRM: Xid (PCI:0000:1b:00): 13, Graphics Exception\n")
+    assert "NVRM: Xid" in read_kernel_log(bare).text
+    notes = tmp_path / "notes.txt"
+    notes.write_text("nvidia is the vendor\n- NVRM is the driver\nnvidia-smi: fine\n")
+    with pytest.raises(ReadError, match="not a kernel log"):
+        read_kernel_log(notes)
