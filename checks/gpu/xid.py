@@ -11,7 +11,13 @@ Each XID is judged by NVIDIA's action for it (hardware.md §5.3):
   recovery-action field, nothing can confirm a reset: after a day without the
   XID recurring the failure becomes a warning ("recovery not confirmed"),
   never a silent pass;
+- an NVLink5 XID (144-150) whose line the driver writes as Nonfatal needs no
+  action (it is counted); a Fatal one takes the catalog's action (a reset); one
+  without the driver's word (an NVML event) follows the GPU's recovery action;
 - anything logged before the current boot was cleared by that reboot.
+
+Of all the lines of one XID on one GPU, the one shown and judged is the worst:
+the most severe action, then the latest.
 
 That is the fix for dcgm-exporter #500 and k8s-device-plugin #234: a GPU is
 never "unhealthy forever" for an error that was dealt with, yet never healthy
@@ -29,6 +35,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.xid import (
+    NVLINK5_XIDS,
     KernelLogXids,
     XidAction,
     XidEvent,
@@ -70,25 +77,103 @@ FORGET_AFTER_S = 86400.0
 RECOVERY_ACTION_NONE = 0
 
 
+# How far each action goes, to show the worst line of a group: a reboot beats a reset,
+# which beats what the driver asks for, an unexpected XID, a restart, and no action.
+ACTION_RANK = {
+    XidAction.NONE: 0,
+    XidAction.APP_ERROR: 1,
+    XidAction.RESTART_APP: 2,
+    XidAction.UPDATE_SOFTWARE: 3,
+    XidAction.CONTACT_SUPPORT: 3,
+    XidAction.UNKNOWN: 3,
+    XidAction.FOLLOW_RECOVERY_ACTION: 4,
+    XidAction.CHECK_MECHANICALS: 5,
+    XidAction.RESET_GPU: 5,
+    XidAction.RESTART_VM: 6,
+    XidAction.REBOOT: 6,
+}
+# Judged by a window: warn while recent, then pass ("restart the app" for an hour,
+# the rest for a day).
+WINDOWED_ACTIONS = (
+    XidAction.RESTART_APP,
+    XidAction.UNKNOWN,
+    XidAction.CONTACT_SUPPORT,
+    XidAction.UPDATE_SOFTWARE,
+)
+NO_ACTION = (XidAction.NONE, XidAction.APP_ERROR)
+
+
+def event_action(event: XidEvent) -> XidAction:
+    """What this one line asks for: the catalog's action, unless the driver called it
+    Nonfatal (NVLink5 XIDs 144-150 say so on the line): then nothing.
+
+    An NVLink5 XID without the driver's word (an NVML event carries only the number,
+    and the agent may have no kernel log) may be either: the GPU's recovery action
+    decides, as the driver sets it for a fatal one (NVIDIA's XID catalog, XID 154)."""
+    if event.severity == "nonfatal":
+        return XidAction.NONE
+    if event.severity is None and event.xid in NVLINK5_XIDS:
+        return XidAction.FOLLOW_RECOVERY_ACTION
+    return classify(event.xid).action
+
+
 @dataclass(frozen=True)
 class XidGroup:
-    """Every occurrence of one XID on one GPU."""
+    """Every occurrence of one XID on one GPU.
+
+    `action` is the most severe any of its lines asks for, and `message` and
+    `acted_at` are those of the latest line asking for it: the line shown and
+    judged. `fatal` and `nonfatal` count the lines that said so themselves.
+    """
 
     xid: int
     count: int
     last_seen: float | None
     message: str
+    action: XidAction | None = None  # None: the catalog's
+    acted_at: float | None = None  # None: last_seen
+    fatal: int = 0
+    nonfatal: int = 0
+
+    @property
+    def judged_action(self) -> XidAction:
+        return self.action if self.action is not None else classify(self.xid).action
+
+    @property
+    def judged_at(self) -> float | None:
+        return self.acted_at if self.action is not None else self.last_seen
 
 
 def group_events(events: list[XidEvent]) -> list[XidGroup]:
-    groups: dict[int, list[XidEvent]] = {}
-    for event in events:
-        groups.setdefault(event.xid, []).append(event)
+    groups: dict[int, list[tuple[int, XidEvent]]] = {}
+    for order, event in enumerate(events):
+        groups.setdefault(event.xid, []).append((order, event))
     result = []
     for xid, seen in sorted(groups.items()):
-        times = [e.at for e in seen if e.at is not None]
-        latest = max(seen, key=lambda e: e.at or 0.0)
-        result.append(XidGroup(xid, len(seen), max(times) if times else None, latest.message))
+        times = [e.at for _, e in seen if e.at is not None]
+        # The worst line: the most severe action, then the latest (a line without a
+        # time counts by its place in the log).
+        _, worst = max(
+            seen,
+            key=lambda item: (
+                ACTION_RANK[event_action(item[1])],
+                item[1].at if item[1].at is not None else float("-inf"),
+                item[0],
+            ),
+        )
+        action = event_action(worst)
+        result.append(
+            XidGroup(
+                xid,
+                len(seen),
+                max(times) if times else None,
+                worst.message,
+                action,
+                worst.at,
+                sum(1 for _, e in seen if e.severity == "fatal"),
+                sum(1 for _, e in seen if e.severity == "nonfatal"),
+            )
+        )
     return result
 
 
@@ -97,17 +182,23 @@ def judge_group(
 ) -> tuple[Status, str, str]:
     """(status, summary, remedy) for one XID on one GPU."""
     info = classify(group.xid)
-    age = None if group.last_seen is None else now - group.last_seen
-    when = "at an unknown time" if age is None else f"{_ago(age)} ago"
-    text = f"XID {group.xid} {info.mnemonic} x{group.count}, last {when}"
+    action = group.judged_action
+    judged_at = group.judged_at
+    age = None if judged_at is None else now - judged_at
+    text = f"XID {group.xid} {info.mnemonic} x{group.count}, last {_when(group.last_seen, now)}"
+    if judged_at != group.last_seen:
+        text += f", the worst {_when(judged_at, now)}"
+    if group.fatal and group.nonfatal:
+        text += f" ({group.fatal} Fatal, {group.nonfatal} Nonfatal, as the driver's lines say)"
     if group.message:
         text += f" ({group.message})"
-    action = info.action
-    if action in (XidAction.NONE, XidAction.APP_ERROR):
+    if action in NO_ACTION:
+        if group.nonfatal and action is XidAction.NONE and info.action not in NO_ACTION:
+            return Status.OK, f"{text}: Nonfatal, as the driver says: no action", ""
         return Status.OK, f"{text}: {action.value}", ""
-    if boot_time is not None and group.last_seen is not None and group.last_seen < boot_time:
+    if boot_time is not None and judged_at is not None and judged_at < boot_time:
         return Status.OK, f"{text}: before the last boot", ""
-    if action in (XidAction.RESTART_APP, XidAction.UNKNOWN):
+    if action in WINDOWED_ACTIONS:
         window = RESTART_APP_WINDOW_S if action is XidAction.RESTART_APP else FORGET_AFTER_S
         if age is None or age < window:
             return Status.WARN, text, action.value
@@ -144,6 +235,10 @@ def _judge_recovery(
     return Status.FAIL, text, action.value
 
 
+def _when(at: float | None, now: float) -> str:
+    return "at an unknown time" if at is None else f"{_ago(now - at)} ago"
+
+
 def _ago(seconds: float) -> str:
     if seconds < 120:
         return f"{max(seconds, 0):.0f} s"
@@ -171,14 +266,15 @@ def judge_gpu(
         verdict.samples.append(Sample(EVENTS, group.count, xid_labels))
         if group.last_seen is not None:
             verdict.samples.append(Sample(LAST_SEEN, group.last_seen, xid_labels))
-        action = classify(group.xid).action
-        pending = status in (Status.WARN, Status.FAIL) and action not in (
-            XidAction.NONE,
-            XidAction.APP_ERROR,
-        )
+        action = group.judged_action
+        pending = status in (Status.WARN, Status.FAIL) and action not in NO_ACTION
         action_labels = {**xid_labels, "action": action.name.lower()}
         verdict.samples.append(Sample(ACTIVE, 1 if pending else 0, action_labels))
     verdict.details["xids"] = {str(g.xid): g.count for g in groups}
+    clocks = sorted({e.clock for e in events if e.clock})
+    if clocks:
+        # How each time was read (local time, a year inferred, none on the line): inferred.
+        verdict.details["log_times"] = clocks
     return verdict
 
 

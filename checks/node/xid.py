@@ -1,10 +1,11 @@
-"""XID errors: NVIDIA's catalog of what each means, and the two places they are seen.
+"""XID errors: where they are seen (the kernel log, NVML events) and how each line reads.
 
 An XID is the driver's report of a GPU error. The kernel log has every one
 since boot (`NVRM: Xid (PCI:0000:1b:00): 79, pid=..., GPU has fallen off the
 bus.`); NVML delivers them as events, but only to a process waiting at the
 moment (hardware.md §5.2). So a one-shot run reads the kernel log, and the
-agent also runs `XidListener` so an XID reaches the metrics at once.
+agent also runs `XidListener` so an XID reaches the metrics at once. What each
+XID means is NVIDIA's catalog (`xid_catalog`).
 """
 
 from __future__ import annotations
@@ -12,285 +13,125 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
-import enum
-import errno
 import functools
 import logging
-import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
 from nodecheck.checks.node.gpu import ENUMERATION_JOB, device_count, gpu_key, normalize_bus_id
+from nodecheck.checks.node.kernel_log import (
+    KERNEL_LOG_LIMIT,
+    KernelLogText,
+    LineClock,
+    cut_note,
+    every_line_counts,
+    in_kernel_log_form,
+    parse_boot_time,
+    read_kernel_log,
+)
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlSession, NvmlUnavailableError
+from nodecheck.checks.node.xid_catalog import (
+    NVLINK5_XIDS,
+    XID_CATALOG,
+    XidAction,
+    XidInfo,
+    classify,
+)
+
+__all__ = [
+    "KERNEL_LOG_LIMIT",
+    "NVLINK5_XIDS",
+    "XID_CATALOG",
+    "KernelLogText",
+    "XidAction",
+    "XidInfo",
+    "classify",
+    "in_kernel_log_form",
+    "parse_boot_time",
+    "read_kernel_log",
+]
 
 log = logging.getLogger(__name__)
 
 
-class XidAction(str, enum.Enum):
-    """NVIDIA's immediate action for an XID (the XID catalog's resolution bucket)."""
-
-    NONE = "none"
-    APP_ERROR = "application error"
-    RESTART_APP = "restart the application"
-    RESET_GPU = "drain the node and reset the GPU"
-    REBOOT = "drain the node and reboot it"
-    FOLLOW_RECOVERY_ACTION = "follow the driver's recovery action"
-    UNKNOWN = "look it up in NVIDIA's XID catalog"
-
-
-@dataclass(frozen=True)
-class XidInfo:
-    mnemonic: str
-    action: XidAction
-
-
-# From NVIDIA's XID catalog as encoded in NVSentinel's xiderrorsmapping.csv
-# (hardware.md §5.3). 13, 31, 43, 45 and 68 are what NVIDIA's k8s device plugin
-# treats as application errors that leave the GPU healthy (internal/rm/health.go).
-_RESET = XidAction.RESET_GPU
-XID_CATALOG: dict[int, XidInfo] = {
-    8: XidInfo("FIFO_ERROR_IDLE_TIMEOUT", XidAction.RESTART_APP),
-    13: XidInfo("GR_EXCEPTION", XidAction.APP_ERROR),
-    31: XidInfo("FIFO_ERROR_MMU_ERR_FLT", XidAction.APP_ERROR),
-    32: XidInfo("PBDMA_ERROR", XidAction.RESTART_APP),
-    43: XidInfo("RESETCHANNEL_VERIF_ERROR", XidAction.APP_ERROR),
-    45: XidInfo("PREEMPTIVE_REMOVAL", XidAction.APP_ERROR),
-    46: XidInfo("GPU_TIMEOUT_ERROR", _RESET),
-    48: XidInfo("GPU_ECC_DBE", _RESET),
-    61: XidInfo("PMU_BREAKPOINT", _RESET),
-    62: XidInfo("PMU_HALT_ERROR", _RESET),
-    63: XidInfo("INFOROM_DRAM_RETIREMENT_EVENT", XidAction.NONE),
-    64: XidInfo("INFOROM_DRAM_RETIREMENT_FAILURE", _RESET),
-    68: XidInfo("NVDEC0_ERROR", XidAction.APP_ERROR),
-    74: XidInfo("NVLINK_ERROR", _RESET),
-    79: XidInfo("GPU_HAS_FALLEN_OFF_THE_BUS", XidAction.REBOOT),
-    92: XidInfo("EXCESSIVE_SBE_INTERRUPTS", XidAction.NONE),
-    94: XidInfo("CONTAINED_ERROR", XidAction.RESTART_APP),
-    95: XidInfo("UNCONTAINED_ERROR", _RESET),
-    109: XidInfo("CTXSW_TIMEOUT_ERROR", _RESET),
-    119: XidInfo("GSP_RPC_TIMEOUT", _RESET),
-    120: XidInfo("GSP_ERROR", _RESET),
-    121: XidInfo("C2C_ERROR", XidAction.NONE),
-    136: XidInfo("ALI_TRAINING_FAIL", _RESET),
-    140: XidInfo("UNRECOVERABLE_ECC_ERROR_ESCAPE", _RESET),
-    143: XidInfo("GPU_INIT_ERROR", _RESET),
-    **{xid: XidInfo("NVLINK_ERROR (NVLink5)", _RESET) for xid in range(144, 151)},
-    154: XidInfo("GPU_RECOVERY_ACTION_CHANGED", XidAction.FOLLOW_RECOVERY_ACTION),
-    155: XidInfo("NVLINK_SW_DEFINED", _RESET),
-    156: XidInfo("RESOURCE_RETIREMENT_EVENT", _RESET),
-    158: XidInfo("GPU_FATAL_TIMEOUT", _RESET),
-}
-
-
-def classify(xid: int) -> XidInfo:
-    return XID_CATALOG.get(xid, XidInfo("unknown", XidAction.UNKNOWN))
-
-
 @dataclass(frozen=True)
 class XidEvent:
-    """One XID on one GPU. `at` is wall-clock seconds, None when the log had no time."""
+    """One XID on one GPU. `at` is wall-clock seconds, None when the log had no time.
+
+    `severity` is the driver's own word on the line, where it writes one
+    ("fatal" or "nonfatal", as NVLink5 XIDs 144-150 do), else None; `clock` names
+    how `at` was read from the line (kernel_log.LineClock), "" for NVML events.
+    """
 
     bus_id: str
     xid: int
     at: float | None
     source: str
     message: str = ""
+    severity: str | None = None
+    clock: str = field(default="", compare=False)
 
 
-# "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
-# The bus id comes without the PCI function; NVIDIA GPUs are function 0.
+# The driver's XID line, as drivers old and new write it:
+#   NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus.
+#   NVRM: Xid (0000:03:00): 14, Channel 00000001          (older drivers: no "PCI:")
+#   NVRM: Xid (PCI:0000:3b:00.0): 48, ...                  (with the PCI function)
+#   NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 ...)
+# (NVIDIA's XID guide, docs.nvidia.com/deploy/xid-errors/, "Viewing the Xid messages";
+# leptonai/gpud components/accelerator/nvidia/xid/kmsg.go for the forms seen in the field).
+# The bus id may lack its domain (0000 then) and its function (NVIDIA GPUs are function 0).
 XID_LINE = re.compile(
-    r"NVRM: Xid \(PCI:([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\): (\d+)"
+    r"NVRM: Xid \((?:PCI:)?(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})"
+    r"(?:\.([0-7]))?\)\s*:\s*(\d+)"
 )
-# Where the time of a kernel log line comes from, in the order tried:
-# /dev/kmsg record: "priority,sequence,microseconds since boot,flags;message".
-KMSG_PREFIX = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
-# journalctl -o short-iso, rsyslog RFC 3339: "2026-11-30T15:28:53.123456+00:00 host kernel:"
-ISO_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
-# syslog RFC 3164, journalctl's default: "Nov 30 15:28:53 host kernel:" (local time, no year)
-# (journalctl -o short-precise adds microseconds: "Nov 30 15:28:53.123456 host kernel:")
-SYSLOG_PREFIX = re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)? ")
-# dmesg -T: "[Mon Nov 30 15:28:53 2026] message" (local time)
-DMESG_T_PREFIX = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]")
-# dmesg, dmesg -x, "<4>[  123.456789]": seconds since boot, in brackets before the message.
-SINCE_BOOT = re.compile(r"\[\s*(\d+\.\d+)\]")
-DMESG_LINE = re.compile(r"^(?:<\d+>)?\[\s*\d+\.\d+\]")
-# A line a kernel log holds, in any of the forms above.
-KERNEL_LOG_FORMS = (KMSG_PREFIX, DMESG_LINE, DMESG_T_PREFIX, ISO_PREFIX, SYSLOG_PREFIX)
+# NVLink5 XIDs (144-150, GB200) name the unit, then say whether it was fatal, then the
+# cross-containment domain: "RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (...)".
+DRIVER_SEVERITY = re.compile(r"\b[A-Z][A-Z0-9_]*(?:/[A-Z0-9_]+)? (Nonfatal|Fatal) XC\d")
 
 
-def in_kernel_log_form(line: str) -> bool:
-    return any(form.match(line) for form in KERNEL_LOG_FORMS)
+def xid_bus_id(domain: str | None, bus: str, device: str, function: str | None) -> str:
+    """The GPU's bus id in nodecheck's form (0000:1b:00.0); ValueError if it cannot be one."""
+    return normalize_bus_id(f"{domain or '0000'}:{bus}:{device}.{function or '0'}")
 
 
 def parse_kernel_log(
     text: str, boot_time: float | None, now: float | None = None
 ) -> list[XidEvent]:
-    """XID events in kernel log text: /dev/kmsg records, dmesg, journalctl or syslog lines.
+    """XID events in kernel log text, in any form kernel_log describes.
 
     `boot_time` (wall-clock seconds) turns since-boot stamps into times; a log
     file with only since-boot stamps is taken to be of the current boot.
-    Syslog stamps carry no year: the one that puts the line in the past
-    (relative to `now`) is assumed.
+    Stamps without a year get the one that puts the line in the past (of `now`).
     """
+    clock = LineClock(boot_time, time.time() if now is None else now)
+    every_line = every_line_counts(text)
     events = []
     for line in text.splitlines():
         match = XID_LINE.search(line)
         if not match:
+            if every_line:
+                clock.stamp(line)
             continue
         try:
-            bus = normalize_bus_id(f"{match.group(1)}{match.group(2) or '.0'}")
+            bus = xid_bus_id(*match.group(1, 2, 3, 4))
         except ValueError:
             continue  # a device number past 0x1f: not a line the driver wrote
         message = line[match.end() :].lstrip(", ").strip()
-        at = _line_time(line[: match.start()], boot_time, time.time() if now is None else now)
-        events.append(XidEvent(bus, int(match.group(3)), at, "kernel log", message))
-    return events
-
-
-def _line_time(prefix: str, boot_time: float | None, now: float) -> float | None:
-    """Wall-clock time of a log line from the text before its message, None if unknown."""
-    if match := KMSG_PREFIX.match(prefix):
-        return None if boot_time is None else boot_time + int(match.group(1)) / 1e6
-    if match := ISO_PREFIX.match(prefix):
-        try:
-            return datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    if match := SYSLOG_PREFIX.match(prefix):
-        return _local_time_without_year(match.group(1), now)
-    if match := DMESG_T_PREFIX.match(prefix):
-        return _local_time(match.group(1), "%a %b %d %H:%M:%S %Y")
-    if match := SINCE_BOOT.search(prefix):
-        return None if boot_time is None else boot_time + float(match.group(1))
-    return None
-
-
-def _local_time(text: str, layout: str) -> float | None:
-    try:
-        return time.mktime(time.strptime(" ".join(text.split()), layout))
-    except (ValueError, OverflowError):
-        return None
-
-
-def _local_time_without_year(text: str, now: float) -> float | None:
-    year = time.localtime(now).tm_year
-    for candidate in (year, year - 1):
-        at = _local_time(f"{candidate} {text}", "%Y %b %d %H:%M:%S")
-        if at is not None and at <= now + 86400:
-            return at
-    return None
-
-
-def parse_boot_time(proc_stat: str) -> float | None:
-    """`btime` from /proc/stat: when the node booted, in wall-clock seconds."""
-    for line in proc_stat.splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return None
-
-
-KERNEL_LOG_LIMIT = 16 << 20
-# /dev/kmsg is character device 1:11 (Documentation/admin-guide/devices.txt).
-KMSG_DEVICE = (1, 11)
-
-
-@dataclass(frozen=True)
-class KernelLogText:
-    text: str
-    size: int | None  # bytes in the file; None for /dev/kmsg
-    cut: bool  # only the last KERNEL_LOG_LIMIT bytes of the file were read
-
-
-def read_kernel_log(path: Path) -> KernelLogText:
-    """The kernel log: every record of /dev/kmsg, or the tail of a log file.
-
-    /dev/kmsg hands out one record per read() and EAGAIN at the end (with
-    O_NONBLOCK); EPIPE means the ring buffer overwrote the record we were at,
-    and the next read continues with the oldest one left. Opening with
-    O_NONBLOCK keeps a FIFO from blocking the open; a FIFO, a directory or a
-    character device other than /dev/kmsg (/dev/null, /dev/zero) is refused,
-    never read for ever. A file whose text has no line in any kernel log form
-    (kmsg, dmesg, dmesg -T, journalctl, syslog) is refused too: it is not a
-    clean log, it is the wrong file. ReadError names the path and why.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as err:
-        if err.errno == errno.ENOENT:
-            reason = "missing"
-        elif err.errno in (errno.EACCES, errno.EPERM):
-            reason = "permission denied"
-        elif err.errno == errno.ELOOP:
-            reason = "a symlink loop"
-        else:
-            reason = err.strerror or "cannot open"
-        raise ReadError(path, reason) from err
-    try:
-        read = _read_records(fd, path)
-    except OSError as err:
-        raise ReadError(path, err.strerror or type(err).__name__) from err
-    finally:
-        os.close(fd)
-    text = read.text
-    if read.cut:
-        text = text.partition("\n")[2]  # the first line was cut in the middle
-    if not text.strip():
-        raise ReadError(path, "empty: no kernel messages to read XIDs from")
-    if not any(in_kernel_log_form(line) for line in text.splitlines()):
-        binary = " (binary data)" if "\0" in text else ""
-        raise ReadError(path, f"not a kernel log: no line in kmsg, dmesg or syslog form{binary}")
-    return KernelLogText(text, read.size, read.cut)
-
-
-def _read_records(fd: int, path: Path) -> KernelLogText:
-    info = os.fstat(fd)
-    mode = info.st_mode
-    if stat.S_ISREG(mode):
-        size = info.st_size
-        start = max(size - KERNEL_LOG_LIMIT, 0)
-        os.lseek(fd, start, os.SEEK_SET)
-        chunks = []
-        left = KERNEL_LOG_LIMIT  # a file still growing is read no further than this
-        while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return KernelLogText(b"".join(chunks).decode(errors="replace"), size, start > 0)
-    if stat.S_ISDIR(mode):
-        raise ReadError(path, "a directory, not a log file or /dev/kmsg")
-    if stat.S_ISFIFO(mode):
-        raise ReadError(path, "a FIFO, not a log file or /dev/kmsg")
-    if not stat.S_ISCHR(mode):
-        raise ReadError(path, "not a log file or /dev/kmsg")
-    device = (os.major(info.st_rdev), os.minor(info.st_rdev))
-    if device != KMSG_DEVICE:
-        raise ReadError(
-            path, f"character device {device[0]}:{device[1]}, not /dev/kmsg (1:11) or a log file"
+        stamp = clock.stamp(line[: match.start()])
+        said = DRIVER_SEVERITY.search(message)
+        severity = said.group(1).lower() if said else None
+        events.append(
+            XidEvent(
+                bus, int(match.group(5)), stamp.at, "kernel log", message, severity, stamp.form
+            )
         )
-    records = []
-    total = 0
-    while total < KERNEL_LOG_LIMIT:
-        try:
-            record = os.read(fd, 8192)
-        except BlockingIOError:
-            break
-        except OSError as err:
-            if err.errno == errno.EPIPE:
-                continue
-            raise
-        if not record:
-            break
-        records.append(record)
-        total += len(record)
-    return KernelLogText(b"".join(records).decode(errors="replace"), None, False)
+    return events
 
 
 @dataclass(frozen=True)
@@ -301,17 +142,19 @@ class KernelLogXids:
     cut: str | None = None
 
 
+def read_boot_time(fs: NodeFS) -> float | None:
+    """When this boot began (<procfs>/stat btime), None when it cannot be read."""
+    try:
+        return parse_boot_time(read_text(fs.proc("stat")))
+    except ReadError:
+        return None
+
+
 def kernel_log_xids(fs: NodeFS, path: Path) -> KernelLogXids:
     """XIDs in the kernel log at `path`; ReadError when it cannot be read."""
     read = read_kernel_log(path)
-    try:
-        boot_time = parse_boot_time(read_text(fs.proc("stat")))
-    except ReadError:
-        boot_time = None
-    cut = None
-    if read.cut and read.size is not None:
-        cut = f"the last {KERNEL_LOG_LIMIT >> 20} MiB of {read.size / (1 << 20):.0f} MiB"
-    return KernelLogXids(parse_kernel_log(read.text, boot_time), boot_time, cut)
+    boot_time = read_boot_time(fs)
+    return KernelLogXids(parse_kernel_log(read.text, boot_time), boot_time, cut_note(read))
 
 
 class XidLog:

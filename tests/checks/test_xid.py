@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
-from nodecheck.checks.gpu.xid import XidGroup, judge_group
+from nodecheck.checks.gpu.xid import XidGroup, group_events, judge_group
+from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import (
     GpuReading,
     normalize_bus_id,
     parse_kernel_module_version,
 )
-from nodecheck.checks.node.xid import XidEvent, merge_sources, parse_boot_time, parse_kernel_log
-from nodecheck.checks.result import Status
+from nodecheck.checks.node.xid import (
+    XID_CATALOG,
+    XidAction,
+    XidEvent,
+    XidInfo,
+    classify,
+    merge_sources,
+    parse_boot_time,
+    parse_kernel_log,
+    read_kernel_log,
+)
+from nodecheck.checks.result import Status, gpu_subject
+from tests.conftest import Node
 
 BOOT = 1_790_000_000.0  # 2026-09-21, wall-clock seconds
 NOW = BOOT + 86_400.0
@@ -21,29 +35,194 @@ LOCAL_NOON = time.mktime((2026, 9, 22, 12, 0, 0, 0, 0, -1))
 ISO_TEN = 1_789_984_800.0  # 2026-09-21T10:00:00Z
 
 
+XID = "NVRM: Xid (PCI:0000:1b:00): 79, pid=77, name=python, GPU has fallen off the bus."
+# 2026-09-21 10:00:00.283302 UTC, and the same wall-clock reading in local time.
+UTC_TEN = ISO_TEN + 0.283302
+LOCAL_TEN = time.mktime((2026, 9, 21, 10, 0, 0, 0, 0, -1))
+
+
 @pytest.mark.parametrize(
     ("line", "at"),
     [
         # /dev/kmsg: microseconds since boot
-        ("4,1234,5000000,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=77, GPU has fallen off", BOOT + 5),
-        # dmesg and dmesg -x: seconds since boot in brackets
-        ("[  123.500000] NVRM: Xid (PCI:0000:1b:00): 79, pid=77", BOOT + 123.5),
-        ("kern  :warn  : [  123.500000] NVRM: Xid (PCI:0000:1b:00): 79", BOOT + 123.5),
-        ("<4>[  123.500000] NVRM: Xid (PCI:0000:1b:00): 79", BOOT + 123.5),
-        # journalctl -o short-iso, rsyslog RFC 3339
-        ("2026-09-21T10:00:00+00:00 dgx01 kernel: NVRM: Xid (PCI:0000:1b:00): 79", ISO_TEN),
-        # kern.log: the syslog stamp wins over the since-boot one after it
-        ("Sep 22 12:00:00 dgx01 kernel: [ 9.0] NVRM: Xid (PCI:0000:1b:00): 79", LOCAL_NOON),
-        # dmesg -T
-        ("[Tue Sep 22 12:00:00 2026] NVRM: Xid (PCI:0000:1b:00): 79", LOCAL_NOON),
-        # no time at all
-        ("NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.", None),
+        (f"4,1234,5000000,-;{XID}", BOOT + 5),
+        # dmesg (raw, -r, -x, -d): seconds since boot in brackets; journalctl short-monotonic
+        (f"[  123.500000] {XID}", BOOT + 123.5),
+        (f"<4>[  123.500000] {XID}", BOOT + 123.5),
+        (f"kern  :warn  : [  123.500000] {XID}", BOOT + 123.5),
+        (f"[  123.500000 <    0.000040>] {XID}", BOOT + 123.5),
+        (f"[  123.500000] dgx01 kernel: {XID}", BOOT + 123.5),
+        # dmesg --time-format iso: a comma before the microseconds; with --decode too
+        (f"2026-09-21T10:00:00,283302+00:00 {XID}", UTC_TEN),
+        (f"kern  :warn  : 2026-09-21T10:00:00,283302+00:00 {XID}", UTC_TEN),
+        (f"kern  :err   : 2026-09-21T12:00:00,283302+02:00 {XID}", UTC_TEN),
+        # dmesg -T and --time-format ctime: local time; with --decode too
+        (f"[Mon Sep 21 10:00:00 2026] {XID}", LOCAL_TEN),
+        (f"kern  :warn  : [Mon Sep 21 10:00:00 2026] {XID}", LOCAL_TEN),
+        # journalctl -o short-iso, short-iso-precise; rsyslog RFC 3339
+        (f"2026-09-21T10:00:00+0000 dgx01 kernel: {XID}", ISO_TEN),
+        (f"2026-09-21T10:00:00.283302+0000 dgx01 kernel: {XID}", UTC_TEN),
+        (f"2026-09-21T10:00:00.283302+00:00 dgx01 kernel: {XID}", UTC_TEN),
+        (f"2026-09-21T10:00:00.283302Z dgx01 kernel: {XID}", UTC_TEN),
+        # journalctl -o short-full, in UTC and in local time
+        (f"Mon 2026-09-21 10:00:00 UTC dgx01 kernel: {XID}", ISO_TEN),
+        (f"Mon 2026-09-21 10:00:00.283302 UTC dgx01 kernel: {XID}", UTC_TEN),
+        # journalctl -o short-unix
+        (f"{UTC_TEN:.6f} dgx01 kernel: {XID}", UTC_TEN),
+        # RFC 5424 (rsyslog's RSYSLOG_SyslogProtocol23Format)
+        (f"<4>1 2026-09-21T10:00:00.283302+00:00 dgx01 kernel - - - {XID}", UTC_TEN),
+        ("<4>1 - dgx01 kernel - - - " + XID, None),
+        # syslog RFC 3164, journalctl -o short and short-precise: local time, no year;
+        # the syslog stamp wins over a since-boot one after it
+        (f"Sep 22 12:00:00 dgx01 kernel: [ 9.0] {XID}", LOCAL_NOON),
+        (f"Sep 22 12:00:00.250000 dgx01 kernel: {XID}", LOCAL_NOON + 0.25),
+        (f"<4>Sep 22 12:00:00 dgx01 kernel: {XID}", LOCAL_NOON),
+        # dmesg --time-format delta: gaps only, no time; notime (dmesg -t): none
+        (f"[<    0.000040>] {XID}", None),
+        (XID, None),
     ],
 )
 def test_line_times(line: str, at: float | None) -> None:
     [event] = parse_kernel_log(line, BOOT, now=NOW)
     assert (event.bus_id, event.xid) == ("0000:1b:00.0", 79)
-    assert event.at == at
+    assert event.at == pytest.approx(at) if at is not None else event.at is None
+    assert event.clock  # how the time was read (or that it could not be) is said
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "0001-01-01T00:00:00 ",
+        "9999-12-31T23:59:59,999999-23:59 ",
+        "2026-02-30T10:00:00+00:00 ",
+        "2026-09-21T10:00:00+99:99 ",
+        "Tue 0000-00-00 00:00:00 UTC n7 kernel: ",
+        "Tue 9999-12-31 23:59:59 CEST n7 kernel: ",
+        "[Mon Feb 30 25:61:61 2026] ",
+        "[Feb30 25:61] ",
+        "Feb 30 25:61:61 n7 kernel: ",
+        "<4>1 2026-13-01T00:00:00Z n7 kernel - - - ",
+        "[99999999999999999999.5] ",
+        "99999999999.999999999 n7 kernel: ",
+    ],
+)
+def test_an_impossible_stamp_is_no_time_and_no_crash(stamp: str) -> None:
+    [event] = parse_kernel_log(f"{stamp}{XID}", BOOT, now=NOW)
+    assert event.xid == 79  # the line is still read; its time is whatever the stamp allows
+
+
+def test_reltime_counts_from_the_minute_line_before() -> None:
+    """dmesg --time-format reltime: "[Sep22 12:00]" on the first line of a minute (local
+    time, no year, to the minute), then "[  +0.5]" from the line before, XID or not."""
+    text = (
+        "[Sep22 12:00] nvidia-nvlink: Nvlink Core is being initialized\n"
+        "[  +1.500000] eth0: link up\n"
+        f"[  +0.250000] {XID}\n"
+        f"kern  :warn  : [Sep22 12:07] {XID}\n"
+    )
+    first, second = parse_kernel_log(text, BOOT, now=NOW)
+    assert first.at == pytest.approx(LOCAL_NOON + 1.75)
+    assert second.at == LOCAL_NOON + 7 * 60
+    assert "to the minute" in first.clock
+
+
+def test_a_step_with_no_full_time_before_it_has_no_time() -> None:
+    [event] = parse_kernel_log(f"[  +0.250000] {XID}", BOOT, now=NOW)
+    assert event.at is None and "before any full time" in event.clock
+
+
+def test_since_boot_without_a_boot_time_is_unknown_and_said() -> None:
+    [event] = parse_kernel_log(f"[  123.500000] {XID}", None, now=NOW)
+    assert event.at is None and "boot time is unknown" in event.clock
+
+
+@pytest.mark.parametrize(
+    ("line", "bus_id", "xid"),
+    [
+        ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off", "0000:3b:00.0", 79),
+        # older drivers: no "PCI:", no pid
+        ("NVRM: Xid (0000:03:00): 14, Channel 00000001", "0000:03:00.0", 14),
+        # the PCI function written out, the bus in capitals, an 8-digit domain
+        ("NVRM: Xid (PCI:0000:3B:00.0): 48, DBE", "0000:3b:00.0", 48),
+        ("NVRM: Xid (PCI:00000000:3b:00): 63, Row Remapper", "0000:3b:00.0", 63),
+        # GB200's other PCI domains
+        (
+            "NVRM: Xid (PCI:0019:01:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 4 (0x1)",
+            "0019:01:00.0",
+            145,
+        ),
+        # no domain at all
+        ("NVRM: Xid (PCI:3b:00): 31, pid=2, MMU Fault", "0000:3b:00.0", 31),
+    ],
+)
+def test_xid_line_forms(line: str, bus_id: str, xid: int) -> None:
+    [event] = parse_kernel_log(f"[  1.0] {line}", BOOT, now=NOW)
+    assert (event.bus_id, event.xid) == (bus_id, xid)
+
+
+@pytest.mark.parametrize(
+    ("message", "severity"),
+    [
+        ("NETIR_LINK_EVT Fatal XC0 i0 Link 05 (0x004505c6 0x00000000)", "fatal"),
+        ("pid=12, name=python3, RLW_RXPIPE Nonfatal XC0 i0 Link 07 (0x0409a0c2 0x8)", "nonfatal"),
+        ("NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000)", "fatal"),
+        ("TLW_RX/TLW_RX_PIPE1 Nonfatal XC1 i0 Link 2 (0x1 0x2)", "nonfatal"),
+        # free text that merely contains the word is no severity
+        ("pid=12, Fatal error seen on the link", None),
+    ],
+)
+def test_the_drivers_own_severity_word(message: str, severity: str | None) -> None:
+    [event] = parse_kernel_log(f"NVRM: Xid (PCI:0008:01:00): 149, {message}", BOOT, now=NOW)
+    assert event.severity == severity
+
+
+def test_the_worst_line_of_a_group_is_shown_and_judged() -> None:
+    """XID 149 on one GPU: a Fatal line an hour ago, then two Nonfatal ones a minute ago.
+    The Fatal one is shown (the most severe action), and it is judged: a fail, an hour old;
+    of two lines asking for the same, the latest is shown."""
+    bus = "0000:1b:00.0"
+    events = [
+        XidEvent(bus, 149, NOW - 3600, "kernel log", "NETIR Fatal XC0 i0 Link -1", "fatal"),
+        XidEvent(bus, 149, NOW - 60, "kernel log", "NETIR_BER_EVENT Nonfatal XC0", "nonfatal"),
+        XidEvent(bus, 149, NOW - 50, "kernel log", "RLW_RXPIPE Nonfatal XC0", "nonfatal"),
+        XidEvent(bus, 48, NOW - 900, "kernel log", "an early DBE"),
+        XidEvent(bus, 48, NOW - 600, "kernel log", "a later DBE"),
+    ]
+    dbe, nvlink = group_events(events)
+    assert (nvlink.count, nvlink.fatal, nvlink.nonfatal) == (3, 1, 2)
+    assert nvlink.message == "NETIR Fatal XC0 i0 Link -1" and nvlink.last_seen == NOW - 50
+    status, summary, remedy = judge_group(nvlink, reading(), NOW, NOW - 86_400)
+    assert status is Status.FAIL and "x3, last 50 s ago, the worst 60 min ago" in summary
+    assert "1 Fatal, 2 Nonfatal" in summary and remedy == "drain the node and reset the GPU"
+    assert dbe.message == "a later DBE"
+
+
+def test_nonfatal_nvlink5_lines_need_no_action() -> None:
+    bus = "0000:1b:00.0"
+    events = [XidEvent(bus, 145, NOW - 60, "kernel log", "RLW_SRC_TRACK Nonfatal XC1", "nonfatal")]
+    [group] = group_events(events)
+    status, summary, remedy = judge_group(group, reading(), NOW, NOW - 86_400)
+    assert (status, remedy) == (Status.OK, "")
+    assert summary.endswith(": Nonfatal, as the driver says: no action"), summary
+    # the same XID as an NVML event (no word from the driver): the GPU's recovery action
+    # decides: none pending passes, one pending fails, no such field warns
+    [plain] = group_events([XidEvent(bus, 145, NOW - 60, "nvml event")])
+    assert judge_group(plain, reading(recovery_action=0), NOW, NOW - 86_400)[0] is Status.OK
+    assert judge_group(plain, reading(recovery_action=1), NOW, NOW - 86_400)[0] is Status.FAIL
+    assert judge_group(plain, reading(), NOW, NOW - 86_400)[0] is Status.WARN
+    assert judge_group(plain, None, NOW, NOW - 86_400)[0] is Status.FAIL
+
+
+def test_the_catalog_covers_every_code_nvidia_documents() -> None:
+    """Codes 1-172 of NVIDIA's catalog, each with its mnemonic and an action."""
+    assert set(XID_CATALOG) == set(range(1, 173))
+    assert classify(119) == XidInfo("GSP_RPC_TIMEOUT", XidAction.RESET_GPU)
+    assert classify(79).action is XidAction.REBOOT
+    assert classify(151).action is XidAction.RESTART_VM
+    assert classify(54).action is XidAction.CHECK_MECHANICALS
+    assert classify(44).action is XidAction.NONE  # IGNORE
+    assert classify(2).action is XidAction.CONTACT_SUPPORT  # unused on current GPUs
+    assert classify(173).action is XidAction.UNKNOWN
 
 
 def test_line_parts() -> None:
@@ -195,3 +374,144 @@ def test_merge_keeps_exactly_the_events_not_seen_within_5_s_of_the_same_gpu_and_
         (GPU_B, 79, None),
         (GPU_B, 79, None),
     ]
+
+
+# -- the gpu_xid check on the healthy DGX replica (booted two days ago), each log form ----
+
+OLD_GPU, NEW_GPU = "0000:1a:00.0", "0000:3a:00.0"
+
+
+def _utc(at: float) -> datetime:
+    return datetime.fromtimestamp(at, timezone.utc)
+
+
+def _local(at: float) -> time.struct_time:
+    return time.localtime(at)
+
+
+def _stamp(form: str, at: float) -> str:
+    """The text a log of `form` writes before a kernel message logged at `at`."""
+    utc, local = _utc(at), _local(at)
+    if form == "dmesg --decode --time-format iso":
+        return f"kern  :warn  : {utc:%Y-%m-%dT%H:%M:%S},{utc.microsecond:06d}+00:00 "
+    if form == "dmesg -T":
+        return (
+            f"[{time.strftime('%a %b', local)} {local.tm_mday:2d} {time.strftime('%T %Y', local)}] "
+        )
+    if form == "dmesg --time-format reltime":
+        return f"[{time.strftime('%b', local)}{local.tm_mday:2d} {time.strftime('%H:%M', local)}] "
+    if form == "journalctl -o short":
+        day = f"{time.strftime('%b', local)} {local.tm_mday:2d}"
+        return f"{day} {time.strftime('%T', local)} n7 kernel: "
+    if form == "journalctl -o short-precise":
+        return f"{time.strftime('%b %d %T', local)}.{utc.microsecond:06d} n7 kernel: "
+    if form == "journalctl -o short-iso":
+        return f"{utc:%Y-%m-%dT%H:%M:%S}+0000 n7 kernel: "
+    if form == "journalctl -o short-iso-precise":
+        return f"{utc:%Y-%m-%dT%H:%M:%S.%f}+0000 n7 kernel: "
+    if form == "journalctl -o short-full":
+        return f"{utc:%a %Y-%m-%d %H:%M:%S} UTC n7 kernel: "
+    if form == "rsyslog RFC 3339":
+        return f"{utc:%Y-%m-%dT%H:%M:%S.%f}+00:00 n7 kernel: "
+    if form == "RFC 5424":
+        return f"<4>1 {utc:%Y-%m-%dT%H:%M:%S.%f}Z n7 kernel - - - "
+    raise AssertionError(form)
+
+
+ABSOLUTE_FORMS = (
+    "dmesg --decode --time-format iso",
+    "dmesg -T",
+    "dmesg --time-format reltime",
+    "journalctl -o short",
+    "journalctl -o short-precise",
+    "journalctl -o short-iso",
+    "journalctl -o short-iso-precise",
+    "journalctl -o short-full",
+    "rsyslog RFC 3339",
+    "RFC 5424",
+)
+
+
+@pytest.mark.parametrize("form", ABSOLUTE_FORMS)
+def test_an_absolute_time_places_a_reset_xid_before_or_after_this_boot(
+    dgx: Node, tmp_path: Path, form: str
+) -> None:
+    """XID 48 (reset the GPU) three days ago, before the replica booted, is history; the
+    same two minutes ago on another GPU fails (its recovery action may still lag). Read as
+    "unknown" the time could place neither."""
+    now = time.time()
+    old, new = now - 3 * 86_400, now - 120
+    path = tmp_path / "kern.log"
+    path.write_text(
+        f"{_stamp(form, old)}NVRM: Xid (PCI:{OLD_GPU[:-2]}): 48, pid=1, name=a, DBE\n"
+        f"{_stamp(form, new - 30)}nvidia 0000:3a:00.0: a line between\n"
+        f"{_stamp(form, new)}NVRM: Xid (PCI:{NEW_GPU[:-2]}): 48, pid=2, name=b, DBE\n"
+    )
+    results = {r.subject: r for r in dgx.results("gpu_xid", kernel_log=path)}
+    before, after = results[gpu_subject(OLD_GPU)], results[gpu_subject(NEW_GPU)]
+    assert before.status is Status.OK and "before the last boot" in before.summary, before
+    assert after.status is Status.FAIL and "XID 48 GPU_ECC_DBE x1, last" in after.summary, after
+    assert "unknown time" not in after.summary
+    assert after.details["log_times"], after.details
+
+
+def test_a_log_without_times_is_read_and_says_so(dgx: Node, tmp_path: Path) -> None:
+    """dmesg -t (notime): a file of bare messages is a kernel log when the driver's lines
+    are in it; each XID is at an unknown time, and the result says so and how."""
+    path = tmp_path / "dmesg-t.txt"
+    path.write_text(
+        "nvidia-nvlink: Nvlink Core is being initialized, major device number 509\n"
+        f"NVRM: Xid (PCI:{NEW_GPU[:-2]}): 8, pid=5, name=python, Channel 00000010\n"
+    )
+    results = {r.subject: r for r in dgx.results("gpu_xid", kernel_log=path)}
+    result = results[gpu_subject(NEW_GPU)]
+    assert result.status is Status.WARN and "last at an unknown time" in result.summary, result
+    assert result.details["log_times"] == ["no time on the line"]
+
+
+def test_nvlink5_lines_are_judged_by_the_drivers_word(dgx: Node, tmp_path: Path) -> None:
+    """GB200-style XID 149 lines: Nonfatal on one GPU passes (counted), Fatal on another
+    fails with the catalog's reset; the Fatal one is shown though a Nonfatal came later."""
+    boot = time.time() - 2 * 86_400
+
+    def kmsg(ago: float, text: str) -> str:
+        return f"4,1,{int((time.time() - ago - boot) * 1e6)},-;{text}\n"
+
+    path = tmp_path / "kmsg.txt"
+    path.write_text(
+        kmsg(
+            300,
+            f"NVRM: Xid (PCI:{OLD_GPU[:-2]}): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 3 (0x1)",
+        )
+        + kmsg(
+            200, f"NVRM: Xid (PCI:{OLD_GPU[:-2]}): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 2 (0x2)"
+        )
+        + kmsg(60, f"NVRM: Xid (PCI:{NEW_GPU[:-2]}): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 8 (0x3)")
+        + kmsg(
+            30, f"NVRM: Xid (PCI:{NEW_GPU[:-2]}): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 1 (0x4)"
+        )
+    )
+    results = {r.subject: r for r in dgx.results("gpu_xid", kernel_log=path)}
+    calm, broken = results[gpu_subject(OLD_GPU)], results[gpu_subject(NEW_GPU)]
+    assert calm.status is Status.OK and calm.details["xids"] == {"145": 1, "149": 1}, calm
+    assert "Nonfatal, as the driver says: no action" in calm.summary
+    assert broken.status is Status.FAIL and "NETIR_LINK_EVT Fatal" in broken.summary, broken
+    assert broken.remedy == "drain the node and reset the GPU"
+    pending = {
+        s.labels["action"]: s.value for s in broken.samples if s.metric.name.endswith("pending")
+    }
+    assert pending == {"reset_gpu": 1}
+
+
+def test_a_file_of_bare_messages_is_a_kernel_log_only_with_the_drivers_lines(
+    tmp_path: Path,
+) -> None:
+    """Without stamps (dmesg -t) only the NVIDIA driver's own prefixes tell a kernel log
+    from any text: notes that mention the driver are still refused."""
+    bare = tmp_path / "dmesg-t.txt"
+    bare.write_text("eth0: link up\nNVRM: Xid (PCI:0000:1b:00): 13, Graphics Exception\n")
+    assert "NVRM: Xid" in read_kernel_log(bare).text
+    notes = tmp_path / "notes.txt"
+    notes.write_text("nvidia is the vendor\n- NVRM is the driver\nnvidia-smi: fine\n")
+    with pytest.raises(ReadError, match="not a kernel log"):
+        read_kernel_log(notes)

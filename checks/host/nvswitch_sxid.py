@@ -1,0 +1,219 @@
+"""NVSwitch SXid errors in the kernel log, judged per NVSwitch.
+
+The judging follows the Fabric Manager User Guide's "NVSwitch SXid Errors"
+(docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/):
+
+- a fatal SXid (the line says "Fatal", or the catalog does when the line says
+  neither) fails the node until the next boot: the GPUs and NVSwitches of its
+  partition need a reset, and an always-fatal one takes the whole fabric down,
+  so the host must restart. Nothing a one-shot run can read confirms a reset
+  short of a reboot, so the failure lasts until the next boot;
+- a non-fatal SXid (ECC corrected, a replay) needs no action; the same one
+  coming 10 or more times in a day on one NVSwitch warns: a link or memory that
+  keeps erring is failing;
+- a thermal event warns for a day (cooling may be insufficient);
+- anything logged before the current boot was cleared by that reboot.
+
+A node without NVSwitches has nothing to judge (`skip`); one with NVSwitches
+whose kernel log cannot be read is `error`: no SXid seen is not no SXid.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.node.kernel_log import cut_note, read_kernel_log
+from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
+from nodecheck.checks.node.xid import read_boot_time
+from nodecheck.checks.per_gpu import Verdict
+from nodecheck.checks.registry import register
+from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+
+SXID_LABELS = ("bus_id", "sxid")
+EVENTS = MetricSpec(
+    "nodecheck_nvswitch_sxid_events",
+    "gauge",
+    "SXids of this code on this NVSwitch in the kernel log (as far as it reaches)",
+    SXID_LABELS,
+)
+LAST_SEEN = MetricSpec(
+    "nodecheck_nvswitch_sxid_last_seen_timestamp_seconds",
+    "gauge",
+    "When this SXid was last seen on this NVSwitch, in seconds since the epoch",
+    SXID_LABELS,
+)
+FATAL = MetricSpec(
+    "nodecheck_nvswitch_sxid_fatal",
+    "gauge",
+    "1 while a fatal SXid of this code on this NVSwitch is from the current boot (or of "
+    "unknown time), 0 otherwise",
+    SXID_LABELS,
+)
+
+REPEAT_COUNT = 10
+REPEAT_WINDOW_S = 86400.0
+
+RESET_REMEDY = (
+    "drain the node; reset its GPUs and NVSwitches together (stop nvidia-fabricmanager, "
+    "nvidia-smi -r, start nvidia-fabricmanager) or reboot it; then check that Fabric "
+    "Manager runs (systemctl status nvidia-fabricmanager) and that every GPU's fabric "
+    "state is Completed (nvidia-smi -q | grep -A3 Fabric)"
+)
+REBOOT_REMEDY = (
+    "drain the node and reboot it: this SXid is fatal to the whole NVLink fabric; after "
+    "the reboot check that Fabric Manager runs (systemctl status nvidia-fabricmanager)"
+)
+REPEAT_REMEDY = (
+    "a link or memory that keeps erring is failing: watch nvidia-smi nvlink -e, plan a "
+    "reset of the GPUs and NVSwitches at the next drain, and report it if it persists"
+)
+THERMAL_REMEDY = "check the node's cooling: fans, airflow, inlet temperature"
+UNKNOWN_REMEDY = "look it up in the Fabric Manager user guide's SXid tables"
+
+
+def nvswitch_subject(bdf: str) -> str:
+    return f"nvswitch {bdf}"
+
+
+def line_is_fatal(event: SxidEvent) -> bool:
+    """Fatal by the line's own word, else by the catalog."""
+    if event.fatal is not None:
+        return event.fatal
+    return classify_sxid(event.sxid).kind in (SxidKind.FATAL, SxidKind.ALWAYS_FATAL)
+
+
+def _of_this_boot(at: float | None, boot_time: float | None) -> bool:
+    """Not known to be before the current boot (a line without a time may be of it)."""
+    return at is None or boot_time is None or at >= boot_time
+
+
+@dataclass(frozen=True)
+class SxidJudgement:
+    status: Status
+    summary: str
+    remedy: str
+    fatal_now: bool
+
+
+def judge_sxid(
+    code: int, seen: list[SxidEvent], now: float, boot_time: float | None
+) -> SxidJudgement:
+    """One SXid code on one NVSwitch: every line of it, judged as the worst says."""
+    info = classify_sxid(code)
+    fatal = [e for e in seen if line_is_fatal(e)]
+    shown = max(fatal or seen, key=lambda e: e.at if e.at is not None else float("-inf"))
+    when = "at an unknown time" if shown.at is None else f"{_ago(now - shown.at)} ago"
+    said = f"{len(fatal)} fatal" if fatal else "non-fatal"
+    text = f"SXid {code} {info.name} x{len(seen)} ({said}), last {when}"
+    if shown.message:
+        text += f" ({shown.message})"
+    if fatal:
+        if not any(_of_this_boot(e.at, boot_time) for e in fatal):
+            return SxidJudgement(Status.OK, f"{text}: before the last boot", "", False)
+        always = info.kind is SxidKind.ALWAYS_FATAL
+        remedy = REBOOT_REMEDY if always else RESET_REMEDY
+        if shown.at is None:
+            text += ": the log gives no time, so it may be from this boot"
+        return SxidJudgement(Status.FAIL, text, remedy, True)
+    recent = [
+        e
+        for e in seen
+        if _of_this_boot(e.at, boot_time) and (e.at is None or now - e.at <= REPEAT_WINDOW_S)
+    ]
+    if info.kind is SxidKind.THERMAL and recent:
+        return SxidJudgement(Status.WARN, text, THERMAL_REMEDY, False)
+    if info.kind is SxidKind.UNKNOWN and shown.fatal is None and recent:
+        return SxidJudgement(Status.WARN, f"{text}: not in the catalog", UNKNOWN_REMEDY, False)
+    if len(recent) >= REPEAT_COUNT:
+        summary = f"{text}: {len(recent)} in the last day"
+        return SxidJudgement(Status.WARN, summary, REPEAT_REMEDY, False)
+    return SxidJudgement(Status.OK, f"{text}: no action", "", False)
+
+
+def judge_nvswitch(
+    bus_id: str, events: list[SxidEvent], now: float, boot_time: float | None, source: str
+) -> Verdict:
+    codes: dict[int, list[SxidEvent]] = {}
+    for event in events:
+        codes.setdefault(event.sxid, []).append(event)
+    verdict = Verdict(f"no SXid in {source}" if not codes else "no action needed")
+    for code, seen in sorted(codes.items()):
+        judged = judge_sxid(code, seen, now, boot_time)
+        verdict.add(judged.status, judged.summary, judged.remedy)
+        labels = {"bus_id": bus_id, "sxid": str(code)}
+        verdict.samples.append(Sample(EVENTS, len(seen), labels))
+        times = [e.at for e in seen if e.at is not None]
+        if times:
+            verdict.samples.append(Sample(LAST_SEEN, max(times), labels))
+        verdict.samples.append(Sample(FATAL, 1 if judged.fatal_now else 0, labels))
+    verdict.details["sxids"] = {str(code): len(seen) for code, seen in sorted(codes.items())}
+    clocks = sorted({e.clock for e in events if e.clock})
+    if clocks:
+        verdict.details["log_times"] = clocks  # how each time was read: inferred
+    return verdict
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _unreadable(err: ReadError) -> Result:
+    if err.reason == "permission denied":
+        remedy = (
+            "run as root (or with CAP_SYSLOG), set kernel.dmesg_restrict=0, or point "
+            "--kernel-log at a readable copy of the kernel log"
+        )
+    else:
+        remedy = "point --kernel-log at the kernel log (/dev/kmsg, or a kern.log file)"
+    return Result(
+        Status.ERROR,
+        NODE,
+        f"cannot read the kernel log for NVSwitch SXids: {err}",
+        remedy,
+        {"cause": err.reason},
+    )
+
+
+@register("nvswitch_sxid", interval_s=60, timeout_s=30)
+def check_nvswitch_sxid(ctx: CheckContext) -> Iterator[Result]:
+    """NVSwitch SXid errors per NVSwitch, judged as the Fabric Manager guide says."""
+    inventory = ctx.inventory
+    switches = {device.bdf for device in inventory.nvswitches}
+    path: Path | str = ctx.kernel_log or "/dev/kmsg under the root filesystem"
+    try:
+        path = ctx.kernel_log_path
+        read = read_kernel_log(path)
+    except ReadError as err:
+        if not switches:
+            yield Result(Status.SKIP, NODE, "no NVSwitch on the PCI bus")
+        else:
+            yield _unreadable(err)
+        return
+    boot_time = read_boot_time(ctx.fs)
+    now = time.time()
+    events = parse_sxids(read.text, boot_time, now)
+    buses = switches | {event.bus_id for event in events}
+    if not buses:
+        yield Result(Status.SKIP, NODE, "no NVSwitch on the PCI bus, and no SXid in the kernel log")
+        return
+    cut = cut_note(read)
+    source = f"the kernel log ({path})"
+    if cut:
+        source = f"{cut} of {source}"
+    for bus_id in sorted(buses):
+        mine = [event for event in events if event.bus_id == bus_id]
+        verdict = judge_nvswitch(bus_id, mine, now, boot_time, source)
+        if bus_id not in switches:
+            verdict.add(Status.OK, "not on the PCI bus (a log from another node, or it was lost)")
+        yield verdict.result(nvswitch_subject(bus_id))

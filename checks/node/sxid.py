@@ -1,0 +1,217 @@
+"""NVSwitch SXids: the NVSwitch driver's error reports in the kernel log, and their catalog.
+
+nvidia-nvswitch writes each error as (NVIDIA/open-gpu-kernel-modules,
+src/common/nvswitch/kernel/inc/common_nvswitch.h, NVSWITCH_PRINT_SXID):
+
+    nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted
+        PRIV error (First)                                 (one line)
+    nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 24007, Fatal, Link 44 sourcetrack timeout error
+
+and may follow one with lines of detail under the same SXid, which are not
+errors of their own ("..., 12028, Severity 0 Engine instance 32 Sub-engine
+instance 00", "..., 12028, Data {0x00000000, ...}").
+
+The catalog is the Fabric Manager User Guide's (docs.nvidia.com/datacenter/tesla/
+fabric-manager-user-guide/, "NVSwitch SXid Errors": non-fatal, fatal, always
+fatal and other notable SXids; DU-09883-001), as leptonai/gpud transcribes it in
+components/accelerator/nvidia/sxid/sxid.go. A fatal SXid is fatal to the
+partition using that port: its GPUs and NVSwitches need a reset (the guide:
+restart the guest VM, or reset the GPUs and NVSwitches); an always-fatal one is
+fatal to the whole fabric: the host must restart. The severity the line writes
+("Fatal", "Non-fatal") comes first; the catalog's is used when the line says none.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+from nodecheck.checks.node.kernel_log import LineClock, every_line_counts
+
+
+class SxidKind(str, enum.Enum):
+    NONFATAL = "non-fatal"
+    FATAL = "fatal"
+    ALWAYS_FATAL = "always fatal"
+    THERMAL = "thermal event"
+    UNKNOWN = "not in the catalog"
+
+
+@dataclass(frozen=True)
+class SxidInfo:
+    name: str
+    kind: SxidKind
+
+
+_NONFATAL = {
+    11004: "ingress invalid ACL",
+    11012: "single bit ECC error",
+    11021: "single bit ECC error",
+    11022: "single bit ECC error",
+    11023: "single bit ECC error",
+    12021: "single bit ECC error",
+    12023: "single bit ECC error",
+    12028: "egress non-posted PRIV error",
+    15008: "single bit ECC error",
+    15011: "single bit ECC error",
+    19049: "single bit ECC error",
+    19055: "single bit ECC error",
+    19057: "single bit ECC error",
+    19059: "single bit ECC error",
+    19062: "single bit ECC error",
+    19065: "single bit ECC error",
+    19068: "single bit ECC error",
+    19071: "single bit ECC error",
+    19084: "AN1 heartbeat timeout",
+    20001: "TX replay error",
+    20009: "RX short error rate",
+    20012: "broken or inconsistent connection",
+    22013: "minion link DLREQ interrupt",
+    24001: "single bit ECC error",
+    24002: "single bit ECC error",
+    24003: "single bit ECC error",
+}
+_FATAL = {
+    10001: "host PRIV error",
+    10002: "host PRIV timeout",
+    11001: "ingress invalid command",
+    11009: "ingress invalid VCSet",
+    11013: "ingress header DBE",
+    11018: "ingress RID DBE",
+    11019: "ingress RLAN DBE",
+    11020: "ingress control parity",
+    12001: "egress crossbar overflow",
+    12002: "egress packet route",
+    12022: "egress input ECC DBE error",
+    12024: "egress output ECC DBE error",
+    12025: "egress credit overflow",
+    12026: "egress destination request ID error",
+    12027: "egress destination response ID error",
+    12030: "egress control parity error",
+    12031: "egress credit parity error",
+    12032: "egress flit type mismatch",
+    14017: "TS ATO timeout",
+    15001: "route buffer over/underflow",
+    15006: "route transdone over/underflow",
+    15009: "route GLT DBE",
+    15010: "route parity",
+    15012: "route incoming DBE",
+    15013: "route credit parity",
+    19047: "NCISOC HDR ECC DBE error",
+    19048: "NCISOC DAT ECC DBE error",
+    19054: "HDR RAM ECC DBE error",
+    19056: "DAT0 RAM ECC DBE error",
+    19058: "DAT1 RAM ECC DBE error",
+    19060: "CREQ RAM HDR ECC DBE error",
+    19061: "CREQ RAM DAT ECC DBE error",
+    19063: "response RAM HDR ECC DBE error",
+    19064: "response RAM DAT ECC DBE error",
+    19066: "COM RAM HDR ECC DBE error",
+    19067: "COM RAM DAT ECC DBE error",
+    19069: "RSP1 RAM HDR ECC DBE error",
+    19070: "RSP1 RAM DAT ECC DBE error",
+    20034: "LTSSM fault up",
+    22012: "minion link NA interrupt",
+    24004: "sourcetrack TCEN0 crumbstore DBE",
+    24005: "sourcetrack TCEN0 TD crumbstore DBE",
+    24006: "sourcetrack TCEN1 crumbstore DBE",
+    24007: "sourcetrack timeout error",
+}
+_ALWAYS_FATAL = {
+    10003: "host unhandled interrupt",
+    12020: "egress sequence ID error",
+    22003: "minion halt",
+    22011: "minion exterror",
+    23001: "ingress SRC-VC buffer overflow",
+    23002: "ingress SRC-VC buffer underflow",
+    23003: "egress DST-VC credit overflow",
+    23004: "egress DST-VC credit underflow",
+    23005: "ingress packet burst error",
+    23006: "ingress packet sticky error",
+    23007: "possible bubbles at ingress",
+    23008: "ingress packet invalid dst error",
+    23009: "ingress packet parity error",
+    23010: "ingress SRC-VC buffer overflow",
+    23011: "ingress SRC-VC buffer underflow",
+    23012: "egress DST-VC credit overflow",
+    23013: "egress DST-VC credit underflow",
+    23014: "ingress packet burst error",
+    23015: "ingress packet sticky error",
+    23016: "possible bubbles at ingress",
+    23017: "ingress credit parity error",
+}
+# Not fatal to the fabric, but "system cooling might be insufficient" (the guide).
+_THERMAL = {10004: "thermal event start", 10005: "thermal event end"}
+
+SXID_CATALOG: dict[int, SxidInfo] = {
+    **{code: SxidInfo(name, SxidKind.NONFATAL) for code, name in _NONFATAL.items()},
+    **{code: SxidInfo(name, SxidKind.FATAL) for code, name in _FATAL.items()},
+    **{code: SxidInfo(name, SxidKind.ALWAYS_FATAL) for code, name in _ALWAYS_FATAL.items()},
+    **{code: SxidInfo(name, SxidKind.THERMAL) for code, name in _THERMAL.items()},
+}
+
+
+def classify_sxid(sxid: int) -> SxidInfo:
+    return SXID_CATALOG.get(sxid, SxidInfo("unknown", SxidKind.UNKNOWN))
+
+
+@dataclass(frozen=True)
+class SxidEvent:
+    """One SXid on one NVSwitch. `fatal` is the line's own word (None: it says neither);
+    `at` wall-clock seconds or None; `clock` how `at` was read."""
+
+    bus_id: str
+    sxid: int
+    fatal: bool | None
+    at: float | None
+    message: str
+    switch: str = ""  # the driver's name for it: "nvswitch3"
+    clock: str = field(default="", compare=False)
+
+
+# "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ..." (the
+# driver prints the domain, bus, device and function; older ones may omit "PCI:").
+SXID_LINE = re.compile(
+    r"nvidia-(nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):"
+    r"([0-9a-fA-F]{2})(?:\.([0-7]))?\)\s*:\s*(\d+)\s*,?\s*"
+)
+SEVERITY_WORD = re.compile(r"^(Non-fatal|Nonfatal|Fatal)\b,?\s*", re.IGNORECASE)
+# The detail lines under an SXid: not errors of their own.
+DETAIL_LINE = re.compile(r"^(?:Severity \d+ Engine instance|Data \{)")
+
+
+def sxid_bus_id(domain: str, bus: str, device: str, function: str | None) -> str:
+    """The NVSwitch's bus id as sysfs names it (0000:05:00.0); ValueError if none can be."""
+    number = int(device, 16)
+    if number > 0x1F:
+        raise ValueError(f"device number {device} past 0x1f")
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function or '0'}"
+
+
+def parse_sxids(text: str, boot_time: float | None, now: float) -> list[SxidEvent]:
+    """SXid errors in kernel log text (kernel_log's forms), detail lines left out."""
+    clock = LineClock(boot_time, now)
+    every_line = every_line_counts(text)
+    events = []
+    for line in text.splitlines():
+        match = SXID_LINE.search(line)
+        if match is None:
+            if every_line:
+                clock.stamp(line)
+            continue
+        switch, domain, bus, device, function, code = match.groups()
+        rest = line[match.end() :].strip()
+        stamp = clock.stamp(line[: match.start()])
+        if DETAIL_LINE.match(rest):
+            continue
+        try:
+            bus_id = sxid_bus_id(domain, bus, device, function)
+        except ValueError:
+            continue
+        fatal = None
+        if said := SEVERITY_WORD.match(rest):
+            fatal = said.group(1).lower() == "fatal"
+            rest = rest[said.end() :]
+        events.append(SxidEvent(bus_id, int(code), fatal, stamp.at, rest, switch, stamp.form))
+    return events

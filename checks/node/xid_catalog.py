@@ -1,0 +1,252 @@
+"""NVIDIA's XID catalog: every XID code, its mnemonic and NVIDIA's immediate action.
+
+The table is NVIDIA's "Xid Catalog" for Ampere and newer GPUs
+(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, columns
+"Code", "Mnemonic" and "Resolution Bucket (Immediate Action)"), as leptonai/gpud
+transcribes it in components/accelerator/nvidia/xid/catalog_generated.go
+(catalog of 2025-10). Mnemonics are shown without the ROBUST_CHANNEL_ prefix
+most of them carry, and only the first of two names (13). Codes 162-172 are in
+the catalog without a bucket yet: nodecheck resets the GPU for the fatal-sounding
+ones (167 as 158, 169 as 62, 171 and 172 as the XID 48 they detail), passes the
+informational 162, and warns for the rest as unexpected (CONTACT_SUPPORT).
+
+Where nodecheck departs from the bucket, it says why beside the code: 13, 31, 43,
+45 and 68 are what NVIDIA's Kubernetes device plugin treats as application
+errors that leave the GPU healthy (NVIDIA/k8s-device-plugin internal/rm/health.go);
+61 is "unexpected error, report the issue (fatal)" in NVIDIA's XID-to-action map
+that NVIDIA/NVSentinel encodes (xiderrorsmapping.csv), so the GPU is reset first.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class XidAction(str, enum.Enum):
+    """What an operator does about an XID (from the catalog's resolution bucket)."""
+
+    NONE = "none"
+    APP_ERROR = "application error"
+    RESTART_APP = "restart the application"
+    RESET_GPU = "drain the node and reset the GPU"
+    REBOOT = "drain the node and reboot it"
+    RESTART_VM = "drain the node and restart the VM"
+    CHECK_MECHANICALS = "drain the node and check the GPU's power cables and seating"
+    UPDATE_SOFTWARE = "update the driver and the GPU's firmware"
+    CONTACT_SUPPORT = "unexpected on current GPUs: report it to NVIDIA support"
+    FOLLOW_RECOVERY_ACTION = "follow the driver's recovery action"
+    UNKNOWN = "look it up in NVIDIA's XID catalog"
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    mnemonic: str
+    action: XidAction
+
+
+# The catalog's immediate-action buckets, and what nodecheck does for each.
+IGNORE = XidAction.NONE
+RESTART_APP = XidAction.RESTART_APP
+# "Check the UVM driver" (159): the application dies; restart it, as RESTART_APP.
+CHECK_UVM = XidAction.RESTART_APP
+RESET_GPU = XidAction.RESET_GPU
+RESTART_BM = XidAction.REBOOT
+RESTART_VM = XidAction.RESTART_VM
+CHECK_MECHANICALS = XidAction.CHECK_MECHANICALS
+UPDATE_SWFW = XidAction.UPDATE_SOFTWARE
+CONTACT_SUPPORT = XidAction.CONTACT_SUPPORT
+# The workflows: 45 follows other XIDs (not actionable alone), 48 is a DBE whose
+# workflow ends in a reset, 74 (NVLink) and 144-150 (NVLink5) reset the GPU when fatal.
+WORKFLOW_XID_45 = XidAction.APP_ERROR
+WORKFLOW_XID_48 = XidAction.RESET_GPU
+WORKFLOW_NVLINK_ERR = XidAction.RESET_GPU
+WORKFLOW_NVLINK5_ERR = XidAction.RESET_GPU
+XID_154 = XidAction.FOLLOW_RECOVERY_ACTION
+APPLICATION_ERROR = XidAction.APP_ERROR
+
+# NVLink5 XIDs: each line says "Fatal" or "Nonfatal" after the unit's name
+# ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (...)"),
+# and the catalog's NVLink5 workflow resets the GPU only for a fatal one.
+NVLINK5_XIDS = range(144, 151)
+
+_TABLE: tuple[tuple[int, str, XidAction], ...] = (
+    (1, "FIFO_ERROR_FIFO_METHOD", CONTACT_SUPPORT),
+    (2, "FIFO_ERROR_SW_METHOD", CONTACT_SUPPORT),
+    (3, "FIFO_ERROR_UNK_METHOD", CONTACT_SUPPORT),
+    (4, "FIFO_ERROR_CHANNEL_BUSY", CONTACT_SUPPORT),
+    (5, "FIFO_ERROR_RUNOUT_OVERFLOW", CONTACT_SUPPORT),
+    (6, "FIFO_ERROR_PARSE_ERR", CONTACT_SUPPORT),
+    (7, "FIFO_ERROR_PTE_ERR", CONTACT_SUPPORT),
+    (8, "FIFO_ERROR_IDLE_TIMEOUT", RESTART_APP),
+    (9, "GR_ERROR_INSTANCE", CONTACT_SUPPORT),
+    (10, "GR_ERROR_SINGLE_STEP", CONTACT_SUPPORT),
+    (11, "GR_ERROR_MISSING_HW", RESTART_APP),
+    (12, "GR_ERROR_SW_METHOD", CONTACT_SUPPORT),
+    (13, "GR_EXCEPTION", APPLICATION_ERROR),  # RESTART_APP; application error
+    (14, "FAKE_ERROR", IGNORE),
+    (15, "SCANLINE_TIMEOUT", CONTACT_SUPPORT),
+    (16, "VBLANK_CALLBACK_TIMEOUT", CONTACT_SUPPORT),
+    (17, "PARAMETER_ERROR", CONTACT_SUPPORT),
+    (18, "BUS_MASTER_TIMEOUT_ERROR", CONTACT_SUPPORT),
+    (19, "DISP_MISSED_NOTIFIER", CONTACT_SUPPORT),
+    (20, "MPEG_ERROR_SW_METHOD", CONTACT_SUPPORT),
+    (21, "ME_ERROR_SW_METHOD", CONTACT_SUPPORT),
+    (22, "VP_ERROR_SW_METHOD", CONTACT_SUPPORT),
+    (23, "RC_LOGGING_ENABLED", CONTACT_SUPPORT),
+    (24, "GR_SEMAPHORE_TIMEOUT", CONTACT_SUPPORT),
+    (25, "GR_ILLEGAL_NOTIFY", RESTART_APP),
+    (26, "FIFO_ERROR_FBISTATE_TIMEOUT", CONTACT_SUPPORT),
+    (27, "VP_ERROR", CONTACT_SUPPORT),
+    (28, "VP2_ERROR", CONTACT_SUPPORT),
+    (29, "BSP_ERROR", CONTACT_SUPPORT),
+    (30, "BAD_ADDR_ACCESS", CONTACT_SUPPORT),
+    (31, "FIFO_ERROR_MMU_ERR_FLT", APPLICATION_ERROR),  # RESTART_APP; application error
+    (32, "PBDMA_ERROR", RESTART_APP),
+    (33, "SEC_ERROR", CONTACT_SUPPORT),
+    (34, "MSVLD_ERROR", CONTACT_SUPPORT),
+    (35, "MSPDEC_ERROR", CONTACT_SUPPORT),
+    (36, "MSPPP_ERROR", CONTACT_SUPPORT),
+    (37, "FECS_ERR_UNIMP_FIRMWARE_METHOD", IGNORE),
+    (38, "FECS_ERR_WATCHDOG_TIMEOUT", IGNORE),
+    (39, "CE0_ERROR", RESTART_APP),
+    (40, "CE1_ERROR", RESTART_APP),
+    (41, "CE2_ERROR", RESTART_APP),
+    (42, "VIC_ERROR", CONTACT_SUPPORT),
+    (43, "RESETCHANNEL_VERIF_ERROR", APPLICATION_ERROR),  # IGNORE; application error
+    (44, "GR_FAULT_DURING_CTXSW", IGNORE),
+    (45, "PREEMPTIVE_REMOVAL", WORKFLOW_XID_45),
+    (46, "GPU_TIMEOUT_ERROR", RESET_GPU),
+    (47, "NVENC0_ERROR", CONTACT_SUPPORT),
+    (48, "GPU_ECC_DBE", WORKFLOW_XID_48),
+    (49, "SILENT_RUNNING_CONSTANT_LEVEL_SET_BY_REGISTRY", CONTACT_SUPPORT),
+    (50, "SILENT_RUNNING_LEVEL_TRANSITION_DUE_TO_RC_ERROR", CONTACT_SUPPORT),
+    (51, "SILENT_RUNNING_STRESS_TEST_FAILURE", CONTACT_SUPPORT),
+    (52, "SILENT_RUNNING_LEVEL_TRANS_DUE_TO_TEMP_RISE", CONTACT_SUPPORT),
+    (53, "SILENT_RUNNING_TEMP_REDUCED_CLOCKING", CONTACT_SUPPORT),
+    (54, "SILENT_RUNNING_PWR_REDUCED_CLOCKING", CHECK_MECHANICALS),
+    (55, "SILENT_RUNNING_TEMPERATURE_READ_ERROR", CONTACT_SUPPORT),
+    (56, "DISPLAY_CHANNEL_EXCEPTION", CONTACT_SUPPORT),
+    (57, "FB_LINK_TRAINING_FAILURE_ERROR", CONTACT_SUPPORT),
+    (58, "FB_MEMORY_ERROR", CONTACT_SUPPORT),
+    (59, "PMU_ERROR", CONTACT_SUPPORT),
+    (60, "SEC2_ERROR", RESTART_APP),
+    (61, "PMU_BREAKPOINT", RESET_GPU),  # CONTACT_SUPPORT; see above
+    (62, "PMU_HALT_ERROR", RESET_GPU),
+    (63, "INFOROM_DRAM_RETIREMENT_EVENT", IGNORE),
+    (64, "INFOROM_DRAM_RETIREMENT_FAILURE", RESET_GPU),
+    (65, "NVENC1_ERROR", CONTACT_SUPPORT),
+    (66, "FECS_ERR_REG_ACCESS_VIOLATION", IGNORE),
+    (67, "FECS_ERR_VERIF_VIOLATION", IGNORE),
+    (68, "NVDEC0_ERROR", APPLICATION_ERROR),  # RESTART_APP; application error
+    (69, "GR_CLASS_ERROR", RESTART_APP),
+    (70, "CE3_ERROR", RESTART_APP),
+    (71, "CE4_ERROR", RESTART_APP),
+    (72, "CE5_ERROR", RESTART_APP),
+    (73, "NVENC2_ERROR", CONTACT_SUPPORT),
+    (74, "NVLINK_ERROR", WORKFLOW_NVLINK_ERR),
+    (75, "CE6_ERROR", RESTART_APP),
+    (76, "CE7_ERROR", RESTART_APP),
+    (77, "CE8_ERROR", RESTART_APP),
+    (78, "VGPU_START_ERROR", UPDATE_SWFW),
+    (79, "GPU_HAS_FALLEN_OFF_THE_BUS", RESTART_BM),
+    (80, "PBDMA_PUSHBUFFER_CRC_MISMATCH", RESTART_APP),
+    (81, "VGA_SUBSYSTEM_ERROR", CONTACT_SUPPORT),
+    (82, "NVJPG0_ERROR", RESTART_APP),
+    (83, "NVDEC1_ERROR", RESTART_APP),
+    (84, "NVDEC2_ERROR", RESTART_APP),
+    (85, "CE9_ERROR", RESTART_APP),
+    (86, "OFA0_ERROR", RESTART_APP),
+    (87, "NVTELEMETRY_DRIVER_REPORT", CONTACT_SUPPORT),
+    (88, "NVDEC3_ERROR", RESTART_APP),
+    (89, "NVDEC4_ERROR", RESTART_APP),
+    (90, "LTC_ERROR", CONTACT_SUPPORT),
+    (91, "RESERVED_XID", CONTACT_SUPPORT),
+    (92, "EXCESSIVE_SBE_INTERRUPTS", IGNORE),
+    (93, "INFOROM_ERASE_LIMIT_EXCEEDED", IGNORE),
+    (94, "CONTAINED_ERROR", RESTART_APP),
+    (95, "UNCONTAINED_ERROR", RESET_GPU),
+    (96, "NVDEC5_ERROR", RESTART_APP),
+    (97, "NVDEC6_ERROR", RESTART_APP),
+    (98, "NVDEC7_ERROR", RESTART_APP),
+    (99, "NVJPG1_ERROR", RESTART_APP),
+    (100, "NVJPG2_ERROR", RESTART_APP),
+    (101, "NVJPG3_ERROR", RESTART_APP),
+    (102, "NVJPG4_ERROR", RESTART_APP),
+    (103, "NVJPG5_ERROR", RESTART_APP),
+    (104, "NVJPG6_ERROR", RESTART_APP),
+    (105, "NVJPG7_ERROR", RESTART_APP),
+    (106, "SMBPBI_TEST_MESSAGE", IGNORE),
+    (107, "SMBPBI_TEST_MESSAGE_SILENT", IGNORE),
+    (108, "NVLINK_REMOTE_TRANSLATION_ERROR", IGNORE),
+    (109, "CTXSW_TIMEOUT_ERROR", RESET_GPU),
+    (110, "SEC_FAULT_ERROR", RESET_GPU),
+    (111, "BUNDLE_ERROR_EVENT", CONTACT_SUPPORT),
+    (112, "DISP_SUPERVISOR_ERROR", CONTACT_SUPPORT),
+    (113, "DP_LT_FAILURE", CONTACT_SUPPORT),
+    (114, "HEAD_RG_UNDERFLOW", CONTACT_SUPPORT),
+    (115, "CORE_CHANNEL_REGS", CONTACT_SUPPORT),
+    (116, "WINDOW_CHANNEL_REGS", CONTACT_SUPPORT),
+    (117, "CURSOR_CHANNEL_REGS", CONTACT_SUPPORT),
+    (118, "HEAD_REGS", CONTACT_SUPPORT),
+    (119, "GSP_RPC_TIMEOUT", RESET_GPU),
+    (120, "GSP_ERROR", RESET_GPU),
+    (121, "C2C_ERROR", IGNORE),
+    (122, "SPI_PMU_RPC_READ_FAIL", CONTACT_SUPPORT),
+    (123, "SPI_PMU_RPC_WRITE_FAIL", CONTACT_SUPPORT),
+    (124, "SPI_PMU_RPC_ERASE_FAIL", CONTACT_SUPPORT),
+    (125, "INFOROM_FS_ERROR", CONTACT_SUPPORT),
+    (126, "CE10_ERROR", RESTART_APP),
+    (127, "CE11_ERROR", RESTART_APP),
+    (128, "CE12_ERROR", RESTART_APP),
+    (129, "CE13_ERROR", RESTART_APP),
+    (130, "CE14_ERROR", RESTART_APP),
+    (131, "CE15_ERROR", RESTART_APP),
+    (132, "CE16_ERROR", RESTART_APP),
+    (133, "CE17_ERROR", RESTART_APP),
+    (134, "CE18_ERROR", RESTART_APP),
+    (135, "CE19_ERROR", RESTART_APP),
+    (136, "ALI_TRAINING_FAIL", RESET_GPU),
+    (137, "NVLINK_PRIV_ERR", IGNORE),
+    (138, "DLA_ERROR", CONTACT_SUPPORT),
+    (139, "OFA1_ERROR", RESTART_APP),
+    (140, "UNRECOVERABLE_ECC_ERROR_ESCAPE", RESET_GPU),
+    (141, "FAST_PATH_ERROR", IGNORE),
+    (142, "NVENC3_ERROR", CONTACT_SUPPORT),
+    (143, "GPU_INIT_ERROR", RESET_GPU),
+    (144, "NVLINK_SAW_ERROR", WORKFLOW_NVLINK5_ERR),
+    (145, "NVLINK_RLW_ERROR", WORKFLOW_NVLINK5_ERR),
+    (146, "NVLINK_TLW_ERROR", WORKFLOW_NVLINK5_ERR),
+    (147, "NVLINK_TREX_ERROR", WORKFLOW_NVLINK5_ERR),
+    (148, "NVLINK_NVLPW_CTRL_ERROR", WORKFLOW_NVLINK5_ERR),
+    (149, "NVLINK_NETIR_ERROR", WORKFLOW_NVLINK5_ERR),
+    (150, "NVLINK_MSE_ERROR", WORKFLOW_NVLINK5_ERR),
+    (151, "KEY_ROTATION_ERROR", RESTART_VM),
+    (152, "DLA_SMMU_ERROR", IGNORE),
+    (153, "DLA_TIMEOUT", IGNORE),
+    (154, "GPU_RECOVERY_ACTION_CHANGED", XID_154),
+    (155, "NVLINK_SW_DEFINED_ERROR", RESET_GPU),
+    (156, "RESOURCE_RETIREMENT_EVENT", RESET_GPU),
+    (157, "RESOURCE_RETIREMENT_FAILURE", IGNORE),
+    (158, "GPU_FATAL_TIMEOUT", RESET_GPU),
+    (159, "CHI_NON_DATA_ERROR", CHECK_UVM),
+    (160, "CHANNEL_RETIREMENT_EVENT", IGNORE),
+    (161, "CHANNEL_RETIREMENT_FAILURE", IGNORE),
+    (162, "PSHC_REENGAGED", IGNORE),  # informational
+    (163, "PSHC_DISENGAGED", CONTACT_SUPPORT),  # power smoothing off
+    (164, "PSHC_LOW_LIFETIME", CONTACT_SUPPORT),  # near end of life
+    (165, "PSHC_ZERO_LIFETIME", CONTACT_SUPPORT),  # worn out
+    (166, "NVLINK_SECURE_CRYPTO_ERR", CONTACT_SUPPORT),  # CC traffic early
+    (167, "PCIE_FATAL_TIMEOUT", RESET_GPU),  # as 158
+    (168, "REDUCED_GPU_MEMORY_CAPACITY", CONTACT_SUPPORT),  # memory lost
+    (169, "SEC2_HALT_ERROR", RESET_GPU),  # a halt, as 62
+    (170, "NVLINK_SECURE_OTHER", CONTACT_SUPPORT),  # CC mode
+    (171, "UNCORRECTABLE_DRAM_ERROR", RESET_GPU),  # details of a 48
+    (172, "UNCORRECTABLE_SRAM_ERROR", RESET_GPU),  # details of a 48
+)
+
+XID_CATALOG: dict[int, XidInfo] = {code: XidInfo(name, action) for code, name, action in _TABLE}
+
+
+def classify(xid: int) -> XidInfo:
+    return XID_CATALOG.get(xid, XidInfo("unknown", XidAction.UNKNOWN))
