@@ -25,7 +25,9 @@ from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 from nodecheck.checks.runner import CheckRun
 
 SCHEMA = "nodecheck.snapshot/v1"
-SNAPSHOT_CHECKS = ("pcie_acs", "nccl_env", "torch_alloc")
+# nvswitch_sxid: the agent may not read the kernel log (ProtectKernelLogs=), and unlike
+# XIDs, SXids have no NVML event to fall back on.
+SNAPSHOT_CHECKS = ("pcie_acs", "nccl_env", "torch_alloc", "nvswitch_sxid")
 STALE_AFTER_S = 900.0  # three missed runs of the 5-minute timer
 
 
