@@ -2,6 +2,23 @@
 
 Attributes: Documentation/ABI/stable/sysfs-devices-system-cpu and
 Documentation/admin-guide/cputopology.rst.
+
+Real machines' trees say less than those documents, or contradict themselves. The
+reading takes what the kernel means, as hwloc's Linux backend does (src/topology-linux.c,
+look_sysfscpu, in open-mpi/hwloc), and says what it inferred in `CpuTopology.notes`:
+
+- no `online` file (kernels before 2.6.2x): `present`/`possible` and the cpuN
+  directories, each online unless its `cpuN/online` reads 0;
+- sibling lists as `_list` files, else as hexadecimal masks;
+- a core is the CPUs of one thread siblings list, except that CPUs of one list with
+  distinct core_id are compute-unit cores (AMD Bulldozer); without the list, the CPUs of
+  one package and core_id; without either, each CPU;
+- a package is the CPUs of one package list (core_siblings), numbered by
+  physical_package_id where it has one (not -1) and no other package took it;
+- siblings and packages hold online CPUs only, and each CPU is in one core.
+
+An online CPU without a topology directory, or with a file that exists but makes no
+sense, is a problem (`error` in the cpu check), never guessed at.
 """
 
 from __future__ import annotations
@@ -221,7 +238,35 @@ def _cores(
         else:
             cores[number] = frozenset({number})
             infer.add("no thread siblings file nor core_id: each CPU counted as a core", number)
-    return cores
+    return _as_partition(cores, infer)
+
+
+def _as_partition(
+    cores: dict[int, frozenset[int]], infer: _Inferences
+) -> dict[int, frozenset[int]]:
+    """Cores that do not overlap: the kernel gives each thread of a core the same list,
+    so lists that disagree (cpu0 names cpu1, cpu1 only itself) are joined, never left to
+    put one CPU in two cores (and two ranks)."""
+    parent = {number: number for number in cores}
+
+    def root(number: int) -> int:
+        while parent[number] != number:
+            parent[number] = parent[parent[number]]
+            number = parent[number]
+        return number
+
+    for number, members in cores.items():
+        for member in members:
+            if member in parent:
+                parent[root(member)] = root(number)
+    groups: dict[int, set[int]] = {}
+    for number in cores:
+        groups.setdefault(root(number), set()).add(number)
+    joined = {number: frozenset(groups[root(number)]) for number in cores}
+    for number, members in joined.items():
+        if members != cores[number]:
+            infer.add("thread sibling lists that disagree with each other: joined", number)
+    return joined
 
 
 def _packages(raw: dict[int, _RawCpu], infer: _Inferences) -> dict[int, int]:

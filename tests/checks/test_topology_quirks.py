@@ -186,6 +186,14 @@ def test_sparse_numbering(tmp_path: Path) -> None:
     ]
 
 
+def test_disagreeing_sibling_lists_make_one_core(tmp_path: Path) -> None:
+    found = inventory(build("disagreeing-siblings", tmp_path))
+    cores = found.cpu.cores
+    assert sum(len(core) for core in cores) == 8  # each CPU in exactly one core
+    assert found.cpu.cpus[0].siblings == found.cpu.cpus[4].siblings == {0, 4}
+    assert any("disagree" in note for note in found.cpu.notes)
+
+
 def test_gpu_on_a_node_without_online_cpus_is_a_warning(tmp_path: Path) -> None:
     results = build("gpu-on-cpuless-node", tmp_path).results("numa")
     by_subject = {r.subject: r for r in results}
