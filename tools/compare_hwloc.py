@@ -236,8 +236,9 @@ class NodecheckView:
     pus: frozenset[int]
     numa: dict[int, frozenset[int]]
     unlisted_nodes: frozenset[int]  # nodes known only from the CPUs' nodeM links
-    gpu_nodes: dict[int, str]  # NUMA node -> an NVIDIA device reporting it
+    gpu_nodes: dict[int, str]  # NUMA node -> the NVIDIA GPU whose memory it is
     notes: list[str]
+    problems: list[str] = field(default_factory=list)  # what nodecheck could not read
 
     @classmethod
     def of(cls, inventory: Inventory, fs: NodeFS) -> NodecheckView:
@@ -246,7 +247,12 @@ class NodecheckView:
             packages.setdefault(cpu.package, set()).add(cpu.number)
         gpu_nodes = gpu_memory_nodes(fs)
         notes = list(inventory.cpu.notes) + list(inventory.numa_notes)
-        notes += [note for node in inventory.numa_nodes for note in node.notes]
+        notes += [
+            f"node {node.number}: {note}"
+            for node in inventory.numa_nodes
+            if node.listed
+            for note in node.notes
+        ]
         problems = [*inventory.cpu.problems.values()]
         problems += [node.problem for node in inventory.numa_nodes if node.problem]
         return cls(
@@ -256,7 +262,8 @@ class NodecheckView:
             {node.number: node.cpus for node in inventory.numa_nodes},
             frozenset(node.number for node in inventory.numa_nodes if not node.listed),
             gpu_nodes,
-            sorted(set(notes)) + [f"problem: {problem}" for problem in problems],
+            sorted(set(notes)),
+            problems,
         )
 
     def restricted(self, allowed: frozenset[int], nodes: set[int]) -> NodecheckView:
@@ -275,6 +282,7 @@ class NodecheckView:
             self.unlisted_nodes,
             self.gpu_nodes,
             self.notes,
+            self.problems,
         )
 
 
@@ -320,6 +328,7 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
         ),
         ("PUs", _cpus(view.pus), _cpus(hwloc.pus)),
     ]
+    differences += [f"nodecheck could not read: {problem}" for problem in ours.problems]
     if view.pus != hwloc.pus:
         differences.append(f"PUs: nodecheck {_cpus(view.pus)}, hwloc {_cpus(hwloc.pus)}")
     if len(view.packages) != hwloc.packages:

@@ -4,7 +4,7 @@ Attributes: Documentation/ABI/stable/sysfs-devices-system-cpu and
 Documentation/admin-guide/cputopology.rst.
 
 Real machines' trees say less than those documents, or contradict themselves. The
-reading takes what the kernel means, as hwloc's Linux backend does (src/topology-linux.c,
+reading takes what the kernel means, as hwloc's Linux backend does (hwloc/topology-linux.c,
 look_sysfscpu, in open-mpi/hwloc), and says what it inferred in `CpuTopology.notes`:
 
 - no `online` file (kernels before 2.6.2x): `present`/`possible` and the cpuN

@@ -164,6 +164,8 @@ def test_compare_agrees_and_differs() -> None:
     assert split.verdict == "differ"
     assert "node 0: nodecheck CPUs 0-3, hwloc 0-1" in split.differences
     assert compare(ours(), theirs(cores=4)).differences == ["cores: nodecheck 8, hwloc 4"]
+    unread = compare(ours(problems=["cpu5/topology/core_id: binary content"]), theirs())
+    assert unread.differences == ["nodecheck could not read: cpu5/topology/core_id: binary content"]
 
 
 def test_compare_by_design_cases() -> None:
@@ -185,6 +187,24 @@ def test_compare_by_design_cases() -> None:
         theirs(),
     )
     assert gpu.by_design == ["hwloc hides node 255, the memory of NVIDIA GPU 0004:04:00.0"]
+    conflict = compare(ours(), theirs(packages=1, pus_outside_packages=frozenset(range(4, 8))))
+    assert conflict.verdict == "differ by design"
+    assert conflict.by_design[0].startswith("hwloc leaves out 1 package(s)")
+    offline = compare(
+        ours(unlisted_nodes=frozenset({0})),
+        theirs(numa={1: frozenset(range(4, 8))}, pus_outside_numa=frozenset(range(4))),
+    )
+    assert offline.verdict == "differ by design"
+    assert offline.by_design[0].startswith("node 0 is offline (no directory)")
+    in_none = compare(
+        ours(),
+        theirs(
+            numa={0: frozenset({0, 1}), 1: frozenset(range(4, 8))},
+            pus_outside_numa=frozenset({2, 3}),
+        ),
+    )
+    assert in_none.verdict == "differ by design"
+    assert "puts CPUs 2-3 in no node" in in_none.by_design[0]
     # The same hidden CPUs without hwloc saying it hid them is a difference.
     unexplained = compare(ours(), theirs(pus=frozenset({0, 1}), cores=2, packages=1))
     assert unexplained.verdict == "differ"
