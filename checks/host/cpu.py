@@ -8,10 +8,12 @@ tuning of core sets; either setting can be right.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
@@ -27,12 +29,39 @@ NON_PERFORMANCE = MetricSpec(
 )
 
 
+FIRST_SHOWN = 4
+
+
+def problem_results(problems: dict[str, str]) -> Iterator[Result]:
+    """One error per kind of problem, not one per CPU: "cpu7" problems (a topology file)
+    and "cpu7 governor" problems are each folded into one finding with their count, the
+    first CPUs and the first message (which names the file)."""
+    per_cpu: dict[str, list[tuple[int, str]]] = {}
+    for name, problem in problems.items():
+        match = re.fullmatch(r"cpu(\d+)( governor)?", name)
+        if match is None:
+            yield Result(Status.ERROR, NODE, f"cannot read CPU topology ({name}): {problem}")
+            continue
+        what = "cpufreq governor" if match.group(2) else "topology"
+        per_cpu.setdefault(what, []).append((int(match.group(1)), problem))
+    for what, found in per_cpu.items():
+        found.sort()
+        cpus = [number for number, _ in found]
+        shown = ", ".join(f"cpu{number}" for number in cpus[:FIRST_SHOWN])
+        more = f" and {len(cpus) - FIRST_SHOWN} more" if len(cpus) > FIRST_SHOWN else ""
+        yield Result(
+            Status.ERROR,
+            NODE,
+            f"cannot read the {what} of {len(cpus)} CPU(s) ({shown}{more}): {found[0][1]}",
+            details={"cpus": format_cpulist(cpus), "first_problem": found[0][1]},
+        )
+
+
 @register("cpu", interval_s=3600, timeout_s=10)
 def check_cpu(ctx: CheckContext) -> Iterator[Result]:
     """CPU frequency governor and SMT state."""
     topology = ctx.inventory.cpu
-    for name, problem in topology.problems.items():
-        yield Result(Status.ERROR, NODE, f"cannot read CPU topology ({name}): {problem}")
+    yield from problem_results(topology.problems)
     if not topology.cpus:
         if not topology.problems:
             yield Result(Status.ERROR, NODE, "no online CPU found in sysfs")
@@ -67,6 +96,13 @@ def check_cpu(ctx: CheckContext) -> Iterator[Result]:
                 details={"governors": dict(governors)},
                 samples=(sample,),
             )
+    if topology.notes:
+        yield Result(
+            Status.OK,
+            NODE,
+            "CPU topology inferred where sysfs is incomplete: " + "; ".join(topology.notes),
+            details={"notes": list(topology.notes)},
+        )
     threads = topology.threads_per_core
     state = {True: "on", False: "off", None: "unknown"}[topology.smt_active]
     if topology.smt_active is None:

@@ -44,7 +44,16 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
         yield Result(Status.SKIP, NODE, "the kernel reports no NUMA nodes (built without NUMA)")
     for node in nodes:
         subject = f"numa {node.number}"
-        if node.problem:
+        if not node.listed:
+            yield Result(
+                Status.WARN,
+                subject,
+                f"NUMA node {node.number} is offline (no devices/system/node/node{node.number}) "
+                f"but its CPUs {format_cpulist(node.cpus)} are online: their memory is remote",
+                "check the DIMM population and the BIOS NUMA settings of that socket",
+                {"notes": list(node.notes)},
+            )
+        elif node.problem:
             yield Result(
                 Status.ERROR, subject, f"cannot read NUMA node {node.number}: {node.problem}"
             )
@@ -66,7 +75,18 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 "GiB: CXL, HBM or coherent GPU memory)",
             )
 
-    multi_node = len([node for node in nodes if node.cpus]) > 1 or inventory.multi_socket
+    notes = list(inventory.numa_notes) + [
+        f"node {node.number}: {note}" for node in nodes if node.listed for note in node.notes
+    ]
+    if notes:
+        yield Result(
+            Status.OK,
+            NODE,
+            "NUMA topology inferred where sysfs is incomplete: " + "; ".join(notes),
+            details={"notes": notes},
+        )
+    with_cpus = {node.number for node in nodes if node.cpus}
+    multi_node = len(with_cpus) > 1 or inventory.multi_socket
     spread: dict[str, list[str]] = {}
     for gpu in inventory.gpus:
         subject = gpu_subject(gpu.bdf)
@@ -105,6 +125,19 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 {"numa_node": gpu.numa_node},
                 (sample,),
             )
+        elif gpu_node is not None and nodes and gpu_node not in with_cpus:
+            listed = {node.number for node in nodes if node.listed}
+            where = "has no online CPU" if gpu_node in listed else "is not online"
+            yield Result(
+                Status.WARN,
+                subject,
+                f"on NUMA node {gpu_node}, which {where}: processes for this GPU run on "
+                "another node's CPUs, every transfer crosses the socket link",
+                "check that the socket's CPUs are online (/sys/devices/system/cpu/online) "
+                "and the BIOS NUMA settings; meanwhile bind to the nearest node with CPUs",
+                {"numa_node": gpu_node, "nodes_with_cpus": sorted(with_cpus)},
+                (sample,),
+            )
         else:
             yield Result(
                 Status.OK,
@@ -114,26 +147,40 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 details={"numa_node": gpu_node},
                 samples=(sample,),
             )
+    path = ctx.fs.proc("sys", "kernel", "numa_balancing")
+    balancing_error: str | None = None
+    balancing: str | None = None
+    try:
+        balancing = read_optional_text(path)
+    except ReadError as err:
+        balancing_error = f"cannot read {err}"
+    # A kernel built without CONFIG_NUMA_BALANCING has no such sysctl (kernel/sched/
+    # fair.c registers it with the feature): nothing to turn off, said with the verdict.
+    not_built = (
+        f"; automatic NUMA balancing is not built into this kernel (no {path})"
+        if balancing is None and balancing_error is None
+        else ""
+    )
     if spread:
         shown = ", ".join(f"node {key}: {len(value)}" for key, value in sorted(spread.items()))
         yield Result(
             Status.OK,
             NODE,
-            f"{len(inventory.gpus)} GPUs by NUMA node: {shown}",
+            f"{len(inventory.gpus)} GPUs by NUMA node: {shown}{not_built}",
             details={"gpus": spread},
         )
     elif nodes:
         # A healthy node without GPUs still gets its verdict: nothing said is no pass.
-        yield Result(Status.OK, NODE, f"{len(nodes)} NUMA node(s); no GPU on the PCI bus")
-
-    path = ctx.fs.proc("sys", "kernel", "numa_balancing")
-    try:
-        balancing = read_optional_text(path)
-    except ReadError as err:
-        yield Result(Status.ERROR, NODE, f"cannot read {err}")
+        yield Result(
+            Status.OK, NODE, f"{len(nodes)} NUMA node(s); no GPU on the PCI bus{not_built}"
+        )
+    elif not_built:
+        yield Result(Status.SKIP, NODE, not_built.removeprefix("; "))
+    if balancing_error is not None:
+        yield Result(Status.ERROR, NODE, balancing_error)
         return
     if balancing is None:
-        return  # kernel without CONFIG_NUMA_BALANCING: nothing to judge
+        return
     try:
         mode = parse_attr(path, balancing, int, "a number")
     except ReadError as err:

@@ -2,18 +2,45 @@
 
 Attributes: Documentation/ABI/stable/sysfs-devices-system-cpu and
 Documentation/admin-guide/cputopology.rst.
+
+Real machines' trees say less than those documents, or contradict themselves. The
+reading takes what the kernel means, as hwloc's Linux backend does (hwloc/topology-linux.c,
+look_sysfscpu, in open-mpi/hwloc), and says what it inferred in `CpuTopology.notes`:
+
+- no `online` file (kernels before 2.6.2x): `present`/`possible` and the cpuN
+  directories, each online unless its `cpuN/online` reads 0;
+- sibling lists as `_list` files, else as hexadecimal masks;
+- a core is the CPUs of one thread siblings list, except that CPUs of one list with
+  distinct core_id are compute-unit cores (AMD Bulldozer); without the list, the CPUs of
+  one package and core_id; without either, each CPU;
+- a package is the CPUs of one package list (core_siblings), numbered by
+  physical_package_id where it has one (not -1) and no other package took it;
+- siblings and packages hold online CPUs only, and each CPU is in one core.
+
+An online CPU without a topology directory, or with a file that exists but makes no
+sense, is a problem (`error` in the cpu check), never guessed at.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from nodecheck.checks.node.cpulist import cpu_id_bound, parse_cpulist
+from nodecheck.checks.node.cpulist import (
+    cpu_id_bound,
+    format_cpulist,
+    parse_cpulist,
+    parse_cpumask,
+)
 from nodecheck.checks.node.fs import (
+    MISSING,
     NodeFS,
     ReadError,
+    list_dir,
+    read_optional_parsed,
     read_optional_text,
     read_parsed,
     read_prefix,
@@ -22,7 +49,8 @@ from nodecheck.checks.node.fs import (
 
 @dataclass(frozen=True)
 class Cpu:
-    """One logical CPU. `siblings` are the hardware threads of its core, itself included."""
+    """One logical CPU. `siblings` are the hardware threads of its core, itself included
+    (online CPUs only)."""
 
     number: int
     package: int
@@ -38,6 +66,8 @@ class CpuTopology:
     smt_control: str | None  # "on", "off", "forceoff", "notsupported", "notimplemented"
     smt_active: bool | None
     problems: dict[str, str] = field(default_factory=dict)
+    # What was inferred where sysfs was incomplete, in words, each naming its CPUs.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def packages(self) -> list[int]:
@@ -54,35 +84,279 @@ class CpuTopology:
         return max((len(core) for core in cores), default=1)
 
 
+# The files that name a CPU's hardware threads and its package's CPUs. Linux 5.7 added
+# core_cpus and package_cpus beside thread_siblings and core_siblings, which print the
+# same (Documentation/admin-guide/cputopology.rst); kernels before 2.6.26 have no `_list`
+# files, only the hexadecimal masks. The first that exists is read.
+THREAD_FILES = ("thread_siblings_list", "core_cpus_list", "thread_siblings", "core_cpus")
+PACKAGE_FILES = ("core_siblings_list", "package_cpus_list", "core_siblings", "package_cpus")
+
+
+class _Inferences:
+    """What was inferred, by what it says, with the CPUs it concerns."""
+
+    def __init__(self) -> None:
+        self._cpus: dict[str, set[int]] = {}
+
+    def add(self, what: str, cpu: int) -> None:
+        self._cpus.setdefault(what, set()).add(cpu)
+
+    def notes(self) -> list[str]:
+        return [f"{what} (CPUs {format_cpulist(cpus)})" for what, cpus in self._cpus.items()]
+
+
+def _read_online(
+    base: Path,
+    parse: Callable[[str], frozenset[int]],
+    notes: list[str],
+    problems: dict[str, str],
+) -> frozenset[int] | None:
+    """The online CPUs: `online`, else what the kernel means without it.
+
+    Kernels before 2.6.2x have no `online` (nor `present`/`possible`) file; the CPUs then
+    are the `cpuN` directories, and one is online unless its `cpuN/online` reads 0 (a CPU
+    that cannot be unplugged, often cpu0, has no such file: Documentation/core-api/
+    cpu_hotplug.rst). The same reading stands in for an `online` that cannot be read,
+    which is also a problem. None when not even that says anything.
+    """
+    try:
+        return read_parsed(base / "online", parse, "a CPU list")
+    except ReadError as err:
+        if err.reason != MISSING:
+            problems["online"] = str(err)
+        reason = "missing" if err.reason == MISSING else "unreadable"
+    listed = set()
+    for entry in list_dir(base):
+        match = re.fullmatch(r"cpu(\d+)", entry)
+        if match:
+            listed.add(int(match.group(1)))
+    source = "the cpuN directories"
+    candidates = frozenset(listed)
+    for name in ("present", "possible"):
+        try:
+            declared = read_parsed(base / name, parse, "a CPU list")
+        except ReadError:
+            continue
+        candidates = declared & listed if listed else declared
+        source = f"{name} and the cpuN directories" if listed else name
+        break
+    online = set()
+    for number in candidates:
+        try:
+            state = read_optional_text(base / f"cpu{number}" / "online")
+        except ReadError:
+            state = None
+        if state != "0":
+            online.add(number)
+    if not online:
+        return None
+    notes.append(
+        f"devices/system/cpu/online {reason}: online CPUs {format_cpulist(online)} taken from "
+        f"{source}, each online unless its cpuN/online reads 0"
+    )
+    return frozenset(online)
+
+
+def _read_id(path: Path) -> int | None:
+    """A topology id; None when the file is missing or says -1 (the id is unknown: arm64
+    before 5.x and some firmware leave physical_package_id at -1)."""
+    value = read_optional_parsed(path, int, "an integer")
+    return None if value is None or value < 0 else value
+
+
+def _read_cpu_set(
+    topology: Path, names: tuple[str, ...], bound: int
+) -> tuple[frozenset[int] | None, str | None]:
+    """The first of `names` that exists, parsed as a list or a mask, and its name."""
+    for name in names:
+        parse: Callable[[str], frozenset[int]]
+        if name.endswith("_list"):
+            parse = lambda text: parse_cpulist(text, bound)  # noqa: E731
+        else:
+            parse = lambda text: parse_cpumask(text, bound)  # noqa: E731
+        value = read_optional_parsed(topology / name, parse, "a CPU list or mask")
+        if value is not None:
+            return value, name
+    return None, None
+
+
+@dataclass(frozen=True)
+class _RawCpu:
+    number: int
+    package_id: int | None
+    core_id: int | None
+    threads: frozenset[int] | None
+    package_cpus: frozenset[int] | None
+
+
+def _read_raw_cpu(base: Path, number: int, bound: int) -> _RawCpu:
+    topology = base / f"cpu{number}" / "topology"
+    threads, _ = _read_cpu_set(topology, THREAD_FILES, bound)
+    package_cpus, _ = _read_cpu_set(topology, PACKAGE_FILES, bound)
+    return _RawCpu(
+        number,
+        _read_id(topology / "physical_package_id"),
+        _read_id(topology / "core_id"),
+        threads,
+        package_cpus,
+    )
+
+
+def _cores(
+    raw: dict[int, _RawCpu], online: frozenset[int], infer: _Inferences
+) -> dict[int, frozenset[int]]:
+    """Each CPU's core, as the set of its hardware threads, as hwloc reads it
+    (hwloc/topology-linux.c, look_sysfscpu, in open-mpi/hwloc)."""
+    cores: dict[int, frozenset[int]] = {}
+    for number, cpu in raw.items():
+        if cpu.threads is not None:
+            threads = (cpu.threads & online) | {number}
+            core_ids = {raw[t].core_id for t in threads if t in raw}
+            if cpu.core_id is not None and len(core_ids) > 1:
+                # Threads of one thread_siblings mask with distinct core_id are the cores
+                # of an AMD compute unit (Bulldozer family: two integer cores sharing a
+                # front end and FPU), each a core of its own as hwloc counts them.
+                threads = frozenset(
+                    t for t in threads if t in raw and raw[t].core_id == cpu.core_id
+                )
+                infer.add(
+                    "CPUs of one thread_siblings mask with distinct core_id: compute units "
+                    "(AMD Bulldozer family), each thread counted as a core",
+                    number,
+                )
+            cores[number] = frozenset(threads)
+        elif cpu.core_id is not None:
+            # No sibling file: the threads of a core share its package and core_id
+            # (Documentation/admin-guide/cputopology.rst).
+            cores[number] = frozenset(
+                other.number
+                for other in raw.values()
+                if other.core_id == cpu.core_id
+                and (other.package_id, other.package_cpus) == (cpu.package_id, cpu.package_cpus)
+            )
+            infer.add("no thread siblings file: cores grouped by package and core_id", number)
+        else:
+            cores[number] = frozenset({number})
+            infer.add("no thread siblings file nor core_id: each CPU counted as a core", number)
+    return _as_partition(cores, infer)
+
+
+def _as_partition(
+    cores: dict[int, frozenset[int]], infer: _Inferences
+) -> dict[int, frozenset[int]]:
+    """Cores that do not overlap: the kernel gives each thread of a core the same list,
+    so lists that disagree (cpu0 names cpu1, cpu1 only itself) are joined, never left to
+    put one CPU in two cores (and two ranks)."""
+    parent = {number: number for number in cores}
+
+    def root(number: int) -> int:
+        while parent[number] != number:
+            parent[number] = parent[parent[number]]
+            number = parent[number]
+        return number
+
+    for number, members in cores.items():
+        for member in members:
+            if member in parent:
+                parent[root(member)] = root(number)
+    groups: dict[int, set[int]] = {}
+    for number in cores:
+        groups.setdefault(root(number), set()).add(number)
+    joined = {number: frozenset(groups[root(number)]) for number in cores}
+    for number, members in joined.items():
+        if members != cores[number]:
+            infer.add("thread sibling lists that disagree with each other: joined", number)
+    return joined
+
+
+def _packages(raw: dict[int, _RawCpu], infer: _Inferences) -> dict[int, int]:
+    """Each CPU's package number.
+
+    A package is the CPUs of one package CPU list (core_siblings / package_cpus), as
+    hwloc reads it: ia64 kernels print one physical_package_id for CPUs whose lists say
+    they are separate packages (one per single-core Madison). A package keeps its
+    physical_package_id; one without (missing or -1), or a second package with an id
+    already taken, is numbered after the highest id.
+    """
+    online = frozenset(raw)
+    keys: dict[int, tuple[int | None, frozenset[int] | None]] = {}
+    for number, cpu in raw.items():
+        mask = None if cpu.package_cpus is None else (cpu.package_cpus & online) | {number}
+        keys[number] = (cpu.package_id, mask)
+    known = [cpu.package_id for cpu in raw.values() if cpu.package_id is not None]
+    next_number = max(known, default=-1) + 1
+    numbers: dict[tuple[int | None, frozenset[int] | None], int] = {}
+    taken: set[int] = set()
+    packages: dict[int, int] = {}
+    for number in sorted(raw):
+        key = keys[number]
+        package_id, mask = key
+        if key not in numbers:
+            if package_id is not None and package_id not in taken:
+                numbers[key] = package_id
+            else:
+                numbers[key] = next_number
+                next_number += 1
+            taken.add(numbers[key])
+        packages[number] = numbers[key]
+        if package_id is not None and numbers[key] != package_id:
+            infer.add(
+                "a physical_package_id shared by CPUs whose core_siblings/package_cpus "
+                "lists are disjoint: separate packages, as those lists say",
+                number,
+            )
+        elif package_id is None and mask is None:
+            infer.add("no physical_package_id nor package CPU list: one package assumed", number)
+        elif package_id is None:
+            infer.add(
+                "physical_package_id missing or -1: packages taken from core_siblings/package_cpus",
+                number,
+            )
+    return packages
+
+
 def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     base = fs.sys("devices", "system", "cpu")
     problems: dict[str, str] = {}
+    notes: list[str] = []
     bound = cpu_id_bound(fs)
 
     def cpulist(text: str) -> frozenset[int]:
         return parse_cpulist(text, bound)
 
     try:
-        online = read_parsed(base / "online", cpulist, "a CPU list")
+        found = _read_online(base, cpulist, notes, problems)
     except ReadError as err:
         problems["online"] = str(err)
-        online = frozenset()
-    cpus: dict[int, Cpu] = {}
+        found = None
+    if found is None:
+        problems.setdefault("online", f"{base / 'online'}: missing, and no cpuN directory")
+    online = found or frozenset()
+    infer = _Inferences()
+    raw: dict[int, _RawCpu] = {}
     for number in sorted(online):
         topology = base / f"cpu{number}" / "topology"
         try:
-            package = read_parsed(topology / "physical_package_id", int, "an integer")
-            core = read_parsed(topology / "core_id", int, "an integer")
-            siblings = read_parsed(topology / "thread_siblings_list", cpulist, "a CPU list")
+            if not list_dir(topology):
+                # Every kernel that lists a CPU online exports its topology directory
+                # (drivers/base/topology.c, added as the CPU comes up): without it
+                # nothing tells its threads apart, which the user must hear.
+                raise ReadError(topology, "missing (no topology directory)")
+            raw[number] = _read_raw_cpu(base, number, bound)
         except ReadError as err:
             problems[f"cpu{number}"] = str(err)
-            continue
+    cores = _cores(raw, frozenset(raw), infer)
+    packages = _packages(raw, infer)
+    cpus: dict[int, Cpu] = {}
+    for number, cpu in raw.items():
         try:
             governor = read_optional_text(base / f"cpu{number}" / "cpufreq" / "scaling_governor")
         except ReadError as err:
             problems[f"cpu{number} governor"] = str(err)
             governor = None
-        cpus[number] = Cpu(number, package, core, siblings or frozenset({number}), governor)
+        core = cpu.core_id if cpu.core_id is not None else min(cores[number])
+        cpus[number] = Cpu(number, packages[number], core, cores[number], governor)
+    notes.extend(infer.notes())
     smt_control = smt_active_text = None
     try:
         smt_control = read_optional_text(base / "smt" / "control")
@@ -90,7 +364,7 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     except ReadError as err:
         problems["smt"] = str(err)
     smt_active = None if smt_active_text is None else smt_active_text == "1"
-    return CpuTopology(online, cpus, smt_control, smt_active, problems)
+    return CpuTopology(online, cpus, smt_control, smt_active, problems, notes)
 
 
 def parse_cpuinfo(text: str) -> dict[str, str]:

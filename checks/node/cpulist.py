@@ -77,6 +77,36 @@ def parse_cpulist(text: str, cpu_bound: int = NR_CPUS_MAX) -> frozenset[int]:
     return frozenset(cpus)
 
 
+def parse_cpumask(text: str, cpu_bound: int = NR_CPUS_MAX) -> frozenset[int]:
+    """Parse the kernel's hexadecimal CPU mask ("00000000,00000101": CPUs 0 and 8).
+
+    The `cpumap`, `thread_siblings` and `core_siblings` files print comma-separated
+    32-bit words, most significant first (lib/bitmap.c, bitmap_print_to_pagebuf with
+    list=false); kernels before the `*_list` files (2.6.2x) have only these. The
+    first word may be shorter ("03" on a kernel built with NR_CPUS=2). A mask with
+    more words than `cpu_bound` CPUs need, or a bit at or past the bound, is
+    ImplausibleValueError.
+    """
+    text = text.strip()
+    if not text:
+        return frozenset()
+    words = text.split(",")
+    if len(words) > NR_CPUS_MAX // 32:
+        raise ImplausibleValueError(
+            f"{len(words)} mask words, more than {NR_CPUS_MAX} CPUs (NR_CPUS at most) need"
+        )
+    value = 0
+    for word in words:
+        if not 1 <= len(word) <= 8 or not all(c in "0123456789abcdefABCDEF" for c in word):
+            raise ValueError(f"not a 32-bit hexadecimal mask word: {word!r}")
+        value = (value << 32) | int(word, 16)
+    if value >> cpu_bound:
+        raise ImplausibleValueError(
+            f"CPU {value.bit_length() - 1} is beyond the {cpu_bound} CPUs the kernel can have"
+        )
+    return frozenset(bit for bit in range(value.bit_length()) if value >> bit & 1)
+
+
 def format_cpulist(cpus: Iterable[int]) -> str:
     """The inverse of parse_cpulist: {0,1,2,3,8} -> "0-3,8"."""
     ordered = sorted(set(cpus))

@@ -262,6 +262,13 @@ def read_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T:
     return parse_attr(path, read_text(path), parse, expected)
 
 
+def read_optional_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T | None:
+    """read_parsed, but None when the file does not exist (sysfs leaves out attributes
+    an architecture or an old kernel does not provide)."""
+    text = read_optional_text(path)
+    return None if text is None else parse_attr(path, text, parse, expected)
+
+
 def list_dir(path: Path, limit: int = DIRECTORY_LIMIT) -> list[str]:
     """Sorted entries of a directory; [] when it does not exist. Anything else that is
     not a directory (a file, a FIFO, a symlink loop) is a ReadError naming the path."""

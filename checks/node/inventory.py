@@ -10,6 +10,7 @@ import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from nodecheck.checks.node.cpu import CpuTopology, read_cpu_topology
@@ -20,7 +21,7 @@ from nodecheck.checks.node.net import (
     read_net_interfaces,
     read_rdma_devices,
 )
-from nodecheck.checks.node.numa import NumaNode, read_numa_nodes
+from nodecheck.checks.node.numa import NumaNode, NumaReading, read_numa
 from nodecheck.checks.node.pci import PciDevice, read_pci_devices
 from nodecheck.checks.node.topology import Relation, effective_numa_node, pcie_relation
 
@@ -89,6 +90,8 @@ class Inventory:
     # A whole directory that could not be listed, by what it holds ("pci", "net",
     # "rdma", "numa"): the error names the path.
     problems: dict[str, str] = field(default_factory=dict)
+    # What the NUMA reading inferred for the node as a whole (each node has its own notes).
+    numa_notes: list[str] = field(default_factory=list)
 
     @property
     def gpus(self) -> list[PciDevice]:
@@ -142,13 +145,31 @@ def nic_order(nic: Nic) -> tuple[bool, list[object]]:
     return (not nic.is_rdma, parts)
 
 
+UNKNOWN_HOSTNAME = "unknown"
+
+
 def read_hostname(fs: NodeFS) -> str:
-    """The node's name from `<procfs>/sys/kernel/hostname`, so a captured tree names its node."""
+    """The node's name from `<procfs>/sys/kernel/hostname`, so a captured tree names its node.
+
+    Only the live /proc may fall back to this machine's name (uname(2) gives the same
+    name the file does): a captured tree without the file is "unknown", never the name
+    of the machine that reads it.
+    """
     try:
         name = read_optional_text(fs.proc("sys", "kernel", "hostname"))
     except ReadError:
         name = None
-    return name or socket.gethostname()
+    if name:
+        return name
+    return socket.gethostname() if is_live_procfs(fs) else UNKNOWN_HOSTNAME
+
+
+def is_live_procfs(fs: NodeFS) -> bool:
+    """Whether the procfs root is this machine's /proc."""
+    try:
+        return fs.procfs.resolve() == Path("/proc")
+    except OSError:
+        return False
 
 
 def _listed(problems: dict[str, str], area: str, read: Callable[[], list[T]]) -> list[T]:
@@ -168,7 +189,12 @@ def read_inventory(fs: NodeFS) -> Inventory:
         pci = {}
     interfaces = _listed(problems, "net", lambda: read_net_interfaces(fs))
     rdma = _listed(problems, "rdma", lambda: read_rdma_devices(fs))
-    numa_nodes = _listed(problems, "numa", lambda: read_numa_nodes(fs))
+    cpu = read_cpu_topology(fs)
+    try:
+        numa = read_numa(fs, cpu.online or None, {n: c.package for n, c in cpu.cpus.items()})
+    except ReadError as err:
+        problems["numa"] = str(err)
+        numa = NumaReading([])
     nics = sorted(
         (
             Nic(
@@ -187,7 +213,8 @@ def read_inventory(fs: NodeFS) -> Inventory:
         nics=nics,
         interfaces=interfaces,
         rdma=rdma,
-        numa_nodes=numa_nodes,
-        cpu=read_cpu_topology(fs),
+        numa_nodes=numa.nodes,
+        cpu=cpu,
         problems=problems,
+        numa_notes=numa.notes,
     )

@@ -10,7 +10,8 @@ from nodecheck.checks.host.nccl_env import parse_selector
 from nodecheck.checks.host.torch_alloc import lex_alloc_conf, parse_alloc_conf
 from nodecheck.checks.node.cgroup import parse_proc_cgroup
 from nodecheck.checks.node.cpu import parse_cpuinfo
-from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist, parse_cpumask
+from nodecheck.checks.node.fs import ImplausibleValueError
 from nodecheck.checks.node.net import (
     parse_ipv4_routes,
     parse_ipv6_addresses,
@@ -18,7 +19,7 @@ from nodecheck.checks.node.net import (
     parse_port_rate,
     parse_port_state,
 )
-from nodecheck.checks.node.numa import parse_node_meminfo
+from nodecheck.checks.node.numa import parse_meminfo_total, parse_node_meminfo
 from nodecheck.checks.node.pci import (
     parse_link_speed,
     parse_link_width,
@@ -52,6 +53,35 @@ def test_cpulist(text: str, cpus: set[int]) -> None:
 def test_cpulist_rejects_garbage(text: str) -> None:
     with pytest.raises(ValueError):
         parse_cpulist(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("00000000,00000101", {0, 8}),  # a thread_siblings mask of a 64-CPU kernel
+        ("03", {0, 1}),  # NR_CPUS=2: one short word
+        ("0000,ffffffff", set(range(32))),  # NR_CPUS=48
+        ("00000001,00000000,00000000", {64}),
+        ("00000000", set()),
+        ("", set()),
+    ],
+)
+def test_cpumask(text: str, cpus: set[int]) -> None:
+    assert parse_cpumask(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["0x3", "00000g00", "123456789", "0,,1"])
+def test_cpumask_rejects_garbage(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpumask(text)
+
+
+def test_cpumask_is_bounded_by_the_possible_cpus() -> None:
+    assert parse_cpumask("00000000,000000ff", cpu_bound=8) == set(range(8))
+    with pytest.raises(ImplausibleValueError, match="CPU 8 is beyond the 8"):
+        parse_cpumask("00000000,000001ff", cpu_bound=8)
+    with pytest.raises(ImplausibleValueError, match="mask words"):
+        parse_cpumask(",".join(["ffffffff"] * 257))
 
 
 def test_format_cpulist_round_trips() -> None:
@@ -107,6 +137,12 @@ def test_node_meminfo() -> None:
     assert parse_node_meminfo(text) == 3631308 * 1024
     with pytest.raises(ValueError):
         parse_node_meminfo("Node 0 MemFree: 1 kB\n")
+
+
+def test_meminfo_total() -> None:
+    assert parse_meminfo_total("MemTotal:       16315988 kB\nMemFree: 1 kB\n") == 16315988 * 1024
+    with pytest.raises(ValueError):
+        parse_meminfo_total("MemFree: 1 kB\n")
 
 
 def test_cpuinfo_first_block() -> None:

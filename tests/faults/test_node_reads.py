@@ -746,17 +746,20 @@ MATRIX: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     f"{GPU}/class": (frozenset(ALL_KINDS), ANY_CHECK - {"cpu", "torch_alloc"}),
     f"{GPU}/vendor": (frozenset(ALL_KINDS), ANY_CHECK - {"cpu", "torch_alloc"}),
     f"{SWITCH_PORT}/config": (frozenset(ALL_KINDS) - {"binary"}, frozenset({"pcie_acs"})),
+    # Missing, it is read from the node's cpumap, which says the same.
     "sys/devices/system/node/node1/cpulist": (
-        frozenset(ALL_KINDS) - {"empty"},
+        frozenset(ALL_KINDS) - {"empty", "missing"},
         frozenset({"numa"}),
     ),
     "sys/devices/system/node/node1/meminfo": (frozenset(ALL_KINDS), frozenset({"numa"})),
+    # Missing, these two are read as the kernel means: core_cpus_list says the same, and
+    # kernels without `online` have the cpuN directories (a note, not an error).
     "sys/devices/system/cpu/cpu5/topology/thread_siblings_list": (
-        frozenset(ALL_KINDS) - {"empty"},
+        frozenset(ALL_KINDS) - {"empty", "missing"},
         frozenset({"cpu"}),
     ),
     "sys/devices/system/cpu/online": (
-        frozenset(ALL_KINDS) - {"empty"},
+        frozenset(ALL_KINDS) - {"empty", "missing"},
         frozenset({"cpu", "numa"}),
     ),
     "proc/sys/kernel/numa_balancing": (frozenset(ALL_KINDS) - {"missing"}, frozenset({"numa"})),
