@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.node.fs import NodeFS
@@ -24,7 +24,12 @@ from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.pci import PciDevice, read_nvidia_gpus
 from nodecheck.checks.node.variables import Variables, read_variables
 from nodecheck.checks.node.virtualization import detect_virtualization
-from nodecheck.checks.node.xid import XidLog
+
+if TYPE_CHECKING:
+    # Only the XID checks read the kernel log: importing it (and datetime) here would
+    # slow every command, `tune` included, for nothing.
+    from nodecheck.checks.node.kernel_log import KernelLogText
+    from nodecheck.checks.node.xid import XidLog
 
 T = TypeVar("T")
 
@@ -47,7 +52,7 @@ class SharedReads:
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._entries: dict[str, tuple[float, object]] = {}
+        self._entries: dict[str, tuple[float, object, object]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -56,14 +61,16 @@ class SharedReads:
         with self._lock:
             self._entries.clear()
 
-    def get(self, key: str, compute: Callable[[], T]) -> T:
+    def get(self, key: str, compute: Callable[[], T], version: object = None) -> T:
+        """The value kept under `key`, computed again once older than `ttl_s` or when
+        `version` (what the value was computed from: a file's size and time) changed."""
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             with self._lock:
                 entry = self._entries.get(key)
-            if entry is None or time.monotonic() - entry[0] > self.ttl_s:
-                entry = (time.monotonic(), compute())
+            if entry is None or entry[2] != version or time.monotonic() - entry[0] > self.ttl_s:
+                entry = (time.monotonic(), compute(), version)
                 with self._lock:
                     self._entries[key] = entry
             return entry[1]  # type: ignore[return-value]
@@ -97,10 +104,10 @@ class CheckContext:
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def _shared(self, key: str, compute: Callable[[], T]) -> T:
+    def _shared(self, key: str, compute: Callable[[], T], version: object = None) -> T:
         if self.shared is not None:
-            return self.shared.get(key, compute)
-        return self._once(key, compute)
+            return self.shared.get(key, compute, version)
+        return self._once(key if version is None else f"{key} {version}", compute)
 
     def _once(self, key: str, compute: Callable[[], T]) -> T:
         with self._locks_lock:
@@ -141,6 +148,24 @@ class CheckContext:
     @property
     def kernel_log_path(self) -> Path:
         return self.kernel_log if self.kernel_log is not None else self.fs.host("/dev/kmsg")
+
+    def kernel_log_text(self, path: Path) -> KernelLogText:
+        """The kernel log at `path`, read once per run however many checks scan it
+        (gpu_xid and nvswitch_sxid each did, up to 16 MiB apiece); in the agent, shared
+        by the checks run close together, as the NVML snapshot is.
+
+        Kept by path, with the file's identity, size and modification time: a log that
+        grew or was rotated since is read again (/dev/kmsg, whose size and time say
+        nothing, at most `shared.ttl_s` late, and at once after an XID event). A failed
+        read is not kept: each check reads for itself and reports its own ReadError."""
+        from nodecheck.checks.node.kernel_log import read_kernel_log
+
+        try:
+            info = os.stat(path)
+        except OSError:
+            return read_kernel_log(path)  # raises the ReadError that says why
+        version = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        return self._shared(f"kernel log {path}", lambda: read_kernel_log(path), version)
 
     @property
     def virtualization(self) -> str | None:

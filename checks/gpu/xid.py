@@ -16,8 +16,10 @@ Each XID is judged by NVIDIA's action for it (hardware.md §5.3):
   without the driver's word (an NVML event) follows the GPU's recovery action;
 - anything logged before the current boot was cleared by that reboot.
 
-Of all the lines of one XID on one GPU, the one shown and judged is the worst:
-the most severe action, then the latest.
+Of all the lines of one XID on one GPU, the one shown and judged is the worst
+of those not known to be from before the current boot: the most severe action,
+then the latest. Only when every line is older than the boot is the worst of
+them shown, as cleared by the reboot.
 
 That is the fix for dcgm-exporter #500 and k8s-device-plugin #234: a GPU is
 never "unhealthy forever" for an error that was dealt with, yet never healthy
@@ -110,7 +112,7 @@ def event_action(event: XidEvent) -> XidAction:
     An NVLink5 XID without the driver's word (an NVML event carries only the number,
     and the agent may have no kernel log) may be either: the GPU's recovery action
     decides, as the driver sets it for a fatal one (NVIDIA's XID catalog, XID 154)."""
-    if event.severity == "nonfatal":
+    if event.severity == "nonfatal" and event.xid in NVLINK5_XIDS:
         return XidAction.NONE
     if event.severity is None and event.xid in NVLINK5_XIDS:
         return XidAction.FOLLOW_RECOVERY_ACTION
@@ -144,17 +146,29 @@ class XidGroup:
         return self.acted_at if self.action is not None else self.last_seen
 
 
-def group_events(events: list[XidEvent]) -> list[XidGroup]:
+def _before_boot(event: XidEvent, boot_time: float | None) -> bool:
+    """Known to be from before the current boot (a line without a time may be of it)."""
+    return boot_time is not None and event.at is not None and event.at < boot_time
+
+
+def group_events(events: list[XidEvent], boot_time: float | None = None) -> list[XidGroup]:
+    """The XIDs of one GPU, one group per code, each with the line to show and judge.
+
+    That line is the worst of those not known to be from before the current boot
+    (`boot_time`): a reboot cleared those, so an older Fatal line never hides a
+    current one. Only when every line is from before the boot is the worst of them
+    shown (and judged as cleared by the reboot)."""
     groups: dict[int, list[tuple[int, XidEvent]]] = {}
     for order, event in enumerate(events):
         groups.setdefault(event.xid, []).append((order, event))
     result = []
     for xid, seen in sorted(groups.items()):
         times = [e.at for _, e in seen if e.at is not None]
+        current = [item for item in seen if not _before_boot(item[1], boot_time)]
         # The worst line: the most severe action, then the latest (a line without a
         # time counts by its place in the log).
         _, worst = max(
-            seen,
+            current or seen,
             key=lambda item: (
                 ACTION_RANK[event_action(item[1])],
                 item[1].at if item[1].at is not None else float("-inf"),
@@ -257,7 +271,7 @@ def judge_gpu(
     boot_time: float | None,
     source: str,
 ) -> Verdict:
-    groups = group_events(events)
+    groups = group_events(events, boot_time)
     verdict = Verdict(f"no XID in {source}" if not groups else "no action needed")
     for group in groups:
         status, summary, remedy = judge_group(group, gpu, now, boot_time)
@@ -345,7 +359,7 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     path: Path | str = ctx.kernel_log or "/dev/kmsg under the root filesystem"
     try:
         path = ctx.kernel_log_path  # under --rootfs: a symlink loop there is a ReadError
-        kernel = kernel_log_xids(ctx.fs, path)
+        kernel = kernel_log_xids(ctx.fs, path, ctx.kernel_log_text(path))
         unreadable = None
     except ReadError as err:
         kernel = KernelLogXids([], None)

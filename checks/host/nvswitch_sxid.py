@@ -6,13 +6,15 @@ The judging follows the Fabric Manager User Guide's "NVSwitch SXid Errors"
 - a fatal SXid (the line says "Fatal", or the catalog does when the line says
   neither) fails the node until the next boot: the GPUs and NVSwitches of its
   partition need a reset, and an always-fatal one takes the whole fabric down,
-  so the host must restart. Nothing a one-shot run can read confirms a reset
-  short of a reboot, so the failure lasts until the next boot;
+  so the host must restart. Nothing in the kernel log confirms a reset short of
+  a reboot, so the remedy is to drain and reboot, and the failure (with its
+  alert) clears at the next boot;
 - a non-fatal SXid (ECC corrected, a replay) needs no action; the same one
   coming 10 or more times in a day on one NVSwitch warns: a link or memory that
   keeps erring is failing;
 - a thermal event warns for a day (cooling may be insufficient);
-- anything logged before the current boot was cleared by that reboot.
+- anything logged before the current boot was cleared by that reboot, and never
+  hides what this boot logged.
 
 A node without NVSwitches has nothing to judge (`skip`); one with NVSwitches
 whose kernel log cannot be read is `error`: no SXid seen is not no SXid.
@@ -22,12 +24,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.kernel_log import cut_note, read_kernel_log
+from nodecheck.checks.node.kernel_log import cut_note
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
 from nodecheck.checks.node.xid import read_boot_time
 from nodecheck.checks.per_gpu import Verdict
@@ -58,15 +60,22 @@ FATAL = MetricSpec(
 REPEAT_COUNT = 10
 REPEAT_WINDOW_S = 86400.0
 
+# The kernel log shows no reset of the GPUs and NVSwitches and no Fabric Manager restart
+# (Fabric Manager logs to its own file, /var/log/fabricmanager.log): only the boot time
+# tells that the fix was made. So the remedy is the reboot, and says the check clears then;
+# a reset without one would leave the check (and its alert) failing.
+AFTER_REBOOT = (
+    "this check clears after the reboot (nothing in the kernel log shows a reset of the "
+    "GPUs and NVSwitches short of one); then check that Fabric Manager runs (systemctl "
+    "status nvidia-fabricmanager) and that every GPU's fabric state is Completed "
+    "(nvidia-smi -q | grep -A3 Fabric)"
+)
 RESET_REMEDY = (
-    "drain the node; reset its GPUs and NVSwitches together (stop nvidia-fabricmanager, "
-    "nvidia-smi -r, start nvidia-fabricmanager) or reboot it; then check that Fabric "
-    "Manager runs (systemctl status nvidia-fabricmanager) and that every GPU's fabric "
-    "state is Completed (nvidia-smi -q | grep -A3 Fabric)"
+    "drain the node and reboot it: a fatal SXid leaves the GPUs and NVSwitches of its "
+    f"partition needing a reset; {AFTER_REBOOT}"
 )
 REBOOT_REMEDY = (
-    "drain the node and reboot it: this SXid is fatal to the whole NVLink fabric; after "
-    "the reboot check that Fabric Manager runs (systemctl status nvidia-fabricmanager)"
+    f"drain the node and reboot it: this SXid is fatal to the whole NVLink fabric; {AFTER_REBOOT}"
 )
 REPEAT_REMEDY = (
     "a link or memory that keeps erring is failing: watch nvidia-smi nvlink -e, plan a "
@@ -106,25 +115,31 @@ def judge_sxid(
     """One SXid code on one NVSwitch: every line of it, judged as the worst says."""
     info = classify_sxid(code)
     fatal = [e for e in seen if line_is_fatal(e)]
-    shown = max(fatal or seen, key=lambda e: e.at if e.at is not None else float("-inf"))
+    # Lines from before the current boot were cleared by it: a fatal one of them never
+    # hides what this boot logged (a fatal line, or non-fatal ones that keep coming).
+    current = [e for e in seen if _of_this_boot(e.at, boot_time)]
+    fatal_now = [e for e in fatal if _of_this_boot(e.at, boot_time)]
+    if fatal_now:
+        # A line without a time may be of this boot, but one with a time is shown first.
+        shown = max(fatal_now, key=lambda e: (e.at is not None, e.at or 0.0))
+    else:
+        shown = _latest(current or fatal or seen)
     when = "at an unknown time" if shown.at is None else f"{_ago(now - shown.at)} ago"
     said = f"{len(fatal)} fatal" if fatal else "non-fatal"
     text = f"SXid {code} {info.name} x{len(seen)} ({said}), last {when}"
     if shown.message:
         text += f" ({shown.message})"
-    if fatal:
-        if not any(_of_this_boot(e.at, boot_time) for e in fatal):
-            return SxidJudgement(Status.OK, f"{text}: before the last boot", "", False)
+    if fatal_now:
         always = info.kind is SxidKind.ALWAYS_FATAL
         remedy = REBOOT_REMEDY if always else RESET_REMEDY
         if shown.at is None:
             text += ": the log gives no time, so it may be from this boot"
-        return SxidJudgement(Status.FAIL, text, remedy, True)
-    recent = [
-        e
-        for e in seen
-        if _of_this_boot(e.at, boot_time) and (e.at is None or now - e.at <= REPEAT_WINDOW_S)
-    ]
+        return SxidJudgement(Status.FAIL, f"{text}: fails until the next boot", remedy, True)
+    if fatal:
+        text += ": the fatal ones before the last boot"
+        if not current:
+            return SxidJudgement(Status.OK, text, "", False)
+    recent = [e for e in current if e.at is None or now - e.at <= REPEAT_WINDOW_S]
     if info.kind is SxidKind.THERMAL and recent:
         return SxidJudgement(Status.WARN, text, THERMAL_REMEDY, False)
     if info.kind is SxidKind.UNKNOWN and shown.fatal is None and recent:
@@ -156,6 +171,11 @@ def judge_nvswitch(
     if clocks:
         verdict.details["log_times"] = clocks  # how each time was read: inferred
     return verdict
+
+
+def _latest(events: list[SxidEvent]) -> SxidEvent:
+    """The latest line (one without a time only when none has one)."""
+    return max(events, key=lambda e: e.at if e.at is not None else float("-inf"))
 
 
 def _ago(seconds: float) -> str:
@@ -193,7 +213,7 @@ def check_nvswitch_sxid(ctx: CheckContext) -> Iterator[Result]:
     path: Path | str = ctx.kernel_log or "/dev/kmsg under the root filesystem"
     try:
         path = ctx.kernel_log_path
-        read = read_kernel_log(path)
+        read = ctx.kernel_log_text(path)
     except ReadError as err:
         if not switches:
             yield Result(Status.SKIP, NODE, "no NVSwitch on the PCI bus")
@@ -214,6 +234,14 @@ def check_nvswitch_sxid(ctx: CheckContext) -> Iterator[Result]:
     for bus_id in sorted(buses):
         mine = [event for event in events if event.bus_id == bus_id]
         verdict = judge_nvswitch(bus_id, mine, now, boot_time, source)
-        if bus_id not in switches:
-            verdict.add(Status.OK, "not on the PCI bus (a log from another node, or it was lost)")
-        yield verdict.result(nvswitch_subject(bus_id))
+        if bus_id in switches:
+            yield verdict.result(nvswitch_subject(bus_id))
+            continue
+        verdict.details["on_pci_bus"] = False
+        result = verdict.result(nvswitch_subject(bus_id))
+        # Said whatever the verdict: a failure for a switch this node lacks is the one
+        # an operator must not act on blindly (a log from another node).
+        yield replace(result, summary=f"{result.summary}; {NOT_ON_THE_BUS}")
+
+
+NOT_ON_THE_BUS = "not on the PCI bus (a log from another node, or it was lost)"

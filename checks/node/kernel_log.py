@@ -113,6 +113,9 @@ class Stamp:
 
 
 NO_TIME = "no time on the line"
+# How far in the future a stamp without a year may be and still be this year's: the
+# clocks of the node that wrote the log and of the one reading it may differ a little.
+YEARLESS_SKEW_S = 300.0
 
 
 class LineClock:
@@ -120,7 +123,8 @@ class LineClock:
 
     `boot_time` (wall-clock seconds, /proc/stat btime) turns since-boot stamps
     into times: such a stamp is taken to be of the current boot. Stamps without a
-    year (syslog, reltime) get the year that puts them in the past of `now`, and
+    year (syslog, reltime) get the latest year that puts them in the past of `now`
+    (a few minutes of clock skew allowed; the form says which year was taken), and
     stamps without a zone are local time, as dmesg -T and syslog write them.
     """
 
@@ -128,6 +132,7 @@ class LineClock:
         self.boot_time = boot_time
         self.now = now
         self._previous: float | None = None  # the last reltime line's time
+        self._previous_year = ""  # how the last reltime line's year was chosen
 
     def _since_boot(self, seconds: float, form: str) -> Stamp:
         if self.boot_time is None:
@@ -158,14 +163,19 @@ class LineClock:
             return Stamp(at, "dmesg -T (local time)")
         if match := RELTIME_BASE.match(text):
             month, day, hour, minute = match.groups()
-            at = self._without_year(f"{month} {day.strip()} {hour}:{minute}:00", "%b %d %H:%M:%S")
+            at, year = self._without_year(
+                f"{month} {day.strip()} {hour}:{minute}:00", "%b %d %H:%M:%S"
+            )
             self._previous = at
-            return Stamp(at, "dmesg reltime (local time to the minute, the year inferred)")
+            self._previous_year = year
+            return Stamp(at, f"dmesg reltime (local time to the minute, {year})")
         if match := RELTIME_STEP.match(text):
             if self._previous is None:
                 return Stamp(None, "dmesg reltime step before any full time")
             self._previous += float(match.group(1))
-            return Stamp(self._previous, "dmesg reltime (local time to the minute, year inferred)")
+            return Stamp(
+                self._previous, f"dmesg reltime (local time to the minute, {self._previous_year})"
+            )
         if DELTA_ONLY.match(text):
             return Stamp(None, "dmesg delta: gaps between lines, no time")
         if match := SINCE_BOOT.match(text):
@@ -173,10 +183,10 @@ class LineClock:
         if match := SYSLOG_PREFIX.match(text):
             month, day, hour, minute, second, fraction = match.groups()
             text = f"{month} {day.strip()} {hour}:{minute}:{second}"
-            at = self._without_year(text, "%b %d %H:%M:%S")
+            at, year = self._without_year(text, "%b %d %H:%M:%S")
             if at is not None and fraction:
                 at += float(f"0.{fraction}")
-            return Stamp(at, "syslog (local time, the year inferred)")
+            return Stamp(at, f"syslog (local time, {year})")
         if match := UNIX_PREFIX.match(text):
             return Stamp(float(match.group(1)), "seconds since the epoch")
         return Stamp(None, NO_TIME)
@@ -197,13 +207,20 @@ class LineClock:
             return Stamp(None, "journalctl short-full with an impossible date")
         return Stamp(local, f"journalctl short-full (zone {zone} read as this node's local time)")
 
-    def _without_year(self, text: str, layout: str) -> float | None:
+    def _without_year(self, text: str, layout: str) -> tuple[float | None, str]:
+        """The latest time of `text` (no year) not after now, and how its year was chosen.
+
+        A line is never from the future: "Dec 2" read on Dec 1 is last year's (only a
+        clock skew of YEARLESS_SKEW_S between the writer and this node is allowed). "Feb 29"
+        is of the latest leap year, which may be up to 8 years back (2096 to 2104 has
+        none: 2100 is not a leap year)."""
         year = time.localtime(self.now).tm_year
-        for candidate in (year, year - 1):
+        for candidate in range(year, year - 9, -1):
             at = _local(f"{candidate} {text}", f"%Y {layout}")
-            if at is not None and at <= self.now + 86400:
-                return at
-        return None
+            if at is not None and at <= self.now + YEARLESS_SKEW_S:
+                inferred = "this year" if candidate == year else str(candidate)
+                return at, f"the year inferred: {inferred}"
+        return None, "no year puts it in the past"
 
 
 # A reltime log's first line of a minute: "[Jan21 04:41]", maybe after dmesg -x's prefix.

@@ -91,8 +91,27 @@ XID_LINE = re.compile(
     r"(?:\.([0-7]))?\)\s*:\s*(\d+)"
 )
 # NVLink5 XIDs (144-150, GB200) name the unit, then say whether it was fatal, then the
-# cross-containment domain: "RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (...)".
+# cross-containment domain: "RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (...)". NVIDIA's XID
+# catalog documents that word for those XIDs only: on any other XID the same text is
+# part of the message, never the driver's severity.
 DRIVER_SEVERITY = re.compile(r"\b[A-Z][A-Z0-9_]*(?:/[A-Z0-9_]+)? (Nonfatal|Fatal) XC\d")
+# When a GPU stops answering, the driver logs XID 79 and then, on a line of its own,
+#   NVRM: GPU 0000:bc:00.0: GPU has fallen off the bus.
+# (NVIDIA/open-gpu-kernel-modules, src/nvidia/arch/nvalloc/unix/src/osinit.c,
+# osHandleGpuLost: nvErrorLog_va(..., ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, ...),
+# then NV_DEV_PRINTF, whose prefix is "NVRM: GPU <domain:bus:device.function>: ").
+# A log may hold the second line without the first (a filter on "Xid", a message split
+# over lines: leptonai/gpud PR #1209): that line alone is XID 79, counted once.
+GPU_LOST_LINE = re.compile(
+    r"NVRM: GPU ([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?: "
+    r"GPU has fallen off the bus"
+)
+GPU_LOST_XID = 79
+# The lost-GPU line is the same error as an XID 79 line of that GPU this close to it
+# (by time; by place in the log when either line has no time).
+GPU_LOST_SAME_WITHIN_S = 5.0
+GPU_LOST_SAME_WITHIN_LINES = 20
+GPU_LOST_MESSAGE = "GPU has fallen off the bus (the driver's line without an Xid 79 line)"
 
 
 def xid_bus_id(domain: str | None, bus: str, device: str, function: str | None) -> str:
@@ -111,27 +130,57 @@ def parse_kernel_log(
     """
     clock = LineClock(boot_time, time.time() if now is None else now)
     every_line = every_line_counts(text)
-    events = []
-    for line in text.splitlines():
+    found: list[tuple[int, XidEvent]] = []  # (line number, event)
+    lost: list[tuple[int, XidEvent]] = []  # lost-GPU lines: XID 79 unless a duplicate
+    for number, line in enumerate(text.splitlines()):
         match = XID_LINE.search(line)
         if not match:
-            if every_line:
+            if lost_match := GPU_LOST_LINE.search(line):
+                stamp = clock.stamp(line[: lost_match.start()])
+                try:
+                    bus = xid_bus_id(*lost_match.group(1, 2, 3, 4))
+                except ValueError:
+                    continue
+                event = XidEvent(
+                    bus, GPU_LOST_XID, stamp.at, "kernel log", GPU_LOST_MESSAGE, None, stamp.form
+                )
+                lost.append((number, event))
+            elif every_line:
                 clock.stamp(line)
             continue
         try:
             bus = xid_bus_id(*match.group(1, 2, 3, 4))
         except ValueError:
             continue  # a device number past 0x1f: not a line the driver wrote
+        xid = int(match.group(5))
         message = line[match.end() :].lstrip(", ").strip()
         stamp = clock.stamp(line[: match.start()])
-        said = DRIVER_SEVERITY.search(message)
+        said = DRIVER_SEVERITY.search(message) if xid in NVLINK5_XIDS else None
         severity = said.group(1).lower() if said else None
-        events.append(
-            XidEvent(
-                bus, int(match.group(5)), stamp.at, "kernel log", message, severity, stamp.form
-            )
+        found.append(
+            (number, XidEvent(bus, xid, stamp.at, "kernel log", message, severity, stamp.form))
         )
-    return events
+    if lost:
+        xid_79: dict[str, list[tuple[int, XidEvent]]] = {}
+        for number, event in found:
+            if event.xid == GPU_LOST_XID:
+                xid_79.setdefault(event.bus_id, []).append((number, event))
+        found += [(n, e) for n, e in lost if not _logged_as_xid_79(n, e, xid_79.get(e.bus_id))]
+        found.sort(key=lambda item: item[0])
+    return [event for _, event in found]
+
+
+def _logged_as_xid_79(
+    number: int, event: XidEvent, xid_79: list[tuple[int, XidEvent]] | None
+) -> bool:
+    """Whether an XID 79 line of the same GPU is the one error this lost-GPU line repeats."""
+    for other_number, other in xid_79 or ():
+        if event.at is not None and other.at is not None:
+            if abs(event.at - other.at) < GPU_LOST_SAME_WITHIN_S:
+                return True
+        elif abs(number - other_number) <= GPU_LOST_SAME_WITHIN_LINES:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -150,9 +199,11 @@ def read_boot_time(fs: NodeFS) -> float | None:
         return None
 
 
-def kernel_log_xids(fs: NodeFS, path: Path) -> KernelLogXids:
-    """XIDs in the kernel log at `path`; ReadError when it cannot be read."""
-    read = read_kernel_log(path)
+def kernel_log_xids(fs: NodeFS, path: Path, read: KernelLogText | None = None) -> KernelLogXids:
+    """XIDs in the kernel log at `path` (`read`: its text, already read); ReadError when
+    it cannot be read."""
+    if read is None:
+        read = read_kernel_log(path)
     boot_time = read_boot_time(fs)
     return KernelLogXids(parse_kernel_log(read.text, boot_time), boot_time, cut_note(read))
 

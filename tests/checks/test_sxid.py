@@ -15,6 +15,7 @@ from nodecheck.checks.host.nvswitch_sxid import (
     THERMAL_REMEDY,
     judge_sxid,
 )
+from nodecheck.checks.node.kernel_log import parse_boot_time
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
 from nodecheck.checks.result import Status
 from tests.conftest import Node
@@ -136,6 +137,41 @@ def test_judge_sxid(events: list[SxidEvent], status: Status, remedy: str, says: 
     assert judged.fatal_now == (status is Status.FAIL)
 
 
+def test_a_fatal_line_from_before_the_boot_hides_nothing_of_this_boot() -> None:
+    """Fatal lines before the last boot were cleared by it: a fatal one of this boot is
+    shown and fails, and non-fatal ones of this boot that keep coming still warn."""
+    boot = NOW - HOUR
+    old = SxidEvent(SWITCH, 12028, True, boot - 600, "Link 2 before the boot")
+    current = SxidEvent(SWITCH, 12028, True, NOW - 60, "Link 5 this boot")
+    judged = judge_sxid(12028, [current, old], NOW, boot)
+    assert judged.status is Status.FAIL and "Link 5 this boot" in judged.summary, judged
+    repeats = [SxidEvent(SWITCH, 12028, False, NOW - 60, "Link 3 again")] * 10
+    judged = judge_sxid(12028, [old, *repeats], NOW, boot)
+    assert judged.status is Status.WARN and judged.remedy == REPEAT_REMEDY, judged
+    assert "10 in the last day" in judged.summary and "before the last boot" in judged.summary
+    thermal = judge_sxid(10004, [old, SxidEvent(SWITCH, 10004, None, NOW - 60, "x")], NOW, boot)
+    assert thermal.status is Status.WARN, thermal
+    # a fatal line at an unknown time may be of this boot: it fails, and says so
+    unknown = SxidEvent(SWITCH, 12028, True, None, "Link 6 no time")
+    judged = judge_sxid(12028, [old, unknown], NOW, boot)
+    assert judged.status is Status.FAIL and "may be from this boot" in judged.summary, judged
+
+
+@pytest.mark.parametrize("remedy", [RESET_REMEDY, REBOOT_REMEDY])
+def test_the_fatal_remedy_is_the_reboot_that_clears_the_check(remedy: str) -> None:
+    """The check fails until the next boot (nothing in the kernel log shows a reset), so its
+    remedy is a reboot and says the check clears then; a reset alone would leave it (and its
+    alert) failing for ever."""
+    assert remedy.startswith("drain the node and reboot it"), remedy
+    assert "clears after the reboot" in remedy and "nvidia-smi -r" not in remedy
+    judged = judge_sxid(24007, [sxid(24007, True, 60)], NOW, NOW - 86_400)
+    assert judged.summary.endswith(": fails until the next boot"), judged.summary
+    alerts = (Path(__file__).parents[2] / "monitoring" / "alerts.yml").read_text()
+    sxid_alert = alerts.partition("alert: NodecheckNvswitchFatalSxid")[2].partition("- alert:")[0]
+    assert "reboot it" in sxid_alert and "clears after the reboot" in sxid_alert
+    assert "reset its GPUs and NVSwitches together or" not in sxid_alert
+
+
 def test_the_fatal_line_is_shown_over_later_non_fatal_ones() -> None:
     events = [
         SxidEvent(SWITCH, 12028, True, NOW - 600, "Link 2 the fatal one"),
@@ -150,8 +186,16 @@ def test_the_fatal_line_is_shown_over_later_non_fatal_ones() -> None:
 DGX_SWITCHES = ("0000:02:00.0", "0000:03:00.0", "0000:04:00.0", "0000:05:00.0")
 
 
+def boot_time_of(node: Node) -> float:
+    """The btime the replica's /proc/stat says (written when the tree was built, which may be
+    long before a test runs: never time.time() minus the uptime)."""
+    boot = parse_boot_time((node.root / "proc" / "stat").read_text())
+    assert boot is not None
+    return boot
+
+
 def test_a_fatal_sxid_fails_its_nvswitch_only(dgx: Node, tmp_path: Path) -> None:
-    boot = time.time() - 2 * 86_400
+    boot = boot_time_of(dgx)
     since_boot = time.time() - 60 - boot
     path = tmp_path / "kern.log"
     path.write_text(
@@ -198,6 +242,25 @@ def test_an_unreadable_log_is_an_error_only_where_there_are_nvswitches(
     assert blind.summary == f"cannot read the kernel log for NVSwitch SXids: {missing}: missing"
     [nothing] = workstation.results("nvswitch_sxid", kernel_log=missing)
     assert nothing.status is Status.SKIP and nothing.summary == "no NVSwitch on the PCI bus"
+
+
+def test_a_switch_not_on_the_bus_is_said_even_when_it_fails(dgx: Node, tmp_path: Path) -> None:
+    """A fatal SXid of an NVSwitch this node does not have (a log from another node): the
+    failure says the switch is not on the PCI bus, where it matters most."""
+    since_boot = time.time() - 60 - boot_time_of(dgx)
+    path = tmp_path / "kern.log"
+    path.write_text(
+        f"[{since_boot:12.6f}] nvidia-nvswitch0: SXid (PCI:0000:99:00.0): 24007, Fatal, Link 4 "
+        "sourcetrack timeout error\n"
+    )
+    results = {r.subject: r for r in dgx.results("nvswitch_sxid", kernel_log=path)}
+    stranger = results["nvswitch 0000:99:00.0"]
+    assert stranger.status is Status.FAIL, stranger
+    assert stranger.summary.endswith(
+        "; not on the PCI bus (a log from another node, or it was lost)"
+    ), stranger.summary
+    assert stranger.details["on_pci_bus"] is False
+    assert all(results[f"nvswitch {bdf}"].status is Status.OK for bdf in DGX_SWITCHES)
 
 
 def test_the_replicas_own_kernel_log_has_no_sxid(dgx: Node) -> None:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from nodecheck.checks.gpu.xid import XidGroup, group_events, judge_group
+from nodecheck.checks.context import CheckContext, SharedReads
+from nodecheck.checks.gpu.xid import XidGroup, event_action, group_events, judge_gpu, judge_group
+from nodecheck.checks.node import kernel_log as kernel_log_module
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import (
     GpuReading,
     normalize_bus_id,
     parse_kernel_module_version,
 )
+from nodecheck.checks.node.kernel_log import KernelLogText
 from nodecheck.checks.node.xid import (
     XID_CATALOG,
     XidAction,
@@ -26,7 +30,9 @@ from nodecheck.checks.node.xid import (
     parse_kernel_log,
     read_kernel_log,
 )
-from nodecheck.checks.result import Status, gpu_subject
+from nodecheck.checks.registry import load_checks
+from nodecheck.checks.result import Result, Status, gpu_subject
+from nodecheck.checks.runner import run_checks
 from tests.conftest import Node
 
 BOOT = 1_790_000_000.0  # 2026-09-21, wall-clock seconds
@@ -176,6 +182,47 @@ def test_the_drivers_own_severity_word(message: str, severity: str | None) -> No
     assert event.severity == severity
 
 
+@pytest.mark.parametrize("xid", [48, 74, 79, 119, 143, 151])
+def test_the_severity_word_is_read_only_on_nvlink5_xids(xid: int) -> None:
+    """NVIDIA documents "Fatal"/"Nonfatal" on the line for XIDs 144-150 only: on another
+    XID such text is part of the message, and the catalog's action stands."""
+    line = f"NVRM: Xid (PCI:0000:1b:00): {xid}, pid=9, RLW_RXPIPE Nonfatal XC0 i0 Link 7 (0x1)"
+    [event] = parse_kernel_log(line, BOOT, now=NOW)
+    assert event.severity is None
+    assert event_action(event) is classify(xid).action
+    # even an event built with the word (from elsewhere) keeps the catalog's action
+    worded = XidEvent("0000:1b:00.0", xid, NOW - 60, "kernel log", "x", "nonfatal")
+    assert event_action(worded) is classify(xid).action
+    [nvlink5] = parse_kernel_log(line.replace(f": {xid},", ": 145,"), BOOT, now=NOW)
+    assert nvlink5.severity == "nonfatal" and event_action(nvlink5) is XidAction.NONE
+
+
+def test_a_line_from_this_boot_is_judged_over_an_older_fatal_one() -> None:
+    """A Fatal XID 149 line from before the last boot (cleared by it) and an XID 149 NVML
+    event a minute ago on an unreadable GPU: the current one is judged (a failure), never
+    hidden behind the older line as "before the last boot"."""
+    boot = NOW - HOUR
+    bus = "0000:1b:00.0"
+    fatal = "NETIR_LINK_EVT Fatal XC0 i0 Link 8"
+    old = XidEvent(bus, 149, boot - 100, "kernel log", fatal, "fatal")
+    current = XidEvent(bus, 149, NOW - 60, "nvml event")
+    [group] = group_events([old, current], boot)
+    assert group.judged_at == NOW - 60 and group.count == 2
+    status, summary, remedy = judge_group(group, None, NOW, boot)
+    assert status is Status.FAIL and "before the last boot" not in summary, summary
+    assert remedy == XidAction.FOLLOW_RECOVERY_ACTION.value
+    verdict = judge_gpu([old, current], None, {}, NOW, boot, "the log")
+    assert verdict.result("gpu").status is Status.FAIL
+    # a Fatal line before the boot and a Nonfatal one of this boot: the Nonfatal decides
+    nonfatal = XidEvent(bus, 149, NOW - 60, "kernel log", "NETIR_BER Nonfatal XC0", "nonfatal")
+    status, summary, _ = judge_group(group_events([old, nonfatal], boot)[0], None, NOW, boot)
+    assert status is Status.OK and "Nonfatal, as the driver says" in summary, summary
+    # only when every line is older than the boot is the group history
+    [history] = group_events([old], boot)
+    status, summary, _ = judge_group(history, None, NOW, boot)
+    assert status is Status.OK and summary.endswith("before the last boot"), summary
+
+
 def test_the_worst_line_of_a_group_is_shown_and_judged() -> None:
     """XID 149 on one GPU: a Fatal line an hour ago, then two Nonfatal ones a minute ago.
     The Fatal one is shown (the most severe action), and it is judged: a fail, an hour old;
@@ -249,6 +296,82 @@ def test_syslog_year_is_the_one_in_the_past() -> None:
         "Dec 31 23:00:00 n kernel: NVRM: Xid (PCI:0000:1b:00): 8", None, now=january
     )
     assert event.at == time.mktime((2026, 12, 31, 23, 0, 0, 0, 0, -1))
+
+
+@pytest.mark.parametrize(
+    ("now", "stamp", "year"),
+    [
+        # neither this year nor last has a Feb 29: the latest leap year's
+        ((2027, 3, 10), "Feb 29 10:00:00 n kernel: ", 2024),
+        ((2027, 3, 10), "[Feb29 10:00] ", 2024),
+        # 2100 is no leap year: eight years back
+        ((2101, 3, 1), "Feb 29 10:00:00 n kernel: ", 2096),
+        ((2028, 3, 1), "Feb 29 10:00:00 n kernel: ", 2028),
+        # a line is never from the future: "Dec 2" read on Dec 1 is last year's
+        ((2026, 12, 1), "Dec  2 10:00:00 n kernel: ", 2025),
+        ((2026, 12, 1), "[Dec 2 10:00] ", 2025),
+        ((2026, 12, 1), "Dec  1 11:59:00 n kernel: ", 2026),
+    ],
+)
+def test_a_stamp_without_a_year_takes_the_latest_year_in_the_past(
+    now: tuple[int, int, int], stamp: str, year: int
+) -> None:
+    at_noon = time.mktime((*now, 12, 0, 0, 0, 0, -1))
+    [event] = parse_kernel_log(f"{stamp}NVRM: Xid (PCI:0000:1b:00): 8", None, now=at_noon)
+    assert event.at is not None, event.clock
+    assert time.localtime(event.at).tm_year == year, event.clock
+    said = "this year" if year == now[0] else str(year)
+    assert f"the year inferred: {said}" in event.clock, event.clock
+
+
+def test_a_stamp_a_few_minutes_ahead_is_clock_skew_not_last_year() -> None:
+    """The writer's clock may run a little ahead: 3 minutes in the future is this year;
+    an hour in the future is not."""
+    now = time.mktime((2026, 12, 1, 12, 0, 0, 0, 0, -1))
+    text = (
+        "Dec  1 12:03:00 n kernel: NVRM: Xid (PCI:0000:1b:00): 8\n"
+        "Dec  1 13:00:00 n kernel: NVRM: Xid (PCI:0000:1b:00): 8\n"
+    )
+    skewed, ahead = parse_kernel_log(text, None, now=now)
+    assert skewed.at == now + 180
+    assert ahead.at == time.mktime((2025, 12, 1, 13, 0, 0, 0, 0, -1))
+
+
+LOST = "NVRM: GPU 0000:bc:00.0: GPU has fallen off the bus."
+XID_79_BC = "NVRM: Xid (PCI:0000:bc:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off"
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        # the driver's lost-GPU line alone: XID 79
+        (f"[ 10.0] {LOST}\n", 1),
+        # after its XID 79 line (the driver writes both): one error
+        (f"[ 10.0] {XID_79_BC}\n[ 10.0] {LOST}\n", 1),
+        (f"[ 10.0] {LOST}\n[ 14.0] {XID_79_BC}\n", 1),
+        # no times (dmesg -t): the lines next to each other are one error
+        (f"{XID_79_BC}\n{LOST}\n", 1),
+        # a minute apart: two losses
+        (f"[ 10.0] {XID_79_BC}\n[ 70.0] {LOST}\n", 2),
+        # another GPU's XID 79 does not stand for this one
+        (f"[ 10.0] {XID_79_BC.replace('bc:00', '1b:00')}\n[ 10.0] {LOST}\n", 2),
+    ],
+)
+def test_the_drivers_lost_gpu_line_is_xid_79_counted_once(text: str, count: int) -> None:
+    events = parse_kernel_log(text, BOOT, now=NOW)
+    lost = [e for e in events if e.bus_id == "0000:bc:00.0" and e.xid == 79]
+    assert len(events) == count and len(lost) >= 1, events
+    alone = [e for e in lost if "without an Xid 79 line" in e.message]
+    assert len(alone) == (1 if count == 2 or "Xid" not in text else 0), events
+
+
+def test_the_lost_gpu_line_alone_fails_the_gpu_as_xid_79() -> None:
+    events = parse_kernel_log(f"4,7,{int(50 * 1e6)},-;{LOST}\n", BOOT, now=BOOT + 60)
+    verdict = judge_gpu(events, None, {}, BOOT + 60, BOOT, "the log")
+    result = verdict.result("gpu")
+    assert result.status is Status.FAIL and "XID 79" in result.summary, result
+    assert "without an Xid 79 line" in result.summary
+    assert result.remedy == "drain the node and reboot it"
 
 
 def test_small_parsers() -> None:
@@ -418,6 +541,14 @@ def _stamp(form: str, at: float) -> str:
     raise AssertionError(form)
 
 
+def boot_time_of(node: Node) -> float:
+    """The btime the replica's /proc/stat says (written when the tree was built, which may be
+    long before a test runs: never time.time() minus the uptime)."""
+    boot = parse_boot_time((node.root / "proc" / "stat").read_text())
+    assert boot is not None
+    return boot
+
+
 ABSOLUTE_FORMS = (
     "dmesg --decode --time-format iso",
     "dmesg -T",
@@ -472,7 +603,7 @@ def test_a_log_without_times_is_read_and_says_so(dgx: Node, tmp_path: Path) -> N
 def test_nvlink5_lines_are_judged_by_the_drivers_word(dgx: Node, tmp_path: Path) -> None:
     """GB200-style XID 149 lines: Nonfatal on one GPU passes (counted), Fatal on another
     fails with the catalog's reset; the Fatal one is shown though a Nonfatal came later."""
-    boot = time.time() - 2 * 86_400
+    boot = boot_time_of(dgx)
 
     def kmsg(ago: float, text: str) -> str:
         return f"4,1,{int((time.time() - ago - boot) * 1e6)},-;{text}\n"
@@ -515,3 +646,87 @@ def test_a_file_of_bare_messages_is_a_kernel_log_only_with_the_drivers_lines(
     notes.write_text("nvidia is the vendor\n- NVRM is the driver\nnvidia-smi: fine\n")
     with pytest.raises(ReadError, match="not a kernel log"):
         read_kernel_log(notes)
+
+
+def test_one_run_reads_the_kernel_log_once_for_both_checks(
+    dgx: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu_xid and nvswitch_sxid in one run share one read of the log (up to 16 MiB each
+    before); a log that changed is read again, and a failed read is not kept."""
+    reads: list[Path] = []
+    real_read = kernel_log_module.read_kernel_log
+
+    def counting_read(path: Path) -> KernelLogText:
+        reads.append(path)
+        return real_read(path)
+
+    monkeypatch.setattr(kernel_log_module, "read_kernel_log", counting_read)
+    since_boot = time.time() - 60 - boot_time_of(dgx)
+    path = tmp_path / "kern.log"
+    path.write_text(
+        f"[{since_boot:12.6f}] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 48, pid=2, name=b, DBE\n"
+        f"[{since_boot:12.6f}] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 44 "
+        "sourcetrack timeout error\n"
+    )
+    context = dgx.context(kernel_log=path)
+    runs = run_checks([load_checks()[name] for name in ("gpu_xid", "nvswitch_sxid")], context)
+    results = {r.subject: r for run in runs for r in run.results}
+    assert results[gpu_subject(NEW_GPU)].status is Status.FAIL
+    assert results["nvswitch 0000:05:00.0"].status is Status.FAIL
+    assert reads == [path]
+    with path.open("a") as log_file:  # the log grew: read afresh
+        log_file.write(f"[{since_boot + 1:12.6f}] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=3\n")
+    assert "): 13," in context.kernel_log_text(path).text and len(reads) == 2
+    missing = tmp_path / "later.log"
+    with pytest.raises(ReadError, match="missing"):
+        context.kernel_log_text(missing)
+    missing.write_text(f"[ 1.0] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=4\n")
+    assert "pid=4" in context.kernel_log_text(missing).text
+
+
+def test_the_faulty_replica_counts_its_lost_gpu_once_with_or_without_the_xid_line(
+    dgx_faulty: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """The faulty DGX's log has XID 79 and, a second later, the driver's own lost-GPU line:
+    one XID 79. With the Xid line gone (a log filtered on something else), the lost-GPU line
+    alone still fails the GPU as XID 79, and says where it came from."""
+
+    def lost_gpu(node: Node) -> Result:
+        [result] = [r for r in node.results("gpu_xid") if r.subject == gpu_subject("0000:bc:00.0")]
+        return result
+
+    both = lost_gpu(dgx_faulty)
+    assert both.status is Status.FAIL and both.details["xids"] == {"79": 1}, both
+    node = copy_node(dgx_faulty)
+    kmsg = node.root / "dev" / "kmsg"
+    lines = kmsg.read_text().splitlines(keepends=True)
+    kmsg.write_text("".join(line for line in lines if "Xid (PCI:0000:bc:00)" not in line))
+    alone = lost_gpu(node)
+    assert alone.status is Status.FAIL and alone.details["xids"] == {"79": 1}, alone
+    assert "without an Xid 79 line" in alone.summary
+    assert alone.remedy == "drain the node and reboot it"
+
+
+def test_the_agents_checks_share_one_read_until_the_log_changes(
+    dgx: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the agent each check has its own context; checks run close together share the
+    read through SharedReads, one entry per path, read again when the file changed."""
+    reads: list[Path] = []
+    real_read = kernel_log_module.read_kernel_log
+
+    def counting_read(path: Path) -> KernelLogText:
+        reads.append(path)
+        return real_read(path)
+
+    monkeypatch.setattr(kernel_log_module, "read_kernel_log", counting_read)
+    path = tmp_path / "kern.log"
+    path.write_text(f"[ 1.0] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=1\n")
+    shared = SharedReads(ttl_s=3600)
+    first, second = (CheckContext(fs=dgx.fs, kernel_log=path, shared=shared) for _ in "ab")
+    assert first.kernel_log_text(path) is second.kernel_log_text(path)
+    assert reads == [path]
+    with path.open("a") as log_file:
+        log_file.write(f"[ 2.0] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=2\n")
+    assert "pid=2" in second.kernel_log_text(path).text and len(reads) == 2
+    assert first.kernel_log_text(path) is second.kernel_log_text(path) and len(reads) == 2
