@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.checks.node.gpu import GpuHistory
+from nodecheck.checks.node.kernel_log import parse_boot_time
 from nodecheck.checks.node.xid import XidListener, XidLog
 from nodecheck.checks.registry import checks_in
 from nodecheck.checks.result import Result, Status
@@ -248,7 +249,9 @@ def test_xid_clears_once_the_gpu_recovered(
     """XID 79 ten minutes ago on a GPU that now answers, with no recovery action: cleared."""
     node = copy_node(dgx)
     kmsg = node.root / "dev" / "kmsg"
-    boot = time.time() - 2 * 86400
+    # The replica's own boot time, written when the session built it.
+    boot = parse_boot_time((node.root / "proc" / "stat").read_text())
+    assert boot is not None
     since_boot_us = int((time.time() - 600 - boot) * 1e6)
     kmsg.write_text(
         kmsg.read_text()
