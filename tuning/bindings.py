@@ -167,10 +167,12 @@ def _no_cpu_reason(
             "no CPU to bind it to: this process's cpuset holds no CPU; ask the scheduler for "
             "CPUs of this node"
         )
+    # The online CPUs as they were read: from `online`, or inferred without it.
+    inferred = [n for n in inventory.cpu.notes if n.startswith("devices/system/cpu/online")]
     return (
         f"no CPU to bind it to: this process's cpuset ({format_cpulist(allowed)}) holds "
-        f"none of the online CPUs ({format_cpulist(online)}); ask the scheduler for CPUs of "
-        "this node"
+        f"none of the online CPUs ({'; '.join([format_cpulist(online), *inferred])}); ask the "
+        "scheduler for CPUs of this node"
     )
 
 

@@ -166,6 +166,12 @@ def test_a_cpuset_without_online_cpus_is_an_error(tmp_path: Path) -> None:
     bindings = bind_ranks(read_inventory(node.fs), {}, allowed=frozenset({100, 101}))
     assert_runnable(bindings, frozenset())
     assert all("cpuset (100-101) holds none of the online CPUs (0-7)" in b.error for b in bindings)
+    # Without an `online` file the online CPUs are inferred, and the reason says from what.
+    (node.root / "sys" / "devices" / "system" / "cpu" / "online").unlink()
+    [first, _] = bind_ranks(read_inventory(node.fs), {}, allowed=frozenset({100, 101}))
+    assert "the online CPUs (0-7; devices/system/cpu/online missing: online CPUs 0-7 taken" in (
+        first.error
+    )
 
 
 @pytest.mark.parametrize(
