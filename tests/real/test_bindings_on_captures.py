@@ -1,14 +1,17 @@
 """`tune` on real machines nobody here described: hwloc's 33 Linux captures, with GPUs
-grafted on (tests/fixtures/graft.py: one on each NUMA node, memory-only ones included, and
-one whose firmware gives no node).
+grafted on (tests/fixtures/graft.py: one on each NUMA node, memory-only ones included, one
+on each offline node known only from its CPUs' links, and one whose firmware gives no node).
 
-Every local rank must be runnable or an error: a non-empty binding inside the CPUs hwloc
-found usable on that machine (online, and inside the capture's cpuset), inside its NUMA
-node's CPUs when bound to one, disjoint from the other ranks' while there are CPUs enough,
-OMP_NUM_THREADS >= 1; or an `error` with its reason, which `nodecheck exec` refuses with
-exit 2. The bulk runs in-process through the planning API; a few `nodecheck` subprocesses
-check the commands. Where the cgroup captures restrict the CPUs, nodecheck's allowed CPUs
-must be hwloc's.
+hwloc's own reading of each capture (its .console or .xml, parsed by tools/compare_hwloc.py)
+is the oracle: it shows the CPUs a process there may use (online, inside the cpuset) and
+the nodes whose memory it may use. Every local rank must be runnable: a non-empty binding
+inside hwloc's CPUs, bound (--membind) only to a node hwloc shows, on CPUs hwloc puts in
+that node or in none (those nodecheck places by their cpuN/nodeM links, with a note),
+disjoint from the other ranks' while there are CPUs enough, OMP_NUM_THREADS >= 1. A capture
+without a hwloc reading is skipped, saying so. The bulk runs in-process through the planning
+API; a few `nodecheck` subprocesses check the commands (a rank without CPUs, from the
+capture without hwloc's reading, is refused by `exec` with exit 2). Where the cgroup
+captures restrict the CPUs, nodecheck's allowed CPUs must be hwloc's.
 """
 
 from __future__ import annotations
