@@ -689,10 +689,12 @@ def tune(
 
     Each recommendation carries its reason and source, marked keep, set, change
     or unset against the current environment. Local rank N drives the Nth GPU
-    in PCI bus order (of CUDA_VISIBLE_DEVICES, when set).
+    in PCI bus order (of CUDA_VISIBLE_DEVICES, when set). With --local-rank N
+    naming a rank that must not run (exec refuses it), it exits 2, and its shell
+    output fails when evaluated.
     """
     plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
-    from nodecheck.agent.tune_view import RENDERERS
+    from nodecheck.agent.tune_view import RENDERERS, refused_rank
 
     if local_rank is not None and plan.rank(local_rank) is None:
         visible = len(plan.ranks)
@@ -702,6 +704,11 @@ def tune(
         )
     chosen = output_format or ("text" if sys.stdout.isatty() else "shell")
     click.echo(RENDERERS[chosen](plan, local_rank), nl=False)
+    refusal = refused_rank(plan, local_rank)
+    if refusal:
+        # A rank exec refuses: a launcher must not start it either.
+        click.echo(f"nodecheck tune: {refusal}", err=True)
+        ctx.exit(EXIT_USAGE)
 
 
 @cli.command(

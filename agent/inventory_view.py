@@ -105,12 +105,26 @@ def _nvml_cells(reading: GpuReading | None) -> list[str]:
     ]
 
 
+def reading_notes(inventory: Inventory) -> list[str]:
+    """What the reading inferred where sysfs was incomplete or contradicted itself: the
+    CPUs', the NUMA reading's as a whole, then each node's ("node N: ..."), each once."""
+    whole = [*inventory.cpu.notes, *inventory.numa_notes]
+    per_node = [
+        f"node {node.number}: {note}"
+        for node in inventory.numa_nodes
+        for note in node.notes
+        if note not in inventory.numa_notes  # an offline node's note is the reading's too
+    ]
+    return list(dict.fromkeys(whole + per_node))
+
+
 def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) -> str:
     cpu = inventory.cpu
     smt = "on" if cpu.threads_per_core > 1 else "off"
     lines = [
         f"Node {inventory.hostname}: {cpu_model}, {len(cpu.packages)} socket(s), "
         f"{len(cpu.cores)} cores, {len(cpu.cpus)} CPUs (SMT {smt})",
+        *(f"  note: {note}" for note in reading_notes(inventory)),
         "",
         "NUMA nodes",
     ]
@@ -243,9 +257,18 @@ def inventory_document(
             "cpus": len(cpu.cpus),
             "threads_per_core": cpu.threads_per_core,
             "smt_control": cpu.smt_control,
+            "notes": list(cpu.notes),
         },
+        # What the NUMA reading inferred for the node as a whole (an offline node, no
+        # devices/system/node); each node's own notes are under it.
+        "numa_notes": list(inventory.numa_notes),
         "numa_nodes": [
-            {"node": n.number, "cpus": format_cpulist(n.cpus), "memory_bytes": n.memory_bytes}
+            {
+                "node": n.number,
+                "cpus": format_cpulist(n.cpus),
+                "memory_bytes": n.memory_bytes,
+                "notes": list(n.notes),
+            }
             for n in inventory.numa_nodes
         ],
         "gpus": [

@@ -44,6 +44,23 @@ def _selected(plan: Plan, local_rank: int | None) -> list[RankPlan]:
     return [rank] if rank is not None else []
 
 
+def refused_rank(plan: Plan, local_rank: int | None) -> str:
+    """Why the asked local rank must not run, as `nodecheck exec` refuses it (CUDA cannot
+    drive its GPU, or it has no CPU to run on): "local rank N: why". "" when no rank is
+    asked or it can run (an unknown rank is a usage error before this)."""
+    rank = plan.rank(local_rank) if local_rank is not None else None
+    reason = "" if rank is None else rank.refusal or rank.error
+    return f"local rank {local_rank}: {reason}" if reason else ""
+
+
+# What `tune --format shell --local-rank N` prints last for a rank that must not run: a
+# launcher doing `eval "$(nodecheck tune --local-rank $LOCAL_RANK)"` loses nodecheck's
+# exit status (eval returns its last command's), so the evaluated text itself fails with
+# nodecheck's status 2, stopping a `set -e` script or an `eval ... || exit`. A subshell's
+# exit, never `exit`: evaluated by hand in an interactive shell, it must not close it.
+FAIL_WHEN_EVALUATED = "(exit 2)"
+
+
 def _shared_rank_env(ranks: list[RankPlan]) -> tuple[dict[str, str], list[str]]:
     """Rank variables every selected rank gives the same value (safe to export once), and
     the names that differ between ranks."""
@@ -98,14 +115,27 @@ def _removal_comment(removal: Recommendation) -> str:
 
 
 def render_shell(plan: Plan, local_rank: int | None) -> str:
-    """`export` lines bash can source; red flags are unset, those in files are named."""
-    values = exported(plan, local_rank)
+    """`export` lines bash can source; red flags are unset, those in files are named. For a
+    local rank that must not run: nothing exported, the reason on the shell's stderr, and
+    a failing last command."""
     lines = _header(plan, local_rank)
+    refusal = refused_rank(plan, local_rank)
+    if refusal:
+        lines += [
+            f"# local rank {local_rank} must not run here: nothing is exported, and this "
+            "fails when evaluated (status 2, as nodecheck tune and exec exit)",
+            # The reason is in the comments above and on nodecheck's own stderr: said once.
+            "echo "
+            + shlex.quote(f"nodecheck tune: local rank {local_rank} must not run here: stopping")
+            + " >&2",
+            FAIL_WHEN_EVALUATED,
+        ]
+        return _lines(lines)
+    values = exported(plan, local_rank)
     for rank in _selected(plan, local_rank) if local_rank is not None else []:
         # Sourced with eval "$(nodecheck tune --local-rank N)", comments go unseen: say it
         # on the shell's stderr.
-        refused = rank.refusal or rank.error
-        problems = [*plan.unusable, rank.warning] if not refused else [refused]
+        problems = [*plan.unusable, rank.warning]
         for problem in dict.fromkeys(problem for problem in problems if problem):
             lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
@@ -131,9 +161,16 @@ def env_file_value(value: str) -> str:
 
 
 def render_env(plan: Plan, local_rank: int | None) -> str:
-    """A file for systemd's EnvironmentFile= (one NAME=value a line)."""
-    values = exported(plan, local_rank)
+    """A file for systemd's EnvironmentFile= (one NAME=value a line). For a local rank that
+    must not run, comments only: systemd cannot be made to fail on a file's content, so
+    the exit status (2) is what a unit's ExecStartPre or a script must check."""
     lines = [*_header(plan, local_rank), "# for EnvironmentFile= in a unit (systemd.exec(5))"]
+    if refused_rank(plan, local_rank):
+        lines.append(
+            f"# local rank {local_rank} must not run here: nothing to set (nodecheck tune exits 2)"
+        )
+        return _lines(lines)
+    values = exported(plan, local_rank)
     lines += [f"{name}={env_file_value(value)}" for name, value in values.items()]
     for removal in plan.removals:
         if removal.name not in values:

@@ -151,19 +151,28 @@ def _split(
 def _no_cpu_reason(
     inventory: Inventory, online: frozenset[int], allowed: frozenset[int] | None
 ) -> str:
-    """Why no CPU is left to bind any rank to."""
+    """Why no CPU is left to bind any rank to, as the reading found it."""
+    refused = "; a binding needs one at least (numactl and sched_setaffinity refuse an empty one)"
     if not online:
-        read = inventory.cpu.problems.get("online", "")
+        problem = inventory.cpu.problems.get("online")
+        if problem is None:
+            return (
+                "no CPU to bind it to: devices/system/cpu/online was read and names no CPU, "
+                "which no running kernel prints (the tree is incomplete)" + refused
+            )
+        found = "" if "no cpuN directory" in problem else ", and no cpuN directory shows one"
+        return f"no CPU to bind it to: no online CPU could be read ({problem}{found})" + refused
+    if not allowed:
         return (
-            "no CPU to bind it to: the online CPUs could not be read"
-            + (f" ({read})" if read else " (devices/system/cpu lists none)")
-            + "; without them a binding would be empty, which numactl and sched_setaffinity "
-            "refuse"
+            "no CPU to bind it to: this process's cpuset holds no CPU; ask the scheduler for "
+            "CPUs of this node"
         )
+    # The online CPUs as they were read: from `online`, or inferred without it.
+    inferred = [n for n in inventory.cpu.notes if n.startswith("devices/system/cpu/online")]
     return (
-        f"no CPU to bind it to: this process's cpuset ({format_cpulist(allowed or ())}) holds "
-        f"none of the online CPUs ({format_cpulist(online)}); ask the scheduler for CPUs of "
-        "this node"
+        f"no CPU to bind it to: this process's cpuset ({format_cpulist(allowed)}) holds "
+        f"none of the online CPUs ({'; '.join([format_cpulist(online), *inferred])}); ask the "
+        "scheduler for CPUs of this node"
     )
 
 
@@ -177,11 +186,11 @@ def _unplaced_note(inventory: Inventory, gpu: str, node: int | None, usable: fro
             f"firmware gives GPU {gpu} no NUMA node (numa_node -1) and no other device under "
             f"its host bridge tells which: {instead}"
         )
-    known = {n.number: n for n in inventory.numa_nodes}
+    known = {n.number: n for n in inventory.numa_nodes if n.listed}
     if node not in known:
         return (
             f"GPU {gpu} is on NUMA node {node}, which devices/system/node does not list "
-            f"(offline, or not described): {instead}"
+            f"(offline, or not described: no memory to bind to): {instead}"
         )
     if not (known[node].cpus & (frozenset(inventory.cpu.online) or known[node].cpus)):
         return (
@@ -240,8 +249,19 @@ def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str
     """The GPU's NUMA node, and a note when it had to be inferred from its host bridge
     (firmware left numa_node at -1, Documentation/ABI/testing/sysfs-bus-pci)."""
     node = inventory.numa_node_of(gpu)
-    if node is not None or not gpu.host_bridge:
+    if node is not None and gpu.numa_node is not None and gpu.numa_node >= 0:
         return node, ""
+    if node is not None:
+        others = len(inventory.numa_nodes) - 1
+        read = "no numa_node file" if gpu.numa_node is None else f"numa_node {gpu.numa_node}"
+        return node, (
+            f"firmware gives GPU {gpu.bdf} no NUMA node ({read}); node "
+            f"{node} is the only node with online CPUs"
+            + (f" (the {others} other(s) are offline or hold only memory)" if others else "")
+            + ", so it is bound there"
+        )
+    if not gpu.host_bridge:
+        return None, ""
     neighbours = inventory.host_bridge_numa_nodes(gpu)
     if len(neighbours) != 1:
         return None, ""
@@ -276,9 +296,11 @@ def bind_ranks(
     allowed: frozenset[int] | None = None,
     with_smt_siblings: bool = False,
     assignment: GpuAssignment | None = None,
+    allowed_nodes: frozenset[int] | None = None,
 ) -> list[RankBinding]:
     """One binding per visible GPU (one rank per GPU), inside the CPUs `allowed`
-    (this process's cpuset; None: every online CPU). The cores of each NUMA node are
+    (this process's cpuset; None: every online CPU), its memory bound only to a node of
+    `allowed_nodes` (the cpuset's memory nodes; None: any). The cores of each NUMA node are
     split among the GPUs on it that this job uses: the visible ones, or the whole
     step's when each task sees only its own (sharing_gpus). `assignment`: which GPUs
     are meant for this host and container (None: every GPU of the inventory)."""
@@ -286,12 +308,14 @@ def bind_ranks(
     host = inventory.gpus if assignment is None else assignment.host
     gpus = visible_gpus(here, environ, host)
     sharers = sharing_gpus(here, environ, host) or gpus
-    online = frozenset(inventory.cpu.online) or frozenset(inventory.cpu.cpus)
+    online = frozenset(inventory.cpu.online)
     usable = online if allowed is None else online & allowed
     if not usable:
         why = _no_cpu_reason(inventory, online, allowed)
         return [RankBinding(rank, gpu.bdf, None, (), error=why) for rank, gpu in enumerate(gpus)]
-    node_cpus = {node.number: node.cpus & usable for node in inventory.numa_nodes}
+    # Only listed nodes: one known only from its CPUs' cpuN/nodeM links has no directory
+    # (offline: no memory to bind to); its CPUs are free for the ranks placed nowhere.
+    node_cpus = {n.number: n.cpus & usable for n in inventory.numa_nodes if n.listed}
     located = {gpu.bdf: gpu_numa_node(inventory, gpu) for gpu in sharers}
     notes: dict[str, str] = {bdf: note for bdf, (_, note) in located.items() if note}
     groups: dict[int | None, list[str]] = {}
@@ -339,8 +363,20 @@ def bind_ranks(
     slices: dict[str, tuple[int | None, tuple[int, ...]]] = {}
     for node, members in groups.items():
         shares = _split(_cores_of(inventory, pools[node]), len(members), with_smt_siblings)
+        memory_allowed = allowed_nodes is None or node in allowed_nodes
         for bdf, cpus in zip(members, shares, strict=True):
-            slices[bdf] = (node if bdf not in unplaced else None, cpus)
+            if bdf in unplaced:
+                slices[bdf] = (None, cpus)
+            elif memory_allowed:
+                slices[bdf] = (node, cpus)
+            else:
+                slices[bdf] = (None, cpus)
+                denied = (
+                    f"the cpuset's memory nodes ({format_cpulist(allowed_nodes or ())}) leave "
+                    f"out NUMA node {node}, GPU {bdf}'s: the rank runs on that node's CPUs and "
+                    f"its memory is not bound (the kernel refuses --membind={node} here)"
+                )
+                notes[bdf] = f"{notes[bdf]}; {denied}" if notes.get(bdf) else denied
     warnings = _sharing_warnings(inventory, slices)
     return [
         RankBinding(

@@ -245,6 +245,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         allowed=options.allowed_cpus if options.cpuset is None else options.cpuset.cpus,
         with_smt_siblings=options.with_smt_siblings,
         assignment=assignment,
+        allowed_nodes=None if options.cpuset is None else options.cpuset.mems,
     )
     # Every host GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on
     # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
@@ -293,8 +294,8 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         env += advice.env
         left += advice.left_unset + pytorch.left_to_torch()
         notes += advice.notes
+        # A rank's error (no CPU to run on) is said once, on its own line, not as a note.
         notes += list(dict.fromkeys(b.note for b in bindings if b.note))
-        notes += list(dict.fromkeys(b.error for b in bindings if b.error))
         shared = [b.local_rank for b in bindings if b.warning]
         if shared:
             notes.append(

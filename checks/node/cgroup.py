@@ -43,7 +43,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from nodecheck.checks.node.cpulist import cpu_id_bound, format_cpulist, parse_cpulist
+from nodecheck.checks.node.cpulist import (
+    NR_CPUS_MAX,
+    cpu_id_bound,
+    format_cpulist,
+    parse_cpulist,
+)
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
 
 log = logging.getLogger(__name__)
@@ -159,6 +164,11 @@ class CpusetReading:
     source: str = ""  # the file the CPUs were read from
     notes: tuple[str, ...] = ()  # what had to be inferred to read them
     error: str = ""
+    # The NUMA nodes whose memory the cpuset allows (cpuset.mems): a memory binding to
+    # any other node is refused (set_mempolicy(2): EINVAL). None: not limited, or unknown
+    # (a note says which).
+    mems: frozenset[int] | None = None
+    mems_source: str = ""
 
 
 def _host_path(fs: NodeFS, absolute: str) -> Path:
@@ -235,9 +245,12 @@ def _has_cpuset_controller(fs: NodeFS, mount: Mount) -> bool | str:
     return "cpuset" in text.split()
 
 
-def _read_cpus(fs: NodeFS, directories: list[Path], names: tuple[str, ...]) -> CpusetReading:
-    """The first non-empty list among `names` in the nearest directory that has one."""
-    bound = cpu_id_bound(fs)
+def _read_cpus(
+    fs: NodeFS, directories: list[Path], names: tuple[str, ...], what: str = "CPUs"
+) -> CpusetReading:
+    """The first non-empty list among `names` in the nearest directory that has one (CPUs,
+    or memory nodes with `what="memory nodes"`: the same list format)."""
+    bound = cpu_id_bound(fs) if what == "CPUs" else NR_CPUS_MAX
     notes: list[str] = []
     for directory in directories:
         for name in names:
@@ -255,18 +268,19 @@ def _read_cpus(fs: NodeFS, directories: list[Path], names: tuple[str, ...]) -> C
                     None,
                     str(path),
                     tuple(notes),
-                    f"{path}: not a CPU list the kernel prints ({err})",
+                    f"{path}: not a {'CPU' if what == 'CPUs' else 'node'} list the kernel "
+                    f"prints ({err})",
                 )
             if cpus:
                 if directory != directories[0]:
                     notes.append(
-                        f"the cpuset's CPUs come from {path}: its own cgroup's list is empty or "
+                        f"the cpuset's {what} come from {path}: its own cgroup's list is empty or "
                         "absent, and a cgroup's cpuset is its nearest ancestor's then"
                     )
                 if name != names[0]:
                     notes.append(
                         f"no {names[0]} (a kernel older than that file): read {name}, the "
-                        "cgroup's configured CPUs, which is what it may use there"
+                        f"cgroup's configured {what}, which is what it may use there"
                     )
                 return CpusetReading(cpus, str(path), tuple(notes))
             break  # present but empty: look at the parent
@@ -276,6 +290,21 @@ def _read_cpus(fs: NodeFS, directories: list[Path], names: tuple[str, ...]) -> C
         tuple(notes),
         f"no cpuset file ({' or '.join(names)}) in {directories[0]} or above it",
     )
+
+
+# The files holding a cgroup's CPUs and memory nodes, preferred first, by hierarchy kind
+# (cgroup-v2.rst "Cpuset Interface Files"; cgroup-v1/cpusets.rst 1.3: effective_* are
+# what the cgroup may use, the plain files what was configured, older kernels' only ones).
+CPUS_FILES = {
+    CGROUP2: ("cpuset.cpus.effective",),
+    CGROUP1: ("cpuset.effective_cpus", "cpuset.cpus"),
+    CPUSET_FS: ("effective_cpus", "cpus"),
+}
+MEMS_FILES = {
+    CGROUP2: ("cpuset.mems.effective",),
+    CGROUP1: ("cpuset.effective_mems", "cpuset.mems"),
+    CPUSET_FS: ("effective_mems", "mems"),
+}
 
 
 def read_cpuset(fs: NodeFS) -> CpusetReading:
@@ -351,18 +380,26 @@ def read_cpuset(fs: NodeFS) -> CpusetReading:
             directory.joinpath(*relative.parts[:depth])
             for depth in range(len(relative.parts), -1, -1)
         ]
-        if kind == CGROUP2:
-            names: tuple[str, ...] = ("cpuset.cpus.effective",)
-        elif kind == CGROUP1:
-            names = ("cpuset.effective_cpus", "cpuset.cpus")
-        else:
-            names = ("effective_cpus", "cpus")
-        reading = _read_cpus(fs, chain, names)
+        reading = _read_cpus(fs, chain, CPUS_FILES[kind])
         if reading.cpus is None and not reading.source and mount.guessed:
             continue  # no cpuset file where one was guessed: not that hierarchy
         if reading.error:
             log.warning("event=bad_cpuset path=%r error=%r", reading.source, reading.error)
-        return CpusetReading(reading.cpus, reading.source, (*notes, *reading.notes), reading.error)
+        mems = _read_cpus(fs, chain, MEMS_FILES[kind], "memory nodes")
+        mems_notes = list(mems.notes)
+        if mems.error:
+            mems_notes.append(
+                f"the cpuset's memory nodes could not be read ({mems.error}): memory is bound "
+                "to each GPU's node as if the cpuset allowed every node"
+            )
+        return CpusetReading(
+            reading.cpus,
+            reading.source,
+            (*notes, *reading.notes, *mems_notes),
+            reading.error,
+            mems.cpus,
+            mems.source,
+        )
     if unreadable:
         return CpusetReading(
             None,

@@ -108,8 +108,11 @@ class Inventory:
         return [device for device in self.pci.values() if device.is_nvswitch]
 
     @property
-    def numa_node_count(self) -> int:
-        return max(len(self.numa_nodes), 1)
+    def cpu_node_numbers(self) -> frozenset[int]:
+        """The NUMA nodes a device can be near: those listed (online: a node without its
+        directory has no memory to bind) that hold online CPUs. Memory-only nodes (GPU
+        memory on Grace Hopper, CXL memory) are left out: a one-socket GH200 has one."""
+        return frozenset(node.number for node in self.numa_nodes if node.listed and node.cpus)
 
     @property
     def multi_socket(self) -> bool:
@@ -120,7 +123,7 @@ class Inventory:
         return [self.pci[bdf] for bdf in device.parents if bdf in self.pci]
 
     def numa_node_of(self, device: PciDevice) -> int | None:
-        return effective_numa_node(device, self.numa_node_count)
+        return effective_numa_node(device, self.cpu_node_numbers)
 
     def host_bridge_numa_nodes(self, device: PciDevice) -> set[int]:
         """NUMA nodes the other devices under this device's host bridge report. Every device
@@ -136,7 +139,7 @@ class Inventory:
         }
 
     def relation(self, a: PciDevice, b: PciDevice) -> Relation:
-        return pcie_relation(a, b, self.numa_node_count)
+        return pcie_relation(a, b, self.cpu_node_numbers)
 
 
 def nic_order(nic: Nic) -> tuple[bool, list[object]]:

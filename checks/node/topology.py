@@ -11,6 +11,7 @@ is the sysfs approximation of hardware.md §2.5, the same walk NCCL does
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 
 from nodecheck.checks.node.pci import PciDevice
 
@@ -30,18 +31,27 @@ class Relation(enum.IntEnum):
         return "X" if self is Relation.SELF else self.name
 
 
-def effective_numa_node(device: PciDevice, numa_node_count: int) -> int | None:
-    """The device's NUMA node; on a one-node machine -1 can only mean node 0."""
+def effective_numa_node(device: PciDevice, cpu_nodes: Collection[int]) -> int | None:
+    """The device's NUMA node. Firmware without ACPI _PXM leaves numa_node at -1
+    (Documentation/ABI/testing/sysfs-bus-pci); where only one node has CPUs, that node is
+    the only one the device can be near, whatever its number (node 1 when node 0 is
+    offline, as hwloc's offline-cpu0-node0 capture shows). `cpu_nodes`: the numbers of
+    the nodes with online CPUs; memory-only nodes (GPU memory on Grace Hopper, CXL) are
+    near no device's CPUs and do not count."""
     if device.numa_node is not None and device.numa_node >= 0:
         return device.numa_node
-    return 0 if numa_node_count <= 1 else None
+    if len(cpu_nodes) == 1:
+        [only] = cpu_nodes
+        return only
+    return None
 
 
-def pcie_relation(a: PciDevice, b: PciDevice, numa_node_count: int) -> Relation:
+def pcie_relation(a: PciDevice, b: PciDevice, cpu_nodes: Collection[int]) -> Relation:
+    """`cpu_nodes` as for effective_numa_node."""
     if a.bdf == b.bdf:
         return Relation.SELF
-    node_a = effective_numa_node(a, numa_node_count)
-    node_b = effective_numa_node(b, numa_node_count)
+    node_a = effective_numa_node(a, cpu_nodes)
+    node_b = effective_numa_node(b, cpu_nodes)
     if a.host_bridge != b.host_bridge or not a.host_bridge:
         # Different host bridges: NODE within a socket, SYS across. A device
         # whose node is unknown cannot be shown to share one: SYS.

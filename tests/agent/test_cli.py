@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from click.testing import CliRunner
 from nodecheck.agent import cli as cli_module
 from nodecheck.agent.cli import cli
 from tests.conftest import CLEAN_ENVIRON, Node
+from tests.fixtures.graft import placed_gpus_spec
+from tests.fixtures.nodegen import build_node
 from tests.fixtures.nodes import SECRET
 from tests.fixtures.nvml_scenarios import dgx_healthy, modified
 
@@ -178,6 +181,33 @@ def test_inventory_table(workstation: Node) -> None:
     assert done.returncode == 0
     assert "AMD Ryzen 9 7950X 16-Core Processor, 1 socket(s), 16 cores, 32 CPUs" in done.stdout
     assert "GPU0  X     PHB" in done.stdout
+
+
+def test_inventory_shows_what_the_reading_inferred(tmp_path: Path) -> None:
+    """A tree that says less than the kernel means (no `online` file, CPU 7 offline though
+    node 1 lists it, node 0 without its directory): the text view prints each inference
+    under the Node line, the JSON under "cpu", "numa_notes" and each node."""
+    root = tmp_path / "incomplete"
+    build_node(placed_gpus_spec([0, 1], sockets=2, cores=4), root)
+    cpus = root / "sys" / "devices" / "system" / "cpu"
+    (cpus / "online").unlink()
+    (cpus / "cpu7" / "online").write_text("0\n")
+    shutil.rmtree(root / "sys" / "devices" / "system" / "node" / "node0")
+    node = Node(root)
+    done = run(*node.cli_args, "inventory")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Node ")
+    online = "devices/system/cpu/online missing: online CPUs 0-6 taken from present"
+    offline_node = "node 0 has no directory in devices/system/node (offline): its CPUs 0-3"
+    assert lines[1].startswith(f"  note: {online}")
+    assert lines[2].startswith(f"  note: {offline_node}")
+    assert lines[3] == "  note: node 1: offline CPUs 7 left out"
+    assert lines[4] == ""  # each note once: node 0's own is the reading's
+    document = json.loads(run(*node.cli_args, "inventory", "--json").stdout)
+    assert document["cpu"]["notes"][0].startswith(online)
+    assert document["numa_notes"][0].startswith(offline_node)
+    assert [n["notes"] for n in document["numa_nodes"]][1] == ["offline CPUs 7 left out"]
 
 
 def test_no_traceback_reaches_the_user(

@@ -426,16 +426,89 @@ def test_tune_never_prints_an_empty_binding(no_cpu_info: Node) -> None:
     for rank in doc["ranks"]:
         assert rank["cpus"] == [] and rank["numactl"] is None and rank["env"] == {}
         assert rank["dataloader"] is None
-        assert rank["error"].startswith("no CPU to bind it to: the online CPUs could not be read")
+        assert rank["error"].startswith("no CPU to bind it to: no online CPU could be read")
     outputs = [json.dumps(doc)]
     for output_format in ("text", "shell", "env"):
         done = run(*no_cpu_info.cli_args, "tune", "--format", output_format)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         outputs.append(done.stdout)
+        # Each rank's error once, on its own line: not again among the notes.
+        assert done.stdout.count("no CPU to bind it to") == 2, done.stdout
         assert "do not run it here (nodecheck exec refuses): no CPU to bind it to" in done.stdout
     for output in outputs:
         assert not re.search(r"physcpubind=(?![0-9])", output), output
         assert "OMP_NUM_THREADS=0" not in output and '"OMP_NUM_THREADS": "0"' not in output
+
+
+@pytest.mark.parametrize("output_format", ["shell", "env", "json", "text"])
+def test_tune_for_a_rank_that_must_not_run_exits_2(no_cpu_info: Node, output_format: str) -> None:
+    """--local-rank N naming a rank exec refuses (here: no CPU to run on) exits 2 with the
+    reason on stderr, in every format; shell and env output set nothing for it."""
+    done = run(*no_cpu_info.cli_args, "tune", "--format", output_format, "--local-rank", "1")
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("nodecheck tune: local rank 1: no CPU to bind it to: no online CPU")
+    lines = done.stdout.splitlines()
+    if output_format == "shell":
+        assert [x for x in lines if not x.startswith("#")] == [
+            "echo 'nodecheck tune: local rank 1 must not run here: stopping' >&2",
+            "(exit 2)",
+        ]
+        assert any(x.startswith("# rank 1: do not run it here") for x in lines)
+    if output_format == "env":
+        assert all(x.startswith("#") for x in lines), lines
+    if output_format == "json":
+        assert [r["status"] for r in json.loads(done.stdout)["ranks"]] == ["error"]
+
+
+def evaluated(tune_output: str, tmp_path: Path, launcher: str) -> subprocess.CompletedProcess[str]:
+    """bash running `launcher`, in which `nodecheck_tune` prints `tune_output` (as the
+    command substitution of a launcher script gets it)."""
+    script = tmp_path / "tune.sh"
+    script.write_text(tune_output)
+    return subprocess.run(
+        [
+            "bash",
+            "--noprofile",
+            "--norc",
+            "-c",
+            f"nodecheck_tune() {{ cat {script}; }}; {launcher}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_a_launcher_evaluating_tune_stops_at_a_rank_that_must_not_run(
+    no_cpu_info: Node, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """`eval "$(nodecheck tune --local-rank $LOCAL_RANK)"` loses nodecheck's status; the
+    evaluated text fails by itself: a `set -e` launcher stops before its command (saying
+    so on its stderr; the reason is in the comments and on nodecheck's stderr), `eval ...
+    || exit` sees 2, and the shell itself is not exited.
+    Also for the rank of the GPU that fell off the bus (CUDA cannot drive it); a rank
+    that can run evaluates to 0 and the launcher goes on."""
+    marker = tmp_path / "launched"
+    launcher = f'set -e; eval "$(nodecheck_tune)"; touch {marker}'
+    for node, rank, reason in (
+        (no_cpu_info, "0", "no CPU to bind it to"),
+        (dgx_faulty, "7", "GPU 0000:bc:00.0 does not answer on the PCI bus"),
+    ):
+        done = run(*node.cli_args, "tune", "--format", "shell", "--local-rank", rank)
+        assert done.returncode == 2, done.stderr
+        stopped = evaluated(done.stdout, tmp_path, launcher)
+        assert stopped.returncode == 2 and not marker.exists(), stopped.stderr
+        assert stopped.stderr == f"nodecheck tune: local rank {rank} must not run here: stopping\n"
+        assert (
+            f"# rank {rank}: do not run it here (nodecheck exec refuses): {reason}" in done.stdout
+        )
+        checked = evaluated(done.stdout, tmp_path, 'eval "$(nodecheck_tune)"; echo "status $?"')
+        assert checked.stdout == "status 2\n", checked
+    runs = run(*dgx_faulty.cli_args, "tune", "--format", "shell", "--local-rank", "3")
+    assert runs.returncode == 0, runs.stderr
+    launched = evaluated(runs.stdout, tmp_path, launcher)
+    assert launched.returncode == 0 and marker.exists(), launched.stderr
 
 
 def test_exec_refuses_a_rank_without_cpus(no_cpu_info: Node, tmp_path: Path) -> None:
@@ -449,7 +522,7 @@ def test_exec_refuses_a_rank_without_cpus(no_cpu_info: Node, tmp_path: Path) -> 
     )
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.splitlines()
-    assert line.startswith("nodecheck exec: local rank 1: no CPU to bind it to: the online CPUs")
+    assert line.startswith("nodecheck exec: local rank 1: no CPU to bind it to: no online CPU")
     assert not started.exists()
 
 

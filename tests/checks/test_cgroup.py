@@ -290,3 +290,38 @@ def test_a_cpuset_named_but_not_mounted_is_an_error(tmp_path: Path) -> None:
 def test_no_cgroup_file_limits_nothing(tmp_path: Path) -> None:
     """A replica or captured tree without /proc/self: nothing to read, no error."""
     assert read_cpuset(cgroup_node(tmp_path)) == CpusetReading(None)
+
+
+def test_the_memory_nodes_are_read_beside_the_cpus(tmp_path: Path) -> None:
+    """cpuset.mems too (hwloc's 16amd64-4n4c-cgroup-distance-merge allows CPUs of node 0
+    but memory of nodes 2-3): the old cpuset form's `mems` where there is no
+    `effective_mems`, said; a cgroup2 step's `cpuset.mems.effective`; and none read where
+    the cgroup has no memory list (no limit, never a guess)."""
+    old = cgroup_node(
+        tmp_path / "old",
+        proc_mounts="none /dev/cpuset cpuset rw 0 0\n",
+        proc_cpuset="/job\n",
+        files={"/dev/cpuset/job/cpus": "0-3\n", "/dev/cpuset/job/mems": "2-3\n"},
+    )
+    reading = read_cpuset(old)
+    assert (reading.cpus, reading.mems) == (frozenset(range(4)), frozenset({2, 3}))
+    assert reading.mems_source.endswith("/dev/cpuset/job/mems")
+    assert any("no effective_mems" in note for note in reading.notes)
+    step = cgroup_node(
+        tmp_path / "v2",
+        mountinfo=mountinfo_line("/cgroup/unified", "cgroup2", "rw"),
+        proc_cgroup="0::/job/step_0\n",
+        files={
+            "/cgroup/unified/cgroup.controllers": "cpuset cpu memory\n",
+            "/cgroup/unified/job/step_0/cpuset.cpus.effective": "4-7\n",
+            "/cgroup/unified/job/step_0/cpuset.mems.effective": "1\n",
+        },
+    )
+    assert read_cpuset(step).mems == frozenset({1})
+    bare = cgroup_node(
+        tmp_path / "bare",
+        proc_mounts="none /dev/cpuset cpuset rw 0 0\n",
+        proc_cpuset="/job\n",
+        files={"/dev/cpuset/job/cpus": "0-3\n"},
+    )
+    assert read_cpuset(bare).mems is None and read_cpuset(bare).cpus == frozenset(range(4))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,10 @@ from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.pci import read_nvidia_gpus
+from nodecheck.checks.node.topology import Relation
 from tests.conftest import LIVE, Node
+from tests.fixtures.graft import placed_gpus_spec
+from tests.fixtures.nodegen import build_node
 
 
 def test_dgx_inventory(dgx: Node) -> None:
@@ -122,3 +126,44 @@ def test_live_cpuset_holds_this_process() -> None:
     if allowed is None:
         pytest.skip("no cpuset on this machine")
     assert os.sched_getaffinity(0) <= allowed
+
+
+# --- a device whose firmware gives no NUMA node (numa_node -1) ------------------------------
+
+
+def placed_node(tmp_path: Path, numa_nodes: list[int], **layout: int) -> NodeFS:
+    root = tmp_path / "placed-gpus"
+    build_node(placed_gpus_spec(numa_nodes, **layout), root)
+    return NodeFS(sysfs=root / "sys", procfs=root / "proc", rootfs=root)
+
+
+def test_minus_one_is_the_only_listed_node_with_cpus_whatever_its_number(tmp_path: Path) -> None:
+    """hwloc's offline-cpu0-node0 capture: node 0 has no directory (offline, no memory)
+    though its CPUs' cpuN/node0 links name it, and node 1 is the only node. A GPU at -1 is
+    near node 1, never node 0 (which cannot be bound to), nor "no node"."""
+    fs = placed_node(tmp_path, [-1, 1], sockets=2, cores=4)
+    shutil.rmtree(fs.sysfs / "devices" / "system" / "node" / "node0")
+    inventory = read_inventory(fs)
+    assert {node.number: node.listed for node in inventory.numa_nodes} == {0: False, 1: True}
+    assert inventory.cpu_node_numbers == {1}
+    gpu, other = inventory.gpus
+    assert inventory.numa_node_of(gpu) == 1
+    # Both near node 1, on different host bridges: NODE, not SYS.
+    assert inventory.relation(gpu, other) is Relation.NODE
+
+
+def test_memory_only_nodes_do_not_make_minus_one_unknown(tmp_path: Path) -> None:
+    """A one-socket Grace Hopper: node 0 has the CPUs, nodes 1-2 are GPU memory (no CPU).
+    A device at -1 is near node 0, the only node with CPUs; with two CPU nodes it stays
+    unknown."""
+    fs = placed_node(tmp_path, [-1, -1], sockets=1, cores=4, memory_only_nodes=2)
+    inventory = read_inventory(fs)
+    assert [node.number for node in inventory.numa_nodes] == [0, 1, 2]
+    assert inventory.cpu_node_numbers == {0}
+    first, second = inventory.gpus
+    assert [inventory.numa_node_of(gpu) for gpu in inventory.gpus] == [0, 0]
+    assert inventory.relation(first, second) is Relation.NODE
+    two = read_inventory(placed_node(tmp_path / "two", [-1, -1], sockets=2, cores=4))
+    assert two.cpu_node_numbers == {0, 1}
+    assert [two.numa_node_of(gpu) for gpu in two.gpus] == [None, None]
+    assert two.relation(*two.gpus) is Relation.SYS

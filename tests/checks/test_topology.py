@@ -40,11 +40,11 @@ def test_nested_switches_are_pxb() -> None:
     root, up1, down1 = "0000:15:01.0", "0000:16:00.0", "0000:17:00.0"
     a = device("0000:1a:00.0", (root, up1, down1, "0000:18:00.0", "0000:19:00.0"))
     b = device("0000:1c:00.0", (root, up1, "0000:17:01.0"))
-    assert pcie_relation(a, b, 2) is Relation.PXB
+    assert pcie_relation(a, b, {0, 1}) is Relation.PXB
 
 
 def test_unknown_numa_on_two_sockets_is_sys() -> None:
     a = device("0000:18:00.0", ("0000:15:01.0",), "pci0000:15", numa=-1)
     b = device("0000:3a:00.0", ("0000:37:01.0",), "pci0000:37", numa=0)
-    assert pcie_relation(a, b, 2) is Relation.SYS
-    assert pcie_relation(a, b, 1) is Relation.NODE
+    assert pcie_relation(a, b, {0, 1}) is Relation.SYS
+    assert pcie_relation(a, b, {0}) is Relation.NODE

@@ -391,8 +391,9 @@ def test_an_unreadable_config_space_is_a_warning_never_a_pass(
 
 
 def test_sourcing_tune_for_that_rank_says_so_on_stderr(dgx_faulty: Node) -> None:
-    """eval "$(nodecheck tune --local-rank 7)" in bash: the comments are unseen, so the
-    refusal is echoed to the shell's stderr (and the exports still apply)."""
+    """eval "$(nodecheck tune --local-rank 7)" in bash: nodecheck says the refusal on
+    stderr and exits 2, and the evaluated text exports nothing and fails (status 2), saying
+    so on the shell's stderr: `eval ... && CMD` does not start CMD."""
     bash = shutil.which("bash")
     assert bash is not None
     command = " ".join(
@@ -409,9 +410,12 @@ def test_sourcing_tune_for_that_rank_says_so_on_stderr(dgx_faulty: Node) -> None
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "order=PCI_BUS_ID\n"
-    assert done.stderr == f"nodecheck tune: {FALLEN_OFF}\n"
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"nodecheck tune: local rank 7: {FALLEN_OFF}\n"
+        "nodecheck tune: local rank 7 must not run here: stopping\n"
+    )
 
 
 def test_exec_warns_every_other_rank_of_the_gpu_off_the_bus(dgx_faulty: Node) -> None:

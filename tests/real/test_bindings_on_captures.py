@@ -1,21 +1,23 @@
 """`tune` on real machines nobody here described: hwloc's 33 Linux captures, with GPUs
-grafted on (tests/fixtures/graft.py: one on each NUMA node, memory-only ones included, and
-one whose firmware gives no node).
+grafted on (tests/fixtures/graft.py: one on each NUMA node, memory-only ones included, one
+on each offline node known only from its CPUs' links, and one whose firmware gives no node).
 
-Every local rank must be runnable or an error: a non-empty binding inside the CPUs hwloc
-found usable on that machine (online, and inside the capture's cpuset), inside its NUMA
-node's CPUs when bound to one, disjoint from the other ranks' while there are CPUs enough,
-OMP_NUM_THREADS >= 1; or an `error` with its reason, which `nodecheck exec` refuses with
-exit 2. The bulk runs in-process through the planning API; a few `nodecheck` subprocesses
-check the commands. Where the cgroup captures restrict the CPUs, nodecheck's allowed CPUs
-must be hwloc's.
+hwloc's own reading of each capture (its .console or .xml, parsed by tools/compare_hwloc.py)
+is the oracle: it shows the CPUs a process there may use (online, inside the cpuset) and
+the nodes whose memory it may use. Every local rank must be runnable: a non-empty binding
+inside hwloc's CPUs, bound (--membind) only to a node hwloc shows, on CPUs hwloc puts in
+that node or in none (those nodecheck places by their cpuN/nodeM links, with a note),
+disjoint from the other ranks' while there are CPUs enough, OMP_NUM_THREADS >= 1. A capture
+without a hwloc reading is skipped, saying so. The bulk runs in-process through the planning
+API; a few `nodecheck` subprocesses check the commands (a rank without CPUs, from the
+capture without hwloc's reading, is refused by `exec` with exit 2). Where the cgroup
+captures restrict the CPUs, nodecheck's allowed CPUs must be hwloc's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -24,10 +26,12 @@ import pytest
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cgroup import read_cpuset
 from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from tests.agent.test_cli import run
 from tests.conftest import CLEAN_ENVIRON
-from tests.fixtures.graft import Grafted, capture_numa_nodes, graft_gpus
+from tests.fixtures.graft import Grafted, graft_gpus
+from tools.compare_hwloc import HwlocView, parse_expected
 from tools.hwloc_captures import Capture, list_captures, real_data_dir
 
 DATA = real_data_dir()
@@ -40,20 +44,16 @@ CGROUP_CAPTURES = (
     "32amd64-4s2n4c-cgroup2",
     "16em64t-4s2ca2c-cpusetreorder",
 )
-PU_CONSOLE = re.compile(r"\bPU L#\d+ \(P#(\d+)")
-PU_XML = re.compile(r'type="PU" os_index="(\d+)"')
 
 
-def hwloc_usable_cpus(capture: Capture) -> frozenset[int] | None:
-    """The PUs in hwloc's reading of the capture (its .console or .xml target): the CPUs a
-    process there may use, online and inside its cpuset (hwloc leaves out the others)."""
+def hwloc_reading(capture: Capture) -> HwlocView | str:
+    """hwloc's own reading of the capture (its .console or .xml target, parsed as
+    tools/compare_hwloc.py does), or why there is none. hwloc shows only the CPUs a process
+    there may use (online, inside its cpuset) and only the nodes whose memory it may use."""
     target = capture.target if capture.description.is_file() else None
     if target is None or not target.is_file():
-        return None
-    pattern = {".console": PU_CONSOLE, ".xml": PU_XML}.get(target.suffix)
-    if pattern is None:
-        return None
-    return frozenset(int(number) for number in pattern.findall(target.read_text()))
+        return f"{capture.name}: hwloc gives no expected topology (no target in its .test)"
+    return parse_expected(target)
 
 
 @pytest.fixture(scope="module")
@@ -75,35 +75,39 @@ def plan_for(root: Path) -> Plan:
 
 
 @pytest.mark.parametrize("name", sorted(CAPTURES) or ["(no captures)"])
-def test_every_rank_is_runnable_or_an_error(grafted: dict[str, Grafted], name: str) -> None:
+def test_every_rank_is_runnable_inside_what_hwloc_shows(
+    grafted: dict[str, Grafted], name: str
+) -> None:
+    """Against hwloc's reading: each rank's CPUs are CPUs hwloc shows (online, inside the
+    cpuset); a rank bound to a node is bound to one hwloc shows (its memory is there and
+    allowed), on CPUs hwloc puts in that node or in no node (the kernel puts every CPU in
+    one: nodecheck places those by their cpuN/nodeM links, with a note, where hwloc leaves
+    them out); ranks share CPUs only when there are fewer than ranks, and say so."""
     capture, node = CAPTURES[name], grafted[name]
-    usable = hwloc_usable_cpus(capture)
-    if usable is None:
-        pytest.skip(f"{name}: no hwloc reading to compare with")
-    fs = node_fs(node.root)
-    cpuset = read_cpuset(fs).cpus
-    allowed = usable if cpuset is None else usable & cpuset
-    numa_cpus = capture_numa_nodes(node.root)
+    hwloc = hwloc_reading(capture)
+    if isinstance(hwloc, str):
+        pytest.skip(hwloc)
     plan = plan_for(node.root)
     assert {rank.binding.gpu for rank in plan.ranks} >= {gpu.bdf for gpu in node.gpus}
     for rank in plan.ranks:
         binding = rank.binding
-        if rank.error:
-            assert binding.cpus == () and rank.env == [], rank
-            assert "no CPU to bind it to" in rank.error
-            continue
+        # hwloc found CPUs this process may use: a rank without any is nodecheck's misreading.
+        assert not rank.error, (name, rank)
         assert binding.cpus, rank
-        assert set(binding.cpus) <= allowed, (name, binding, sorted(allowed))
+        assert set(binding.cpus) <= hwloc.pus, (name, binding, sorted(hwloc.pus))
         if binding.numa_node is not None:
-            assert set(binding.cpus) <= numa_cpus[binding.numa_node], (name, binding)
+            assert binding.numa_node in hwloc.numa, (name, binding, sorted(hwloc.numa))
+            near = hwloc.numa[binding.numa_node] | hwloc.pus_outside_numa
+            assert set(binding.cpus) <= near, (name, binding, sorted(near))
+            if set(binding.cpus) & hwloc.pus_outside_numa:
+                assert reading_notes(node.root), (name, binding)  # the placement is said
         threads = int(plan.environment(rank)["OMP_NUM_THREADS"])
         assert threads >= 1
-    runnable = [rank for rank in plan.ranks if not rank.error]
-    for rank in runnable:
-        others = [set(other.binding.cpus) for other in runnable if other is not rank]
+    for rank in plan.ranks:
+        others = [set(other.binding.cpus) for other in plan.ranks if other is not rank]
         if set(rank.binding.cpus) & set().union(*others):
             # Sharing only when there are fewer CPUs than ranks, and never silently.
-            assert len(allowed) < len(plan.ranks), (name, rank)
+            assert len(hwloc.pus) < len(plan.ranks), (name, rank)
             assert "shares CPU(s)" in rank.warning, (name, rank)
 
 
@@ -116,11 +120,13 @@ def test_allowed_cpus_are_hwlocs_where_a_cpuset_restricts_them(
     CPUs: what nodecheck binds inside is exactly what hwloc shows. Through the command."""
     if name not in CAPTURES:
         pytest.skip(f"{name}: not among the captures here")
-    usable = hwloc_usable_cpus(CAPTURES[name])
+    hwloc = hwloc_reading(CAPTURES[name])
+    assert not isinstance(hwloc, str), hwloc
+    usable = hwloc.pus
     root = grafted[name].root
     cpuset = read_cpuset(node_fs(root))
     assert cpuset.error == "" and cpuset.cpus is not None
-    online = frozenset(plan_inventory_online(root))
+    online = read_inventory(node_fs(root)).cpu.online
     assert cpuset.cpus & online == usable
     done = run(
         *("--sysfs-root", str(root / "sys"), "--procfs-root", str(root / "proc")),
@@ -129,14 +135,15 @@ def test_allowed_cpus_are_hwlocs_where_a_cpuset_restricts_them(
     assert done.returncode == 0, done.stderr
     ranks = json.loads(done.stdout)["ranks"]
     bound = set().union(*(set(rank["cpus"]) for rank in ranks))
-    assert bound and usable is not None and bound <= usable
+    assert bound and bound <= usable
     assert all(rank["cpus"] or rank["status"] == "error" for rank in ranks)
 
 
-def plan_inventory_online(root: Path) -> frozenset[int]:
-    from nodecheck.checks.node.cpu import read_cpu_topology
-
-    return read_cpu_topology(node_fs(root)).online
+def reading_notes(root: Path) -> list[str]:
+    """What nodecheck's reading of the node inferred (the notes `inventory` shows)."""
+    inventory = read_inventory(node_fs(root))
+    notes = [*inventory.cpu.notes, *inventory.numa_notes]
+    return notes + [note for node in inventory.numa_nodes for note in node.notes]
 
 
 def test_exec_refuses_the_error_ranks_and_runs_a_valid_one(

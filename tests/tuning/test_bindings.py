@@ -112,12 +112,53 @@ def test_no_cpu_read_is_an_error_for_every_rank(tmp_path: Path) -> None:
     bindings = bind_ranks(inventory, {})
     assert len(bindings) == 2
     assert_runnable(bindings, frozenset())
-    assert all("the online CPUs could not be read" in b.error for b in bindings)
-    assert all("devices/system/cpu/online" in b.error for b in bindings)
+    assert all("no online CPU could be read" in b.error for b in bindings)
+    read = "devices/system/cpu/online: missing, and no cpuN directory"
+    assert all(read in b.error for b in bindings)
     plan = make_plan(node.context(), TuneOptions())
     assert [r.error for r in plan.ranks] == [b.error for b in bindings]
     assert all(r.env == [] for r in plan.ranks)  # no OMP_NUM_THREADS at all, never 0
-    assert bindings[0].error in plan.notes
+    # Said once, on each rank's line: not again as a note of the plan.
+    assert not any("no CPU to bind it to" in note for note in plan.notes)
+
+
+def test_an_online_file_naming_no_cpu_is_said_as_read(tmp_path: Path) -> None:
+    """`online` read fine but empty (an incomplete tree): the reason says that, not that
+    the file could not be read."""
+    node = placed(tmp_path, [0])
+    (node.root / "sys" / "devices" / "system" / "cpu" / "online").write_text("\n")
+    [binding] = bind_ranks(read_inventory(node.fs), {})
+    assert "devices/system/cpu/online was read and names no CPU" in binding.error
+    assert "could not be read" not in binding.error
+
+
+def test_a_gpu_on_an_offline_node_is_not_bound_to_its_memory(tmp_path: Path) -> None:
+    """hwloc's offline-cpu0-node0: node 0 has no directory (offline, no memory), its CPUs
+    name it by their cpuN/node0 links. A GPU there gets those CPUs, never --membind=0; a
+    GPU at -1 goes to node 1, the only node, and says it was inferred."""
+    node = placed(tmp_path, [0, 1, -1])
+    shutil.rmtree(node.root / "sys" / "devices" / "system" / "node" / "node0")
+    bindings = bind_ranks(read_inventory(node.fs), {})
+    assert_runnable(bindings, frozenset(range(8)))
+    assert [b.numa_node for b in bindings] == [None, 1, 1]
+    assert set(bindings[0].cpus) <= {0, 1, 2, 3} and disjoint(cpus_of(bindings))
+    assert "does not list (offline, or not described" in bindings[0].note
+    assert "--membind=0" not in bindings[0].numactl()
+    assert "node 1 is the only node with online CPUs" in bindings[2].note
+
+
+def test_memory_is_bound_only_to_the_cpusets_memory_nodes(tmp_path: Path) -> None:
+    """hwloc's 16amd64-4n4c-cgroup-distance-merge: the cpuset allows CPUs of node 0 but
+    only the memory of nodes 2-3 (cpuset.mems). --membind=0 would be refused (EINVAL):
+    the rank keeps node 0's CPUs, its memory unbound, with the reason."""
+    node = placed(tmp_path, [0, 1])
+    cpuset = CpusetReading(frozenset(range(8)), "/cpuset/job/cpus", mems=frozenset({1}))
+    plan = make_plan(node.context(), TuneOptions(cpuset=cpuset))
+    first, second = (rank.binding for rank in plan.ranks)
+    assert (first.numa_node, second.numa_node) == (None, 1)
+    assert set(first.cpus) <= {0, 1, 2, 3} and "--membind=0" not in first.numactl()
+    assert "memory nodes (1) leave out NUMA node 0" in first.note
+    assert second.numactl()[-1] == "--membind=1"
 
 
 def test_a_cpuset_without_online_cpus_is_an_error(tmp_path: Path) -> None:
@@ -125,6 +166,12 @@ def test_a_cpuset_without_online_cpus_is_an_error(tmp_path: Path) -> None:
     bindings = bind_ranks(read_inventory(node.fs), {}, allowed=frozenset({100, 101}))
     assert_runnable(bindings, frozenset())
     assert all("cpuset (100-101) holds none of the online CPUs (0-7)" in b.error for b in bindings)
+    # Without an `online` file the online CPUs are inferred, and the reason says from what.
+    (node.root / "sys" / "devices" / "system" / "cpu" / "online").unlink()
+    [first, _] = bind_ranks(read_inventory(node.fs), {}, allowed=frozenset({100, 101}))
+    assert "the online CPUs (0-7; devices/system/cpu/online missing: online CPUs 0-7 taken" in (
+        first.error
+    )
 
 
 @pytest.mark.parametrize(
