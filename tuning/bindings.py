@@ -387,8 +387,8 @@ def _also_near(
 
 def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     """Each GPU's nearest compute NIC(s) by PCIe relation (PIX before PXB before PHB
-    before NODE before SYS, as NCCL ranks them). Compute NICs are the fastest RDMA NICs
-    nearest the GPUs (checks/node/nic_roles.py); a slower storage port beside a GPU (the
+    before NODE before SYS, as NCCL ranks them). Compute NICs are each GPU's nearest RDMA
+    NICs of the fastest class (checks/node/nic_roles.py); a slower storage port beside a GPU (the
     XE9680's ConnectX-6 Dx behind GPU 0's switch) is named apart in `also_near`, never
     dealt out as an equal. GPUs with the same nearest NICs (two GPUs and two NICs behind
     one switch) get them dealt out in bus order, one each, so no NIC carries two GPUs'

@@ -210,8 +210,8 @@ def _ib_hca(
         value = "=" + ",".join(ports)
     reason = (
         f"keeps collectives on the {len(used)} compute NIC(s), the GPUs' own; "
-        f"{', '.join(described)}: storage (slower than the GPUs' own NICs, or nearest "
-        "no GPU), and NCCL would otherwise weigh every "
+        f"{', '.join(described)}: storage (slower than the GPUs' own NICs, nearest no "
+        "GPU, or Ethernet beside InfiniBand rails as near), and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
     works = current is not None and not fails(rule_ib_hca("", current, node_facts(inventory)))
