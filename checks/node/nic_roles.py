@@ -206,6 +206,10 @@ PHYSICAL_STATE_MEANINGS = {
 }
 
 
+# A port whose state (or whose list of ports) could not be read: not known to be down.
+STATE_UNKNOWN = "state unknown"
+
+
 @dataclass(frozen=True)
 class RailProblem:
     """A compute NIC that runs below its class or carries nothing: the whole job's
@@ -225,6 +229,8 @@ class RailProblem:
     @property
     def for_its_gpu(self) -> str:
         """The problem in a few words, for the rank whose GPU's rail it is."""
+        if self.down and STATE_UNKNOWN in self.port_state:
+            return f"the port state of its compute NIC {self.nic} could not be read"
         if self.down:
             return f"its compute NIC {self.nic} has no active port"
         return (
@@ -235,6 +241,12 @@ class RailProblem:
     def message(self) -> str:
         rail = f"the rail of GPU {', '.join(self.gpus)}" if self.gpus else "a compute NIC"
         fix = "reseat or replace its cable or transceiver and check the switch port"
+        if self.down and STATE_UNKNOWN in self.port_state:
+            return (
+                f"the port state of compute NIC {self.nic} ({rail}) could not be read "
+                f"({self.port_state}): whether it carries traffic is unknown (nodecheck check "
+                "--only nccl_env names what could not be read)"
+            )
         if self.down:
             state = self.port_state or "no active port"
             meaning = [
@@ -300,7 +312,7 @@ def nic_facts(nic: Nic) -> NicFacts:
         model = f"{pci.vendor:04x}:{pci.device:04x}"
     active = any(port.state == "ACTIVE" for port in ports)
     states = [
-        (port.state or "state unknown")
+        (port.state or STATE_UNKNOWN)
         + (f", physical state {port.phys_state}" if port.phys_state else "")
         for port in ports
     ]
@@ -311,7 +323,7 @@ def nic_facts(nic: Nic) -> NicFacts:
         link_layer=nic.link_layer,
         link_gbps=pcie_link_gbps(pci.link),
         active=active,
-        port_state="" if active else "; ".join(states) or "no port",
+        port_state="" if active else "; ".join(states) or STATE_UNKNOWN,
     )
 
 

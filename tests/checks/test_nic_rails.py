@@ -87,6 +87,17 @@ def test_a_rail_trained_slower_or_down_stays_compute_and_is_named() -> None:
     assert "check the switch port" in down.message()
 
 
+def test_a_rail_whose_port_state_is_unreadable_is_not_called_down() -> None:
+    nics = {"mlx5_0": rail(400), "mlx5_1": rail(None, state="state unknown")}
+    [problem] = rail_problems(nics, own_rails(2))
+    assert problem.nic == "mlx5_1"
+    assert "port state of compute NIC mlx5_1 (the rail of GPU gpu1) could not be read" in (
+        problem.message()
+    )
+    assert "no active port" not in problem.message()
+    assert problem.for_its_gpu == "the port state of its compute NIC mlx5_1 could not be read"
+
+
 def test_equally_near_rails_are_told_apart_by_class_not_live_rate() -> None:
     """DGX H100 style: two GPUs and two CX-7 behind one switch; ib1 trained at 200G is
     still a rail (its peers run at 400G), not a storage port."""
