@@ -3,11 +3,14 @@ decodes the same ACS bits, link states and bus hierarchy that nodecheck reads.""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +20,7 @@ from nodecheck.tuning.gpu_usability import answers_config_reads
 from tests.conftest import Node
 from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
-from tools.hwloc_captures import real_data_dir
+from tools.hwloc_captures import DEFAULT_REAL_DATA, real_data_dir
 
 
 def lspci_blocks(node: Node) -> dict[str, str]:
@@ -186,16 +189,55 @@ def test_xe9680_replica_agrees_with_nodecheck(xe9680_replica: Node) -> None:
     assert checked_acs == 55
 
 
+def test_gb200_replica_agrees_with_nodecheck(tmp_path: Path) -> None:
+    """lspci reads the GB200 tray replica (a PCI domain per root port) as nodecheck does."""
+    node = Node(build_node(nodes.gb200_tray(), tmp_path / "node"))
+    # ACS on the ten Grace root ports and the six downstream ports above the NICs.
+    assert assert_lspci_agrees(node) == 10 + 6
+    assert {bdf[:4] for bdf in lspci_blocks(node)} == {
+        "0000",
+        "0002",
+        "0006",
+        "0008",
+        "0009",
+        "0010",
+        "0012",
+        "0016",
+        "0018",
+        "0019",
+    }
+
+
+def missing_lspci_reason(environ: Mapping[str, str]) -> str:
+    """Why the comparison with the real lspci skips: where it looked, as
+    tools.hwloc_captures.real_data_dir does (NODECHECK_REAL_DATA, else the checkout's
+    sibling shared/real), by absolute path."""
+    configured = environ.get("NODECHECK_REAL_DATA")
+    where = (
+        f"under {configured} (NODECHECK_REAL_DATA)"
+        if configured
+        else f"under {DEFAULT_REAL_DATA} (the checkout's sibling shared/real; "
+        "NODECHECK_REAL_DATA names another folder)"
+    )
+    return f"no real XE9680 lspci here ({XE9680_LSPCI} {where}): the replica's own tests still run"
+
+
+def test_the_skip_names_the_folder_it_looked_in(tmp_path: Path) -> None:
+    reason = missing_lspci_reason({"NODECHECK_REAL_DATA": str(tmp_path)})
+    assert f"{XE9680_LSPCI} under {tmp_path} (NODECHECK_REAL_DATA)" in reason
+    reason = missing_lspci_reason({})
+    assert f"under {DEFAULT_REAL_DATA} (the checkout's sibling shared/real" in reason
+    assert DEFAULT_REAL_DATA.is_absolute()
+    assert "../" not in reason
+
+
 def test_xe9680_replica_matches_the_real_lspci(xe9680_replica: Node) -> None:
     """The replica, decoded by lspci, against the real XE9680's `lspci -vvv`: the same
     functions in the PCIe tree, each below the same bridge, with the same vendor:device,
     LnkCap and LnkSta, ACS control bits and NUMA node."""
     folder = real_data_dir()
     if folder is None or not (folder / XE9680_LSPCI).is_file():
-        pytest.skip(
-            f"no real XE9680 lspci here ({XE9680_LSPCI} under ../shared/real or "
-            "NODECHECK_REAL_DATA): the replica's own tests still run"
-        )
+        pytest.skip(missing_lspci_reason(os.environ))
     real = in_pcie_tree(parse_lspci_vvv((folder / XE9680_LSPCI).read_text()))
     replica = parse_lspci_vvv("\n".join(lspci_blocks(xe9680_replica).values()))
     assert sorted(replica) == sorted(real)

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.gpu_assignment import GpuAssignment
 from nodecheck.checks.node.inventory import Inventory, Nic
-from nodecheck.checks.node.nic_roles import GPUDIRECT_REACH, NicRole, nic_roles
+from nodecheck.checks.node.nic_roles import (
+    GPUDIRECT_REACH,
+    NicRole,
+    nic_roles,
+    node_rail_problems,
+)
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.variables import parse_count
@@ -399,6 +404,9 @@ class NicPairing:
     # Storage RDMA NICs as near this GPU as its own, named apart: "mlx5_1 (storage,
     # 100 Gb/s, PIX)". NCCL's collectives stay on the compute NICs.
     also_near: tuple[str, ...] = ()
+    # Its own compute NIC runs below its peers' rate or has no active port
+    # (nic_roles.rail_problems): the rank runs, slower; the node's notes say what to fix.
+    warning: str = ""
 
 
 def _also_near(
@@ -415,13 +423,15 @@ def _also_near(
 
 def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     """Each GPU's nearest compute NIC(s) by PCIe relation (PIX before PXB before PHB
-    before NODE before SYS, as NCCL ranks them). Compute NICs are the fastest RDMA NICs
-    nearest the GPUs (checks/node/nic_roles.py); a slower storage port beside a GPU (the
+    before NODE before SYS, as NCCL ranks them). Compute NICs are each GPU's nearest RDMA
+    NICs of the fastest class (checks/node/nic_roles.py); a slower storage port beside a GPU (the
     XE9680's ConnectX-6 Dx behind GPU 0's switch) is named apart in `also_near`, never
     dealt out as an equal. GPUs with the same nearest NICs (two GPUs and two NICs behind
     one switch) get them dealt out in bus order, one each, so no NIC carries two GPUs'
-    traffic while another idles."""
+    traffic while another idles. A GPU whose own compute NIC is degraded or down gets a
+    `warning` naming it (the node's notes carry the fix)."""
     roles = nic_roles(inventory)
+    rail_problems = node_rail_problems(inventory)
     # A NIC without an ACTIVE port carries nothing (NCCL skips it).
     active = [nic for nic in inventory.nics if nic.is_rdma and nic.state == "ACTIVE"]
     compute = [nic for nic in active if roles[nic.name] is NicRole.COMPUTE]
@@ -440,7 +450,9 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     for gpu in gpus:
         if gpu.bdf not in best:
             note = "no RDMA NIC with an active port: NCCL uses sockets between nodes"
-            pairings.append(NicPairing(gpu.bdf, (), None, note))
+            warning = "; ".join(p.for_its_gpu for p in rail_problems if gpu.bdf in p.gpus)
+            warning += " (the node's notes say how to fix it)" if warning else ""
+            pairings.append(NicPairing(gpu.bdf, (), None, note, warning=warning))
             continue
         relation, names = best[gpu.bdf]
         turn = shares.get(tuple(names), 0)
@@ -454,9 +466,27 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
             )
         also = _also_near(inventory, gpu, storage, relation)
         if also:
-            notes.append(
-                f"GPU {gpu.bdf} is also near {', '.join(also)}: slower than its compute NIC "
-                f"{ordered[0]}, so NCCL keeps the collectives on {ordered[0]}"
+            own_rate = next((n.rate_gbps for n in rdma if n.name == ordered[0]), None) or 0.0
+            slower = all(
+                (n.rate_gbps or 0.0) < own_rate
+                for n in storage
+                if inventory.relation(gpu, n.pci) <= max(relation, GPUDIRECT_REACH)
             )
-        pairings.append(NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also))
+            why = (
+                f"slower than its compute NIC {ordered[0]}, so NCCL keeps the collectives on "
+                f"{ordered[0]}"
+                if slower
+                else f"storage ports beside its compute NIC {ordered[0]} (not its rail: see "
+                "the NIC roles note); NCCL_IB_HCA keeps the collectives off them"
+            )
+            notes.append(f"GPU {gpu.bdf} is also near {', '.join(also)}: {why}")
+        own = [problem for problem in rail_problems if gpu.bdf in problem.gpus]
+        warning = "; ".join(problem.for_its_gpu for problem in own)
+        if any(problem.down for problem in own):
+            warning += f": NCCL sends its traffic over {ordered[0]} ({relation.name})"
+        if warning:
+            warning += " (the node's notes say how to fix it)"
+        pairings.append(
+            NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning)
+        )
     return pairings

@@ -24,6 +24,7 @@ from nodecheck.checks.host.nccl_env import (
 )
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
+from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.result import Status
 from nodecheck.checks.settings_audit import Finding
@@ -209,8 +210,8 @@ def _ib_hca(
         value = "=" + ",".join(ports)
     reason = (
         f"keeps collectives on the {len(used)} compute NIC(s), the GPUs' own; "
-        f"{', '.join(described)}: storage (slower than the GPUs' own NICs, or nearest "
-        "no GPU), and NCCL would otherwise weigh every "
+        f"{', '.join(described)}: storage (slower than the GPUs' own NICs, nearest no "
+        "GPU, or Ethernet beside InfiniBand rails as near), and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
     works = current is not None and not fails(rule_ib_hca("", current, node_facts(inventory)))
@@ -358,8 +359,10 @@ def network_note(
     sockets: list[NetInterface],
     shape: JobShape,
     ranks: int,
+    rail_problems: list[RailProblem] | None = None,
 ) -> str:
-    """The node's inter-node bandwidth against the ML Engineering book's guidance."""
+    """The node's inter-node bandwidth against the ML Engineering book's guidance. A
+    compute NIC without an active port carries nothing and is not counted, but named."""
     if shape.nodes == 1:
         return "one-node job: the network carries no collective traffic"
     if used_hcas:
@@ -377,6 +380,12 @@ def network_note(
         if storage:
             storage_speeds = "/".join(f"{r:g}" for r in sorted({rates[n] for n in storage}))
             what += f"; not counted: storage {', '.join(storage)} at {storage_speeds} Gb/s"
+        down = [problem.nic for problem in rail_problems or [] if problem.down]
+        degraded = [problem.nic for problem in rail_problems or [] if not problem.down]
+        if degraded:
+            what += f"; degraded: {', '.join(degraded)} (see the warning)"
+        if down:
+            what += f"; not counted: compute {', '.join(down)}, no active port (see the warning)"
     elif sockets:
         total = sum((i.speed_mbps or 0) / 1000 for i in sockets)
         what = f"no RDMA; TCP sockets over {', '.join(i.name for i in sockets)}"
@@ -409,5 +418,10 @@ def nccl_advice(
     fabric_env, fabric_left = _fabric(shape, ranks, len(used))
     left = hca_left + fabric_left + _left_to_nccl(inventory, pairings)
     notes += list(dict.fromkeys(p.note for p in pairings if p.note))
-    notes.append(network_note(inventory, used, sockets, shape, ranks))
+    # A degraded or down rail slows every collective of a multi-node job: said as a
+    # warning, with the fix (the ranks whose GPU it serves carry it too).
+    rail_problems = node_rail_problems(inventory)
+    notes += [f"warning: {problem.message()}" for problem in rail_problems]
+    notes += [f"NIC roles: {note}" for note in node_role_notes(inventory)]
+    notes.append(network_note(inventory, used, sockets, shape, ranks, rail_problems))
     return NcclAdvice(env + hca_env + fabric_env, left, notes)

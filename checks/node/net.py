@@ -13,7 +13,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_parsed
+from nodecheck.checks.node.fs import (
+    NodeFS,
+    ReadError,
+    list_dir,
+    read_optional_parsed,
+    read_optional_text,
+    read_parsed,
+)
 from nodecheck.checks.node.pci import split_device_path
 
 # include/uapi/linux/if_arp.h
@@ -28,6 +35,15 @@ def parse_port_state(text: str) -> str:
     if not match:
         raise ValueError(f"not a port state: {text!r}")
     return match.group(1)
+
+
+def parse_phys_state(text: str) -> str:
+    """ "5: LinkUp" -> "LinkUp", "7: Phy Test" -> "Phy Test" (drivers/infiniband/core/
+    sysfs.c phys_state_show: the physical link, apart from the logical `state`)."""
+    match = re.match(r"^\d+:\s*(\S.*)$", text.strip())
+    if not match:
+        raise ValueError(f"not a physical port state: {text!r}")
+    return match.group(1).strip()
 
 
 def parse_port_rate(text: str) -> float:
@@ -66,6 +82,9 @@ class RdmaPort:
     state: str | None
     rate_gbps: float | None
     link_layer: str | None
+    # The physical link (LinkUp; Polling: no signal from the other end; Disabled: turned
+    # off): why a port that is not ACTIVE is not. None where sysfs has no phys_state.
+    phys_state: str | None = None
 
 
 @dataclass
@@ -206,6 +225,13 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
                 link_layer = read_optional_text(port_dir / "link_layer")
             except ReadError as err:
                 device.problems[f"port {port_name}"] = str(err)
-            device.ports.append(RdmaPort(int(port_name), state, rate, link_layer))
+            phys_state = None
+            try:
+                phys_state = read_optional_parsed(
+                    port_dir / "phys_state", parse_phys_state, "a physical port state"
+                )
+            except ReadError as err:
+                device.problems[f"port {port_name} phys_state"] = str(err)
+            device.ports.append(RdmaPort(int(port_name), state, rate, link_layer, phys_state))
         devices.append(device)
     return devices

@@ -75,12 +75,21 @@ def test_a_fast_nic_that_is_no_gpus_nearest_is_storage() -> None:
     assert classify_nics(nics, relations) == {"own": COMPUTE, "further": STORAGE}
 
 
-def test_without_a_nic_within_pxb_the_fastest_rdma_nics_are_compute() -> None:
+def test_without_a_nic_within_pxb_each_gpus_nearest_fastest_are_compute() -> None:
     """NICs on root ports of their own (PHB/NODE/SYS from every GPU): NCCL still sends the
-    collectives over the fastest, without GPUDirect RDMA."""
+    collectives over the GPU's nearest, without GPUDirect RDMA; a NIC as fast but farther
+    (SYS) is not its rail. (This test once expected every fastest RDMA NIC of the node,
+    near or not, to be compute: a GB200 tray's storage ports then joined the rails.)"""
     nics = {"a": rdma(200), "b": rdma(200), "slow": rdma(25), "unknown": rdma(None)}
     relations = {"gpu0": {"a": PHB, "b": SYS, "slow": PHB, "unknown": PHB}}
     assert classify_nics(nics, relations) == {
+        "a": COMPUTE,
+        "b": STORAGE,
+        "slow": STORAGE,
+        "unknown": STORAGE,
+    }
+    # Without any GPU (a CPU-only node), the fastest RDMA NICs are still compute.
+    assert classify_nics(nics, {}) == {
         "a": COMPUTE,
         "b": COMPUTE,
         "slow": STORAGE,
