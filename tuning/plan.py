@@ -318,7 +318,10 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             # A rank always has a CPU here (a rank without one is an error, with no thread
             # count at all): OMP_NUM_THREADS=0 would be no setting OpenMP accepts.
             cores = max(1, pytorch.physical_cores(inventory, binding))
-            warnings = [w for w in (warning, binding.warning, cpuset_warning) if w]
+            # A degraded or down rail of this GPU is the rank's warning too: `eval "$(tune)"`
+            # and `exec` show the rank's warnings, never the node's notes.
+            rail_warning = pairings[binding.gpu].warning
+            warnings = [w for w in (warning, binding.warning, cpuset_warning, rail_warning) if w]
             ranks.append(
                 RankPlan(
                     binding,

@@ -234,6 +234,10 @@ def test_tune_keeps_a_degraded_rail_and_warns(replicas: dict[str, Node]) -> None
     ranks = doc["ranks"]
     assert ranks[1]["nics"] == ["mlx5_3"] and ranks[1]["nic_relation"] == "PIX"
     assert "mlx5_9" not in ranks[5]["nics"] and ranks[5]["nic_relation"] == "NODE"
+    # The rank's own warning, which `exec` and the shell format print, not only a node note.
+    assert ranks[1]["status"] == "warn" and "mlx5_3 runs at 200 Gb/s" in ranks[1]["warning"]
+    assert ranks[5]["status"] == "warn" and "mlx5_9 has no active port" in ranks[5]["warning"]
+    assert ranks[0]["status"] == "ok" and "warning" not in ranks[0]
     notes = doc["notes"]
     [slow] = [note for note in notes if note.startswith("warning: compute NIC mlx5_3")]
     assert "(the rail of GPU 0000:3b:00.0) runs at 200 Gb/s while its peers" in slow

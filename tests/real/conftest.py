@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tools.hwloc_captures import Capture, list_captures, real_data_dir, unpack
+from tools.hwloc_captures import (
+    DEFAULT_REAL_DATA,
+    Capture,
+    list_captures,
+    real_data_dir,
+    unpack,
+)
 
 
 @pytest.fixture(scope="session")
@@ -14,7 +20,8 @@ def real_data() -> Path:
     folder = real_data_dir()
     if folder is None:
         pytest.skip(
-            "no real captures here (../shared/real or NODECHECK_REAL_DATA): "
+            f"no real captures here ({DEFAULT_REAL_DATA}, or a folder named by "
+            "NODECHECK_REAL_DATA): "
             "the quirk fixtures in tests/fixtures cover their classes"
         )
     return folder
