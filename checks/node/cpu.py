@@ -30,7 +30,7 @@ sense, is a problem (`error` in the cpu check), never guessed at.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -319,15 +319,14 @@ def _packages(raw: dict[int, _RawCpu], infer: _Inferences) -> dict[int, int]:
     for number, cpu in raw.items():
         if number not in groups:
             by_id.setdefault(cpu.package_id, set()).add(number)
-    members = sorted(
-        {*(frozenset(group) for group in groups.values()), *map(frozenset, by_id.values())},
-        key=min,
+    all_packages = sorted(
+        {*groups.values(), *(frozenset(cpus) for cpus in by_id.values())}, key=min
     )
     known = [cpu.package_id for cpu in raw.values() if cpu.package_id is not None]
     next_number = max(known, default=-1) + 1
     taken: set[int] = set()
     packages: dict[int, int] = {}
-    for package in members:
+    for package in all_packages:
         ids = {raw[number].package_id for number in package}
         listed = package <= with_list.keys()
         shared = ids.pop() if len(ids) == 1 else None
@@ -373,8 +372,14 @@ def has_compute_units(fs: NodeFS) -> bool:
         fields = read_cpuinfo(fs)
     except ReadError:
         return False
-    family = fields.get("cpu family", "")
-    return fields.get("vendor_id") == "AuthenticAMD" and family.isdigit() and int(family) == 0x15
+    return is_amd_compute_unit_cpu(fields)
+
+
+def is_amd_compute_unit_cpu(cpuinfo: Mapping[str, str]) -> bool:
+    """Whether a /proc/cpuinfo block (parse_cpuinfo) is an AMD family 15h CPU: x86
+    kernels print "vendor_id: AuthenticAMD" and "cpu family: 21" (decimal) for it."""
+    family = cpuinfo.get("cpu family", "")
+    return cpuinfo.get("vendor_id") == "AuthenticAMD" and family.isdigit() and int(family) == 0x15
 
 
 def read_cpu_topology(fs: NodeFS) -> CpuTopology:

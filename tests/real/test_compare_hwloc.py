@@ -107,8 +107,8 @@ def test_hwloc_bitmap_rejects(text: str) -> None:
 def test_console_form() -> None:
     view = parse_console(CONSOLE)
     assert (view.packages, view.cores, set(view.pus)) == (2, 3, {0, 1, 2, 4})
-    assert view.package_sets == ({0, 1, 4}, {2})
-    assert view.core_sets == ({0, 4}, {1}, {2})
+    assert [set(cpus) for cpus in view.package_sets] == [{0, 1, 4}, {2}]
+    assert [set(cpus) for cpus in view.core_sets] == [{0, 4}, {1}, {2}]
     # Node 0 has its Package's PUs; node 2, below a memory-side cache, its Group's.
     assert view.numa == {0: {0, 1, 4}, 2: {2}}
     assert view.hidden == {3, 5, 6}
@@ -126,8 +126,8 @@ def test_xml_form() -> None:
     view = parse_xml(XML)
     assert (view.packages, view.cores, set(view.pus)) == (2, 3, {0, 1, 2, 3, 4, 5})
     assert view.numa == {0: {0, 1, 2, 3}, 1: {4, 5}, 7: {4, 5}}
-    assert view.package_sets == ({0, 1, 2, 3}, {4, 5})
-    assert view.core_sets == ({0, 1}, {2, 3}, {4, 5})
+    assert [set(cpus) for cpus in view.package_sets] == [{0, 1, 2, 3}, {4, 5}]
+    assert [set(cpus) for cpus in view.core_sets] == [{0, 1}, {2, 3}, {4, 5}]
     # complete_cpuset less cpuset: the CPUs hwloc was not allowed.
     assert view.hidden == {6, 7, *range(32, 40)}
 
