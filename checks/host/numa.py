@@ -1,9 +1,10 @@
 """NUMA topology: where the GPUs sit, nodes without CPUs or memory, automatic NUMA balancing.
 
-A GPU whose `numa_node` reads -1 on a machine with several NUMA nodes with CPUs has no
-firmware
-locality (ACPI _PXM missing): nothing can bind its process to the right
-socket, and NCCL cannot tell which NIC is near it (sysfs-bus-pci, numa_node).
+A GPU whose `numa_node` reads -1 on a machine with several NUMA nodes with CPUs
+has no firmware locality (ACPI _PXM missing): nothing can bind its process to the
+right socket, and NCCL cannot tell which NIC is near it (sysfs-bus-pci, numa_node).
+Nodes with neither CPU nor memory are normal where firmware declares memory that is
+not onlined (Grace's GPU memory partitions): one OK line names them.
 Automatic NUMA balancing unmaps pages to sample accesses and migrates them;
 a training process that is already bound to its node pays the page faults for
 nothing (Documentation/admin-guide/sysctl/kernel.rst, numa_balancing).

@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CLEAN_ENVIRON
+from tests.fixtures.topology_quirks import QUIRKS, write_tree
 from tools.compare_hwloc import (
     HwlocView,
     NodecheckView,
@@ -392,6 +394,26 @@ def test_compare_tool_over_the_real_captures(
     assert "offline-cpu0-node0: hwloc shows the cpuset" not in summary
     assert ", 1 not compared (test1.fsroot: " in summary
     assert "Traceback" not in done.stderr
+
+
+def test_capture_without_target_is_read_but_not_compared(tmp_path: Path) -> None:
+    """A capture whose .test names no expected reading (as test1.fsroot) is its own
+    bucket, not "differ by design", and nodecheck still reads it (runs without the real
+    data: the capture is a quirk tree of our own)."""
+    tree = write_tree(QUIRKS["padded-lists"](), tmp_path / "tree" / "quirk")
+    folder = tmp_path / "captures"
+    folder.mkdir()
+    with tarfile.open(folder / "quirk.tar.bz2", "w:bz2") as archive:
+        archive.add(tree, arcname="quirk")
+    (folder / "quirk.test").write_text("# no target line\n")
+    done = run_tool(str(folder))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "== quirk: not compared" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == (
+        "1 captures: 0 agree, 0 differ by design, 1 not compared (quirk: hwloc gives no "
+        "expected topology for quirk (no target in its .test); nodecheck read 8 CPU(s), "
+        "2 node(s) without a crash), 0 differ"
+    )
 
 
 def test_compare_tool_refuses_a_folder_without_captures(tmp_path: Path) -> None:
