@@ -556,9 +556,9 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
                 )
             elif number in ours.unlisted_nodes and ours_cpus <= hwloc.pus_outside_numa:
                 by_design.append(
-                    f"node {number} is offline (no directory): hwloc shows its CPUs "
-                    f"{format_cpulist(ours_cpus)} in no node, nodecheck in node {number} "
-                    "by their cpuN/node links"
+                    f"node {number} has no directory though CPUs link to it (a sysfs "
+                    f"contradiction): hwloc shows its CPUs {format_cpulist(ours_cpus)} in no "
+                    f"node, nodecheck in node {number} by their cpuN/node{number} links"
                 )
             else:
                 differences.append(f"node {number}: nodecheck shows it, hwloc does not")
