@@ -7,11 +7,15 @@ NAME.test, whose `target:` names hwloc's expected reading, NAME.console or NAME.
 Each capture is unpacked (into a temporary folder unless --unpacked-into names one,
 where an unpacked capture is reused), read with nodecheck's `read_inventory`, and its
 packages, cores, PUs and each NUMA node's CPUs are printed beside hwloc's, with
-"agree" or the differences. Some differences are hwloc's by design, each said with its
-reason computed from the data: hwloc shows only the CPUs the capturing process was
-allowed (a cpuset or cgroup), hides the memory nodes of NVIDIA GPUs, shows CPUs of an
-offline node in no node, and leaves out objects whose CPU sets conflict. The last line
-sums up; the exit status is 0 only when nothing differs but those.
+"agree" or the differences. Each core's and package's PUs are compared, and every CPU
+nodecheck reports must be in one of its nodes. Some differences are hwloc's by design,
+each said with its reason computed from the data: hwloc shows only the CPUs and nodes
+the capturing process was allowed (the capture's own cpuset, as nodecheck reads it, and
+its cpuset.mems), hides the memory nodes of NVIDIA GPUs, shows CPUs of an offline node in
+no node, gives a CPU-less node the CPUs of its locality, and leaves out objects whose CPU
+sets conflict. A capture without hwloc's expected reading is "not compared" (it is still
+read, to catch a crash). The last line sums up; the exit status is 0 only when nothing
+differs but those.
 
 hwloc's formats (hwloc's own documentation, "Exporting Topologies to XML" and lstopo's
 console output):
@@ -37,8 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from nodecheck.checks.node.cpulist import format_cpulist
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_text
+from nodecheck.checks.node.cgroup import (
+    CpusetReading,
+    parse_proc_cgroup,
+    parse_proc_cpuset,
+    read_cpuset,
+)
+from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
 from nodecheck.checks.node.inventory import Inventory, read_inventory
 from tools.hwloc_captures import Capture, list_captures, unpack
 
@@ -54,6 +64,8 @@ class HwlocView:
     hidden: frozenset[int] = frozenset()  # CPUs hwloc says it was not allowed to use
     pus_outside_packages: frozenset[int] = frozenset()
     pus_outside_numa: frozenset[int] = frozenset()
+    package_sets: tuple[frozenset[int], ...] = ()  # each Package's PUs
+    core_sets: tuple[frozenset[int], ...] = ()  # each Core's PUs
 
 
 def parse_hwloc_bitmap(text: str) -> frozenset[int]:
@@ -100,6 +112,8 @@ def _view(root: _Object, hidden: frozenset[int]) -> HwlocView:
     packages = cores = 0
     pus: set[int] = set()
     in_package: set[int] = set()
+    package_sets: list[frozenset[int]] = []
+    core_sets: list[frozenset[int]] = []
     numa: dict[int, frozenset[int]] = {}
 
     def walk(obj: _Object, holder: _Object) -> None:
@@ -108,9 +122,11 @@ def _view(root: _Object, hidden: frozenset[int]) -> HwlocView:
         nonlocal packages, cores
         if obj.kind in ("Package", "Socket"):
             packages += 1
-            in_package.update(obj.pus())
+            package_sets.append(frozenset(obj.pus()))
+            in_package.update(package_sets[-1])
         elif obj.kind == "Core":
             cores += 1
+            core_sets.append(frozenset(obj.pus()))
         elif obj.kind == "PU" and obj.os_index is not None:
             pus.add(obj.os_index)
         if obj.kind not in _MEMORY_KINDS:
@@ -130,6 +146,8 @@ def _view(root: _Object, hidden: frozenset[int]) -> HwlocView:
         hidden,
         frozenset(pus - in_package) if packages else frozenset(),
         frozenset(pus) - in_numa,
+        tuple(package_sets),
+        tuple(core_sets),
     )
 
 
@@ -239,6 +257,14 @@ class NodecheckView:
     gpu_nodes: dict[int, str]  # NUMA node -> the NVIDIA GPU whose memory it is
     notes: list[str]
     problems: list[str] = field(default_factory=list)  # what nodecheck could not read
+    # The capture's own cpuset (checks.node.cgroup.read_cpuset) and its cpuset.mems:
+    # None where the capture has none (nothing restricted the capturing process).
+    cpuset: frozenset[int] | None = None
+    cpuset_mems: frozenset[int] | None = None
+    cpuset_source: str = ""
+    # The cpuset is its hierarchy's root ("/" in /proc/self/cgroup or /proc/self/cpuset):
+    # the kernel keeps every online CPU in it, so it restricts nothing.
+    cpuset_is_root: bool = False
 
     @classmethod
     def of(cls, inventory: Inventory, fs: NodeFS) -> NodecheckView:
@@ -255,6 +281,7 @@ class NodecheckView:
         ]
         problems = [*inventory.cpu.problems.values()]
         problems += [node.problem for node in inventory.numa_nodes if node.problem]
+        cpuset = read_cpuset(fs)
         return cls(
             {number: frozenset(cpus) for number, cpus in packages.items()},
             inventory.cpu.cores,
@@ -264,6 +291,10 @@ class NodecheckView:
             gpu_nodes,
             sorted(set(notes)),
             problems,
+            cpuset.cpus,
+            cpuset_mems(fs, cpuset),
+            cpuset.source,
+            cpuset_cgroup(fs) == "/",
         )
 
     def restricted(self, allowed: frozenset[int], nodes: set[int]) -> NodecheckView:
@@ -283,7 +314,55 @@ class NodecheckView:
             self.gpu_nodes,
             self.notes,
             self.problems,
+            self.cpuset,
+            self.cpuset_mems,
+            self.cpuset_source,
+            self.cpuset_is_root,
         )
+
+
+def cpuset_cgroup(fs: NodeFS) -> str | None:
+    """The cpuset cgroup the capturing process was in: /proc/self/cgroup's cpuset (v1) or
+    unified (v2) line, else /proc/self/cpuset; None where neither says."""
+    try:
+        memberships = parse_proc_cgroup(read_optional_text(fs.proc("self", "cgroup")) or "")
+        cpuset_text = read_optional_text(fs.proc("self", "cpuset")) or ""
+    except ReadError:
+        return None
+    for controller in ("cpuset", ""):
+        if controller in memberships:
+            return memberships[controller]
+    return parse_proc_cpuset(cpuset_text)
+
+
+# A cpuset's CPU file -> its memory-node files, the first that says something read.
+_MEMS_BESIDE = {
+    "cpuset.cpus.effective": ("cpuset.mems.effective",),
+    "cpuset.effective_cpus": ("cpuset.effective_mems", "cpuset.mems"),
+    "cpuset.cpus": ("cpuset.mems",),
+    "effective_cpus": ("effective_mems", "mems"),
+    "cpus": ("mems",),
+}
+
+
+def cpuset_mems(fs: NodeFS, cpuset: CpusetReading) -> frozenset[int] | None:
+    """The memory nodes of the cpuset whose CPUs `cpuset` read: the `mems` file beside
+    its CPU file (cpuset.mems.effective by cpuset.cpus.effective on cgroup v2,
+    cpuset.effective_mems or cpuset.mems on v1, mems on the cpuset filesystem:
+    Documentation/admin-guide/cgroup-v1/cpusets.rst, cgroup-v2.rst). None when there is
+    none or it says nothing."""
+    if not cpuset.source or cpuset.cpus is None:
+        return None
+    source = Path(cpuset.source)
+    for candidate in _MEMS_BESIDE.get(source.name, ()):
+        try:
+            text = read_optional_text(source.with_name(candidate))
+            nodes = parse_cpulist(text) if text is not None else None
+        except (ReadError, ValueError):
+            nodes = None
+        if nodes:
+            return nodes
+    return None
 
 
 @dataclass
@@ -303,21 +382,88 @@ def _cpus(cpus: frozenset[int]) -> str:
     return f"{len(cpus)} ({format_cpulist(cpus)})" if cpus else "none"
 
 
+def _sets(sets: Sequence[frozenset[int]]) -> str:
+    return " ".join(sorted((format_cpulist(cpus) or "none" for cpus in sets), key=len)[:4])
+
+
+def _set_difference(what: str, ours: list[frozenset[int]], theirs: list[frozenset[int]]) -> str:
+    """Counts where they differ, else the first sets each has that the other lacks."""
+    if len(ours) != len(theirs):
+        return f"{what}: nodecheck {len(ours)}, hwloc {len(theirs)}"
+    only_ours = [cpus for cpus in ours if cpus not in theirs]
+    only_theirs = [cpus for cpus in theirs if cpus not in ours]
+    return (
+        f"{what}: {len(ours)} each, but their PUs differ: nodecheck {_sets(only_ours)}, "
+        f"hwloc {_sets(only_theirs)}"
+    )
+
+
+def _cpuset_reason(ours: NodecheckView, hwloc: HwlocView) -> tuple[str, set[int]] | None:
+    """Why hwloc shows fewer CPUs, from the capture's own cpuset: only when hwloc's PUs
+    are exactly nodecheck's CPUs inside it. The reason, and the nodes outside its mems."""
+    allowed = ours.cpuset
+    if allowed is None or not ours.pus - allowed or hwloc.pus != ours.pus & allowed:
+        return None
+    if ours.cpuset_is_root:
+        # The root cpuset holds every online CPU (Documentation/admin-guide/cgroup-v1/
+        # cpusets.rst): nodecheck's CPUs outside it are not online, a misreading.
+        return None
+    reason = (
+        f"hwloc shows the cpuset {format_cpulist(hwloc.pus)} of the {len(ours.pus)} "
+        f"online CPUs {format_cpulist(ours.pus)} (the capture's cpuset, "
+        f"{Path(ours.cpuset_source).name})"
+    )
+    hidden_nodes = set()
+    if ours.cpuset_mems is not None:
+        hidden_nodes = set(ours.numa) - ours.cpuset_mems
+    if hidden_nodes:
+        reason += (
+            f" and not the nodes {format_cpulist(hidden_nodes)} outside its mems "
+            f"{format_cpulist(ours.cpuset_mems or ())}"
+        )
+    return reason, hidden_nodes
+
+
+def _locality_of_cpuless(number: int, theirs: frozenset[int], view: NodecheckView) -> str | None:
+    """Why hwloc gives a node nodecheck reads without CPUs the CPUs `theirs`: hwloc
+    attaches a CPU-less (memory) node to an object, its locality, and the node's cpuset
+    is that object's. Said only when `theirs` is exactly the CPUs of whole nodecheck
+    nodes, of a package, or of the machine, each of them in a nodecheck node."""
+    with_cpus = {n: cpus for n, cpus in view.numa.items() if cpus and n != number}
+    if not theirs <= frozenset().union(*with_cpus.values()):
+        return None  # a locality's CPUs are in nodes of their own
+    inside = [n for n, cpus in with_cpus.items() if cpus <= theirs]
+    union = frozenset().union(*(with_cpus[n] for n in inside)) if inside else frozenset()
+    if inside and union == theirs:
+        return (
+            f"node {number} has no CPU (memory only); hwloc gives it the CPUs "
+            f"{format_cpulist(theirs)} of node(s) {format_cpulist(inside)}, its locality"
+        )
+    for package, cpus in sorted(view.packages.items()):
+        if cpus == theirs:
+            return (
+                f"node {number} has no CPU (memory only); hwloc gives it the CPUs "
+                f"{format_cpulist(theirs)} of package {package}, its locality"
+            )
+    if theirs == view.pus:
+        return (
+            f"node {number} has no CPU (memory only); hwloc gives it every CPU "
+            "(the machine is its locality)"
+        )
+    return None
+
+
 def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
     by_design: list[str] = []
     differences: list[str] = []
     view = ours
-    hidden = (ours.pus - hwloc.pus) & hwloc.hidden
-    if hwloc.pus < ours.pus and hidden == ours.pus - hwloc.pus:
-        reason = (
-            f"hwloc shows the cpuset {format_cpulist(hwloc.pus)} of the {len(ours.pus)} "
-            f"online CPUs {format_cpulist(ours.pus)}"
-        )
-        hidden_nodes = set(ours.numa) - set(hwloc.numa)
-        if hidden_nodes:
-            reason += f" and not the nodes {format_cpulist(hidden_nodes)} whose memory it denies"
+    hidden_nodes: set[int] = set()
+    cpuset = _cpuset_reason(ours, hwloc)
+    if cpuset is not None:
+        reason, hidden_nodes = cpuset
         by_design.append(reason)
-        view = ours.restricted(hwloc.pus, set(hwloc.numa))
+        allowed = ours.cpuset or frozenset()
+        view = ours.restricted(allowed, set(ours.numa) - hidden_nodes)
     hwloc_cores = hwloc.cores if hwloc.cores is not None else len(hwloc.pus)
     rows = [
         ("packages", str(len(view.packages)), str(hwloc.packages)),
@@ -331,29 +477,64 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
     differences += [f"nodecheck could not read: {problem}" for problem in ours.problems]
     if view.pus != hwloc.pus:
         differences.append(f"PUs: nodecheck {_cpus(view.pus)}, hwloc {_cpus(hwloc.pus)}")
-    if len(view.packages) != hwloc.packages:
-        dropped = [
-            n for n, cpus in view.packages.items() if cpus and cpus <= hwloc.pus_outside_packages
-        ]
-        if hwloc.pus_outside_packages and len(view.packages) - len(dropped) == hwloc.packages:
+    # Packages and cores by their PUs, not only by count.
+    our_packages = sorted(view.packages.values(), key=sorted)
+    their_packages = sorted(hwloc.package_sets, key=sorted)
+    if our_packages != their_packages:
+        dropped = [cpus for cpus in our_packages if cpus and cpus <= hwloc.pus_outside_packages]
+        kept = [cpus for cpus in our_packages if cpus not in dropped]
+        dropped_cpus = frozenset().union(*dropped) if dropped else frozenset()
+        if dropped and dropped_cpus == hwloc.pus_outside_packages and kept == their_packages:
             by_design.append(
                 f"hwloc leaves out {len(dropped)} package(s) whose CPU set conflicts with "
-                f"others: CPUs {format_cpulist(hwloc.pus_outside_packages)} are under none"
+                f"others: their CPUs {format_cpulist(dropped_cpus)} are exactly those hwloc "
+                "puts under no package; the other packages agree"
             )
         else:
-            differences.append(f"packages: nodecheck {len(view.packages)}, hwloc {hwloc.packages}")
-    if len(view.cores) != hwloc_cores:
-        differences.append(f"cores: nodecheck {len(view.cores)}, hwloc {hwloc_cores}")
+            differences.append(_set_difference("packages", our_packages, their_packages))
+    their_cores = (
+        sorted(hwloc.core_sets, key=sorted)
+        if hwloc.cores is not None
+        else [frozenset({pu}) for pu in sorted(hwloc.pus)]
+    )
+    our_cores = sorted(view.cores, key=sorted)
+    if our_cores != their_cores:
+        differences.append(_set_difference("cores", our_cores, their_cores))
     in_hwloc_nodes: dict[int, set[int]] = {}
     for number, cpus in hwloc.numa.items():
         for cpu in cpus:
             in_hwloc_nodes.setdefault(cpu, set()).add(number)
-    our_node = {cpu: number for number, cpus in view.numa.items() for cpu in cpus}
+    # Every CPU nodecheck reports is in exactly one of its nodes, or in none where hwloc
+    # puts it in none too.
+    our_nodes: dict[int, list[int]] = {}
+    for number, cpus in view.numa.items():
+        for cpu in cpus:
+            our_nodes.setdefault(cpu, []).append(number)
+    in_several = frozenset(cpu for cpu, nodes in our_nodes.items() if len(nodes) > 1)
+    in_none = view.pus - our_nodes.keys()
+    if in_several:
+        differences.append(f"CPUs {format_cpulist(in_several)} are in several nodecheck nodes")
+    if in_none or hwloc.pus_outside_numa:
+        rows.append(
+            (
+                "no node",
+                format_cpulist(in_none) or "-",
+                format_cpulist(hwloc.pus_outside_numa) or "-",
+            )
+        )
+    if in_none - hwloc.pus_outside_numa:
+        differences.append(
+            f"CPUs {format_cpulist(in_none - hwloc.pus_outside_numa)} are in no nodecheck node "
+            "but in a node of hwloc's"
+        )
+    our_node = {cpu: nodes[0] for cpu, nodes in our_nodes.items()}
     nested = [n for n, cpus in hwloc.numa.items() if any(len(in_hwloc_nodes[c]) > 1 for c in cpus)]
     # hwloc may nest nodes (a node's cpuset is its locality) and leave CPUs in none; the
     # difference is by design when each CPU's node is one hwloc puts it in, or it has none.
     nesting_explains = (bool(nested) or bool(hwloc.pus_outside_numa)) and all(
-        our_node.get(cpu) in in_hwloc_nodes.get(cpu, {our_node.get(cpu)}) for cpu in view.pus
+        our_node.get(cpu)
+        in in_hwloc_nodes.get(cpu, {our_node.get(cpu)} if cpu in hwloc.pus_outside_numa else set())
+        for cpu in view.pus
     )
     for number in sorted(set(view.numa) | set(hwloc.numa)):
         ours_cpus, theirs = view.numa.get(number), hwloc.numa.get(number)
@@ -367,21 +548,29 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
         if ours_cpus is None:
             differences.append(f"node {number}: hwloc shows it, nodecheck does not")
         elif theirs is None:
-            if ours is not view:
-                continue  # a node whose memory the cpuset denies: said with the cpuset
+            if number in hidden_nodes:
+                continue  # outside the cpuset's mems: said with the cpuset
             if not ours_cpus and number in ours.gpu_nodes:
                 by_design.append(
                     f"hwloc hides node {number}, the memory of NVIDIA GPU {ours.gpu_nodes[number]}"
                 )
             elif number in ours.unlisted_nodes and ours_cpus <= hwloc.pus_outside_numa:
                 by_design.append(
-                    f"node {number} is offline (no directory): hwloc shows its CPUs "
-                    f"{format_cpulist(ours_cpus)} in no node, nodecheck in node {number} "
-                    "by their cpuN/node links"
+                    f"node {number} has no directory though CPUs link to it (a sysfs "
+                    f"contradiction): hwloc shows its CPUs {format_cpulist(ours_cpus)} in no "
+                    f"node, nodecheck in node {number} by their cpuN/node{number} links"
                 )
             else:
                 differences.append(f"node {number}: nodecheck shows it, hwloc does not")
-        elif ours_cpus and ours_cpus != theirs and nesting_explains:
+        elif not ours_cpus and theirs:
+            locality = _locality_of_cpuless(number, theirs, view)
+            if locality is not None:
+                by_design.append(locality)
+            else:
+                differences.append(
+                    f"node {number}: nodecheck no CPU, hwloc {format_cpulist(theirs)}"
+                )
+        elif ours_cpus != theirs and nesting_explains:
             by_design.append(
                 f"node {number}: nodecheck CPUs {format_cpulist(ours_cpus)}, hwloc "
                 f"{format_cpulist(theirs) or 'none'}: hwloc nests nodes "
@@ -389,12 +578,11 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
                 f"{format_cpulist(hwloc.pus_outside_numa) or 'none'} in no node; nodecheck "
                 "counts each CPU in one node, the smallest whose list holds it"
             )
-        elif ours_cpus and ours_cpus != theirs:
+        elif ours_cpus != theirs:
             differences.append(
                 f"node {number}: nodecheck CPUs {format_cpulist(ours_cpus)}, "
                 f"hwloc {format_cpulist(theirs) or 'none'}"
             )
-        # A node without CPUs: hwloc gives it the CPUs of its locality, by design.
     return Comparison(rows, differences, by_design)
 
 
@@ -409,8 +597,16 @@ class CaptureResult:
 def compare_capture(capture: Capture, into: Path) -> CaptureResult:
     target = capture.target if capture.description.is_file() else None
     if target is None or not target.is_file():
-        reason = f"hwloc gives no expected topology for {capture.name} (no target in its .test)"
-        return CaptureResult(capture.name, "differ by design", [f"  {reason}"], [reason])
+        # Nothing to compare with, but nodecheck still reads it: a crash is a finding.
+        root = unpack(capture, into)
+        fs = NodeFS(root / "sys", root / "proc", root)
+        inventory = read_inventory(fs)
+        reason = (
+            f"hwloc gives no expected topology for {capture.name} (no target in its .test); "
+            f"nodecheck read {len(inventory.cpu.cpus)} CPU(s), {len(inventory.numa_nodes)} "
+            "node(s) without a crash"
+        )
+        return CaptureResult(capture.name, "not compared", [f"  {reason}"], [reason])
     try:
         hwloc = parse_expected(target)
     except (ValueError, ElementTree.ParseError) as err:
@@ -435,10 +631,14 @@ def compare_capture(capture: Capture, into: Path) -> CaptureResult:
 def summary(results: Sequence[CaptureResult]) -> str:
     agree = sum(1 for r in results if r.verdict == "agree")
     by_design = [r for r in results if r.verdict == "differ by design"]
+    not_compared = [r for r in results if r.verdict == "not compared"]
     differ = [r for r in results if r.verdict == "differ"]
     line = f"{len(results)} captures: {agree} agree, {len(by_design)} differ by design"
     if by_design:
         line += " (" + "; ".join(f"{r.name}: {r.reasons[0]}" for r in by_design) + ")"
+    line += f", {len(not_compared)} not compared"
+    if not_compared:
+        line += " (" + "; ".join(f"{r.name}: {r.reasons[0]}" for r in not_compared) + ")"
     line += f", {len(differ)} differ"
     if differ:
         line += " (" + ", ".join(r.name for r in differ) + ")"

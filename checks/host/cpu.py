@@ -38,11 +38,12 @@ def problem_results(problems: dict[str, str]) -> Iterator[Result]:
     first CPUs and the first message (which names the file)."""
     per_cpu: dict[str, list[tuple[int, str]]] = {}
     for name, problem in problems.items():
-        match = re.fullmatch(r"cpu(\d+)( governor)?", name)
+        match = re.fullmatch(r"cpu(\d+)( governor| online)?", name)
         if match is None:
             yield Result(Status.ERROR, NODE, f"cannot read CPU topology ({name}): {problem}")
             continue
-        what = "cpufreq governor" if match.group(2) else "topology"
+        kinds = {" governor": "cpufreq governor", " online": "online state (counted online)"}
+        what = kinds.get(match.group(2) or "", "topology")
         per_cpu.setdefault(what, []).append((int(match.group(1)), problem))
     for what, found in per_cpu.items():
         found.sort()
@@ -100,7 +101,7 @@ def check_cpu(ctx: CheckContext) -> Iterator[Result]:
         yield Result(
             Status.OK,
             NODE,
-            "CPU topology inferred where sysfs is incomplete: " + "; ".join(topology.notes),
+            "CPU topology as read, with what was inferred: " + "; ".join(topology.notes),
             details={"notes": list(topology.notes)},
         )
     threads = topology.threads_per_core
@@ -111,7 +112,7 @@ def check_cpu(ctx: CheckContext) -> Iterator[Result]:
         Status.OK,
         NODE,
         f"SMT {state}: {len(topology.packages)} socket(s), {len(topology.cores)} cores, "
-        f"{threads} thread(s) per core",
+        f"{topology.threads_per_core_range} thread(s) per core",
         details={
             "smt_control": topology.smt_control,
             "smt_active": topology.smt_active,

@@ -1,8 +1,10 @@
 """NUMA topology: where the GPUs sit, nodes without CPUs or memory, automatic NUMA balancing.
 
-A GPU whose `numa_node` reads -1 on a multi-socket machine has no firmware
-locality (ACPI _PXM missing): nothing can bind its process to the right
-socket, and NCCL cannot tell which NIC is near it (sysfs-bus-pci, numa_node).
+A GPU whose `numa_node` reads -1 on a machine with several NUMA nodes with CPUs
+has no firmware locality (ACPI _PXM missing): nothing can bind its process to the
+right socket, and NCCL cannot tell which NIC is near it (sysfs-bus-pci, numa_node).
+Nodes with neither CPU nor memory are normal where firmware declares memory that is
+not onlined (Grace's GPU memory partitions): one OK line names them.
 Automatic NUMA balancing unmaps pages to sample accesses and migrates them;
 a training process that is already bound to its node pays the page faults for
 nothing (Documentation/admin-guide/sysctl/kernel.rst, numa_balancing).
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import ReadError, parse_attr, read_optional_text
+from nodecheck.checks.node.numa import NumaNode
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -42,17 +45,11 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
         )
     elif not nodes:
         yield Result(Status.SKIP, NODE, "the kernel reports no NUMA nodes (built without NUMA)")
+    empty: list[int] = []
     for node in nodes:
         subject = f"numa {node.number}"
         if not node.listed:
-            yield Result(
-                Status.WARN,
-                subject,
-                f"NUMA node {node.number} is offline (no devices/system/node/node{node.number}) "
-                f"but its CPUs {format_cpulist(node.cpus)} are online: their memory is remote",
-                "check the DIMM population and the BIOS NUMA settings of that socket",
-                {"notes": list(node.notes)},
-            )
+            yield _linked_without_directory(node)
         elif node.problem:
             yield Result(
                 Status.ERROR, subject, f"cannot read NUMA node {node.number}: {node.problem}"
@@ -66,7 +63,7 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 "check the DIMM population of that socket",
             )
         elif not node.cpus and not node.memory_bytes:
-            yield Result(Status.WARN, subject, f"NUMA node {node.number} has no CPUs and no memory")
+            empty.append(node.number)
         elif not node.cpus:
             yield Result(
                 Status.OK,
@@ -75,6 +72,28 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 "GiB: CXL, HBM or coherent GPU memory)",
             )
 
+    if empty:
+        # Nodes the firmware declares for memory that is not onlined (yet): Grace (GH200,
+        # GB200) declares one per GPU memory partition (MIG slot), CXL hosts one per
+        # window; hwloc hides them too (open-mpi/hwloc#431).
+        yield Result(
+            Status.OK,
+            NODE,
+            f"{len(empty)} empty NUMA node(s) ({format_cpulist(empty)}): no CPU and no memory, "
+            "as for memory not onlined yet (Grace GPU memory partitions, CXL windows)",
+            details={"empty_nodes": empty},
+        )
+    if inventory.cpus_without_node:
+        cpus = format_cpulist(inventory.cpus_without_node)
+        yield Result(
+            Status.WARN,
+            NODE,
+            f"online CPUs {cpus} are in no NUMA node: no node's cpulist names them and they "
+            "have no cpuN/nodeM link, so no memory binding fits them",
+            "check the firmware's ACPI SRAT (BIOS update) and the kernel log for NUMA "
+            "errors; bind processes there by CPU list only",
+            {"cpus": cpus},
+        )
     notes = list(inventory.numa_notes) + [
         f"node {node.number}: {note}" for node in nodes if node.listed for note in node.notes
     ]
@@ -82,11 +101,13 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
         yield Result(
             Status.OK,
             NODE,
-            "NUMA topology inferred where sysfs is incomplete: " + "; ".join(notes),
+            "NUMA topology as read, with what was inferred: " + "; ".join(notes),
             details={"notes": notes},
         )
     with_cpus = {node.number for node in nodes if node.cpus}
-    multi_node = len(with_cpus) > 1 or inventory.multi_socket
+    # Several nodes with CPUs: a process's socket matters. A machine without node
+    # directories has one node (and a VM with one core per socket may have one too).
+    multi_node = len(with_cpus) > 1
     spread: dict[str, list[str]] = {}
     for gpu in inventory.gpus:
         subject = gpu_subject(gpu.bdf)
@@ -119,8 +140,8 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
             yield Result(
                 Status.WARN,
                 subject,
-                "NUMA node unknown (-1) on a multi-socket machine: processes for this GPU "
-                "cannot be bound to its socket",
+                "NUMA node unknown (-1) on a machine with several NUMA nodes: processes for "
+                "this GPU cannot be bound to its node",
                 remedy,
                 {"numa_node": gpu.numa_node},
                 (sample,),
@@ -157,7 +178,8 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
     # A kernel built without CONFIG_NUMA_BALANCING has no such sysctl (kernel/sched/
     # fair.c registers it with the feature): nothing to turn off, said with the verdict.
     not_built = (
-        f"; automatic NUMA balancing is not built into this kernel (no {path})"
+        "; no <procfs>/sys/kernel/numa_balancing: the kernel has no automatic NUMA "
+        "balancing (CONFIG_NUMA_BALANCING)"
         if balancing is None and balancing_error is None
         else ""
     )
@@ -206,3 +228,29 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
             details={"numa_balancing": mode},
             samples=(sample,),
         )
+
+
+def _linked_without_directory(node: NumaNode) -> Result:
+    """CPUs whose cpuN/nodeM link names a node without a directory: the kernel links CPUs
+    only under registered nodes (drivers/base/node.c, register_cpu_under_node), so sysfs
+    contradicts itself; has_memory and has_cpu say what the kernel still knows of it."""
+    states = []
+    if node.has_memory is not None:
+        states.append(f"has_memory {'names' if node.has_memory else 'does not name'} it")
+    if node.has_cpu is not None:
+        states.append(f"has_cpu {'names' if node.has_cpu else 'does not name'} it")
+    known = "; ".join(states) or "no has_memory/has_cpu file says more"
+    return Result(
+        Status.WARN,
+        f"numa {node.number}",
+        f"CPUs {format_cpulist(node.cpus)} link to NUMA node {node.number}, which has no "
+        f"devices/system/node/node{node.number} directory: sysfs contradicts itself "
+        f"({known}); a memory binding to node {node.number} may be refused",
+        "bind processes on those CPUs by CPU list only; check the kernel log for NUMA "
+        "errors at boot and update the firmware (ACPI SRAT)",
+        {
+            "notes": list(node.notes),
+            "has_memory": node.has_memory,
+            "has_cpu": node.has_cpu,
+        },
+    )

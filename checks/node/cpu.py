@@ -8,13 +8,19 @@ reading takes what the kernel means, as hwloc's Linux backend does (hwloc/topolo
 look_sysfscpu, in open-mpi/hwloc), and says what it inferred in `CpuTopology.notes`:
 
 - no `online` file (kernels before 2.6.2x): `present`/`possible` and the cpuN
-  directories, each online unless its `cpuN/online` reads 0;
+  directories, each online unless its `cpuN/online` reads 0 (one that cannot be read is
+  a problem, counted online);
+- an `online` that goes past `possible`: lists are read up to the cpuN directories, and
+  the contradiction is noted;
 - sibling lists as `_list` files, else as hexadecimal masks;
-- a core is the CPUs of one thread siblings list, except that CPUs of one list with
-  distinct core_id are compute-unit cores (AMD Bulldozer); without the list, the CPUs of
-  one package and core_id; without either, each CPU;
-- a package is the CPUs of one package list (core_siblings), numbered by
-  physical_package_id where it has one (not -1) and no other package took it;
+- a core is the CPUs of one thread siblings list, except that on AMD compute-unit CPUs
+  (/proc/cpuinfo: AuthenticAMD, family 15h, Bulldozer to Excavator) CPUs of one list with
+  distinct core_id are cores of their own, as hwloc decides once per machine
+  (is_amd_with_CU); elsewhere such a list stays one core and the core_id is noted as
+  inconsistent; without the list, the CPUs of one package and core_id; without either,
+  each CPU;
+- a package is the CPUs of one package list (core_siblings), lists that overlap joined,
+  numbered by physical_package_id where it has one (not -1) and no other package took it;
 - siblings and packages hold online CPUs only, and each CPU is in one core.
 
 An online CPU without a topology directory, or with a file that exists but makes no
@@ -24,7 +30,7 @@ sense, is a problem (`error` in the cpu check), never guessed at.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -34,6 +40,7 @@ from nodecheck.checks.node.cpulist import (
     format_cpulist,
     parse_cpulist,
     parse_cpumask,
+    possible_contradiction,
 )
 from nodecheck.checks.node.fs import (
     MISSING,
@@ -66,7 +73,7 @@ class CpuTopology:
     smt_control: str | None  # "on", "off", "forceoff", "notsupported", "notimplemented"
     smt_active: bool | None
     problems: dict[str, str] = field(default_factory=dict)
-    # What was inferred where sysfs was incomplete, in words, each naming its CPUs.
+    # What the reading inferred or found contradictory, in words, each naming its CPUs.
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -82,6 +89,14 @@ class CpuTopology:
     def threads_per_core(self) -> int:
         cores = self.cores
         return max((len(core) for core in cores), default=1)
+
+    @property
+    def threads_per_core_range(self) -> str:
+        """ "2", or "1-2" where cores differ (hybrid CPUs: P-cores with two threads,
+        E-cores with one)."""
+        counts = {len(core) for core in self.cores} or {1}
+        low, high = min(counts), max(counts)
+        return str(high) if low == high else f"{low}-{high}"
 
 
 # The files that name a CPU's hardware threads and its package's CPUs. Linux 5.7 added
@@ -144,7 +159,10 @@ def _read_online(
     for number in candidates:
         try:
             state = read_optional_text(base / f"cpu{number}" / "online")
-        except ReadError:
+        except ReadError as err:
+            # Neither file says whether the CPU runs: counted online (its directory is
+            # there), and the user hears that the state is unknown.
+            problems[f"cpu{number} online"] = str(err)
             state = None
         if state != "0":
             online.add(number)
@@ -203,50 +221,56 @@ def _read_raw_cpu(base: Path, number: int, bound: int) -> _RawCpu:
 
 
 def _cores(
-    raw: dict[int, _RawCpu], online: frozenset[int], infer: _Inferences
+    raw: dict[int, _RawCpu], online: frozenset[int], infer: _Inferences, compute_units: bool
 ) -> dict[int, frozenset[int]]:
     """Each CPU's core, as the set of its hardware threads, as hwloc reads it
-    (hwloc/topology-linux.c, look_sysfscpu, in open-mpi/hwloc)."""
+    (hwloc/topology-linux.c, look_sysfscpu, in open-mpi/hwloc); `compute_units`: the
+    machine's CPUs are AMD compute-unit CPUs (see has_compute_units)."""
     cores: dict[int, frozenset[int]] = {}
+    # Without a sibling file the threads of a core share its package and core_id
+    # (Documentation/admin-guide/cputopology.rst): grouped by that key in one pass.
+    by_core_key: dict[tuple[int | None, frozenset[int] | None, int], set[int]] = {}
+    for cpu in raw.values():
+        if cpu.threads is None and cpu.core_id is not None:
+            key = (cpu.package_id, cpu.package_cpus, cpu.core_id)
+            by_core_key.setdefault(key, set()).add(cpu.number)
     for number, cpu in raw.items():
         if cpu.threads is not None:
             threads = (cpu.threads & online) | {number}
-            core_ids = {raw[t].core_id for t in threads if t in raw}
-            if cpu.core_id is not None and len(core_ids) > 1:
-                # Threads of one thread_siblings mask with distinct core_id are the cores
-                # of an AMD compute unit (Bulldozer family: two integer cores sharing a
-                # front end and FPU), each a core of its own as hwloc counts them.
-                threads = frozenset(
-                    t for t in threads if t in raw and raw[t].core_id == cpu.core_id
-                )
-                infer.add(
-                    "CPUs of one thread_siblings mask with distinct core_id: compute units "
-                    "(AMD Bulldozer family), each thread counted as a core",
-                    number,
-                )
+            ids = {raw[t].core_id for t in threads if t in raw}
+            if len(ids - {None}) > 1 or (None in ids and len(ids) > 1):
+                if compute_units and None not in ids:
+                    # Threads of one thread_siblings mask with distinct core_id are the
+                    # cores of an AMD compute unit (family 15h: two integer cores sharing
+                    # a front end and FPU), each a core of its own as hwloc counts them.
+                    threads = frozenset(t for t in threads if raw[t].core_id == cpu.core_id)
+                    infer.add(
+                        "CPUs of one thread_siblings mask with distinct core_id on an AMD "
+                        "family 15h CPU (compute units): each thread counted as a core",
+                        number,
+                    )
+                else:
+                    infer.add(
+                        "CPUs of one thread_siblings mask with inconsistent core_id (distinct, "
+                        "missing or -1): one core, as the mask says",
+                        number,
+                    )
             cores[number] = frozenset(threads)
         elif cpu.core_id is not None:
-            # No sibling file: the threads of a core share its package and core_id
-            # (Documentation/admin-guide/cputopology.rst).
-            cores[number] = frozenset(
-                other.number
-                for other in raw.values()
-                if other.core_id == cpu.core_id
-                and (other.package_id, other.package_cpus) == (cpu.package_id, cpu.package_cpus)
-            )
+            cores[number] = frozenset(by_core_key[(cpu.package_id, cpu.package_cpus, cpu.core_id)])
             infer.add("no thread siblings file: cores grouped by package and core_id", number)
         else:
             cores[number] = frozenset({number})
             infer.add("no thread siblings file nor core_id: each CPU counted as a core", number)
-    return _as_partition(cores, infer)
+    return _as_partition(cores, infer, "thread sibling lists")
 
 
 def _as_partition(
-    cores: dict[int, frozenset[int]], infer: _Inferences
+    cores: dict[int, frozenset[int]], infer: _Inferences, what: str
 ) -> dict[int, frozenset[int]]:
-    """Cores that do not overlap: the kernel gives each thread of a core the same list,
-    so lists that disagree (cpu0 names cpu1, cpu1 only itself) are joined, never left to
-    put one CPU in two cores (and two ranks)."""
+    """Sets that do not overlap: the kernel gives each thread of a core (each CPU of a
+    package) the same list, so lists that disagree (cpu0 names cpu1, cpu1 only itself)
+    are joined, never left to put one CPU in two cores (and two ranks)."""
     parent = {number: number for number in cores}
 
     def root(number: int) -> int:
@@ -255,17 +279,20 @@ def _as_partition(
             number = parent[number]
         return number
 
-    for number, members in cores.items():
-        for member in members:
-            if member in parent:
-                parent[root(member)] = root(number)
+    # Each distinct list once: a machine's CPUs share few lists (one per core, one per
+    # package), so this costs the CPUs of those lists, not CPUs times list length.
+    for members in set(cores.values()):
+        inside = [member for member in members if member in parent]
+        for member in inside[1:]:
+            parent[root(member)] = root(inside[0])
     groups: dict[int, set[int]] = {}
     for number in cores:
         groups.setdefault(root(number), set()).add(number)
-    joined = {number: frozenset(groups[root(number)]) for number in cores}
+    frozen = {top: frozenset(members) for top, members in groups.items()}
+    joined = {number: frozen[root(number)] for number in cores}
     for number, members in joined.items():
         if members != cores[number]:
-            infer.add("thread sibling lists that disagree with each other: joined", number)
+            infer.add(f"{what} that disagree with each other: joined", number)
     return joined
 
 
@@ -273,46 +300,86 @@ def _packages(raw: dict[int, _RawCpu], infer: _Inferences) -> dict[int, int]:
     """Each CPU's package number.
 
     A package is the CPUs of one package CPU list (core_siblings / package_cpus), as
-    hwloc reads it: ia64 kernels print one physical_package_id for CPUs whose lists say
-    they are separate packages (one per single-core Madison). A package keeps its
-    physical_package_id; one without (missing or -1), or a second package with an id
-    already taken, is numbered after the highest id.
+    hwloc reads it, lists that overlap joined: ia64 kernels print one
+    physical_package_id for CPUs whose lists say they are separate packages (one per
+    single-core Madison). CPUs without a list are grouped by physical_package_id. A
+    package keeps the physical_package_id its CPUs share; one without (missing or -1),
+    or a second package with an id already taken, is numbered after the highest id.
     """
     online = frozenset(raw)
-    keys: dict[int, tuple[int | None, frozenset[int] | None]] = {}
+    online_part: dict[frozenset[int], frozenset[int]] = {}  # each distinct list once
+    with_list: dict[int, frozenset[int]] = {}
     for number, cpu in raw.items():
-        mask = None if cpu.package_cpus is None else (cpu.package_cpus & online) | {number}
-        keys[number] = (cpu.package_id, mask)
+        if cpu.package_cpus is not None:
+            mask = cpu.package_cpus
+            members = online_part.setdefault(mask, mask & online)
+            with_list[number] = members if number in members else members | {number}
+    groups = _as_partition(with_list, infer, "core_siblings/package_cpus lists")
+    by_id: dict[int | None, set[int]] = {}
+    for number, cpu in raw.items():
+        if number not in groups:
+            by_id.setdefault(cpu.package_id, set()).add(number)
+    all_packages = sorted(
+        {*groups.values(), *(frozenset(cpus) for cpus in by_id.values())}, key=min
+    )
     known = [cpu.package_id for cpu in raw.values() if cpu.package_id is not None]
     next_number = max(known, default=-1) + 1
-    numbers: dict[tuple[int | None, frozenset[int] | None], int] = {}
     taken: set[int] = set()
     packages: dict[int, int] = {}
-    for number in sorted(raw):
-        key = keys[number]
-        package_id, mask = key
-        if key not in numbers:
-            if package_id is not None and package_id not in taken:
-                numbers[key] = package_id
-            else:
-                numbers[key] = next_number
-                next_number += 1
-            taken.add(numbers[key])
-        packages[number] = numbers[key]
-        if package_id is not None and numbers[key] != package_id:
-            infer.add(
-                "a physical_package_id shared by CPUs whose core_siblings/package_cpus "
-                "lists are disjoint: separate packages, as those lists say",
-                number,
-            )
-        elif package_id is None and mask is None:
-            infer.add("no physical_package_id nor package CPU list: one package assumed", number)
-        elif package_id is None:
-            infer.add(
-                "physical_package_id missing or -1: packages taken from core_siblings/package_cpus",
-                number,
-            )
+    for package in all_packages:
+        ids = {raw[number].package_id for number in package}
+        listed = package <= with_list.keys()
+        shared = ids.pop() if len(ids) == 1 else None
+        if shared is not None and shared not in taken:
+            numbered = shared
+        else:
+            numbered = next_number
+            next_number += 1
+        taken.add(numbered)
+        for number in package:
+            packages[number] = numbered
+            if shared is not None and numbered != shared:
+                infer.add(
+                    "a physical_package_id shared by CPUs whose core_siblings/package_cpus "
+                    "lists are disjoint: separate packages, as those lists say",
+                    number,
+                )
+            elif len(ids) > 1 or (shared is None and raw[number].package_id is not None):
+                infer.add(
+                    "CPUs of one core_siblings/package_cpus list with distinct "
+                    "physical_package_id: one package, as the list says",
+                    number,
+                )
+            elif shared is None and not listed:
+                infer.add(
+                    "no physical_package_id nor package CPU list: one package assumed", number
+                )
+            elif shared is None:
+                infer.add(
+                    "physical_package_id missing or -1: packages taken from "
+                    "core_siblings/package_cpus",
+                    number,
+                )
     return packages
+
+
+def has_compute_units(fs: NodeFS) -> bool:
+    """Whether the machine's CPUs are AMD compute-unit CPUs (family 15h: Bulldozer,
+    Piledriver, Steamroller, Excavator), decided once for the machine from /proc/cpuinfo
+    as hwloc does (is_amd_with_CU, hwloc/topology-linux.c): only there do thread
+    siblings with distinct core_id name cores of their own. Without /proc/cpuinfo: no."""
+    try:
+        fields = read_cpuinfo(fs)
+    except ReadError:
+        return False
+    return is_amd_compute_unit_cpu(fields)
+
+
+def is_amd_compute_unit_cpu(cpuinfo: Mapping[str, str]) -> bool:
+    """Whether a /proc/cpuinfo block (parse_cpuinfo) is an AMD family 15h CPU: x86
+    kernels print "vendor_id: AuthenticAMD" and "cpu family: 21" (decimal) for it."""
+    family = cpuinfo.get("cpu family", "")
+    return cpuinfo.get("vendor_id") == "AuthenticAMD" and family.isdigit() and int(family) == 0x15
 
 
 def read_cpu_topology(fs: NodeFS) -> CpuTopology:
@@ -332,6 +399,9 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     if found is None:
         problems.setdefault("online", f"{base / 'online'}: missing, and no cpuN directory")
     online = found or frozenset()
+    contradiction = possible_contradiction(fs, online)
+    if contradiction:
+        notes.append(contradiction)
     infer = _Inferences()
     raw: dict[int, _RawCpu] = {}
     for number in sorted(online):
@@ -345,7 +415,7 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
             raw[number] = _read_raw_cpu(base, number, bound)
         except ReadError as err:
             problems[f"cpu{number}"] = str(err)
-    cores = _cores(raw, frozenset(raw), infer)
+    cores = _cores(raw, frozenset(raw), infer, has_compute_units(fs))
     packages = _packages(raw, infer)
     cpus: dict[int, Cpu] = {}
     for number, cpu in raw.items():

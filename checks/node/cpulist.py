@@ -5,18 +5,20 @@ Format: Documentation/admin-guide/cputopology.rst and lib/bitmap.c
 every four) since Linux 4.x.
 
 A CPU list names CPUs the kernel can have: ids below the number of possible
-CPUs (`<sysfs>/devices/system/cpu/possible`, cputopology.rst), which is at most
-NR_CPUS. x86 bounds NR_CPUS at 8192 (arch/x86/Kconfig, NR_CPUS_RANGE_END with
-MAXSMP), as do powerpc and arm64 (4096) at most. Every range is checked against
+CPUs (`<sysfs>/devices/system/cpu/possible`, cputopology.rst, or the cpuN
+directories where a tree shows more), which is at most NR_CPUS. x86 bounds
+NR_CPUS at 8192 (arch/x86/Kconfig, NR_CPUS_RANGE_END with MAXSMP), as do powerpc
+and arm64 (4096) at most. Every range is checked against
 that bound before it is expanded, so "0-2147483647" is an error, not a set of
 two billion integers.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
-from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS, ReadError, read_text
+from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS, ReadError, list_dir, read_text
 
 NR_CPUS_MAX = 8192
 
@@ -123,10 +125,44 @@ def format_cpulist(cpus: Iterable[int]) -> str:
 
 
 def cpu_id_bound(fs: NodeFS) -> int:
-    """One past the highest CPU id the kernel can have: from `devices/system/cpu/possible`,
-    else NR_CPUS_MAX (a tree without the file, or one whose file makes no sense)."""
+    """One past the highest CPU id a list may name: the largest of `devices/system/cpu/
+    possible` and the cpuN directories, never above NR_CPUS_MAX (NR_CPUS_MAX without
+    either).
+
+    `possible` alone is no hard bound: a tree whose `possible` reads 0-3 beside cpu0-cpu7
+    directories and an `online` of 0-7 contradicts itself, and bounding by `possible`
+    would reject every list (no CPU, every node unreadable). The reading takes the CPUs
+    the directories show and says so (see possible_contradiction)."""
+    highest = max(_possible(fs) or {-1})
+    highest = max(highest, max(_cpu_directories(fs), default=-1))
+    return min(highest + 1, NR_CPUS_MAX) if highest >= 0 else NR_CPUS_MAX
+
+
+def _possible(fs: NodeFS) -> frozenset[int] | None:
     try:
-        possible = parse_cpulist(read_text(fs.sys("devices", "system", "cpu", "possible")))
+        return parse_cpulist(read_text(fs.sys("devices", "system", "cpu", "possible")))
     except (ReadError, ValueError):
-        return NR_CPUS_MAX
-    return max(possible) + 1 if possible else NR_CPUS_MAX
+        return None
+
+
+def _cpu_directories(fs: NodeFS) -> frozenset[int]:
+    try:
+        entries = list_dir(fs.sys("devices", "system", "cpu"))
+    except ReadError:
+        return frozenset()
+    numbers = (re.fullmatch(r"cpu(\d+)", entry) for entry in entries)
+    return frozenset(n for m in numbers if m and (n := int(m.group(1))) < NR_CPUS_MAX)
+
+
+def possible_contradiction(fs: NodeFS, cpus: frozenset[int]) -> str | None:
+    """A note when `cpus` (the online ones) go past `possible`: the kernel never onlines
+    a CPU it does not count possible (Documentation/admin-guide/cputopology.rst), so the
+    tree contradicts itself; the lists were read up to the cpuN directories instead."""
+    possible = _possible(fs)
+    if not possible or not cpus - possible:
+        return None
+    return (
+        f"devices/system/cpu/possible reads {format_cpulist(possible)} but CPUs "
+        f"{format_cpulist(cpus - possible)} are online: sysfs contradicts itself; lists were "
+        "read up to the highest cpuN directory instead"
+    )

@@ -85,6 +85,9 @@ class Inventory:
     nics: list[Nic]
     interfaces: list[NetInterface]
     rdma: list[RdmaDevice]
+    # Each online CPU is in at most one node: the one whose list names it, or its
+    # cpuN/nodeM link's; a CPU with neither is in none (cpus_without_node). Bindings may
+    # use those only as spare CPUs, without a memory binding.
     numa_nodes: list[NumaNode]
     cpu: CpuTopology
     # A whole directory that could not be listed, by what it holds ("pci", "net",
@@ -92,6 +95,8 @@ class Inventory:
     problems: dict[str, str] = field(default_factory=dict)
     # What the NUMA reading inferred for the node as a whole (each node has its own notes).
     numa_notes: list[str] = field(default_factory=list)
+    # Online CPUs in no NUMA node: no node lists them, no cpuN/nodeM link places them.
+    cpus_without_node: frozenset[int] = frozenset()
 
     @property
     def gpus(self) -> list[PciDevice]:
@@ -194,7 +199,7 @@ def read_inventory(fs: NodeFS) -> Inventory:
     rdma = _listed(problems, "rdma", lambda: read_rdma_devices(fs))
     cpu = read_cpu_topology(fs)
     try:
-        numa = read_numa(fs, cpu.online or None, {n: c.package for n, c in cpu.cpus.items()})
+        numa = read_numa(fs, cpu.online or None)
     except ReadError as err:
         problems["numa"] = str(err)
         numa = NumaReading([])
@@ -220,4 +225,5 @@ def read_inventory(fs: NodeFS) -> Inventory:
         cpu=cpu,
         problems=problems,
         numa_notes=numa.notes,
+        cpus_without_node=numa.cpus_without_node,
     )

@@ -1,21 +1,25 @@
 """NUMA nodes from `<sysfs>/devices/system/node` (Documentation/ABI/stable/sysfs-devices-node).
 
-The kernel puts every online CPU in exactly one node. What a tree shows can say less, and
-the reading takes what the kernel means, with a note:
+The kernel puts every online CPU in one node. What a tree shows can say less, and the
+reading takes what the kernel means, with a note, and invents nothing:
 
 - no `devices/system/node` (a kernel built without CONFIG_NUMA): one node 0 with every
   online CPU and the memory of `/proc/meminfo`;
-- a node's `cpulist` (and `cpumap`) name its possible CPUs, offline ones included
-  (drivers/base/node.c prints cpumask_of_node): only online CPUs are kept;
+- a node's `cpulist` (and `cpumap`) prints cpumask_of_node (drivers/base/node.c), which
+  on some architectures (powerpc) keeps offline CPUs: only online CPUs are kept;
 - kernels before 2.6.2x have only the hexadecimal `cpumap`;
-- an online CPU in no node's list (its node is offline, or has no directory) is placed
-  by its `cpuN/nodeM` link (drivers/base/cpu.c, register_cpu_under_node).
+- a node whose `cpulist` reads but whose `meminfo` does not keeps its CPUs, and the
+  problem is recorded;
+- an online CPU in no node's list is placed only by its `cpuN/nodeM` link
+  (drivers/base/node.c, register_cpu_under_node). A link to a node without a directory
+  contradicts sysfs (only registered nodes get links): the node is kept as `listed=False`
+  with what `has_memory`/`has_cpu` say of it. A CPU with neither list nor link is in no
+  node (`NumaReading.cpus_without_node`), as the kernel and hwloc show it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nodecheck.checks.node.cpulist import (
@@ -58,9 +62,12 @@ class NumaNode:
     memory_bytes: int | None
     problem: str | None = None
     notes: tuple[str, ...] = ()
-    # False for a node that the CPUs' `nodeM` links name but that has no directory (an
-    # offline node: its memory is not there).
+    # False for a node that the CPUs' `nodeM` links name but that has no directory.
     listed: bool = True
+    # Whether devices/system/node/has_memory and has_cpu name the node (None: no such
+    # file); read for nodes without a directory, where nothing else says.
+    has_memory: bool | None = None
+    has_cpu: bool | None = None
 
 
 @dataclass
@@ -68,6 +75,8 @@ class NumaReading:
     nodes: list[NumaNode]
     # What was inferred for the node as a whole (no node directory, CPUs in no node).
     notes: list[str] = field(default_factory=list)
+    # Online CPUs that no node lists and no cpuN/nodeM link places: in no node.
+    cpus_without_node: frozenset[int] = frozenset()
 
 
 def _node_cpus(fs: NodeFS, entry: str, bound: int) -> frozenset[int]:
@@ -118,27 +127,21 @@ class _ListedNode:
     cpus: set[int] = field(default_factory=set)
 
 
-def _home_of_unlisted(
-    fs: NodeFS, cpu: int, nodes: list[_ListedNode], packages: Mapping[int, int]
-) -> tuple[int, str]:
-    """The node of an online CPU that no node lists, and why: its cpuN/nodeM link, else
-    the lowest node holding CPUs of its package, else the lowest node."""
-    linked = _linked_node(fs, cpu)
-    if linked is not None:
-        return linked, f"placed by their cpuN/node{linked} links"
-    package = packages.get(cpu)
-    for node in nodes:
-        if package is not None and any(packages.get(c) == package for c in node.listed):
-            return node.number, "no nodeM link: placed with the other CPUs of their package"
-    return nodes[0].number, "no nodeM link: counted in the lowest node"
+def _node_state(fs: NodeFS, name: str) -> frozenset[int] | None:
+    """A node state list (`has_memory`, `has_cpu`: Documentation/ABI/stable/
+    sysfs-devices-node), None when missing or unreadable."""
+    try:
+        return read_optional_parsed(
+            fs.sys("devices", "system", "node", name), parse_cpulist, "a node list"
+        )
+    except ReadError:
+        return None
 
 
-def read_numa(
-    fs: NodeFS, online: frozenset[int] | None = None, packages: Mapping[int, int] | None = None
-) -> NumaReading:
+def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
     """The NUMA nodes, each holding only `online` CPUs (every CPU its list names when
-    None), every online CPU in exactly one node; `packages` (CPU -> package) places a CPU
-    no node lists. ReadError when the node directory cannot be listed."""
+    None), every online CPU in at most one node. ReadError when the node directory cannot
+    be listed."""
     base = fs.sys("devices", "system", "node")
     bound = cpu_id_bound(fs)
     entries = [(int(m.group(1)), e) for e in list_dir(base) if (m := re.fullmatch(r"node(\d+)", e))]
@@ -149,14 +152,18 @@ def read_numa(
     listed: list[_ListedNode] = []
     for number, entry in sorted(entries):
         node = _ListedNode(number, frozenset(), None, None)
+        # The CPU list and the memory are read apart: one unreadable file keeps the other.
         try:
             cpus = _node_cpus(fs, entry, bound)
+        except ReadError as err:
+            node.problem = str(err)
+            cpus = frozenset()
+        try:
             node.memory = read_parsed(
                 base / entry / "meminfo", parse_node_meminfo, "a MemTotal line"
             )
         except ReadError as err:
-            node.problem = str(err)
-            cpus = frozenset()
+            node.problem = "; ".join(filter(None, (node.problem, str(err))))
         if online is not None and cpus - online:
             node.notes.append(f"offline CPUs {format_cpulist(cpus - online)} left out")
             cpus &= online
@@ -178,28 +185,49 @@ def read_numa(
                 "fewer CPUs: counted there"
             )
     by_number = {node.number: node for node in listed}
-    unlisted: dict[int, set[int]] = {}
-    reasons: dict[tuple[int, str], set[int]] = {}
+    linked_elsewhere: dict[int, set[int]] = {}
+    without_node: set[int] = set()
     for cpu in sorted((online or frozenset()) - holders.keys()):
-        home, why = _home_of_unlisted(fs, cpu, listed, packages or {})
-        reasons.setdefault((home, why), set()).add(cpu)
-        if home in by_number:
+        home = _linked_node(fs, cpu)
+        if home is None:
+            without_node.add(cpu)
+        elif home in by_number:
             by_number[home].cpus.add(cpu)
+            by_number[home].notes.append(
+                f"CPU {cpu} is in no node's list: placed by its cpu{cpu}/node{home} link"
+            )
         else:
-            unlisted.setdefault(home, set()).add(cpu)
-    for (home, why), placed in reasons.items():
-        if home in by_number:
-            by_number[home].notes.append(f"CPUs {format_cpulist(placed)} in no node's list: {why}")
+            linked_elsewhere.setdefault(home, set()).add(cpu)
     result = [
         NumaNode(n.number, frozenset(n.cpus), n.memory, n.problem, tuple(n.notes)) for n in listed
     ]
-    for number, linked in sorted(unlisted.items()):
+    has_memory, has_cpu = _node_state(fs, "has_memory"), _node_state(fs, "has_cpu")
+    for number, linked in sorted(linked_elsewhere.items()):
         note = (
-            f"node {number} has no directory in devices/system/node (offline): its CPUs "
-            f"{format_cpulist(linked)} are known from their cpuN/node{number} links"
+            f"CPUs {format_cpulist(linked)} link to node {number} (cpuN/node{number}) but "
+            f"devices/system/node has no node{number}: sysfs contradicts itself, since the "
+            "kernel links CPUs only under registered nodes (drivers/base/node.c, "
+            "register_cpu_under_node)"
         )
-        result.append(NumaNode(number, frozenset(linked), None, None, (note,), listed=False))
+        result.append(
+            NumaNode(
+                number,
+                frozenset(linked),
+                None,
+                None,
+                (note,),
+                listed=False,
+                has_memory=None if has_memory is None else number in has_memory,
+                has_cpu=None if has_cpu is None else number in has_cpu,
+            )
+        )
         reading.notes.append(note)
+    if without_node:
+        reading.notes.append(
+            f"CPUs {format_cpulist(without_node)} are online but in no node's list and have "
+            "no cpuN/nodeM link: in no node"
+        )
+    reading.cpus_without_node = frozenset(without_node)
     reading.nodes = sorted(result, key=lambda node: node.number)
     return reading
 

@@ -9,7 +9,7 @@ import pytest
 from nodecheck.checks.host.nccl_env import parse_selector
 from nodecheck.checks.host.torch_alloc import lex_alloc_conf, parse_alloc_conf
 from nodecheck.checks.node.cgroup import parse_proc_cgroup
-from nodecheck.checks.node.cpu import parse_cpuinfo
+from nodecheck.checks.node.cpu import is_amd_compute_unit_cpu, parse_cpuinfo
 from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from nodecheck.checks.node.fs import ImplausibleValueError
 from nodecheck.checks.node.net import (
@@ -143,6 +143,22 @@ def test_meminfo_total() -> None:
     assert parse_meminfo_total("MemTotal:       16315988 kB\nMemFree: 1 kB\n") == 16315988 * 1024
     with pytest.raises(ValueError):
         parse_meminfo_total("MemFree: 1 kB\n")
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "compute_units"),
+    [
+        ("AuthenticAMD", "21", True),  # Bulldozer to Excavator (15h)
+        ("AuthenticAMD", "16", False),  # K10 (10h)
+        ("AuthenticAMD", "23", False),  # Zen (17h): SMT siblings share a core_id
+        ("GenuineIntel", "21", False),
+        ("AuthenticAMD", "0x15", False),  # the kernel prints the family in decimal
+    ],
+)
+def test_compute_unit_cpus(vendor: str, family: str, compute_units: bool) -> None:
+    text = f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 1\n"
+    assert is_amd_compute_unit_cpu(parse_cpuinfo(text)) is compute_units
+    assert not is_amd_compute_unit_cpu(parse_cpuinfo("processor\t: 0\nCPU part\t: 0xd0c\n"))
 
 
 def test_cpuinfo_first_block() -> None:

@@ -2,7 +2,8 @@
 (tests/fixtures/topology_quirks.py): what nodecheck reads, and what `cpu` and `numa` say.
 
 The reading must take what the kernel means and say what it inferred; a healthy node is
-never `error`; every online CPU is in exactly one NUMA node, and only online CPUs are."""
+never `error`; every online CPU is in at most one NUMA node (those in none are named in
+`cpus_without_node`), and only online CPUs are."""
 
 from __future__ import annotations
 
@@ -38,13 +39,17 @@ def text(results: list[Result]) -> str:
 
 
 def assert_partition(found: Inventory) -> None:
-    """Every online CPU in exactly one NUMA node; nodes hold online CPUs only."""
+    """Every online CPU in one NUMA node or in cpus_without_node; nodes hold online CPUs
+    only."""
     placed = [cpu for node in found.numa_nodes for cpu in node.cpus]
+    placed += found.cpus_without_node
     assert sorted(placed) == sorted(found.cpu.online), found.numa_nodes
     assert set(found.cpu.cpus) <= found.cpu.online
 
 
-HEALTHY = [name for name in QUIRKS if name not in ("broken-siblings-everywhere",)]
+# Trees with a file that cannot be read: `error` is their right verdict.
+UNREADABLE = ("broken-siblings-everywhere", "meminfo-unreadable", "unreadable-cpu-online")
+HEALTHY = [name for name in QUIRKS if name not in UNREADABLE]
 
 
 @pytest.mark.parametrize("name", HEALTHY)
@@ -97,13 +102,26 @@ def test_offline_cpus_are_in_no_node(tmp_path: Path) -> None:
 
 
 def test_compute_units_are_cores(tmp_path: Path) -> None:
-    """Bulldozer: 8 cores of one thread each, not 4 with SMT (hwloc counts the same)."""
+    """Bulldozer (AMD family 15h): 8 cores of one thread each, not 4 with SMT (hwloc
+    counts the same)."""
     node = build("compute-units", tmp_path)
     found = inventory(node)
     assert len(found.cpu.cores) == 8 and found.cpu.threads_per_core == 1
     assert any("compute units" in note for note in found.cpu.notes)
+    assert not any("inconsistent core_id" in note for note in found.cpu.notes)
     [smt] = [r for r in node.results("cpu") if r.summary.startswith("SMT")]
     assert "8 cores, 1 thread(s) per core" in smt.summary
+
+
+def test_distinct_core_id_elsewhere_is_smt_with_a_note(tmp_path: Path) -> None:
+    """The same tree on an Intel CPU: 4 cores of two threads, as the sibling masks say,
+    and the inconsistent core_id noted once per CPU (not as compute units)."""
+    found = inventory(build("inconsistent-core-id", tmp_path))
+    assert sorted(found.cpu.cores, key=min) == [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
+    assert [n for n in found.cpu.notes if "core_id" in n] == [
+        "CPUs of one thread_siblings mask with inconsistent core_id (distinct, missing or -1): "
+        "one core, as the mask says (CPUs 0-7)"
+    ]
 
 
 def test_masks_without_ids(tmp_path: Path) -> None:
@@ -131,7 +149,11 @@ def test_no_numa_balancing_still_gives_a_verdict(tmp_path: Path) -> None:
     results = build("no-numa-balancing", tmp_path).results("numa")
     [verdict] = [r for r in results if r.subject == "node"]
     assert verdict.status is Status.OK
-    assert "not built into this kernel" in verdict.summary
+    assert (
+        "; no <procfs>/sys/kernel/numa_balancing: the kernel has no automatic NUMA balancing "
+        "(CONFIG_NUMA_BALANCING)" in verdict.summary
+    )
+    assert str(tmp_path) not in verdict.summary
 
 
 def test_captured_tree_without_hostname_is_not_named_after_this_machine(tmp_path: Path) -> None:
@@ -150,12 +172,24 @@ def test_captured_tree_without_hostname_is_not_named_after_this_machine(tmp_path
 
 
 def test_memory_only_nodes(tmp_path: Path) -> None:
-    """A CPU-less node with memory is fine; one with neither is worth a warning."""
+    """A CPU-less node with memory is fine; one with neither too (one line for all)."""
     results = build("memory-only-nodes", tmp_path).results("numa")
     by_subject = {r.subject: r for r in results}
     assert by_subject["numa 2"].status is Status.OK
     assert "memory only" in by_subject["numa 2"].summary
-    assert by_subject["numa 3"].status is Status.WARN
+    assert "numa 3" not in by_subject
+    [empty] = [r for r in results if "empty NUMA node" in r.summary]
+    assert empty.status is Status.OK and "1 empty NUMA node(s) (3)" in empty.summary
+
+
+def test_grace_empty_nodes_are_one_ok_line(tmp_path: Path) -> None:
+    """Grace: six empty nodes (GPU memory partitions) are normal: one OK line, no WARN."""
+    results = build("empty-nodes", tmp_path).results("numa")
+    assert Status.WARN not in statuses(results), text(results)
+    [empty] = [r for r in results if "empty NUMA node" in r.summary]
+    assert empty.status is Status.OK
+    assert empty.summary.startswith("6 empty NUMA node(s) (2-7)")
+    assert empty.details == {"empty_nodes": [2, 3, 4, 5, 6, 7]}
 
 
 def test_offline_node_holds_its_online_cpus(tmp_path: Path) -> None:
@@ -167,13 +201,30 @@ def test_offline_node_holds_its_online_cpus(tmp_path: Path) -> None:
         (1, {2, 3}, True),
     ]
     [warning] = [r for r in node.results("numa") if r.subject == "numa 0"]
-    assert warning.status is Status.WARN and "offline" in warning.summary
+    assert warning.status is Status.WARN
+    assert "sysfs contradicts itself" in warning.summary
+    assert "no has_memory/has_cpu file says more" in warning.summary
+    assert "remote" not in warning.summary and "DIMM" not in (warning.remedy or "")
+
+
+def test_offline_node_with_memory_says_what_has_memory_says(tmp_path: Path) -> None:
+    """has_memory names node 0 (as in offline-cpu0-node0): the warning says so and does
+    not claim the memory is missing."""
+    node = build("offline-node-with-memory", tmp_path)
+    found = inventory(node)
+    [node0] = [n for n in found.numa_nodes if n.number == 0]
+    assert (node0.listed, node0.has_memory, node0.has_cpu) == (False, True, False)
+    [warning] = [r for r in node.results("numa") if r.subject == "numa 0"]
+    assert "has_memory names it; has_cpu does not name it" in warning.summary
 
 
 def test_hybrid_cores(tmp_path: Path) -> None:
-    found = inventory(build("hybrid-cores", tmp_path))
+    node = build("hybrid-cores", tmp_path)
+    found = inventory(node)
     assert sorted(len(core) for core in found.cpu.cores) == [1, 1, 1, 1, 2, 2]
     assert found.cpu.threads_per_core == 2
+    [smt] = [r for r in node.results("cpu") if r.summary.startswith("SMT")]
+    assert smt.summary.endswith("6 cores, 1-2 thread(s) per core"), smt.summary
 
 
 def test_sparse_numbering(tmp_path: Path) -> None:
@@ -208,3 +259,65 @@ def test_one_broken_file_on_every_cpu_is_one_finding(tmp_path: Path) -> None:
     assert len(errors) == 1, text(results)
     assert "of 8 CPU(s) (cpu0, cpu1, cpu2, cpu3 and 4 more)" in errors[0].summary
     assert "thread_siblings_list" in errors[0].summary
+
+
+def test_unreadable_meminfo_keeps_the_cpus(tmp_path: Path) -> None:
+    """Node 1's meminfo has no MemTotal: its CPUs stay, the problem is an error."""
+    node = build("meminfo-unreadable", tmp_path)
+    found = inventory(node)
+    node1 = found.numa_nodes[1]
+    assert node1.cpus == {2, 3, 6, 7} and node1.memory_bytes is None
+    assert node1.problem is not None and "meminfo" in node1.problem
+    assert_partition(found)
+    [error] = [r for r in node.results("numa") if r.subject == "numa 1"]
+    assert error.status is Status.ERROR
+
+
+def test_cpu_in_no_list_is_placed_by_its_link(tmp_path: Path) -> None:
+    found = inventory(build("cpu-linked-not-listed", tmp_path))
+    assert [set(n.cpus) for n in found.numa_nodes] == [{0, 1, 2, 4, 5}, {3, 6, 7}]
+    assert "CPU 2 is in no node's list: placed by its cpu2/node0 link" in found.numa_nodes[0].notes
+    assert not found.cpus_without_node
+
+
+def test_cpu_without_list_or_link_is_in_no_node(tmp_path: Path) -> None:
+    """No node is invented: CPUs 3 and 7 are in none, and numa warns naming them."""
+    node = build("cpu-without-node", tmp_path)
+    found = inventory(node)
+    assert [set(n.cpus) for n in found.numa_nodes] == [{0, 1, 4, 5}, {2, 6}]
+    assert found.cpus_without_node == {3, 7}
+    assert set(found.cpu.cpus) == set(range(8))  # still CPUs of the machine
+    [warning] = [r for r in node.results("numa") if r.status is Status.WARN]
+    assert warning.summary.startswith("online CPUs 3,7 are in no NUMA node")
+
+
+def test_possible_shorter_than_online_is_noted_not_rejected(tmp_path: Path) -> None:
+    node = build("possible-short", tmp_path)
+    found = inventory(node)
+    assert found.cpu.online == set(range(8)) and len(found.cpu.cores) == 4
+    assert [set(n.cpus) for n in found.numa_nodes] == [{0, 1, 4, 5}, {2, 3, 6, 7}]
+    assert any("possible reads 0-3 but CPUs 4-7 are online" in n for n in found.cpu.notes)
+    assert Status.ERROR not in statuses(node.results("cpu", "numa"))
+
+
+def test_unreadable_cpu_online_without_online_file_is_a_problem(tmp_path: Path) -> None:
+    node = build("unreadable-cpu-online", tmp_path)
+    found = inventory(node)
+    assert 2 in found.cpu.online
+    assert "cpu2 online" in found.cpu.problems
+    [error] = [r for r in node.results("cpu") if r.status is Status.ERROR]
+    assert "online state" in error.summary and "cpu2" in error.summary
+
+
+def test_overlapping_package_lists_make_one_package(tmp_path: Path) -> None:
+    found = inventory(build("overlapping-package-lists", tmp_path))
+    assert found.cpu.packages == [0]
+    assert any("package_cpus lists that disagree" in n for n in found.cpu.notes)
+    assert not any("disjoint" in n for n in found.cpu.notes)
+
+
+def test_one_node_vm_is_not_multi_node(tmp_path: Path) -> None:
+    """Four one-core sockets on one NUMA node: no balancing or GPU -1 warning."""
+    results = build("one-node-vm", tmp_path).results("numa")
+    assert Status.WARN not in statuses(results), text(results)
+    assert any("automatic NUMA balancing is on" in r.summary for r in results)
