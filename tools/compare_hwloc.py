@@ -47,7 +47,7 @@ from nodecheck.checks.node.cgroup import (
     parse_proc_cpuset,
     read_cpuset,
 )
-from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
 from nodecheck.checks.node.inventory import Inventory, read_inventory
 from tools.hwloc_captures import Capture, list_captures, unpack
@@ -292,7 +292,7 @@ class NodecheckView:
             sorted(set(notes)),
             problems,
             cpuset.cpus,
-            cpuset_mems(fs, cpuset),
+            cpuset_mems(cpuset),
             cpuset.source,
             cpuset_cgroup(fs) == "/",
         )
@@ -335,34 +335,10 @@ def cpuset_cgroup(fs: NodeFS) -> str | None:
     return parse_proc_cpuset(cpuset_text)
 
 
-# A cpuset's CPU file -> its memory-node files, the first that says something read.
-_MEMS_BESIDE = {
-    "cpuset.cpus.effective": ("cpuset.mems.effective",),
-    "cpuset.effective_cpus": ("cpuset.effective_mems", "cpuset.mems"),
-    "cpuset.cpus": ("cpuset.mems",),
-    "effective_cpus": ("effective_mems", "mems"),
-    "cpus": ("mems",),
-}
-
-
-def cpuset_mems(fs: NodeFS, cpuset: CpusetReading) -> frozenset[int] | None:
-    """The memory nodes of the cpuset whose CPUs `cpuset` read: the `mems` file beside
-    its CPU file (cpuset.mems.effective by cpuset.cpus.effective on cgroup v2,
-    cpuset.effective_mems or cpuset.mems on v1, mems on the cpuset filesystem:
-    Documentation/admin-guide/cgroup-v1/cpusets.rst, cgroup-v2.rst). None when there is
-    none or it says nothing."""
-    if not cpuset.source or cpuset.cpus is None:
-        return None
-    source = Path(cpuset.source)
-    for candidate in _MEMS_BESIDE.get(source.name, ()):
-        try:
-            text = read_optional_text(source.with_name(candidate))
-            nodes = parse_cpulist(text) if text is not None else None
-        except (ReadError, ValueError):
-            nodes = None
-        if nodes:
-            return nodes
-    return None
+def cpuset_mems(cpuset: CpusetReading) -> frozenset[int] | None:
+    """The memory nodes of the cpuset (checks.node.cgroup reads them beside its CPUs);
+    None when there is none or it says nothing."""
+    return cpuset.mems or None
 
 
 @dataclass
