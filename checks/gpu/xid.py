@@ -36,6 +36,7 @@ from pathlib import Path
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading
+from nodecheck.checks.node.kernel_log import unreadable_log_remedy
 from nodecheck.checks.node.xid import (
     NVLINK5_XIDS,
     KernelLogXids,
@@ -293,20 +294,11 @@ def judge_gpu(
 
 
 def _unreadable(err: ReadError) -> Result:
-    if err.reason == "missing":
-        remedy = "no kernel log at that path (a captured tree?): point --kernel-log at one"
-    elif err.reason == "permission denied":
-        remedy = (
-            "run as root (or with CAP_SYSLOG), set kernel.dmesg_restrict=0, or point "
-            "--kernel-log at a readable copy of the kernel log"
-        )
-    else:
-        remedy = "point --kernel-log at the kernel log (/dev/kmsg, or a kern.log file)"
     return Result(
         Status.ERROR,
         NODE,
         f"cannot read the kernel log for XIDs: {err}",
-        remedy,
+        unreadable_log_remedy(err),
         {"cause": err.reason},
     )
 

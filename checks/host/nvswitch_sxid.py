@@ -29,7 +29,7 @@ from pathlib import Path
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.kernel_log import cut_note
+from nodecheck.checks.node.kernel_log import cut_note, unreadable_log_remedy
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
 from nodecheck.checks.node.xid import read_boot_time
 from nodecheck.checks.per_gpu import Verdict
@@ -189,18 +189,11 @@ def _ago(seconds: float) -> str:
 
 
 def _unreadable(err: ReadError) -> Result:
-    if err.reason == "permission denied":
-        remedy = (
-            "run as root (or with CAP_SYSLOG), set kernel.dmesg_restrict=0, or point "
-            "--kernel-log at a readable copy of the kernel log"
-        )
-    else:
-        remedy = "point --kernel-log at the kernel log (/dev/kmsg, or a kern.log file)"
     return Result(
         Status.ERROR,
         NODE,
         f"cannot read the kernel log for NVSwitch SXids: {err}",
-        remedy,
+        unreadable_log_remedy(err),
         {"cause": err.reason},
     )
 

@@ -368,3 +368,17 @@ def cut_note(read: KernelLogText) -> str | None:
     if read.cut and read.size is not None:
         return f"the last {KERNEL_LOG_LIMIT >> 20} MiB of {read.size / (1 << 20):.0f} MiB"
     return None
+
+
+def unreadable_log_remedy(err: ReadError) -> str:
+    """What to do about a kernel log that could not be read: /dev/kmsg under
+    kernel.dmesg_restrict=1 needs CAP_SYSLOG (Documentation/admin-guide/sysctl/kernel.rst,
+    dmesg_restrict)."""
+    if err.reason == "missing":
+        return "no kernel log at that path (a captured tree?): point --kernel-log at one"
+    if err.reason == "permission denied":
+        return (
+            "run as root (or with CAP_SYSLOG), set kernel.dmesg_restrict=0, or point "
+            "--kernel-log at a readable copy of the kernel log"
+        )
+    return "point --kernel-log at the kernel log (/dev/kmsg, or a kern.log file)"

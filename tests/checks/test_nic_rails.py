@@ -29,7 +29,7 @@ from nodecheck.tuning.bindings import pair_nics
 from tests.agent.test_cli import run
 from tests.conftest import Node, by_status
 from tests.fixtures import nodes
-from tests.fixtures.nodegen import Device, NodeSpec, build_node
+from tests.fixtures.nodegen import NodeSpec, build_node
 
 COMPUTE, STORAGE = NicRole.COMPUTE, NicRole.STORAGE
 PIX, NODE, SYS = Relation.PIX, Relation.NODE, Relation.SYS
@@ -181,23 +181,13 @@ def test_physical_port_states_and_pcie_capacity_parse() -> None:
 # --- the replicas ----------------------------------------------------------------
 
 
-def find_nic(spec: NodeSpec, bdf: str) -> Device:
-    pending = [device for bridge in spec.host_bridges for device in bridge.devices]
-    while pending:
-        device = pending.pop()
-        if device.bdf == bdf:
-            return device
-        pending += device.children
-    raise KeyError(bdf)
-
-
 def degraded_xe9680() -> NodeSpec:
     """The XE9680 with GPU 1's CX-7 (mlx5_3) trained at 200G and GPU 5's (mlx5_9) down."""
     spec = nodes.xe9680()
-    slow = find_nic(spec, "0000:3c:00.0")
+    slow = spec.find_device("0000:3c:00.0")
     assert slow.rdma is not None and slow.netdev is not None
     slow.rdma.rate, slow.netdev.speed = "200 Gb/sec (4X HDR)", 200000
-    down = find_nic(spec, "0000:bc:00.0")
+    down = spec.find_device("0000:bc:00.0")
     assert down.rdma is not None and down.netdev is not None
     down.rdma.state, down.rdma.phys_state = "1: DOWN", "2: Polling"
     down.rdma.rate, down.netdev.operstate, down.netdev.speed = "10 Gb/sec (4X SDR)", "down", None

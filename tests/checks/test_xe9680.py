@@ -19,7 +19,7 @@ from nodecheck.tuning.bindings import pair_nics
 from tests.agent.test_cli import run
 from tests.conftest import Node, by_status
 from tests.fixtures import nodes
-from tests.fixtures.nodegen import Device, Link, NodeSpec, build_node
+from tests.fixtures.nodegen import Link, NodeSpec, build_node
 
 COMPUTE, STORAGE, SOCKET, MANAGEMENT = (
     NicRole.COMPUTE,
@@ -122,16 +122,6 @@ def test_the_other_replicas_keep_their_roles(
 # --- the replica -------------------------------------------------------------------
 
 
-def find_device(spec: NodeSpec, bdf: str) -> Device:
-    pending = [device for bridge in spec.host_bridges for device in bridge.devices]
-    while pending:
-        device = pending.pop()
-        if device.bdf == bdf:
-            return device
-        pending += device.children
-    raise KeyError(bdf)
-
-
 @pytest.fixture(scope="module")
 def xe_build(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Node]:
     """The XE9680 replica changed by `alter(spec)` first, built once per change."""
@@ -182,7 +172,7 @@ def test_acs_redirect_above_a_gpu_or_rdma_nic_still_fails(
     xe_build: Callable[..., Node], port: str, above: str
 ) -> None:
     def redirect(spec: NodeSpec) -> None:
-        find_device(spec, port).acs_control = nodes.ACS_CTL_SWITCHTEC_DOWNSTREAM
+        spec.find_device(port).acs_control = nodes.ACS_CTL_SWITCHTEC_DOWNSTREAM
 
     results = xe_build(f"acs-{port[5:7]}", redirect).results("pcie_acs")
     [failed] = by_status(results, Status.FAIL)
@@ -206,8 +196,8 @@ def test_the_management_lom_is_noted_not_warned(xe: Node) -> None:
 
 def test_a_training_nics_narrow_link_still_warns(xe_build: Callable[..., Node]) -> None:
     def narrow(spec: NodeSpec) -> None:
-        find_device(spec, "0000:3c:00.0").link = Link(32.0, 8, max_width=16)  # GPU 1's CX-7
-        find_device(spec, "0000:1b:00.1").link = Link(16.0, 4, max_width=16)  # a storage port
+        spec.find_device("0000:3c:00.0").link = Link(32.0, 8, max_width=16)  # GPU 1's CX-7
+        spec.find_device("0000:1b:00.1").link = Link(16.0, 4, max_width=16)  # a storage port
 
     results = xe_build("narrow-nics", narrow).results("pcie_link")
     warned = {result.subject: result for result in by_status(results, Status.WARN)}
@@ -252,7 +242,7 @@ def test_pairing_falls_back_when_every_compute_port_is_down(
 
     def ports_down(spec: NodeSpec) -> None:
         for bus in nodes.XE_GPU_BUS_IDS:
-            nic = find_device(spec, f"{bus[:5]}{int(bus[5:7], 16) + 1:02x}:00.0")
+            nic = spec.find_device(f"{bus[:5]}{int(bus[5:7], 16) + 1:02x}:00.0")
             assert nic.rdma is not None
             nic.rdma.state, nic.rdma.phys_state = "1: DOWN", "3: Disabled"
 
