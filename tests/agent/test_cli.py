@@ -199,7 +199,7 @@ def test_inventory_shows_what_the_reading_inferred(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Node ")
     online = "devices/system/cpu/online missing: online CPUs 0-6 taken from present"
-    offline_node = "node 0 has no directory in devices/system/node (offline): its CPUs 0-3"
+    offline_node = "CPUs 0-3 link to node 0 (cpuN/node0) but devices/system/node has no node0"
     assert lines[1].startswith(f"  note: {online}")
     assert lines[2].startswith(f"  note: {offline_node}")
     assert lines[3] == "  note: node 1: offline CPUs 7 left out"
