@@ -593,7 +593,7 @@ def compare_capture(capture: Capture, into: Path) -> CaptureResult:
     fs = NodeFS(root / "sys", root / "proc", root)
     ours = NodecheckView.of(read_inventory(fs), fs)
     result = compare(ours, hwloc)
-    width = max(len(row[1]) for row in result.rows) + 2
+    width = max([len("nodecheck"), *(len(row[1]) for row in result.rows)]) + 2
     lines = [f"  {'':10}{'nodecheck':{width}}hwloc ({target.name})"]
     lines += [f"  {label:10}{ours:{width}}{theirs}" for label, ours, theirs in result.rows]
     lines += [f"  by design: {reason}" for reason in result.by_design]
