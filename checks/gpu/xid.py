@@ -417,4 +417,6 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
                     f"events are not registered for it ({unregistered})",
                 )
         verdict.details["sources"] = sources
+        if kernel.notes:
+            verdict.details["log_notes"] = list(kernel.notes)  # what reading the log inferred
         yield verdict.result(gpu_subject(bus_id))

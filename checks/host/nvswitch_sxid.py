@@ -227,6 +227,8 @@ def check_nvswitch_sxid(ctx: CheckContext) -> Iterator[Result]:
     for bus_id in sorted(buses):
         mine = [event for event in events if event.bus_id == bus_id]
         verdict = judge_nvswitch(bus_id, mine, now, boot_time, source)
+        if read.notes:
+            verdict.details["log_notes"] = list(read.notes)  # what reading the log inferred
         if bus_id in switches:
             yield verdict.result(nvswitch_subject(bus_id))
             continue

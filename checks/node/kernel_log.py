@@ -44,7 +44,9 @@ MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 _MONTH = "(?:" + "|".join(MONTHS) + ")"
 _WEEKDAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 
-KMSG_PREFIX = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
+# The sequence number and the microseconds are bounded: a line of digits is no record, and
+# int() of more than 4300 digits raises (Python 3.11, sys.int_info.str_digits_check_threshold).
+KMSG_PREFIX = re.compile(r"^\d{1,20},\d{1,20},(\d{1,20}),[^;]*;")
 RFC5424_PREFIX = re.compile(r"^<\d{1,3}>1 (\S+) ")
 PRIORITY_PREFIX = re.compile(r"^<\d{1,3}>")
 # dmesg -x: "kern  :warn  : " (facility and level padded to 6 and 7 columns).
@@ -104,6 +106,24 @@ def in_kernel_log_form(line: str) -> bool:
     return any(form.match(bare) for form in STAMPED_FORMS) or bool(NVIDIA_MESSAGE.match(bare))
 
 
+# How much of a line's message a result shows. A line is what the log holds, which may be
+# anything (a 10 MB line of one message): what reaches a summary, a detail or the agent's
+# state is cut to this, and says so.
+MESSAGE_LIMIT = 200
+# Control characters other than a tab (an ESC starts a terminal escape sequence, ECMA-48):
+# a message shown in a terminal or a JSON document carries them escaped, never raw.
+CONTROL_CHARACTER = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def cut_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` as a result shows it: its control characters escaped ("\\x1b"), and only its
+    first `limit` characters, and how long it was, when it is longer."""
+    shown = CONTROL_CHARACTER.sub(lambda match: f"\\x{ord(match.group()):02x}", text[:limit])
+    if len(text) <= limit:
+        return shown
+    return f"{shown}… (cut: {len(text)} characters in all)"
+
+
 @dataclass(frozen=True)
 class Stamp:
     """When a line was logged (wall-clock seconds, None if unknown) and how that was read."""
@@ -113,6 +133,9 @@ class Stamp:
 
 
 NO_TIME = "no time on the line"
+# A zone name as a line writes it is shown this long at most (the tz database's longest
+# names, "America/Argentina/ComodRivadavia", are 32 characters).
+ZONE_NAME_LIMIT = 40
 # How far in the future a stamp without a year may be and still be this year's: the
 # clocks of the node that wrote the log and of the one reading it may differ a little.
 YEARLESS_SKEW_S = 300.0
@@ -205,6 +228,7 @@ class LineClock:
             local = time.mktime((*fields, 0, 0, -1)) + part
         except (OverflowError, ValueError):
             return Stamp(None, "journalctl short-full with an impossible date")
+        zone = cut_message(zone, ZONE_NAME_LIMIT)  # the form reaches every result's details
         return Stamp(local, f"journalctl short-full (zone {zone} read as this node's local time)")
 
     def _without_year(self, text: str, layout: str) -> tuple[float | None, str]:
@@ -278,6 +302,32 @@ class KernelLogText:
     text: str
     size: int | None  # bytes in the file; None for /dev/kmsg
     cut: bool  # only the last KERNEL_LOG_LIMIT bytes of the file were read
+    # What the reading inferred, for the results' details ("3 runs of NUL bytes ...").
+    notes: tuple[str, ...] = ()
+
+
+# A run of NUL bytes in a log file: after a crash or a power loss, a file whose new size
+# reached the disk before its data reads back as zeros there (the XFS FAQ, xfs.org/index.php/
+# XFS_FAQ, "Why do I see binary NULLS in some files after recovery when I unplugged the
+# power?"), so a syslog file holds NULs where lines were being written, and the daemon's
+# next line, after the reboot, follows them. The run ends a line (what came before it never
+# got its newline) and the text after it starts one.
+NUL_RUN = re.compile("\0+")
+
+
+def _nul_runs_as_line_breaks(text: str) -> tuple[str, str | None]:
+    """`text` with each run of NUL bytes made a line break, and a note saying so (None when
+    it had none)."""
+    runs = NUL_RUN.findall(text)
+    if not runs:
+        return text, None
+    nuls = sum(len(run) for run in runs)
+    times = "run" if len(runs) == 1 else "runs"
+    note = (
+        f"{len(runs)} {times} of NUL bytes ({nuls} bytes) read as line breaks "
+        "(what a crash leaves in a log file that was being written)"
+    )
+    return NUL_RUN.sub("\n", text), note
 
 
 def read_kernel_log(path: Path) -> KernelLogText:
@@ -289,8 +339,10 @@ def read_kernel_log(path: Path) -> KernelLogText:
     O_NONBLOCK keeps a FIFO from blocking the open; a FIFO, a directory or a
     character device other than /dev/kmsg (/dev/null, /dev/zero) is refused,
     never read for ever. A file whose text has no line in any kernel log form
-    (above) is refused too: it is not a clean log, it is the wrong file.
-    ReadError names the path and why.
+    (above) is refused too: it is not a clean log, it is the wrong file. Runs of NUL
+    bytes end lines (`NUL_RUN`; the result's `notes` say so). Of a file read by its
+    tail, the first line is cut in the middle and left out: a tail with no line's end in
+    it is refused, never taken for an empty log. ReadError names the path and why.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -310,15 +362,31 @@ def read_kernel_log(path: Path) -> KernelLogText:
         raise ReadError(path, err.strerror or type(err).__name__) from err
     finally:
         os.close(fd)
-    text = read.text
+    text, nul_note = _nul_runs_as_line_breaks(read.text)
     if read.cut:
-        text = text.partition("\n")[2]  # the first line was cut in the middle
+        # The first line was cut in the middle: the text starts after its end.
+        _, newline, text = text.partition("\n")
+        tail = f"the last {KERNEL_LOG_LIMIT >> 20} MiB read (of {_mib(read.size)})"
+        if not newline:
+            raise ReadError(
+                path, f"no line ended within {tail}: one line longer than that, or not a log"
+            )
+        if not text.strip():
+            raise ReadError(
+                path, f"no whole line within {tail}: only the end of one longer than that"
+            )
     if not text.strip():
+        if nul_note:
+            raise ReadError(path, "only NUL bytes: no kernel messages to read XIDs from")
         raise ReadError(path, "empty: no kernel messages to read XIDs from")
     if not any(in_kernel_log_form(line) for line in text.splitlines()):
-        binary = " (binary data)" if "\0" in text else ""
+        binary = " (binary data)" if nul_note else ""
         raise ReadError(path, f"not a kernel log: no line in kmsg, dmesg or syslog form{binary}")
-    return KernelLogText(text, read.size, read.cut)
+    return KernelLogText(text, read.size, read.cut, (nul_note,) if nul_note else ())
+
+
+def _mib(size: int | None) -> str:
+    return "an unknown size" if size is None else f"{size / (1 << 20):.0f} MiB"
 
 
 def _read_records(fd: int, path: Path) -> KernelLogText:
@@ -366,7 +434,7 @@ def _read_records(fd: int, path: Path) -> KernelLogText:
 def cut_note(read: KernelLogText) -> str | None:
     """ "the last 16 MiB of 40 MiB" when only the tail of a huge log file was read."""
     if read.cut and read.size is not None:
-        return f"the last {KERNEL_LOG_LIMIT >> 20} MiB of {read.size / (1 << 20):.0f} MiB"
+        return f"the last {KERNEL_LOG_LIMIT >> 20} MiB of {_mib(read.size)}"
     return None
 
 

@@ -27,7 +27,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from nodecheck.checks.node.kernel_log import LineClock, every_line_counts
+from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
 
 
 class SxidKind(str, enum.Enum):
@@ -171,10 +171,11 @@ class SxidEvent:
 
 
 # "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ..." (the
-# driver prints the domain, bus, device and function; older ones may omit "PCI:").
+# driver prints the domain, bus, device and function; older ones may omit "PCI:"). The
+# switch's number and the SXid are a few digits: longer is no line the driver wrote.
 SXID_LINE = re.compile(
-    r"nvidia-(nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):"
-    r"([0-9a-fA-F]{2})(?:\.([0-7]))?\)\s*:\s*(\d+)\s*,?\s*"
+    r"nvidia-(nvswitch\d{0,4}): SXid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):"
+    r"([0-9a-fA-F]{2})(?:\.([0-7]))?\)\s*:\s*(\d{1,9})(?!\d)\s*,?\s*"
 )
 SEVERITY_WORD = re.compile(r"^(Non-fatal|Nonfatal|Fatal)\b,?\s*", re.IGNORECASE)
 # The detail lines under an SXid: not errors of their own.
@@ -213,5 +214,6 @@ def parse_sxids(text: str, boot_time: float | None, now: float) -> list[SxidEven
         if said := SEVERITY_WORD.match(rest):
             fatal = said.group(1).lower() == "fatal"
             rest = rest[said.end() :]
-        events.append(SxidEvent(bus_id, int(code), fatal, stamp.at, rest, switch, stamp.form))
+        shown = cut_message(rest)  # a line may be megabytes long: results show its start
+        events.append(SxidEvent(bus_id, int(code), fatal, stamp.at, shown, switch, stamp.form))
     return events

@@ -27,8 +27,10 @@ from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
 from nodecheck.checks.node.gpu import ENUMERATION_JOB, device_count, gpu_key, normalize_bus_id
 from nodecheck.checks.node.kernel_log import (
     KERNEL_LOG_LIMIT,
+    MESSAGE_LIMIT,
     KernelLogText,
     LineClock,
+    cut_message,
     cut_note,
     every_line_counts,
     in_kernel_log_form,
@@ -86,9 +88,11 @@ class XidEvent:
 # (NVIDIA's XID guide, docs.nvidia.com/deploy/xid-errors/, "Viewing the Xid messages";
 # leptonai/gpud components/accelerator/nvidia/xid/kmsg.go for the forms seen in the field).
 # The bus id may lack its domain (0000 then) and its function (NVIDIA GPUs are function 0).
+# The XID is a few digits: a longer number is no line the driver wrote (and int() of more
+# than 4300 digits raises, Python 3.11's sys.int_info.str_digits_check_threshold).
 XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})"
-    r"(?:\.([0-7]))?\)\s*:\s*(\d+)"
+    r"(?:\.([0-7]))?\)\s*:\s*(\d{1,9})(?!\d)"
 )
 # NVLink5 XIDs (144-150, GB200) name the unit, then say whether it was fatal, then the
 # cross-containment domain: "RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (...)". NVIDIA's XID
@@ -155,10 +159,13 @@ def parse_kernel_log(
         xid = int(match.group(5))
         message = line[match.end() :].lstrip(", ").strip()
         stamp = clock.stamp(line[: match.start()])
-        said = DRIVER_SEVERITY.search(message) if xid in NVLINK5_XIDS else None
+        # The driver writes the severity word right after the unit, at the message's start.
+        opening = message[:MESSAGE_LIMIT]
+        said = DRIVER_SEVERITY.search(opening) if xid in NVLINK5_XIDS else None
         severity = said.group(1).lower() if said else None
+        shown = cut_message(message)  # a line may be megabytes long: results show its start
         found.append(
-            (number, XidEvent(bus, xid, stamp.at, "kernel log", message, severity, stamp.form))
+            (number, XidEvent(bus, xid, stamp.at, "kernel log", shown, severity, stamp.form))
         )
     if lost:
         xid_79: dict[str, list[tuple[int, XidEvent]]] = {}
@@ -189,6 +196,7 @@ class KernelLogXids:
     boot_time: float | None  # when this boot began, wall-clock seconds (/proc/stat btime)
     # Set when only the tail of a huge log file was read: "the last 16 MiB of 40 MiB".
     cut: str | None = None
+    notes: tuple[str, ...] = ()  # what reading the log inferred (KernelLogText.notes)
 
 
 def read_boot_time(fs: NodeFS) -> float | None:
@@ -205,7 +213,8 @@ def kernel_log_xids(fs: NodeFS, path: Path, read: KernelLogText | None = None) -
     if read is None:
         read = read_kernel_log(path)
     boot_time = read_boot_time(fs)
-    return KernelLogXids(parse_kernel_log(read.text, boot_time), boot_time, cut_note(read))
+    events = parse_kernel_log(read.text, boot_time)
+    return KernelLogXids(events, boot_time, cut_note(read), read.notes)
 
 
 class XidLog:

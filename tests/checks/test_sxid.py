@@ -70,6 +70,32 @@ def test_sxid_lines(line: str, expected: SxidEvent) -> None:
     assert parse_sxids(line, BOOT, NOW) == [expected]
 
 
+def test_a_message_of_megabytes_is_cut_and_says_so() -> None:
+    """The message after the severity word reaches results as its first 200 characters and
+    its length; the word itself is still read."""
+    message = "Link 44 sourcetrack timeout error " + "B" * 3_000_000
+    line = f"[ 1.0] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 24007, Fatal, {message}"
+    [event] = parse_sxids(line, BOOT, NOW)
+    assert event.fatal is True
+    assert event.message == f"{message[:200]}… (cut: {len(message)} characters in all)"
+    judged = judge_sxid(24007, [event], NOW, BOOT)
+    assert judged.status is Status.FAIL and len(judged.summary) < 400, len(judged.summary)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): " + "9" * 5000 + ", Fatal, Link 1",
+        "nvidia-nvswitch" + "3" * 5000 + ": SXid (PCI:0000:05:00.0): 24007, Fatal, Link 1",
+    ],
+    ids=["code", "switch_number"],
+)
+def test_a_number_of_thousands_of_digits_is_no_sxid_and_no_crash(line: str) -> None:
+    """An SXid code past a few digits is no line the driver wrote (and int() refuses more
+    than 4300 digits); a switch name of thousands of digits is none either."""
+    assert parse_sxids(f"[ 1.0] {line}", BOOT, NOW) == []
+
+
 def test_detail_lines_are_not_errors_of_their_own() -> None:
     """The driver follows an SXid with its severity and data under the same code."""
     text = (
@@ -194,9 +220,21 @@ def boot_time_of(node: Node) -> float:
     return boot
 
 
+def printed_age(summary: str) -> tuple[float, float]:
+    """The seconds a "last N s ago" (or min, h, d) could stand for, rounding allowed."""
+    match = re.search(r"last (\d+) (s|min|h|d) ago", summary)
+    assert match, summary
+    unit = {"s": 1, "min": 60, "h": 3600, "d": 86_400}[match.group(2)]
+    return (int(match.group(1)) - 0.5) * unit, (int(match.group(1)) + 0.5) * unit
+
+
 def test_a_fatal_sxid_fails_its_nvswitch_only(dgx: Node, tmp_path: Path) -> None:
+    """The age a summary prints is checked against the times measured around the check,
+    never a guessed one: a loaded machine may take long between the write and the check."""
     boot = boot_time_of(dgx)
-    since_boot = time.time() - 60 - boot
+    written = time.time()
+    logged = written - 60
+    since_boot = logged - boot
     path = tmp_path / "kern.log"
     path.write_text(
         f"[{since_boot:12.6f}] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 44 "
@@ -205,18 +243,23 @@ def test_a_fatal_sxid_fails_its_nvswitch_only(dgx: Node, tmp_path: Path) -> None
         "Link 3 egress non-posted PRIV error (First)\n"
     )
     results = {r.subject: r for r in dgx.results("nvswitch_sxid", kernel_log=path)}
+    checked = time.time()
     assert set(results) == {f"nvswitch {bdf}" for bdf in DGX_SWITCHES}
     fatal = results["nvswitch 0000:05:00.0"]
     assert fatal.status is Status.FAIL and fatal.remedy == RESET_REMEDY, fatal
     assert re.match(
-        r"SXid 24007 sourcetrack timeout error x1 \(1 fatal\), last 6\d s ago \(Link 44 ",
+        r"SXid 24007 sourcetrack timeout error x1 \(1 fatal\), last \d+ (s|min) ago \(Link 44 ",
         fatal.summary,
     ), fatal.summary
+    # The check's clock read between `written` and `checked`: the age lies in that window.
+    low, high = printed_age(fatal.summary)
+    assert low <= checked - logged and written - logged <= high, (fatal.summary, checked - logged)
     samples = {(s.metric.name, s.labels["sxid"]): s.value for s in fatal.samples}
     assert samples == {
         ("nodecheck_nvswitch_sxid_events", "24007"): 1,
+        # the line's own stamp, printed to the microsecond
         ("nodecheck_nvswitch_sxid_last_seen_timestamp_seconds", "24007"): pytest.approx(
-            time.time() - 60, abs=5
+            logged, abs=1e-3
         ),
         ("nodecheck_nvswitch_sxid_fatal", "24007"): 1,
     }

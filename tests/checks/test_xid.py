@@ -18,7 +18,7 @@ from nodecheck.checks.node.gpu import (
     normalize_bus_id,
     parse_kernel_module_version,
 )
-from nodecheck.checks.node.kernel_log import KernelLogText
+from nodecheck.checks.node.kernel_log import KERNEL_LOG_LIMIT, KernelLogText, LineClock
 from nodecheck.checks.node.xid import (
     XID_CATALOG,
     XidAction,
@@ -195,6 +195,51 @@ def test_the_severity_word_is_read_only_on_nvlink5_xids(xid: int) -> None:
     assert event_action(worded) is classify(xid).action
     [nvlink5] = parse_kernel_log(line.replace(f": {xid},", ": 145,"), BOOT, now=NOW)
     assert nvlink5.severity == "nonfatal" and event_action(nvlink5) is XidAction.NONE
+
+
+def test_a_message_of_megabytes_is_cut_and_says_so() -> None:
+    """A line is whatever the log holds: its message reaches results as its first 200
+    characters and its length; the driver's severity word at its start is still read."""
+    message = "NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6) " + "A" * 3_000_000
+    [event] = parse_kernel_log(f"[ 1.0] NVRM: Xid (PCI:0008:01:00): 149, {message}", BOOT, NOW)
+    assert event.message == f"{message[:200]}… (cut: {len(message)} characters in all)"
+    assert event.severity == "fatal"
+    group = XidGroup(149, 1, BOOT + 1, event.message)
+    _, summary, _ = judge_group(group, None, NOW, BOOT)
+    assert len(summary) < 400, len(summary)
+    [short] = parse_kernel_log(f"[ 1.0] {XID}", BOOT, NOW)  # a message of 200 or fewer: whole
+    assert short.message == "pid=77, name=python, GPU has fallen off the bus."
+
+
+def test_control_characters_of_a_message_are_shown_escaped() -> None:
+    """An ESC in a line would drive the terminal a summary is printed on (ECMA-48): the
+    message carries it as text."""
+    line = "[ 1.0] NVRM: Xid (PCI:0000:1b:00): 13, pid=1, \x1b[2J\x1b]0;owned\x07 Graphics\tSM"
+    [event] = parse_kernel_log(line, BOOT, NOW)
+    assert event.message == "pid=1, \\x1b[2J\\x1b]0;owned\\x07 Graphics\tSM"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[ 1.0] NVRM: Xid (PCI:0000:18:00): " + "9" * 5000 + ", a number of 5000 digits",
+        "4,1," + "9" * 5000 + ",-;" + XID,
+    ],
+    ids=["xid", "kmsg_time"],
+)
+def test_a_number_of_thousands_of_digits_is_no_crash(line: str) -> None:
+    """int() refuses more than 4300 digits (Python 3.11): such an XID is no line the driver
+    wrote, and such a kmsg stamp is no time."""
+    events = parse_kernel_log(line, BOOT, NOW)
+    assert [(e.xid, e.at) for e in events] == ([] if "Xid (PCI:0000:18" in line else [(79, None)])
+
+
+def test_a_zone_name_of_megabytes_is_cut_in_the_form() -> None:
+    """journalctl short-full writes the zone's name: the form naming it reaches the results'
+    details, so a name that is not one is cut there."""
+    stamp = LineClock(BOOT, NOW).stamp("Tue 2026-09-22 12:00:00 " + "Z" * 100_000 + " n7 kernel: ")
+    assert stamp.at == LOCAL_NOON
+    assert len(stamp.form) < 200 and "(cut: 100000 characters in all)" in stamp.form
 
 
 def test_a_line_from_this_boot_is_judged_over_an_older_fatal_one() -> None:
@@ -646,6 +691,39 @@ def test_a_file_of_bare_messages_is_a_kernel_log_only_with_the_drivers_lines(
     notes.write_text("nvidia is the vendor\n- NVRM is the driver\nnvidia-smi: fine\n")
     with pytest.raises(ReadError, match="not a kernel log"):
         read_kernel_log(notes)
+
+
+def test_nul_bytes_end_lines_and_are_said(tmp_path: Path) -> None:
+    """A log file whose start a crash left as zeros (an unclean shutdown), its one line after
+    them: read, not refused as binary, the line's time kept; and a run of NULs in a line's
+    middle ends it there."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"\0" * 100 + f"[ 2.0] {XID}\n".encode())
+    read = read_kernel_log(path)
+    assert read.text == f"\n[ 2.0] {XID}\n"
+    assert read.notes == (
+        "1 run of NUL bytes (100 bytes) read as line breaks (what a crash leaves in a log "
+        "file that was being written)",
+    )
+    [event] = parse_kernel_log(read.text, BOOT, NOW)
+    assert event.at == BOOT + 2
+    path.write_bytes(f"[ 1.0] eth0: link u\0\0\0[ 3.0] {XID}\n".encode())
+    read = read_kernel_log(path)
+    assert read.text.splitlines() == ["[ 1.0] eth0: link u", f"[ 3.0] {XID}"]
+    [event] = parse_kernel_log(read.text, BOOT, NOW)
+    assert event.at == BOOT + 3
+    clean = tmp_path / "clean.log"
+    clean.write_text(f"[ 3.0] {XID}\n")
+    assert read_kernel_log(clean).notes == ()
+
+
+def test_a_tail_read_whose_first_line_ended_keeps_what_follows(tmp_path: Path) -> None:
+    """A log larger than the 16 MiB read: what the tail holds after its first line's end
+    is read, however long that first line."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"x" * KERNEL_LOG_LIMIT + f"\n[ 4.0] {XID}\n".encode())
+    read = read_kernel_log(path)
+    assert read.cut and read.text == f"[ 4.0] {XID}\n"
 
 
 def test_one_run_reads_the_kernel_log_once_for_both_checks(

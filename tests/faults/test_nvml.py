@@ -706,6 +706,27 @@ def _binary(tmp_path: Path) -> Path:
     return path
 
 
+def _nul_bytes(tmp_path: Path) -> Path:
+    """A log file a crash left as zeros before any line of it reached the disk."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"\0" * 8192)
+    return path
+
+
+def _one_huge_line(tmp_path: Path) -> Path:
+    """17 MiB without a newline: the 16 MiB tail read holds no line's end."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"x" * (17 << 20))
+    return path
+
+
+def _one_huge_line_ended(tmp_path: Path) -> Path:
+    """The same line with its newline: the tail holds only the end of it."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"x" * (17 << 20) + b"\n")
+    return path
+
+
 @pytest.mark.parametrize(
     ("make", "reason"),
     [
@@ -717,11 +738,34 @@ def _binary(tmp_path: Path) -> Path:
         (_text, "not a kernel log: no line in kmsg, dmesg or syslog form"),
         (_binary, "not a kernel log: no line in kmsg, dmesg or syslog form (binary data)"),
         (_empty, "empty: no kernel messages to read XIDs from"),
+        (_nul_bytes, "only NUL bytes: no kernel messages to read XIDs from"),
+        (
+            _one_huge_line,
+            "no line ended within the last 16 MiB read (of 17 MiB): one line longer than "
+            "that, or not a log",
+        ),
+        (
+            _one_huge_line_ended,
+            "no whole line within the last 16 MiB read (of 17 MiB): only the end of one "
+            "longer than that",
+        ),
         (lambda tmp: tmp, "a directory, not a log file or /dev/kmsg"),
         (_fifo, "a FIFO, not a log file or /dev/kmsg"),
         (_loop, "a symlink loop"),
     ],
-    ids=["bin_ls", "dev_null", "text", "binary", "empty", "directory", "fifo", "symlink_loop"],
+    ids=[
+        "bin_ls",
+        "dev_null",
+        "text",
+        "binary",
+        "empty",
+        "nul_bytes",
+        "one_huge_line",
+        "one_huge_line_ended",
+        "directory",
+        "fifo",
+        "symlink_loop",
+    ],
 )
 def test_a_kernel_log_that_is_not_one_is_an_error_naming_it(
     dgx: Node, tmp_path: Path, make: Callable[[Path], Path], reason: str
@@ -751,6 +795,71 @@ def test_a_huge_kernel_log_is_read_by_its_tail_and_says_so(dgx: Node, tmp_path: 
     assert dbe.status is Status.FAIL and "XID 48" in dbe.summary
     clean = next(r for r in results if r.subject == subject(DGX_GPUS[2]))
     assert clean.summary == f"no XID in the last 16 MiB of 20 MiB of the kernel log ({path})"
+
+
+def test_a_log_after_a_crash_is_read_through_its_nul_bytes(dgx: Node, tmp_path: Path) -> None:
+    """A syslog file after an unclean shutdown: NUL bytes where lines were being written,
+    at its start and in its middle (one after a line cut short). Each run ends a line: the
+    XIDs after them are found at the times their lines carry, and the results say that NUL
+    bytes were read as line breaks."""
+    now = int(time.time())
+    at = {DGX_GPUS[1]: now - 600, DGX_GPUS[2]: now - 120}
+
+    def syslog(when: int, text: str) -> bytes:
+        stamp = time.strftime("%b %d %H:%M:%S", time.localtime(when))
+        return f"{stamp} node7 kernel: {text}".encode()
+
+    path = tmp_path / "kern.log"
+    path.write_bytes(
+        b"\0" * 4096
+        + syslog(at[DGX_GPUS[1]], f"NVRM: Xid (PCI:{DGX_GPUS[1][:-2]}): 48, pid=1, DBE\n")
+        + syslog(now - 300, "eth0: link u")  # cut short by the crash
+        + b"\0" * 1000
+        + syslog(at[DGX_GPUS[2]], f"NVRM: Xid (PCI:{DGX_GPUS[2][:-2]}): 48, pid=2, DBE\n")
+    )
+    results = dgx.results("gpu_xid", kernel_log=path)
+    for bus, logged in at.items():
+        [dbe] = of(results, subject(bus))
+        assert "XID 48 GPU_ECC_DBE x1, last" in dbe.summary, dbe
+        assert "unknown time" not in dbe.summary, dbe
+        seen = {s.metric.name: s.value for s in dbe.samples}
+        assert seen["nodecheck_gpu_xid_last_seen_timestamp_seconds"] == logged, dbe.samples
+        assert dbe.details["log_times"] == ["syslog (local time, the year inferred: this year)"]
+        assert dbe.details["log_notes"] == [
+            "2 runs of NUL bytes (5096 bytes) read as line breaks (what a crash leaves in a "
+            "log file that was being written)"
+        ], dbe.details
+    [clean] = of(results, subject(DGX_GPUS[3]))
+    assert clean.status is Status.OK and clean.details["log_notes"], clean
+
+
+NODECHECK = [sys.executable, "-m", "nodecheck.agent"]
+LOG_CHECKS = ["--only", "gpu_xid", "--only", "nvswitch_sxid"]
+
+
+def test_a_line_of_megabytes_reaches_no_result_whole(dgx: Node, tmp_path: Path) -> None:
+    """An XID line and an SXid line of 7 MB each: `nodecheck check --json` shows the start of
+    each message and says it was cut; the document stays small (it was 14 MB)."""
+    xid_line = f"[ 1.0] NVRM: Xid (PCI:{DGX_GPUS[0][:-2]}): 79, " + "A" * 7_000_000
+    sxid_line = "[ 1.0] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 24007, Fatal, " + "B" * 7_000_000
+    path = tmp_path / "kern.log"
+    path.write_text(f"{xid_line}\n{sxid_line}\n")
+    done = subprocess.run(
+        [*NODECHECK, *dgx.cli_args, "check", "--json", *LOG_CHECKS, "--kernel-log", str(path)],
+        env={**os.environ, **dgx.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert len(done.stdout) < 100_000, len(done.stdout)
+    found = {(r["check"], r["subject"]): r for r in json.loads(done.stdout)["results"]}
+    lost = found[("gpu_xid", subject(DGX_GPUS[0]))]
+    assert f"({'A' * 200}… (cut: 7000000 characters in all))" in lost["summary"], lost
+    fatal = found[("nvswitch_sxid", "nvswitch 0000:05:00.0")]
+    assert fatal["status"] == "fail", fatal
+    assert f"({'B' * 200}… (cut: 7000000 characters in all))" in fatal["summary"], fatal
 
 
 # -- 4. fewer GPUs than expected is a fail, whatever the reason -----------------------

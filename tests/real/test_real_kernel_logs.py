@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.checks.gpu.xid import group_events, judge_gpu
-from nodecheck.checks.node.kernel_log import read_kernel_log
+from nodecheck.checks.node.kernel_log import MESSAGE_LIMIT, read_kernel_log
 from nodecheck.checks.node.sxid import parse_sxids
 from nodecheck.checks.node.xid import parse_kernel_log
 from nodecheck.checks.result import Status, gpu_subject
@@ -128,3 +128,22 @@ def test_a_kmsg_dump_with_nvswitches_and_no_xid(real_data: Path, dgx: Node) -> N
     results = dgx.results("nvswitch_sxid", kernel_log=path)
     assert [r.status for r in results] == [Status.OK] * 4
     assert all(r.summary == f"no SXid in the kernel log ({path})" for r in results)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gb200_nvlink5_log1-19.txt",
+        "gpud_dmesg-T_xe9680_xid119.log",
+        "gpud_dmesg-decode-iso_xid13_43.log",
+    ],
+)
+def test_no_real_xid_message_is_cut(real_data: Path, name: str) -> None:
+    """Results show a message's first MESSAGE_LIMIT characters (a line may be megabytes):
+    the driver's real messages are shorter, and each reaches the results whole."""
+    path = xid_log(real_data, name)
+    text = read_kernel_log(path).text
+    events = parse_kernel_log(text, None, now=time.time())
+    assert events
+    for event in events:
+        assert len(event.message) <= MESSAGE_LIMIT and event.message in text, event.message
