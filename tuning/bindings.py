@@ -407,6 +407,9 @@ class NicPairing:
     # Its own compute NIC runs below its peers' rate or has no active port
     # (nic_roles.rail_problems): the rank runs, slower; the node's notes say what to fix.
     warning: str = ""
+    # The GPU hangs off its CPU by NVLink-C2C and its nearest NIC is on that CPU's PCIe
+    # (nvidia-smi's PHB or NODE): NCCL's P2C path, where it uses GPUDirect RDMA over C2C.
+    over_c2c: bool = False
 
 
 def _also_near(
@@ -421,7 +424,23 @@ def _also_near(
     return tuple(described)
 
 
-def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
+# NCCL counts a GPU attached to its CPU by C2C and a NIC on that CPU's PCIe (what
+# nvidia-smi shows as PHB or NODE: NCCL has no NODE) as the path P2C, and uses GPUDirect
+# RDMA up to P2C when NCCL_NET_GDR_C2C is 1: the default since NCCL 2.27, 0 in 2.26 where
+# it appeared, absent before (NVIDIA/nccl, src/graph/paths.cc: mergePathType and
+# ncclTopoCheckGdr; docs/userguide/source/env.rst, NCCL_NET_GDR_C2C).
+C2C_NOTE = (
+    "GPU {gpu} hangs off its Grace CPU by NVLink-C2C (the driver's numa_status) and the "
+    "nearest RDMA NIC is on that CPU's PCIe ({relation}): NCCL 2.27 and later count that "
+    "path as P2C and use GPUDirect RDMA over C2C by default (NCCL_NET_GDR_C2C=1, "
+    "src/graph/paths.cc); NCCL 2.26 needs NCCL_NET_GDR_C2C=1 for it, and older versions "
+    "stage through host memory"
+)
+
+
+def pair_nics(
+    inventory: Inventory, gpus: list[PciDevice], c2c_gpus: frozenset[str] = frozenset()
+) -> list[NicPairing]:
     """Each GPU's nearest compute NIC(s) by PCIe relation (PIX before PXB before PHB
     before NODE before SYS, as NCCL ranks them). Compute NICs are each GPU's nearest RDMA
     NICs of the fastest class (checks/node/nic_roles.py); a slower storage port beside a GPU (the
@@ -429,7 +448,8 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     dealt out as an equal. GPUs with the same nearest NICs (two GPUs and two NICs behind
     one switch) get them dealt out in bus order, one each, so no NIC carries two GPUs'
     traffic while another idles. A GPU whose own compute NIC is degraded or down gets a
-    `warning` naming it (the node's notes carry the fix)."""
+    `warning` naming it (the node's notes carry the fix). `c2c_gpus`: the bus ids of
+    GPUs attached to their CPU by NVLink-C2C (checks/node/coherent_gpus.py)."""
     roles = nic_roles(inventory)
     rail_problems = node_rail_problems(inventory)
     # A NIC without an ACTIVE port carries nothing (NCCL skips it).
@@ -459,7 +479,10 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
         shares[tuple(names)] = turn + 1
         ordered = tuple(names[turn % len(names) :] + names[: turn % len(names)])
         notes = []
-        if relation >= Relation.PHB:
+        over_c2c = gpu.bdf in c2c_gpus and relation in (Relation.PHB, Relation.NODE)
+        if over_c2c:
+            notes.append(C2C_NOTE.format(gpu=gpu.bdf, relation=relation.name))
+        elif relation >= Relation.PHB:
             notes.append(
                 f"the nearest RDMA NIC is {relation.name} from this GPU: NCCL does not use "
                 "GPUDirect RDMA that far by default (NCCL_NET_GDR_LEVEL)"
@@ -487,6 +510,8 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
         if warning:
             warning += " (the node's notes say how to fix it)"
         pairings.append(
-            NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning)
+            NicPairing(
+                gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning, over_c2c
+            )
         )
     return pairings

@@ -300,7 +300,9 @@ def _fabric(
 
 
 def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[LeftUnset]:
-    far = sorted({p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS")})
+    far = sorted(
+        {p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS") and not p.over_c2c}
+    )
     gdr = (
         "NCCL reads the PCIe and NVLink topology and uses peer-to-peer and GPUDirect RDMA "
         "wherever the path allows (up to PXB by default)"

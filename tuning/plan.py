@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cgroup import CpusetReading
+from nodecheck.checks.node.coherent_gpus import read_coherent_gpus
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import read_driver_gpus
@@ -250,7 +251,8 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     # Every host GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on
     # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
     # to a VM uses none of this host's.
-    pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host)}
+    c2c = frozenset(read_coherent_gpus(ctx.fs))
+    pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host, c2c)}
     notes: list[str] = [*assignment_notes, *cpuset_notes]
     shape = options.shape
     if shape.nodes is None:
