@@ -391,3 +391,22 @@ def test_nics_follow_port_state_and_bus_order(dgx: Node, copy_node: Callable[[No
         ("0000:3c:00.0", "mlx5_3"),
         ("0000:3a:00.0", "mlx5_2"),
     ]
+
+
+def test_what_the_reading_inferred_reaches_the_plan(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """The bindings stand on the online CPUs taken without `online` and on a CPU placed by
+    its link: the plan's notes say so, once each."""
+    node = copy_node(dgx)
+    cpu = node.root / "sys" / "devices" / "system" / "cpu"
+    (cpu / "online").write_bytes(b"\x00\x01")
+    node_list = node.root / "sys" / "devices" / "system" / "node" / "node0" / "cpulist"
+    node_list.write_text("0-54,112-167\n")  # CPU 55 left out: placed by cpu55/node0
+    notes = plan_for(node).notes
+    [online] = [n for n in notes if n.startswith("devices/system/cpu/online unreadable")]
+    assert "online CPUs 0-223 taken from present and the cpuN directories" in online
+    assert [n for n in notes if "cpu55/node0" in n] == [
+        "node 0: CPU 55 is in no node's list: placed by its cpu55/node0 link"
+    ]
+    assert len(notes) == len(set(notes))
