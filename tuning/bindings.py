@@ -588,8 +588,6 @@ def pair_nics(
         if warning:
             warning += " (the node's notes say how to fix it)"
         pairings.append(
-            NicPairing(
-                gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning, over_c2c
-            )
+            NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning, over_c2c)
         )
     return pairings

@@ -202,13 +202,14 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
     # CPU of the node to its link, and saying so once, with why, is what the user needs.
     for number, linked in sorted(linked_home.items()):
         node = by_number[number]
-        [cpu] = linked if len(linked) == 1 else [None]
-        placed = (
-            f"CPU {cpu} is in no node's list: placed by its cpu{cpu}/node{number} link"
-            if cpu is not None
-            else f"CPUs {format_cpulist(linked)} are in no node's list: placed by their "
-            f"cpuN/node{number} links"
-        )
+        if len(linked) == 1:
+            [cpu] = linked
+            placed = f"CPU {cpu} is in no node's list: placed by its cpu{cpu}/node{number} link"
+        else:
+            placed = (
+                f"CPUs {format_cpulist(linked)} are in no node's list: placed by their "
+                f"cpuN/node{number} links"
+            )
         if node.list_problem:
             placed = f"its CPU list could not be read ({node.list_problem}); {placed}"
         node.notes.append(placed)

@@ -268,8 +268,9 @@ def test_tune_on_a_gb200_tray_keeps_storage_off_the_rails(replicas: dict[str, No
     doc = tune(node, "--nodes", "4")
     assert doc["env"]["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_4:1,mlx5_5:1"
     [hca] = [r for r in doc["recommendations"] if r["name"] == "NCCL_IB_HCA"]
-    assert "mlx5_2 (Ethernet, another fabric: 400 Gb/s, as near and fast as the InfiniBand" in (
-        hca["reason"]
+    assert (
+        "mlx5_2 (Ethernet, another fabric: 400 Gb/s, as near and fast as the InfiniBand"
+        in (hca["reason"])
     )
     assert [(r["nics"][0], r["nic_relation"]) for r in doc["ranks"]] == [
         ("mlx5_0", "NODE"),

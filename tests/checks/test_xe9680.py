@@ -236,8 +236,9 @@ def test_tune_pairs_each_gpu_with_its_own_compute_nic(xe: Node) -> None:
     # Compute and storage ports are all Ethernet (RoCE) here: the rate decided it.
     [hca] = [r for r in doc["recommendations"] if r["name"] == "NCCL_IB_HCA"]
     for name in XE_STORAGE:
-        assert f"{name} (Ethernet: 100 Gb/s, slower than the compute NICs' 400 Gb/s)" in (
-            hca["reason"]
+        assert (
+            f"{name} (Ethernet: 100 Gb/s, slower than the compute NICs' 400 Gb/s)"
+            in (hca["reason"])
         )
     assert "beside InfiniBand" not in hca["reason"]
 

@@ -54,7 +54,10 @@ def test_dgx_recommendations(dgx: Node) -> None:
         "NCCL_IB_HCA": IB_RAILS,
     }
     assert all(r.action is Action.SET and r.reason and r.source for r in plan.env)
-    assert "mlx5_8 (Ethernet, another fabric)" in by_name(plan.env)["NCCL_IB_HCA"].reason
+    assert (
+        "mlx5_8 (Ethernet, another fabric: 200 Gb/s, slower than the compute NICs' 400 Gb/s)"
+        in by_name(plan.env)["NCCL_IB_HCA"].reason
+    )
     assert plan.removals == []  # the healthy node's job has nothing flagged
     assert {"NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "NCCL_IB_GID_INDEX"} <= left_names(plan)
     # Without --nodes the job's size is unknown: QPS and CROSS_NIC wait for it.
