@@ -735,8 +735,10 @@ def exec_command(
     """Run CMD bound to its local rank's CPUs and NUMA node, with that rank's environment.
 
     For launchers: torchrun --no-python nodecheck exec -- python train.py, or
-    srun nodecheck exec -- python train.py. Exit status: CMD's own; 2 for a bad or
-    missing rank, no GPU for it, or no CMD; 127 when CMD is not found.
+    srun nodecheck exec -- python train.py. Exit status: CMD's own; 1 when the kernel
+    refuses the rank's CPUs or numactl could not apply its binding here (CPUs or a NUMA
+    node this process may not use); 2 for a bad or missing rank, no GPU for it, a rank
+    that must not run, or no CMD; 126 when CMD cannot be run; 127 when CMD is not found.
     """
     import os
 

@@ -18,7 +18,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
+from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action
@@ -92,6 +93,9 @@ class Launch:
     # Printed even with --quiet: a GPU of the node CUDA cannot drive, a binding that may
     # not be this rank's GPU.
     warnings: tuple[str, ...] = ()
+    # The rank and the NUMA node numactl is handed (--membind), when it is.
+    local_rank: int = 0
+    membind: int | None = None
 
 
 def applied_environment(
@@ -167,16 +171,63 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
             f"{', '.join(plan.left_out)} (see nodecheck tune)"
         )
     warnings = (*plan.unusable, *([rank.warning] if rank.warning else []))
-    return Launch(argv, env, frozenset(binding.cpus), summary, warnings)
+    membind = binding.numa_node if numactl is not None else None
+    return Launch(
+        argv, env, frozenset(binding.cpus), summary, warnings, binding.local_rank, membind
+    )
 
 
-def replace_process(launch: Launch, quiet: bool) -> None:
+def memory_nodes_allowed(fs: NodeFS) -> frozenset[int] | None:
+    """The NUMA nodes this process may allocate on (Mems_allowed_list of
+    /proc/self/status, Documentation/filesystems/proc.rst), which libnuma checks a
+    --membind against; None when it cannot be read (numactl then judges alone)."""
+    try:
+        status = read_text(fs.proc("self", "status"))
+    except ReadError:
+        return None
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name == "Mems_allowed_list":
+            try:
+                return parse_cpulist(value.strip())
+            except ValueError:
+                return None
+    return None
+
+
+def check_numactl_can_apply(launch: Launch, here: NodeFS) -> None:
+    """Refuse, in one line, what numactl would refuse with its whole usage text: CPUs
+    outside this process's affinity once it is set (--physcpubind is checked against
+    it) or a memory node outside the nodes this process may use (--membind). `here`:
+    this machine's procfs, where numactl runs, whatever tree the plan was read from."""
+    if os.path.basename(launch.argv[0]) != "numactl":
+        return
+    cannot = f"local rank {launch.local_rank}: numactl cannot apply this binding here"
+    outside = launch.affinity - os.sched_getaffinity(0)
+    if outside:
+        raise ExecError(
+            f"{cannot}: CPUs {format_cpulist(outside)} are outside this process's affinity "
+            f"({format_cpulist(os.sched_getaffinity(0))}) once set (the cpuset narrows it)",
+            EXIT_CANNOT_APPLY,
+        )
+    allowed = memory_nodes_allowed(here)
+    if launch.membind is not None and allowed is not None and launch.membind not in allowed:
+        raise ExecError(
+            f"{cannot}: --membind={launch.membind} names a NUMA node this process may not "
+            f"allocate on (Mems_allowed_list {format_cpulist(allowed)}); was the plan read "
+            "from another node's tree (--sysfs-root)?",
+            EXIT_CANNOT_APPLY,
+        )
+
+
+def replace_process(launch: Launch, quiet: bool, here: NodeFS | None = None) -> None:
     """Bind, then exec; returns only by raising ExecError.
 
     The CPU affinity is set here in every case: a launcher may have narrowed this
     process's affinity already (srun --cpu-bind, mpirun --bind-to, taskset), and numactl
     accepts only CPUs inside the affinity it starts with; a process may widen its own
-    affinity anywhere inside its cpuset.
+    affinity anywhere inside its cpuset. A binding numactl cannot apply on this machine
+    is refused in one line (exit 1) rather than left to numactl's usage text.
     """
     for warning in launch.warnings:
         print(f"nodecheck exec: warning: {warning}", file=sys.stderr, flush=True)
@@ -188,6 +239,7 @@ def replace_process(launch: Launch, quiet: bool) -> None:
                 f"cannot bind to CPUs {format_cpulist(launch.affinity)}: {err.strerror}",
                 EXIT_CANNOT_APPLY,
             ) from err
+    check_numactl_can_apply(launch, NodeFS() if here is None else here)
     if not quiet:
         print(launch.summary, file=sys.stderr, flush=True)
     try:

@@ -184,7 +184,8 @@ def _no_cpu_reason(
 def _unplaced_note(inventory: Inventory, gpu: str, node: int | None, usable: frozenset[int]) -> str:
     """Why a GPU's rank cannot be bound next to it, and what it gets instead."""
     instead = (
-        "it gets CPUs no other rank is bound to (or shares a group's) and its memory is not bound"
+        "it gets CPUs no other rank needs (free ones, or cores a node holds beyond its own "
+        "ranks' share; else it shares a rank's, warned) and its memory is not bound"
     )
     if node is None:
         return (
@@ -206,6 +207,26 @@ def _unplaced_note(inventory: Inventory, gpu: str, node: int | None, usable: fro
         f"this process may not use any CPU of NUMA node {node} "
         f"(cpuset {format_cpulist(usable)}): the rank runs away from its GPU; ask "
         "the scheduler for CPUs on every GPU's socket"
+    )
+
+
+def _has_online_cpus(inventory: Inventory, node: int) -> bool:
+    """Whether a listed node holds online CPUs (not a memory-only one)."""
+    cpus = next((n.cpus for n in inventory.numa_nodes if n.number == node and n.listed), None)
+    return bool(cpus and cpus & (frozenset(inventory.cpu.online) or cpus))
+
+
+def _away_warning(inventory: Inventory, gpu: str, node: int, usable: frozenset[int]) -> str:
+    """The warning of a rank whose GPU's node has online CPUs, none of them in this
+    process's cpuset: it runs, but every copy between its memory and its GPU crosses the
+    link between sockets (hardware.md §2)."""
+    theirs = next(n.cpus for n in inventory.numa_nodes if n.number == node)
+    return (
+        f"its GPU {gpu} is on NUMA node {node} (CPUs {format_cpulist(theirs)}), but this "
+        f"process's cpuset ({format_cpulist(usable)}) holds none of them: the rank runs on "
+        "another node's CPUs and its host-device copies cross the socket link; ask the "
+        "scheduler for CPUs of each GPU's node (Slurm: --gres-flags=enforce-binding with "
+        "gres.conf Cores=, or --gpu-bind=closest)"
     )
 
 
@@ -325,12 +346,15 @@ def bind_ranks(
     notes: dict[str, str] = {bdf: note for bdf, (_, note) in located.items() if note}
     groups: dict[int | None, list[str]] = {}
     unplaced: list[str] = []
+    away: dict[str, str] = {}  # GPUs whose node's CPUs the cpuset leaves out: why
     for gpu in sharers:
         node = located[gpu.bdf][0]
         if node is not None and node_cpus.get(node):
             groups.setdefault(node, []).append(gpu.bdf)
         else:
             unplaced.append(gpu.bdf)
+            if node is not None and node in node_cpus and _has_online_cpus(inventory, node):
+                away[gpu.bdf] = _away_warning(inventory, gpu.bdf, node, usable)
             inferred = notes.get(gpu.bdf, "")
             unplaced_note = _unplaced_note(inventory, gpu.bdf, node, usable)
             notes[gpu.bdf] = f"{inferred}; {unplaced_note}" if inferred else unplaced_note
@@ -348,26 +372,66 @@ def bind_ranks(
                     f"{len(members)} GPUs: this one runs on CPUs no other rank uses, elsewhere, "
                     "and its memory is not bound"
                 )
+    extras: dict[int | None, list[str]] = {}  # unplaced GPUs taking a group's spare cores
+    shared_with: dict[str, str] = {}  # unplaced GPU -> the placed rank's GPU it shares with
+    spare: dict[int | None, int] = {}  # a group's cores beyond its own ranks' peer share
     if unplaced:
-        # No locality to follow: CPUs no other rank is bound to, one at least each; then a
-        # group with CPUs to spare; and only when every CPU is taken, the least crowded
-        # group (ranks then share CPUs, and say so).
+        # No locality to follow: CPUs no other rank is bound to, one at least each.
         free = usable - frozenset().union(*pools.values())
         if free:
             groups[None], pools[None] = unplaced[: len(free)], free
         cores = {n: len(_cores_of(inventory, pool)) for n, pool in pools.items()}
+        located_groups = [n for n in groups if n is not None]
+
+        def peer_share(node: int | None) -> int | None:
+            """The fewest cores a rank bound next to its GPU gets in another group: a
+            group may give a rank placed nowhere only what it holds beyond that for its
+            own ranks. None: no other such rank to keep level with."""
+            shares = [cores[m] // len(groups[m]) for m in located_groups if m != node]
+            return min(shares) if shares and node is not None else None
+
+        def room_in(node: int | None) -> int:
+            """The cores each rank placed nowhere would get here, one more included."""
+            peer = peer_share(node)
+            if peer is None:  # an equal split among all its ranks
+                return cores[node] // (len(groups[node]) + 1)
+            return (cores[node] - peer * len(groups[node])) // (len(extras.get(node, [])) + 1)
+
         for bdf in unplaced[len(free) :]:
-            # Whole cores to spare first, then hardware threads.
-            spare = max(
-                groups,
-                key=lambda n: (cores[n] - len(groups[n]), len(pools[n]) - len(groups[n])),
+            roomiest = max(groups, key=room_in)
+            if room_in(roomiest) >= 1:
+                peer = peer_share(roomiest)
+                if peer is None:
+                    groups[roomiest] = groups[roomiest] + [bdf]
+                else:
+                    extras.setdefault(roomiest, []).append(bdf)
+                    spare[roomiest] = cores[roomiest] - peer * len(groups[roomiest])
+                continue
+            # Every core is needed: share the CPUs of a rank, the least shared one first
+            # and then the one with the most cores, which both ranks' warnings then say
+            # (a shared binding still runs; a shrunken local one slows its GPU for good).
+            shared = list(shared_with.values())
+            shared_with[bdf] = min(
+                (member for n in groups for member in groups[n]),
+                key=lambda member: (
+                    shared.count(member),
+                    -min(cores[n] / len(groups[n]) for n in groups if member in groups[n]),
+                ),
             )
-            if len(pools[spare]) <= len(groups[spare]):
-                spare = max(groups, key=lambda n: len(pools[n]) / len(groups[n]))
-            groups[spare] = groups[spare] + [bdf]
     slices: dict[str, tuple[int | None, tuple[int, ...]]] = {}
     for node, members in groups.items():
-        shares = _split(_cores_of(inventory, pools[node]), len(members), with_smt_siblings)
+        group_cores = _cores_of(inventory, pools[node])
+        taking = extras.get(node, [])
+        if taking:
+            kept = len(group_cores) - spare[node]
+            for bdf, cpus in zip(
+                taking,
+                _split(group_cores[kept:], len(taking), with_smt_siblings),
+                strict=True,
+            ):
+                slices[bdf] = (None, cpus)
+            group_cores = group_cores[:kept]
+        shares = _split(group_cores, len(members), with_smt_siblings)
         memory_allowed = allowed_nodes is None or node in allowed_nodes
         for bdf, cpus in zip(members, shares, strict=True):
             if bdf in unplaced:
@@ -382,6 +446,20 @@ def bind_ranks(
                     f"its memory is not bound (the kernel refuses --membind={node} here)"
                 )
                 notes[bdf] = f"{notes[bdf]}; {denied}" if notes.get(bdf) else denied
+    # Threads no rank is bound to (the SMT siblings of the ranks' cores, without
+    # --with-smt-siblings) come before another rank's own CPUs: sharing a core, warned,
+    # beats sharing a CPU.
+    bound = frozenset(cpu for _, cpus in slices.values() for cpu in cpus)
+    unbound = sorted(usable - bound)
+    sharing = list(shared_with)
+    if unbound and sharing:
+        taking = sharing[: len(unbound)]
+        share = len(unbound) // len(taking)
+        for position, bdf in enumerate(taking):
+            slices[bdf] = (None, tuple(unbound[position * share : (position + 1) * share]))
+        sharing = sharing[len(taking) :]
+    for bdf in sharing:
+        slices[bdf] = (None, slices[shared_with[bdf]][1])
     warnings = _sharing_warnings(inventory, slices)
     return [
         RankBinding(
@@ -389,7 +467,7 @@ def bind_ranks(
             gpu.bdf,
             *slices[gpu.bdf],
             note=notes.get(gpu.bdf, ""),
-            warning=warnings.get(gpu.bdf, ""),
+            warning="; ".join(w for w in (away.get(gpu.bdf), warnings.get(gpu.bdf)) if w),
         )
         for rank, gpu in enumerate(gpus)
     ]
@@ -407,6 +485,9 @@ class NicPairing:
     # Its own compute NIC runs below its peers' rate or has no active port
     # (nic_roles.rail_problems): the rank runs, slower; the node's notes say what to fix.
     warning: str = ""
+    # The GPU hangs off its CPU by NVLink-C2C and its nearest NIC is on that CPU's PCIe
+    # (nvidia-smi's PHB or NODE): NCCL's P2C path, where it uses GPUDirect RDMA over C2C.
+    over_c2c: bool = False
 
 
 def _also_near(
@@ -421,7 +502,23 @@ def _also_near(
     return tuple(described)
 
 
-def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
+# NCCL counts a GPU attached to its CPU by C2C and a NIC on that CPU's PCIe (what
+# nvidia-smi shows as PHB or NODE: NCCL has no NODE) as the path P2C, and uses GPUDirect
+# RDMA up to P2C when NCCL_NET_GDR_C2C is 1: the default since NCCL 2.27, 0 in 2.26 where
+# it appeared, absent before (NVIDIA/nccl, src/graph/paths.cc: mergePathType and
+# ncclTopoCheckGdr; docs/userguide/source/env.rst, NCCL_NET_GDR_C2C).
+C2C_NOTE = (
+    "GPU {gpu} hangs off its Grace CPU by NVLink-C2C (the driver's numa_status) and the "
+    "nearest RDMA NIC is on that CPU's PCIe ({relation}): NCCL 2.27 and later count that "
+    "path as P2C and use GPUDirect RDMA over C2C by default (NCCL_NET_GDR_C2C=1, "
+    "src/graph/paths.cc); NCCL 2.26 needs NCCL_NET_GDR_C2C=1 for it, and older versions "
+    "stage through host memory"
+)
+
+
+def pair_nics(
+    inventory: Inventory, gpus: list[PciDevice], c2c_gpus: frozenset[str] = frozenset()
+) -> list[NicPairing]:
     """Each GPU's nearest compute NIC(s) by PCIe relation (PIX before PXB before PHB
     before NODE before SYS, as NCCL ranks them). Compute NICs are each GPU's nearest RDMA
     NICs of the fastest class (checks/node/nic_roles.py); a slower storage port beside a GPU (the
@@ -429,7 +526,8 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
     dealt out as an equal. GPUs with the same nearest NICs (two GPUs and two NICs behind
     one switch) get them dealt out in bus order, one each, so no NIC carries two GPUs'
     traffic while another idles. A GPU whose own compute NIC is degraded or down gets a
-    `warning` naming it (the node's notes carry the fix)."""
+    `warning` naming it (the node's notes carry the fix). `c2c_gpus`: the bus ids of
+    GPUs attached to their CPU by NVLink-C2C (checks/node/coherent_gpus.py)."""
     roles = nic_roles(inventory)
     rail_problems = node_rail_problems(inventory)
     # A NIC without an ACTIVE port carries nothing (NCCL skips it).
@@ -459,7 +557,10 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
         shares[tuple(names)] = turn + 1
         ordered = tuple(names[turn % len(names) :] + names[: turn % len(names)])
         notes = []
-        if relation >= Relation.PHB:
+        over_c2c = gpu.bdf in c2c_gpus and relation in (Relation.PHB, Relation.NODE)
+        if over_c2c:
+            notes.append(C2C_NOTE.format(gpu=gpu.bdf, relation=relation.name))
+        elif relation >= Relation.PHB:
             notes.append(
                 f"the nearest RDMA NIC is {relation.name} from this GPU: NCCL does not use "
                 "GPUDirect RDMA that far by default (NCCL_NET_GDR_LEVEL)"
@@ -487,6 +588,6 @@ def pair_nics(inventory: Inventory, gpus: list[PciDevice]) -> list[NicPairing]:
         if warning:
             warning += " (the node's notes say how to fix it)"
         pairings.append(
-            NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning)
+            NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning, over_c2c)
         )
     return pairings

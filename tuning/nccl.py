@@ -169,6 +169,46 @@ def _socket_ifname(
     return [recommendation], notes, fastest
 
 
+def _gbps(rate: float | None) -> str:
+    return "rate unknown" if rate is None else f"{rate:g} Gb/s"
+
+
+def _storage_reasons(
+    inventory: Inventory,
+    pairings: list[NicPairing],
+    used: list[str],
+    extra: list[str],
+    layers: Mapping[str, str],
+) -> dict[str, str]:
+    """What made each HCA outside the compute rails storage (checks/node/nic_roles.py),
+    as the facts decided it: its rate below the compute NICs', no GPU's nearest, or an
+    Ethernet port as near and fast as InfiniBand rails."""
+    by_name = {rdma.name: nic for nic in inventory.nics for rdma in nic.rdma}
+    gpus = {gpu.bdf: gpu for gpu in inventory.gpus}
+    compute_rates = [rate for name in used if (rate := by_name[name].rate_gbps) is not None]
+    compute = max(compute_rates, default=None)
+    reasons = {}
+    for name in extra:
+        nic = by_name[name]
+        rate = nic.rate_gbps
+        nearest = any(
+            p.relation is not None
+            and p.gpu in gpus
+            and inventory.relation(gpus[p.gpu], nic.pci).name == p.relation
+            for p in pairings
+        )
+        if compute is not None and rate is not None and rate < compute:
+            why = f"{_gbps(rate)}, slower than the compute NICs' {_gbps(compute)}"
+        elif not nearest:
+            why = f"{_gbps(rate)}, no GPU's nearest"
+        elif layers[name] != "InfiniBand" and "InfiniBand" in {layers[n] for n in used}:
+            why = f"{_gbps(rate)}, as near and fast as the InfiniBand rails"
+        else:
+            why = _gbps(rate)
+        reasons[name] = why
+    return reasons
+
+
 def _ib_hca(
     inventory: Inventory, pairings: list[NicPairing], environ: Mapping[str, str]
 ) -> tuple[list[Recommendation], list[LeftUnset], list[str]]:
@@ -193,8 +233,9 @@ def _ib_hca(
     described = [
         f"{name} ({layers[name]}"
         + (", another fabric" if layers[name] not in used_layers else "")
+        + f": {why}"
         + ")"
-        for name in extra
+        for name, why in _storage_reasons(inventory, pairings, used, extra, layers).items()
     ]
     current = environ.get("NCCL_IB_HCA")
     chosen = selected_names(current, list(active)) if current is not None else []
@@ -210,8 +251,7 @@ def _ib_hca(
         value = "=" + ",".join(ports)
     reason = (
         f"keeps collectives on the {len(used)} compute NIC(s), the GPUs' own; "
-        f"{', '.join(described)}: storage (slower than the GPUs' own NICs, nearest no "
-        "GPU, or Ethernet beside InfiniBand rails as near), and NCCL would otherwise weigh every "
+        f"{', '.join(described)}: storage, and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
     works = current is not None and not fails(rule_ib_hca("", current, node_facts(inventory)))
@@ -300,7 +340,9 @@ def _fabric(
 
 
 def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[LeftUnset]:
-    far = sorted({p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS")})
+    far = sorted(
+        {p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS") and not p.over_c2c}
+    )
     gdr = (
         "NCCL reads the PCIe and NVLink topology and uses peer-to-peer and GPUDirect RDMA "
         "wherever the path allows (up to PXB by default)"

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cgroup import CpusetReading
+from nodecheck.checks.node.coherent_gpus import read_coherent_gpus
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import read_driver_gpus
 from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
+from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.net import read_addressed_interfaces
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.result import Status
@@ -234,6 +236,20 @@ def _cpuset_notes(cpuset: CpusetReading | None) -> tuple[list[str], str]:
     return [*notes, warning], warning
 
 
+def _reading_notes(inventory: Inventory) -> list[str]:
+    """What the reading of the CPUs and NUMA nodes inferred where sysfs was incomplete or
+    contradicted itself (the online CPUs taken without `online`, topology guessed, CPUs
+    placed by their links or in no node): the bindings stand on it, so `tune` says it as
+    `inventory` does, each once."""
+    per_node = [
+        f"node {node.number}: {note}"
+        for node in inventory.numa_nodes
+        for note in node.notes
+        if note not in inventory.numa_notes  # an offline node's note is the reading's too
+    ]
+    return list(dict.fromkeys([*inventory.cpu.notes, *inventory.numa_notes, *per_node]))
+
+
 def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     inventory = ctx.inventory
     environ = ctx.environ
@@ -250,8 +266,9 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     # Every host GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on
     # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
     # to a VM uses none of this host's.
-    pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host)}
-    notes: list[str] = [*assignment_notes, *cpuset_notes]
+    c2c = frozenset(read_coherent_gpus(ctx.fs))
+    pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host, c2c)}
+    notes: list[str] = [*assignment_notes, *cpuset_notes, *_reading_notes(inventory)]
     shape = options.shape
     if shape.nodes is None:
         nodes, variable = nccl.job_nodes(environ)

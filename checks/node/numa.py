@@ -125,6 +125,7 @@ class _ListedNode:
     problem: str | None
     notes: list[str] = field(default_factory=list)
     cpus: set[int] = field(default_factory=set)
+    list_problem: str = ""  # why its cpulist (and cpumap) could not be read
 
 
 def _node_state(fs: NodeFS, name: str) -> frozenset[int] | None:
@@ -156,7 +157,7 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
         try:
             cpus = _node_cpus(fs, entry, bound)
         except ReadError as err:
-            node.problem = str(err)
+            node.problem = node.list_problem = str(err)
             cpus = frozenset()
         try:
             node.memory = read_parsed(
@@ -186,6 +187,7 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
             )
     by_number = {node.number: node for node in listed}
     linked_elsewhere: dict[int, set[int]] = {}
+    linked_home: dict[int, set[int]] = {}
     without_node: set[int] = set()
     for cpu in sorted((online or frozenset()) - holders.keys()):
         home = _linked_node(fs, cpu)
@@ -193,11 +195,24 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
             without_node.add(cpu)
         elif home in by_number:
             by_number[home].cpus.add(cpu)
-            by_number[home].notes.append(
-                f"CPU {cpu} is in no node's list: placed by its cpu{cpu}/node{home} link"
-            )
+            linked_home.setdefault(home, set()).add(cpu)
         else:
             linked_elsewhere.setdefault(home, set()).add(cpu)
+    # One note per node for the CPUs its links placed: an unreadable cpulist leaves every
+    # CPU of the node to its link, and saying so once, with why, is what the user needs.
+    for number, linked in sorted(linked_home.items()):
+        node = by_number[number]
+        if len(linked) == 1:
+            [cpu] = linked
+            placed = f"CPU {cpu} is in no node's list: placed by its cpu{cpu}/node{number} link"
+        else:
+            placed = (
+                f"CPUs {format_cpulist(linked)} are in no node's list: placed by their "
+                f"cpuN/node{number} links"
+            )
+        if node.list_problem:
+            placed = f"its CPU list could not be read ({node.list_problem}); {placed}"
+        node.notes.append(placed)
     result = [
         NumaNode(n.number, frozenset(n.cpus), n.memory, n.problem, tuple(n.notes)) for n in listed
     ]

@@ -545,3 +545,36 @@ def test_tune_keeps_each_rank_inside_a_cpuset_mounted_elsewhere(tmp_path: Path) 
     ranks = document(Node(root))["ranks"]
     assert [r["cpus"] for r in ranks] == [[1, 2], [5]]
     assert [r["status"] for r in ranks] == ["ok", "ok"]
+
+
+def test_exec_refuses_a_memory_node_this_machine_lacks(numactl: str, tmp_path: Path) -> None:
+    """A tree read with --sysfs-root whose rank 1 is bound to a NUMA node this process may
+    not allocate on (not in /proc/self/status Mems_allowed_list): one line and exit 1, the
+    command never started (numactl used to print its whole usage text)."""
+    status = Path("/proc/self/status").read_text()
+    [mems] = [line.split(":", 1)[1] for line in status.splitlines() if "Mems_allowed_list" in line]
+    missing = max(int(part) for part in re.split(r"[,-]", mems.strip())) + 1
+    if missing >= len(os.sched_getaffinity(0)):
+        pytest.skip(f"needs CPU {missing} in this process's affinity")
+    root = tmp_path / "far-node"
+    # One CPU a socket: the GPU on node `missing` gets CPU `missing`, which exists here.
+    build_node(placed_gpus_spec([0, missing], sockets=missing + 1, cores=1), root)
+    started = tmp_path / "started"
+    done = run(
+        *Node(root).cli_args,
+        *("exec", "--local-rank", "1", "--", sys.executable, "-c"),
+        *(f"open({str(started)!r}, 'w')",),
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("nodecheck exec: local rank 1: numactl cannot apply this binding")
+    assert f"--membind={missing} names a NUMA node this process may not allocate on" in line
+    assert not started.exists()
+
+
+def test_exec_help_lists_every_exit_status() -> None:
+    done = run("exec", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "1 when the kernel refuses the rank's CPUs or numactl could not apply" in text
+    assert "126 when CMD cannot be run; 127 when CMD is not found" in text

@@ -267,6 +267,11 @@ def test_tune_on_a_gb200_tray_keeps_storage_off_the_rails(replicas: dict[str, No
     }
     doc = tune(node, "--nodes", "4")
     assert doc["env"]["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_4:1,mlx5_5:1"
+    [hca] = [r for r in doc["recommendations"] if r["name"] == "NCCL_IB_HCA"]
+    assert (
+        "mlx5_2 (Ethernet, another fabric: 400 Gb/s, as near and fast as the InfiniBand"
+        in (hca["reason"])
+    )
     assert [(r["nics"][0], r["nic_relation"]) for r in doc["ranks"]] == [
         ("mlx5_0", "NODE"),
         ("mlx5_1", "NODE"),
@@ -292,3 +297,35 @@ def test_the_gb200_replica_is_the_described_tray(replicas: dict[str, Node]) -> N
     for gpu in inventory.gpus:
         assert {inventory.relation(gpu, nic.pci) for nic in inventory.nics} <= {NODE, SYS}
     assert (root / "sys/class/infiniband/mlx5_2/ports/1/phys_state").read_text() == "5: LinkUp\n"
+
+
+def gb200_with_pcie_gpus() -> NodeSpec:
+    """The tray's layout with GPUs the driver does not attach coherently (no numa_status):
+    what a Grace server with PCIe GPUs in its slots shows."""
+    spec = nodes.gb200_tray()
+    spec.proc_files = {
+        path: text for path, text in spec.proc_files.items() if not path.endswith("numa_status")
+    }
+    return spec
+
+
+def test_a_gb200_gpu_reaches_its_nic_over_c2c(
+    replicas: dict[str, Node], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    notes = tune(replicas["gb200"], "--nodes", "4")["notes"]
+    for bdf in nodes.GB200_GPU_BUS_IDS:
+        [note] = [n for n in notes if n.startswith(f"GPU {bdf} hangs off its Grace CPU")]
+        assert "NCCL 2.27 and later count that path as P2C" in note
+        assert "GPUDirect RDMA over C2C by default (NCCL_NET_GDR_C2C=1" in note
+    assert not [n for n in notes if "NCCL does not use GPUDirect RDMA that far" in n]
+    [gdr] = [
+        left
+        for left in tune(replicas["gb200"], "--nodes", "4")["left_unset"]
+        if "NCCL_NET_GDR_LEVEL" in left["names"]
+    ]
+    assert "GPUDirect RDMA stays off" not in gdr["reason"]
+    # The same layout with PCIe GPUs: no C2C, and NCCL stops GPUDirect RDMA at PXB.
+    pcie = Node(build_node(gb200_with_pcie_gpus(), tmp_path_factory.mktemp("gb-pcie") / "n"))
+    notes = tune(pcie, "--nodes", "4")["notes"]
+    assert sum("is NODE from this GPU: NCCL does not use GPUDirect RDMA" in n for n in notes) == 4
+    assert not [n for n in notes if "C2C" in n]

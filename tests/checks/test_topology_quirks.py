@@ -280,6 +280,32 @@ def test_cpu_in_no_list_is_placed_by_its_link(tmp_path: Path) -> None:
     assert not found.cpus_without_node
 
 
+def test_unreadable_cpulist_is_one_note_naming_its_cpus(tmp_path: Path) -> None:
+    """A malformed node0/cpulist leaves each of its CPUs to its cpuN/node0 link: one note
+    says so with the CPU list and why, not one identical note per CPU."""
+    node = build("padded-lists", tmp_path)
+    cpulist = node.root / "sys" / "devices" / "system" / "node" / "node0" / "cpulist"
+    cpulist.write_text("0-1,x\n")
+    for cpu in (0, 1, 4, 5):  # the links the kernel makes (register_cpu_under_node)
+        link = node.root / "sys" / "devices" / "system" / "cpu" / f"cpu{cpu}" / "node0"
+        link.symlink_to(cpulist.parent)
+    node0 = inventory(node).numa_nodes[0]
+    [note] = node0.notes
+    assert note.startswith("its CPU list could not be read (")
+    assert "expected a CPU list, got '0-1,x'" in note
+    assert note.endswith("CPUs 0-1,4-5 are in no node's list: placed by their cpuN/node0 links")
+    done = subprocess.run(
+        [sys.executable, "-m", "nodecheck.agent", *node.cli_args, "inventory"],
+        capture_output=True,
+        text=True,
+        env={**CLEAN_ENVIRON, **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    placed = [line for line in done.stdout.splitlines() if "placed by" in line]
+    assert placed == [f"  note: node 0: {note}"]
+
+
 def test_cpu_without_list_or_link_is_in_no_node(tmp_path: Path) -> None:
     """No node is invented: CPUs 3 and 7 are in none, and numa warns naming them."""
     node = build("cpu-without-node", tmp_path)

@@ -233,6 +233,14 @@ def test_tune_pairs_each_gpu_with_its_own_compute_nic(xe: Node) -> None:
     assert "not counted: storage mlx5_1, mlx5_2, mlx5_7, mlx5_8 at 100 Gb/s" in network
     env = doc["env"]
     assert env["NCCL_IB_HCA"] == "=" + ",".join(f"{name}:1" for name in XE_COMPUTE)
+    # Compute and storage ports are all Ethernet (RoCE) here: the rate decided it.
+    [hca] = [r for r in doc["recommendations"] if r["name"] == "NCCL_IB_HCA"]
+    for name in XE_STORAGE:
+        assert (
+            f"{name} (Ethernet: 100 Gb/s, slower than the compute NICs' 400 Gb/s)"
+            in (hca["reason"])
+        )
+    assert "beside InfiniBand" not in hca["reason"]
 
 
 def test_pairing_falls_back_when_every_compute_port_is_down(

@@ -103,12 +103,46 @@ def test_every_rank_is_runnable_inside_what_hwloc_shows(
                 assert reading_notes(node.root), (name, binding)  # the placement is said
         threads = int(plan.environment(rank)["OMP_NUM_THREADS"])
         assert threads >= 1
+        if "runs away from its GPU" in binding.note:
+            # Off its GPU's node by the cpuset: it runs, and its warning says so.
+            assert "ask the scheduler for CPUs of each GPU's node" in rank.warning, (name, rank)
     for rank in plan.ranks:
         others = [set(other.binding.cpus) for other in plan.ranks if other is not rank]
         if set(rank.binding.cpus) & set().union(*others):
-            # Sharing only when there are fewer CPUs than ranks, and never silently.
-            assert len(hwloc.pus) < len(plan.ranks), (name, rank)
+            # Sharing only when no CPU is left that no other rank holds, and never silently.
+            assert hwloc.pus <= set().union(*others), (name, rank)
             assert "shares CPU(s)" in rank.warning, (name, rank)
+
+
+def test_a_gpu_without_a_node_never_shrinks_a_local_rank(grafted: dict[str, Grafted]) -> None:
+    """16amd64-8n2c: eight nodes of two cores, a grafted GPU on each and one with numa_node
+    -1. Every rank bound next to its GPU keeps both cores of its node; the -1 GPU's rank
+    shares one rank's CPUs, and both say so (it used to take CPU 1 from rank 0)."""
+    name = "16amd64-8n2c"
+    if name not in grafted:
+        pytest.skip(f"{name}: not among the captures here")
+    plan = plan_for(grafted[name].root)
+    local = [rank for rank in plan.ranks if rank.binding.numa_node is not None]
+    assert len(local) == 8 and all(len(rank.binding.cpus) == 2 for rank in local)
+    [nowhere] = [rank for rank in plan.ranks if rank.binding.numa_node is None]
+    assert "no NUMA node (numa_node -1)" in nowhere.binding.note
+    assert "shares CPU(s)" in nowhere.warning
+    [partner] = [rank for rank in local if rank.binding.cpus == nowhere.binding.cpus]
+    assert nowhere.binding.gpu in partner.warning
+
+
+def test_ranks_the_cpuset_keeps_off_their_gpus_are_warned(grafted: dict[str, Grafted]) -> None:
+    """16amd64-4n4c-cgroup-distance-merge: the cpuset allows CPUs 0-3 (node 0) only, and
+    the grafted GPUs of nodes 1-3 drive ranks bound there: each is warned, naming why."""
+    name = "16amd64-4n4c-cgroup-distance-merge"
+    if name not in grafted:
+        pytest.skip(f"{name}: not among the captures here")
+    plan = plan_for(grafted[name].root)
+    away = [rank for rank in plan.ranks if "runs away from its GPU" in rank.binding.note]
+    assert len(away) >= 3
+    for rank in away:
+        assert set(rank.binding.cpus) <= {0, 1, 2, 3}
+        assert "but this process's cpuset (0-3) holds none of them" in rank.warning
 
 
 @pytest.mark.parametrize("name", CGROUP_CAPTURES)

@@ -177,26 +177,45 @@ def test_a_cpuset_without_online_cpus_is_an_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("numa_nodes", "memory_only_nodes", "words"),
     [
-        ([0, 1, 2], 1, "NUMA node 2, which has no online CPU (a memory-only node"),
-        ([0, 1, -1], 0, "no NUMA node (numa_node -1)"),
-        ([0, 1, 3], 0, "NUMA node 3, which devices/system/node does not list"),
+        ([0, 0, 1, 2], 1, "NUMA node 2, which has no online CPU (a memory-only node"),
+        ([0, 0, 1, -1], 0, "no NUMA node (numa_node -1)"),
+        ([0, 0, 1, 3], 0, "NUMA node 3, which devices/system/node does not list"),
     ],
     ids=["memory-only-node", "numa-node-minus-one", "unlisted-node"],
 )
 def test_a_gpu_without_a_cpu_node_gets_cpus_of_its_own(
     tmp_path: Path, numa_nodes: list[int], memory_only_nodes: int, words: str
 ) -> None:
-    """Two sockets of 4 cores, a GPU on each, and a third GPU whose node has no CPU to
-    give: it takes spare cores of a socket (every CPU belongs to one), disjoint from the
-    others, without --membind, and says why."""
+    """Two sockets of 4 cores, two GPUs on socket 0 and one on socket 1, and a fourth
+    GPU whose node has no CPU to give: it takes the cores socket 1 holds beyond its own
+    rank's share of 2 (its peers'), disjoint from the others, without --membind, and says
+    why."""
     node = placed(tmp_path, numa_nodes, memory_only_nodes=memory_only_nodes)
     inventory = read_inventory(node.fs)
     bindings = bind_ranks(inventory, {})
     assert_runnable(bindings, frozenset(range(8)))
-    assert [b.numa_node for b in bindings] == [0, 1, None]
+    assert [b.numa_node for b in bindings] == [0, 0, 1, None]
+    assert [len(b.cpus) for b in bindings] == [2, 2, 2, 2]
+    assert set(bindings[3].cpus) <= {4, 5, 6, 7}
     assert disjoint(cpus_of(bindings)) and all(not b.warning for b in bindings)
-    assert words in bindings[2].note
-    assert bindings[2].numactl()[2:] == []  # memory not bound to a node without CPUs
+    assert words in bindings[3].note
+    assert bindings[3].numactl()[2:] == []  # memory not bound to a node without CPUs
+
+
+def test_a_gpu_placed_nowhere_shares_rather_than_shrink_a_local_rank(tmp_path: Path) -> None:
+    """hwloc's 16amd64-8n2c with GPUs grafted on: eight nodes of 2 cores, a GPU on each and
+    a ninth with numa_node -1. No core is spare: every local rank keeps its 2 cores, and the
+    ninth shares one rank's, both warned (it used to take CPU 1, leaving rank 0 one CPU)."""
+    node = placed(tmp_path, [*range(8), -1], sockets=8, cores=2)
+    bindings = bind_ranks(read_inventory(node.fs), {})
+    assert_runnable(bindings, frozenset(range(16)))
+    assert [len(b.cpus) for b in bindings[:8]] == [2] * 8
+    assert disjoint(cpus_of(bindings[:8]))
+    assert [b.numa_node for b in bindings] == [*range(8), None]
+    [partner] = [b for b in bindings[:8] if b.cpus == bindings[8].cpus]
+    assert f"shares CPU(s) {partner.cpus[0]}-{partner.cpus[1]}" in bindings[8].warning
+    assert bindings[8].gpu in partner.warning
+    assert [b.warning for b in bindings].count("") == 7
 
 
 def test_more_gpus_on_a_node_than_its_cpus_spill_to_free_cpus(tmp_path: Path) -> None:
@@ -253,3 +272,18 @@ def test_an_unreadable_cpuset_warns_every_rank(tmp_path: Path) -> None:
     read = CpusetReading(frozenset({1, 2, 5}), "/cgroup/unified/job/cpuset.cpus.effective")
     limited = make_plan(node.context(), TuneOptions(cpuset=read))
     assert [r.binding.cpus for r in limited.ranks] == [(1, 2), (5,)]
+
+
+def test_a_rank_the_cpuset_keeps_off_its_gpus_node_is_warned(tmp_path: Path) -> None:
+    """hwloc's 16amd64-4n4c-cgroup-distance-merge with GPUs grafted on: the cpuset allows
+    only node 0's CPUs, so the rank of node 1's GPU runs on node 0: it runs, warned, and
+    the warning says what to ask the scheduler for."""
+    node = placed(tmp_path, [0, 1])
+    cpuset = CpusetReading(frozenset({0, 1, 2, 3}), "/cpuset/job/cpus")
+    plan = make_plan(node.context(), TuneOptions(cpuset=cpuset))
+    first, second = plan.ranks
+    assert first.warning == "" and first.binding.numa_node == 0
+    assert set(second.binding.cpus) <= {0, 1, 2, 3} and second.binding.numa_node is None
+    assert "is on NUMA node 1 (CPUs 4-7), but this process's cpuset (0-3)" in second.warning
+    assert "ask the scheduler for CPUs of each GPU's node" in second.warning
+    assert "runs away from its GPU" in second.binding.note

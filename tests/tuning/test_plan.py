@@ -54,7 +54,10 @@ def test_dgx_recommendations(dgx: Node) -> None:
         "NCCL_IB_HCA": IB_RAILS,
     }
     assert all(r.action is Action.SET and r.reason and r.source for r in plan.env)
-    assert "mlx5_8 (Ethernet, another fabric)" in by_name(plan.env)["NCCL_IB_HCA"].reason
+    assert (
+        "mlx5_8 (Ethernet, another fabric: 200 Gb/s, slower than the compute NICs' 400 Gb/s)"
+        in by_name(plan.env)["NCCL_IB_HCA"].reason
+    )
     assert plan.removals == []  # the healthy node's job has nothing flagged
     assert {"NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "NCCL_IB_GID_INDEX"} <= left_names(plan)
     # Without --nodes the job's size is unknown: QPS and CROSS_NIC wait for it.
@@ -391,3 +394,22 @@ def test_nics_follow_port_state_and_bus_order(dgx: Node, copy_node: Callable[[No
         ("0000:3c:00.0", "mlx5_3"),
         ("0000:3a:00.0", "mlx5_2"),
     ]
+
+
+def test_what_the_reading_inferred_reaches_the_plan(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """The bindings stand on the online CPUs taken without `online` and on a CPU placed by
+    its link: the plan's notes say so, once each."""
+    node = copy_node(dgx)
+    cpu = node.root / "sys" / "devices" / "system" / "cpu"
+    (cpu / "online").write_bytes(b"\x00\x01")
+    node_list = node.root / "sys" / "devices" / "system" / "node" / "node0" / "cpulist"
+    node_list.write_text("0-54,112-167\n")  # CPU 55 left out: placed by cpu55/node0
+    notes = plan_for(node).notes
+    [online] = [n for n in notes if n.startswith("devices/system/cpu/online unreadable")]
+    assert "online CPUs 0-223 taken from present and the cpuN directories" in online
+    assert [n for n in notes if "cpu55/node0" in n] == [
+        "node 0: CPU 55 is in no node's list: placed by its cpu55/node0 link"
+    ]
+    assert len(notes) == len(set(notes))
