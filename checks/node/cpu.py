@@ -29,6 +29,7 @@ sense, is a problem (`error` in the cpu check), never guessed at.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -182,16 +183,19 @@ def _read_id(path: Path) -> int | None:
     return None if value is None or value < 0 else value
 
 
+@functools.lru_cache(maxsize=512)
+def _parse_cpu_set(text: str, is_list: bool, bound: int) -> frozenset[int]:
+    """A list or mask, parsed once per distinct text: every CPU of a package prints the
+    same package list, so a 224-CPU node has a handful of texts, not 448."""
+    return parse_cpulist(text, bound) if is_list else parse_cpumask(text, bound)
+
+
 def _read_cpu_set(
     topology: Path, names: tuple[str, ...], bound: int
 ) -> tuple[frozenset[int] | None, str | None]:
     """The first of `names` that exists, parsed as a list or a mask, and its name."""
     for name in names:
-        parse: Callable[[str], frozenset[int]]
-        if name.endswith("_list"):
-            parse = lambda text: parse_cpulist(text, bound)  # noqa: E731
-        else:
-            parse = lambda text: parse_cpumask(text, bound)  # noqa: E731
+        parse = functools.partial(_parse_cpu_set, is_list=name.endswith("_list"), bound=bound)
         value = read_optional_parsed(topology / name, parse, "a CPU list or mask")
         if value is not None:
             return value, name
@@ -207,17 +211,34 @@ class _RawCpu:
     package_cpus: frozenset[int] | None
 
 
-def _read_raw_cpu(base: Path, number: int, bound: int) -> _RawCpu:
+def _read_raw_cpu(
+    base: Path, number: int, bound: int, packages_read: dict[int, frozenset[int]]
+) -> _RawCpu:
+    """One CPU's topology files. `packages_read`: the package lists read so far, by each CPU
+    they name; a CPU one of them names is not asked again (the kernel prints one list for
+    all the CPUs of a package, drivers/base/topology.c; hwloc's look_sysfscpu skips such
+    CPUs too), which spares a read per CPU on a machine with hundreds. Sibling lists are
+    read for every CPU: lists that disagree are joined into one core (_cores)."""
     topology = base / f"cpu{number}" / "topology"
     threads, _ = _read_cpu_set(topology, THREAD_FILES, bound)
-    package_cpus, _ = _read_cpu_set(topology, PACKAGE_FILES, bound)
-    return _RawCpu(
+    package_cpus = packages_read.get(number)
+    if package_cpus is None:
+        package_cpus, _ = _read_cpu_set(topology, PACKAGE_FILES, bound)
+        if package_cpus is not None and number in package_cpus:
+            packages_read.update(dict.fromkeys(package_cpus, package_cpus))
+    cpu = _RawCpu(
         number,
         _read_id(topology / "physical_package_id"),
         _read_id(topology / "core_id"),
         threads,
         package_cpus,
     )
+    if cpu == _RawCpu(number, None, None, None, None) and not list_dir(topology):
+        # Every kernel that lists a CPU online exports its topology directory
+        # (drivers/base/topology.c, added as the CPU comes up): without it
+        # nothing tells its threads apart, which the user must hear.
+        raise ReadError(topology, "missing (no topology directory)")
+    return cpu
 
 
 def _cores(
@@ -404,15 +425,10 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
         notes.append(contradiction)
     infer = _Inferences()
     raw: dict[int, _RawCpu] = {}
+    packages_read: dict[int, frozenset[int]] = {}
     for number in sorted(online):
-        topology = base / f"cpu{number}" / "topology"
         try:
-            if not list_dir(topology):
-                # Every kernel that lists a CPU online exports its topology directory
-                # (drivers/base/topology.c, added as the CPU comes up): without it
-                # nothing tells its threads apart, which the user must hear.
-                raise ReadError(topology, "missing (no topology directory)")
-            raw[number] = _read_raw_cpu(base, number, bound)
+            raw[number] = _read_raw_cpu(base, number, bound, packages_read)
         except ReadError as err:
             problems[f"cpu{number}"] = str(err)
     cores = _cores(raw, frozenset(raw), infer, has_compute_units(fs))
