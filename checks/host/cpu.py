@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.cpu import read_governors
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
@@ -62,12 +63,13 @@ def problem_results(problems: dict[str, str]) -> Iterator[Result]:
 def check_cpu(ctx: CheckContext) -> Iterator[Result]:
     """CPU frequency governor and SMT state."""
     topology = ctx.inventory.cpu
-    yield from problem_results(topology.problems)
+    by_cpu, governor_problems = read_governors(ctx.fs, sorted(topology.cpus))
+    yield from problem_results({**topology.problems, **governor_problems})
     if not topology.cpus:
         if not topology.problems:
             yield Result(Status.ERROR, NODE, "no online CPU found in sysfs")
         return
-    governors = Counter(cpu.governor for cpu in topology.cpus.values() if cpu.governor)
+    governors = Counter(by_cpu.values())
     total = len(topology.cpus)
     if not governors:
         yield Result(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -64,7 +64,6 @@ class Cpu:
     package: int
     core: int
     siblings: frozenset[int]
-    governor: str | None
 
 
 @dataclass
@@ -435,13 +434,8 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     packages = _packages(raw, infer)
     cpus: dict[int, Cpu] = {}
     for number, cpu in raw.items():
-        try:
-            governor = read_optional_text(base / f"cpu{number}" / "cpufreq" / "scaling_governor")
-        except ReadError as err:
-            problems[f"cpu{number} governor"] = str(err)
-            governor = None
         core = cpu.core_id if cpu.core_id is not None else min(cores[number])
-        cpus[number] = Cpu(number, packages[number], core, cores[number], governor)
+        cpus[number] = Cpu(number, packages[number], core, cores[number])
     notes.extend(infer.notes())
     smt_control = smt_active_text = None
     try:
@@ -451,6 +445,25 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
         problems["smt"] = str(err)
     smt_active = None if smt_active_text is None else smt_active_text == "1"
     return CpuTopology(online, cpus, smt_control, smt_active, problems, notes)
+
+
+def read_governors(fs: NodeFS, cpus: Iterable[int]) -> tuple[dict[int, str], dict[str, str]]:
+    """Each CPU's cpufreq governor (cpuN/cpufreq/scaling_governor,
+    Documentation/admin-guide/pm/cpufreq.rst), and a "cpuN governor" problem for each that
+    cannot be read; a CPU without cpufreq has none. Apart from the topology: only the cpu
+    check needs it, and `tune` and `inventory` are spared a read per CPU."""
+    base = fs.sys("devices", "system", "cpu")
+    governors: dict[int, str] = {}
+    problems: dict[str, str] = {}
+    for number in cpus:
+        try:
+            governor = read_optional_text(base / f"cpu{number}" / "cpufreq" / "scaling_governor")
+        except ReadError as err:
+            problems[f"cpu{number} governor"] = str(err)
+            continue
+        if governor:
+            governors[number] = governor
+    return governors, problems
 
 
 def parse_cpuinfo(text: str) -> dict[str, str]:

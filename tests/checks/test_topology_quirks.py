@@ -261,6 +261,25 @@ def test_one_broken_file_on_every_cpu_is_one_finding(tmp_path: Path) -> None:
     assert "thread_siblings_list" in errors[0].summary
 
 
+def test_unreadable_governors_are_one_finding_and_spare_the_topology(tmp_path: Path) -> None:
+    """scaling_governor a directory on every CPU: the cpu check says so once, with the
+    count; the topology (which tune reads) does not depend on it."""
+    node = build("padded-lists", tmp_path)
+    for governor in (node.root / "sys" / "devices" / "system" / "cpu").glob(
+        "cpu*/cpufreq/scaling_governor"
+    ):
+        governor.unlink()
+        governor.mkdir()
+    results = node.results("cpu")
+    errors = [r for r in results if r.status is Status.ERROR]
+    assert len(errors) == 1, text(results)
+    assert "cannot read the cpufreq governor of 8 CPU(s) (cpu0, cpu1, cpu2, cpu3 and 4 more)" in (
+        errors[0].summary
+    )
+    found = inventory(node)
+    assert not found.cpu.problems and len(found.cpu.cpus) == 8
+
+
 def test_unreadable_meminfo_keeps_the_cpus(tmp_path: Path) -> None:
     """Node 1's meminfo has no MemTotal: its CPUs stay, the problem is an error."""
     node = build("meminfo-unreadable", tmp_path)
