@@ -1,7 +1,8 @@
 """GPU memory errors: ECC counts, row remapping, and retired pages on older GPUs.
 
-Thresholds (hardware.md §5.4): any volatile uncorrectable ECC error means the
-GPU needs a reset (stas00/ml-engineering); a row remapping that *failed* makes
+Thresholds (hardware.md §5.4): a volatile uncorrectable ECC error needs a GPU
+reset (stas00/ml-engineering), but the driver's recovery action says how soon:
+one pending fails, none warns (reset when idle; see _judge_uncorrectable); a row remapping that *failed* makes
 the GPU an RMA candidate, one that is *pending* takes effect at the next reset
 (NVML docs: "A reset will be required to actually remap the row"). Page
 retirement, the pre-Ampere mechanism, uses DCGM's limits from
@@ -102,11 +103,7 @@ def judge_memory(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
             verdict.samples.append(Sample(spec, value, labels))
     volatile = gpu.ecc.volatile_uncorrected
     if volatile:
-        verdict.add(
-            Status.FAIL,
-            f"{volatile} uncorrectable ECC error(s) since the driver loaded",
-            f"drain the node and {RESET.format(bus_id=gpu.bus_id)}",
-        )
+        _judge_uncorrectable(gpu, volatile, verdict)
     elif gpu.ecc.aggregate_uncorrected:
         verdict.add(
             Status.OK, f"{gpu.ecc.aggregate_uncorrected} uncorrectable ECC error(s) in its life"
@@ -114,6 +111,35 @@ def judge_memory(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
     _judge_rows(gpu, verdict, labels)
     _judge_pages(gpu, verdict, labels)
     return verdict
+
+
+def _judge_uncorrectable(gpu: GpuReading, volatile: int, verdict: Verdict) -> None:
+    """Volatile uncorrectable errors: the count stays above 0 until a reset, so it alone
+    does not say the GPU must stop. The driver's recovery action does (Hopper and later;
+    nvmlDeviceGpuRecoveryAction_t in nvml.h): any action pending fails, as gpu_state and
+    the NodecheckGpuRecoveryAction alert do. Without one, running and new work may go on
+    (NVIDIA's GPU memory error management, https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/:
+    with a remap pending, "running and new workloads may continue"): reset when idle, as
+    for a pending row remap."""
+    summary = f"{volatile} uncorrectable ECC error(s) since the driver loaded"
+    action = gpu.recovery_action
+    if action is not None and action != 0:
+        verdict.add(
+            Status.FAIL,
+            f"{summary}; the driver asks for recovery action {action}",
+            "drain the node and follow the recovery action (nodecheck check --only gpu_state)",
+        )
+        return
+    if action is None:
+        summary += " (the driver reports no recovery action for this GPU)"
+    else:
+        summary += "; the driver asks for no recovery action: running work may continue"
+    verdict.add(
+        Status.WARN,
+        summary,
+        f"{RESET.format(bus_id=gpu.bus_id)}, to clear the count and apply any pending "
+        "row remap; RMA the GPU if the errors return",
+    )
 
 
 def _judge_aggregate_counts(gpu: GpuReading, previous: GpuReading | None, verdict: Verdict) -> None:

@@ -118,9 +118,28 @@ def test_memory_errors(dgx_faulty: Node) -> None:
     assert "row remapping is pending" in pending.summary
     assert "reset the GPU when it is idle (nvidia-smi -r -i 0000:18:00.0)" in pending.remedy
     ecc = one(results, "0000:1a:00.0")
-    assert "2 uncorrectable ECC error(s)" in ecc.summary and "drain" in ecc.remedy
+    assert "2 uncorrectable ECC error(s)" in ecc.summary and "recovery action 1" in ecc.summary
+    assert "drain" in ecc.remedy
     failed = one(results, "0000:ba:00.0")
     assert "row remapping failed" in failed.summary and "RMA" in failed.remedy
+
+
+def test_uncorrectable_ecc_without_a_recovery_action_warns(dgx: Node, tmp_path: Path) -> None:
+    """The volatile count stays above 0 until a reset; with the driver asking for nothing,
+    running work may go on: a warning to reset when idle, not a drain (NVIDIA's memory
+    error docs), as NodecheckUncorrectableEcc says."""
+    scenario = modified(
+        dgx_healthy(),
+        gpu=1,
+        ecc={"volatile_uncorrected": 3, "aggregate_uncorrected": 3},
+        recovery_action=0,
+    )
+    node = dgx.with_scenario(scenario, tmp_path / "ue.json")
+    results = node.results("gpu_memory_errors")
+    ecc = one(results, "0000:1a:00.0")
+    assert ecc.status is Status.WARN, ecc.summary
+    assert "3 uncorrectable ECC error(s)" in ecc.summary and "no recovery action" in ecc.summary
+    assert ecc.remedy.startswith("reset the GPU when it is idle (nvidia-smi -r -i 0000:1a:00.0)")
 
 
 def test_throttle_judged_by_time_share(dgx_faulty: Node) -> None:
