@@ -110,3 +110,40 @@ def test_alerts_use_metrics_that_exist() -> None:
     used = set(re.findall(r"\bnodecheck_[a-z_]+", RULES.read_text()))
     missing = used - exported_metrics()
     assert used and missing == set()
+
+
+def alert_block(name: str) -> str:
+    """The text of one alert rule of alerts.yml, up to the next rule."""
+    text = RULES.read_text()
+    start = text.index(f"- alert: {name}\n")
+    end = text.find("- alert: ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def matched_actions(block: str) -> set[str]:
+    """The action label values the block's `action=~"a|b"` matchers name."""
+    return {a for group in re.findall(r'action=~"([^"]+)"', block) for a in group.split("|")}
+
+
+def test_every_xid_action_that_needs_someone_alerts() -> None:
+    """Every action of the XID catalog that gpu_xid judges as pending beyond an application
+    restart is matched by an alert: a reset, a reboot or the driver's recovery action (XID
+    154) pages; an XID the catalog does not settle pages with a recovery action pending and
+    warns without one. The label value is the action's name, as gpu_xid exports it."""
+    from nodecheck.checks.gpu.xid import NO_ACTION, WINDOWED_ACTIONS
+    from nodecheck.checks.node.xid_catalog import XID_CATALOG, XidAction
+
+    drain = alert_block("NodecheckXidNeedsDrain")
+    unexpected = alert_block("NodecheckXidUnexpected")
+    assert "nodecheck_gpu_recovery_action > 0" in drain and "severity: critical" in drain
+    paged, unsettled = (matched_actions(b) for b in (drain, unexpected))
+    assert unsettled <= paged  # they page too while the driver asks for recovery
+    names = {action.name.lower() for action in XidAction}
+    assert paged | unsettled <= names
+    quiet = {a.name.lower() for a in (*NO_ACTION, XidAction.RESTART_APP)}
+    windowed = {a.name.lower() for a in WINDOWED_ACTIONS} - quiet
+    assert unsettled == windowed
+    assert paged == names - quiet
+    # The catalog's reset and restart XIDs are among them (NVIDIA's XID catalog).
+    for xid in (46, 48, 79, 110, 119, 140, 151, 154):
+        assert XID_CATALOG[xid].action.name.lower() in paged - unsettled, xid
