@@ -147,3 +147,75 @@ def test_every_xid_action_that_needs_someone_alerts() -> None:
     # The catalog's reset and restart XIDs are among them (NVIDIA's XID catalog).
     for xid in (46, 48, 79, 110, 119, 140, 151, 154):
         assert XID_CATALOG[xid].action.name.lower() in paged - unsettled, xid
+
+
+DASHBOARD = ROOT / "monitoring" / "grafana" / "nodecheck.json"
+
+
+def panel_exprs(title_start: str) -> list[str]:
+    """The queries of the dashboard panel whose title starts so, for one instance."""
+    import json
+
+    [panel] = [
+        p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"].startswith(title_start)
+    ]
+    return [str(t["expr"]).replace("$instance", "dgx01:19410") for t in panel["targets"]]
+
+
+def eval_with_promtool(
+    tmp_path: Path, series: dict[str, str], expr: str, expected: dict[str, float]
+) -> subprocess.CompletedProcess[str]:
+    """promtool's unit test of one query on `series` at 1m: passes when it gives `expected`."""
+    lines = [
+        "rule_files: []",
+        "evaluation_interval: 1m",
+        "tests:",
+        "  - interval: 1m",
+        "    input_series:",
+    ]
+    for name, values in series.items():
+        lines += [f"      - series: '{name}'", f"        values: '{values}'"]
+    lines += ["    promql_expr_test:", f"      - expr: '{expr}'", "        eval_time: 1m"]
+    lines.append("        exp_samples:")
+    for labels, value in expected.items():
+        lines += [f"          - labels: '{labels}'", f"            value: {value}"]
+    path = tmp_path / "panel_test.yml"
+    path.write_text("\n".join(lines) + "\n")
+    return subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+
+
+def test_matmul_fallback_compares_with_the_median(tmp_path: Path) -> None:
+    """Without the agent's peer ratio (an older agent), the panel divides by the node's
+    median GPU, as the benchmark does, not by its fastest: 90 of a median 90 is 1."""
+    labels = 'instance="dgx01:19410",job="nodecheck",model="H100",dtype="bf16"'
+    series = {
+        f'nodecheck_bench_matmul_flops_per_second{{{labels},gpu="{gpu}"}}': f"{rate}x2"
+        for gpu, rate in ((0, 100), (1, 90), (2, 45))
+    }
+    [expr] = panel_exprs("Matmul vs the node's median")
+    expected = {
+        f'{{{labels},gpu="{gpu}"}}': ratio for gpu, ratio in ((0, 100 / 90), (1, 1.0), (2, 0.5))
+    }
+    done = eval_with_promtool(tmp_path, series, expr, expected)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_memory_errors_panel_keeps_the_count_and_the_flag_apart(tmp_path: Path) -> None:
+    """2 uncorrectable errors and a pending remap are 2 and 1, never 3."""
+    labels = 'instance="dgx01:19410",job="nodecheck",gpu="1",bus_id="0000:1a:00.0",model="H100"'
+    series = {
+        f"nodecheck_gpu_ecc_volatile_uncorrected_errors_total{{{labels}}}": "2x2",
+        f"nodecheck_gpu_row_remap_pending{{{labels}}}": "1x2",
+    }
+    exprs = panel_exprs("GPU memory errors")
+    assert len(exprs) == 2
+    for expr, name, value in zip(
+        exprs,
+        ("nodecheck_gpu_ecc_volatile_uncorrected_errors_total", "nodecheck_gpu_row_remap_pending"),
+        (2, 1),
+        strict=True,
+    ):
+        done = eval_with_promtool(tmp_path, series, expr, {f"{name}{{{labels}}}": value})
+        assert done.returncode == 0, done.stdout + done.stderr

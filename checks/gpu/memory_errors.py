@@ -2,8 +2,9 @@
 
 Thresholds (hardware.md §5.4): a volatile uncorrectable ECC error needs a GPU
 reset (stas00/ml-engineering), but the driver's recovery action says how soon:
-one pending fails, none warns (reset when idle; see _judge_uncorrectable); a row remapping that *failed* makes
-the GPU an RMA candidate, one that is *pending* takes effect at the next reset
+one pending fails, none warns (reset when idle; see _judge_uncorrectable). A
+row remapping that *failed* makes the GPU an RMA candidate, one that is
+*pending* takes effect at the next reset
 (NVML docs: "A reset will be required to actually remap the row"). Page
 retirement, the pre-Ampere mechanism, uses DCGM's limits from
 dcgm_gpu_hardware_limits.h: 15 retired pages is a warning, 60 the maximum.
