@@ -130,7 +130,7 @@ def test_every_xid_action_that_needs_someone_alerts() -> None:
     restart is matched by an alert: a reset, a reboot or the driver's recovery action (XID
     154) pages; an XID the catalog does not settle pages with a recovery action pending and
     warns without one. The label value is the action's name, as gpu_xid exports it."""
-    from nodecheck.checks.gpu.xid import NO_ACTION, WINDOWED_ACTIONS
+    from nodecheck.checks.gpu.xid import NO_ACTION, UNSETTLED_ACTIONS, WINDOWED_ACTIONS
     from nodecheck.checks.node.xid_catalog import XID_CATALOG, XidAction
 
     drain = alert_block("NodecheckXidNeedsDrain")
@@ -142,7 +142,7 @@ def test_every_xid_action_that_needs_someone_alerts() -> None:
     assert paged | unsettled <= names
     quiet = {a.name.lower() for a in (*NO_ACTION, XidAction.RESTART_APP)}
     windowed = {a.name.lower() for a in WINDOWED_ACTIONS} - quiet
-    assert unsettled == windowed
+    assert unsettled == windowed == {a.name.lower() for a in UNSETTLED_ACTIONS}
     assert paged == names - quiet
     # The catalog's reset and restart XIDs are among them (NVIDIA's XID catalog).
     for xid in (46, 48, 79, 110, 119, 140, 151, 154):

@@ -3,7 +3,9 @@
 Each XID is judged by NVIDIA's action for it (hardware.md §5.3):
 
 - application errors and informational XIDs are reported but pass;
-- "restart the app" XIDs warn for an hour;
+- "restart the app" XIDs warn for an hour; XIDs the catalog does not settle
+  (uncatalogued, "contact support") warn for a day, or fail while the driver's
+  recovery action asks for something;
 - XIDs that need a GPU reset or a reboot fail until the GPU shows it has
   recovered: it answers NVML again and the driver's recovery-action field reads
   NONE (five minutes after the XID, so the field has caught up), or, for XID 79,
@@ -104,6 +106,9 @@ WINDOWED_ACTIONS = (
     XidAction.UPDATE_SOFTWARE,
 )
 NO_ACTION = (XidAction.NONE, XidAction.APP_ERROR)
+# What the catalog does not settle (uncatalogued, unexpected, a driver to update): the
+# driver's recovery action decides whether it needs the node drained.
+UNSETTLED_ACTIONS = (XidAction.UNKNOWN, XidAction.CONTACT_SUPPORT, XidAction.UPDATE_SOFTWARE)
 
 
 def event_action(event: XidEvent) -> XidAction:
@@ -213,6 +218,16 @@ def judge_group(
         return Status.OK, f"{text}: {action.value}", ""
     if boot_time is not None and judged_at is not None and judged_at < boot_time:
         return Status.OK, f"{text}: before the last boot", ""
+    pending = gpu.recovery_action if gpu is not None and gpu.readable else None
+    if action in UNSETTLED_ACTIONS and pending not in (None, RECOVERY_ACTION_NONE):
+        # An XID the catalog does not settle, while the driver asks for recovery: the
+        # driver's word decides (NVIDIA's XID catalog, XID 154), as the alert pages.
+        return (
+            Status.FAIL,
+            f"{text}: the driver asks for recovery action {pending}",
+            "drain the node and follow the GPU's recovery action "
+            "(nodecheck check --only gpu_state)",
+        )
     if action in WINDOWED_ACTIONS:
         window = RESTART_APP_WINDOW_S if action is XidAction.RESTART_APP else FORGET_AFTER_S
         if age is None or age < window:

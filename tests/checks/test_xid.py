@@ -483,6 +483,11 @@ HOUR = 3600.0
         (154, 60, reading(recovery_action=0), Status.OK, "no recovery action pending"),
         (154, 60, reading(), Status.WARN, ""),
         (999, 60, reading(), Status.WARN, "unknown"),
+        # an XID the catalog does not settle: the driver's recovery action decides
+        (999, 60, reading(recovery_action=2), Status.FAIL, "asks for recovery action 2"),
+        (2, 2 * HOUR, reading(recovery_action=4), Status.FAIL, "asks for recovery action 4"),
+        (999, 60, reading(recovery_action=0), Status.WARN, "unknown"),
+        (2, 60, reading(recovery_action=1, lost="GPU is lost"), Status.WARN, ""),
         (999, 3 * 86_400, reading(), Status.OK, "before the last boot"),
     ],
 )
