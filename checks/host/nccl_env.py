@@ -198,7 +198,17 @@ def rule_proto(name: str, value: str, facts: NodeFacts) -> Finding | None:
 def rule_debug(name: str, value: str, facts: NodeFacts) -> Finding | None:
     text = value.strip().upper()
     if name == "NCCL_DEBUG" and text in ("INFO", "TRACE"):
-        return Finding(Status.WARN, f"NCCL_DEBUG={text} logs on every rank; use WARN in production")
+        # Not "unset": without NCCL_DEBUG, NCCL logs nothing at all (NVIDIA/nccl
+        # src/debug.cc, ncclDebugInit: the level defaults to NONE), so the WARN lines that
+        # name a failed IB or socket connection are lost. WARN is NCCL's own nccl.conf
+        # example (NCCL docs, Environment Variables: NCCL_DEBUG).
+        return Finding(
+            Status.WARN,
+            f"NCCL_DEBUG={text} logs every rank's setup and connections (a debugging level); "
+            "set WARN in production, which still logs the errors that explain a failure "
+            "(unset, NCCL logs nothing: NVIDIA/nccl src/debug.cc)",
+            replacement="WARN",
+        )
     if name == "NCCL_DEBUG_SUBSYS" and "ALL" in text.split(","):
         return Finding(Status.WARN, "logs every NCCL subsystem; leave it unset in production")
     return None
