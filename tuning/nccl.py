@@ -23,6 +23,7 @@ from nodecheck.checks.host.nccl_env import (
     selected_names,
 )
 from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
 from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
@@ -345,7 +346,9 @@ def _fabric(
     return env, left
 
 
-def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[LeftUnset]:
+def _left_to_nccl(
+    inventory: Inventory, pairings: list[NicPairing], libraries: NcclLibraries | None
+) -> list[LeftUnset]:
     far = sorted(
         {p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS") and not p.over_c2c}
     )
@@ -394,11 +397,42 @@ def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[Left
         left.append(
             LeftUnset(
                 ("NCCL_IB_GID_INDEX",),
-                "NCCL 2.21 and later find the RoCE v2 GID themselves",
-                f"{NCCL_DOCS}: NCCL_IB_GID_INDEX",
+                "NCCL 2.21 and later find the RoCE v2 GID themselves"
+                + _installed_versions(libraries),
+                f"{NCCL_DOCS}: NCCL_IB_GID_INDEX; NCCL 2.21 release notes",
             )
         )
     return left
+
+
+def _installed_versions(libraries: NcclLibraries | None) -> str:
+    if libraries is None:
+        return ""
+    if not libraries.found:
+        return (
+            "; no NCCL found under the root filesystem (libnccl.so.X.Y.Z) or in this "
+            "Python's packages (nvidia-nccl-cuXX): make sure the job's own is 2.21 or later"
+        )
+    return "; installed: " + ", ".join(library.text for library in libraries.found)
+
+
+def gid_discovery_warning(inventory: Inventory, libraries: NcclLibraries | None) -> str | None:
+    """An NCCL older than 2.21 on a RoCE node takes GID index 0 unless told, which on most
+    RoCE ports is a RoCE v1 or link-local GID that does not route (NCCL docs:
+    NCCL_IB_GID_INDEX; NCCL 2.21 release notes: RoCE GID detection)."""
+    if libraries is None or not libraries.without_gid_discovery:
+        return None
+    roce = [r.name for r in inventory.rdma if any(p.link_layer == "Ethernet" for p in r.ports)]
+    if not roce:
+        return None
+    old = ", ".join(library.text for library in libraries.without_gid_discovery)
+    return (
+        f"warning: {old} is older than 2.21 and does not find the RoCE v2 GID itself: on "
+        f"{', '.join(roce)} it uses NCCL_IB_GID_INDEX's default 0 unless told; set "
+        "NCCL_IB_GID_INDEX to the index whose /sys/class/infiniband/<hca>/ports/<port>/"
+        'gid_attrs/types/<index> reads "RoCE v2" (the nccl_env check verifies it), or '
+        f"use NCCL 2.21 or later ({NCCL_DOCS}: NCCL_IB_GID_INDEX)"
+    )
 
 
 def network_note(
@@ -522,7 +556,10 @@ def nccl_advice(
     environ: Mapping[str, str],
     shape: JobShape,
     ranks: int,
+    libraries: NcclLibraries | None = None,
 ) -> NcclAdvice:
+    """`libraries`: the NCCL versions read on the node (checks/node/nccl_library.py);
+    None when not read, and the advice then names no version."""
     env, notes, sockets = _socket_ifname(inventory, addressed, environ)
     hca_env, hca_left, used = _ib_hca(inventory, pairings, environ)
     layers = {
@@ -533,7 +570,7 @@ def nccl_advice(
         if port.link_layer
     }
     fabric_env, fabric_left = _fabric(shape, ranks, layers, len(used))
-    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings)
+    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings, libraries)
     notes += list(dict.fromkeys(p.note for p in pairings if p.note))
     # A degraded or down rail slows every collective of a multi-node job: said as a
     # warning, with the fix (the ranks whose GPU it serves carry it too).
@@ -544,4 +581,7 @@ def nccl_advice(
     traffic_class = roce_traffic_class_note(inventory, used)
     if traffic_class is not None:
         notes.append(traffic_class)
+    gid = gid_discovery_warning(inventory, libraries)
+    if gid is not None:
+        notes.append(gid)
     return NcclAdvice([*env, *hca_env, *fabric_env, debug_level(environ)], left, notes)
