@@ -487,11 +487,13 @@ def throughput_verdict(total_gbps: float, ranks: int, shape: JobShape) -> str:
     ideal_low, ideal_high = BOOK_IDEAL_GBPS
     if per_gpu >= ideal_low:
         band = f'in the book\'s "ideal" band ({ideal_low}-{ideal_high} Gb/s) or above'
-    elif per_gpu >= low:
+    elif per_gpu > high:
         band = (
-            f'at or above the book\'s "ok" band ({low}-{high} Gb/s), '
+            f'above the book\'s "ok" band ({low}-{high} Gb/s), '
             f'below "ideal" ({ideal_low}-{ideal_high})'
         )
+    elif per_gpu >= low:
+        band = f'in the book\'s "ok" band ({low}-{high} Gb/s)'
     elif per_gpu > BOOK_NOT_ENOUGH_GBPS:
         band = f'below the book\'s "ok" band ({low}-{high} Gb/s)'
     else:

@@ -70,7 +70,7 @@ def test_network_note_quotes_the_book_per_gpu(dgx: Node, build: Callable[..., No
     assert "3200 Gb/s between nodes" in note and "400 Gb/s per GPU over 8 GPU(s)" in note
     assert '"100Gbps is not enough, 200-400Gbps is ok, 800-1000Gbps is ideal"' in note
     assert "ZeRO-3 on V100s at 64+ GPUs" in note and "need" not in note
-    assert "too little" not in note and 'at or above the book\'s "ok" band' in note
+    assert "too little" not in note and 'in the book\'s "ok" band (200-400 Gb/s)' in note
     xe = network(plan_for(build("xe9680"), nodes=16))
     assert "400 Gb/s per GPU over 8 GPU(s)" in xe and "not counted: storage" in xe
     small = network(plan_for(dgx, nodes=2))
@@ -81,7 +81,8 @@ def test_throughput_bands() -> None:
     """Each band of the book, per GPU (pure: the figures alone)."""
     shape = JobShape(16)
     assert '"ideal" band' in throughput_verdict(8 * 800, 8, shape)
-    assert 'at or above the book\'s "ok" band' in throughput_verdict(8 * 200, 8, shape)
+    assert 'in the book\'s "ok" band' in throughput_verdict(8 * 200, 8, shape)
+    assert 'above the book\'s "ok" band' in throughput_verdict(8 * 401, 8, shape)
     assert 'below the book\'s "ok" band' in throughput_verdict(8 * 150, 8, shape)
     assert '"not enough" (100 Gb/s)' in throughput_verdict(8 * 100, 8, shape)
     # 200 Gb/s per node over 2 GPUs is 100 per GPU; the same over 1 GPU is "ok".
