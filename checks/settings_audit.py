@@ -24,11 +24,22 @@ FLAGGED = MetricSpec(
 class Finding:
     status: Status
     reason: str
+    # The value that fixes it where removing the variable would lose something
+    # (NCCL_DEBUG=INFO -> WARN: unset, NCCL logs nothing); None: remove it.
+    replacement: str | None = None
 
 
-def remedy_for(setting: Setting) -> str:
+def remedy_for(setting: Setting, replacement: str | None = None) -> str:
+    name = setting.name.strip()
+    if replacement is not None:
+        fixed = f"{name}={replacement}"
+        if setting.source.kind == "file":
+            return f"change line {setting.line} of {setting.source.label} to {fixed}"
+        if setting.source.kind == "process":
+            return f"set {fixed} in the launch environment of {setting.source.label}"
+        return f"export {fixed}"
     if setting.source.kind == "file":
-        return f"remove line {setting.line} ({setting.name.strip()}) from {setting.source.label}"
+        return f"remove line {setting.line} ({name}) from {setting.source.label}"
     if setting.source.kind == "process":
         return f"remove {setting.name} from the launch environment of {setting.source.label}"
     return f"unset {setting.name}"
@@ -40,19 +51,21 @@ def audit(
     check_name: str,
 ) -> tuple[list[Result], list[Sample]]:
     """Judge every setting; the same finding from many sources becomes one result."""
-    grouped: dict[tuple[str, str, Status, str], list[Setting]] = {}
+    grouped: dict[tuple[str, str, Status, str, str | None], list[Setting]] = {}
     for setting in variables.settings:
         for finding in judge(setting):
-            key = (setting.name, setting.value, finding.status, finding.reason)
+            key = (setting.name, setting.value, finding.status, finding.reason, finding.replacement)
             grouped.setdefault(key, []).append(setting)
     results = []
-    for (name, value, status, reason), settings in grouped.items():
+    for (name, value, status, reason, replacement), settings in grouped.items():
         places = [setting.where for setting in settings]
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
-        # Removing a setting is the fix for what it does wrong, not for what could not be
-        # told about it (an error).
+        # Removing (or replacing) a setting is the fix for what it does wrong, not for
+        # what could not be told about it (an error).
         judged = status in (Status.WARN, Status.FAIL)
-        remedies = list(dict.fromkeys(remedy_for(s) for s in settings)) if judged else []
+        remedies = (
+            list(dict.fromkeys(remedy_for(s, replacement) for s in settings)) if judged else []
+        )
         results.append(
             Result(
                 status,

@@ -1,13 +1,13 @@
 """NCCL settings for this node: the bootstrap interface, the HCAs, the fabric knobs the
 job's size calls for, what to leave to NCCL, and whether the network is fast enough.
 
-Rules: NCCL's environment documentation (2.30, env.rst) as summarised in
-hardware.md §3; Stas Bekman's "Machine Learning Engineering" open book
-(github.com/stas00/ml-engineering), network benchmarks chapter
-(network/benchmarks/README.md: "Performance-Oriented NCCL Environment Variables" and
-"Network throughput"): NCCL_IB_QPS_PER_CONNECTION=4 beyond 64 GPUs,
-NCCL_CROSS_NIC=1 when every NIC hangs off one switch, at least 400 Gbps per node
-for ZeRO-style sharding and 800-1000 Gbps beyond 64 GPUs.
+Rules: NCCL's environment documentation (2.30, env.rst) and source (NVIDIA/nccl);
+Stas Bekman's "Machine Learning Engineering" open book (github.com/stas00/ml-engineering):
+network/benchmarks/README.md, "Performance-Oriented NCCL Environment Variables"
+(NCCL_IB_QPS_PER_CONNECTION=4 as a starting point for large clusters, to confirm with
+the provider; NCCL_CROSS_NIC=1 when every NIC hangs off one switch), and
+network/README.md, which measured DeepSpeed ZeRO-3 on V100s at 64+ GPUs: "100Gbps is
+not enough", "200-400Gbps is ok", "800-1000Gbps is ideal".
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from nodecheck.checks.host.nccl_env import (
     selected_names,
 )
 from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
 from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
@@ -36,11 +37,17 @@ ML_ENGINEERING_NETWORK = (
     'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
     "network benchmarks chapter"
 )
-# Above this many GPUs a job outgrows one switch (an NDR InfiniBand switch has 64
-# ports) and traffic crosses several levels that need routing entropy (ML Engineering).
-LARGE_JOB_GPUS = 64
-ZERO_GBPS = 400  # per node, for ZeRO/FSDP-style sharding (ML Engineering)
-LARGE_JOB_GBPS = 800  # per node, beyond 64 GPUs (ML Engineering: 800-1000)
+ML_ENGINEERING_THROUGHPUT = (
+    'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
+    "network/README.md, network throughput"
+)
+# The book's figures (network/README.md): DeepSpeed ZeRO-3 on V100s at 64+ GPUs. It
+# measured them, it did not derive them, and says A100s and H100s need more.
+BOOK_JOB_GPUS = 64
+BOOK_NOT_ENOUGH_GBPS = 100  # "100Gbps is not enough"
+BOOK_OK_GBPS = (200, 400)  # "200-400Gbps is ok"
+BOOK_IDEAL_GBPS = (800, 1000)  # "800-1000Gbps is ideal"
+NCCL_DEBUG_LEVEL = "WARN"
 
 
 # Interfaces of container runtimes and overlays, by the names they give them; NCCL itself
@@ -258,15 +265,40 @@ def _ib_hca(
     return [Recommendation("NCCL_IB_HCA", value, reason, source, advisory=works)], [], used
 
 
+QPS_ADVICE = (
+    "the book gives 4 as a starting point for large clusters, to confirm with the "
+    "fabric's provider; each queue pair costs some memory"
+)
+
+
+def _qps_advice(gpus: int | None, link_layers: set[str]) -> str:
+    """Why NCCL_IB_QPS_PER_CONNECTION is advice, never set by nodecheck: how many paths a
+    flow needs depends on the fabric (its switches, its routing), which a node cannot
+    see. GPUs are not switch ports either: 16 DGX nodes take 16 ports of each rail's leaf."""
+    size = "" if gpus is None else f"{gpus} GPUs: "
+    if link_layers == {"InfiniBand"}:
+        return (
+            f"{size}NCCL turns InfiniBand adaptive routing on by default "
+            "(NCCL_IB_ADAPTIVE_ROUTING=1 on IB), so the switches spread each connection "
+            f"themselves; {QPS_ADVICE}"
+        )
+    return (
+        f"{size}on RoCE NCCL leaves adaptive routing off (NCCL_IB_ADAPTIVE_ROUTING=0 on "
+        "RoCE), so each connection's one queue pair is one ECMP hash: more queue pairs "
+        f"spread a flow over more paths; {QPS_ADVICE}"
+    )
+
+
 def _fabric(
-    shape: JobShape, ranks: int, rdma_nics: int
+    shape: JobShape, ranks: int, link_layers: set[str], rdma_nics: int
 ) -> tuple[list[Recommendation], list[LeftUnset]]:
-    """NCCL_IB_QPS_PER_CONNECTION and NCCL_CROSS_NIC by the ML Engineering book's rules."""
+    """NCCL_IB_QPS_PER_CONNECTION (advice only) and NCCL_CROSS_NIC by the ML Engineering
+    book's rules and NCCL's defaults."""
     names_qps = ("NCCL_IB_QPS_PER_CONNECTION",)
     names_cross = ("NCCL_CROSS_NIC",)
     qps_source = (
         f"{ML_ENGINEERING_NETWORK}: NCCL_IB_QPS_PER_CONNECTION; "
-        f"{NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION"
+        f"{NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION, NCCL_IB_ADAPTIVE_ROUTING"
     )
     cross_source = f"{ML_ENGINEERING_NETWORK}: NCCL_CROSS_NIC; {NCCL_DOCS}: NCCL_CROSS_NIC"
     if rdma_nics == 0:
@@ -274,12 +306,7 @@ def _fabric(
         return [], [LeftUnset(names_qps + names_cross, reason, NCCL_DOCS)]
     if shape.nodes is None:
         return [], [
-            LeftUnset(
-                names_qps,
-                f"depends on the job's size: give --nodes; beyond {LARGE_JOB_GPUS} GPUs set it "
-                "to 4 for routing entropy across switch levels",
-                qps_source,
-            ),
+            LeftUnset(names_qps, _qps_advice(None, link_layers), qps_source),
             LeftUnset(
                 names_cross,
                 "depends on the fabric: NCCL's default (2) keeps a ring on one rail when it can, "
@@ -292,28 +319,8 @@ def _fabric(
         reason = "a one-node job sends nothing over the network"
         return [], [LeftUnset(names_qps + names_cross, reason, NCCL_DOCS)]
     env: list[Recommendation] = []
-    left: list[LeftUnset] = []
     gpus = shape.nodes * ranks
-    if gpus > LARGE_JOB_GPUS:
-        env.append(
-            Recommendation(
-                "NCCL_IB_QPS_PER_CONNECTION",
-                "4",
-                f"{gpus} GPUs outgrow one switch ({LARGE_JOB_GPUS} ports): four queue pairs per "
-                "connection spread each flow over more paths between switch levels (each costs "
-                "some GPU memory)",
-                qps_source,
-            )
-        )
-    else:
-        left.append(
-            LeftUnset(
-                names_qps,
-                f"{gpus} GPUs fit under one switch: NCCL's one queue pair per connection is "
-                f"enough, and more cost GPU memory (set 4 beyond {LARGE_JOB_GPUS} GPUs)",
-                qps_source,
-            )
-        )
+    left = [LeftUnset(names_qps, _qps_advice(gpus, link_layers), qps_source)]
     if rdma_nics < 2:
         left.append(LeftUnset(names_cross, "one RDMA NIC: nothing to cross to", cross_source))
     elif shape.single_switch:
@@ -339,7 +346,9 @@ def _fabric(
     return env, left
 
 
-def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[LeftUnset]:
+def _left_to_nccl(
+    inventory: Inventory, pairings: list[NicPairing], libraries: NcclLibraries | None
+) -> list[LeftUnset]:
     far = sorted(
         {p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS") and not p.over_c2c}
     )
@@ -388,11 +397,42 @@ def _left_to_nccl(inventory: Inventory, pairings: list[NicPairing]) -> list[Left
         left.append(
             LeftUnset(
                 ("NCCL_IB_GID_INDEX",),
-                "NCCL 2.21 and later find the RoCE v2 GID themselves",
-                f"{NCCL_DOCS}: NCCL_IB_GID_INDEX",
+                "NCCL 2.21 and later find the RoCE v2 GID themselves"
+                + _installed_versions(libraries),
+                f"{NCCL_DOCS}: NCCL_IB_GID_INDEX; NCCL 2.21 release notes",
             )
         )
     return left
+
+
+def _installed_versions(libraries: NcclLibraries | None) -> str:
+    if libraries is None:
+        return ""
+    if not libraries.found:
+        return (
+            "; no NCCL found under the root filesystem (libnccl.so.X.Y.Z) or in this "
+            "Python's packages (nvidia-nccl-cuXX): make sure the job's own is 2.21 or later"
+        )
+    return "; installed: " + ", ".join(library.text for library in libraries.found)
+
+
+def gid_discovery_warning(inventory: Inventory, libraries: NcclLibraries | None) -> str | None:
+    """An NCCL older than 2.21 on a RoCE node takes GID index 0 unless told, which on most
+    RoCE ports is a RoCE v1 or link-local GID that does not route (NCCL docs:
+    NCCL_IB_GID_INDEX; NCCL 2.21 release notes: RoCE GID detection)."""
+    if libraries is None or not libraries.without_gid_discovery:
+        return None
+    roce = [r.name for r in inventory.rdma if any(p.link_layer == "Ethernet" for p in r.ports)]
+    if not roce:
+        return None
+    old = ", ".join(library.text for library in libraries.without_gid_discovery)
+    return (
+        f"warning: {old} is older than 2.21 and does not find the RoCE v2 GID itself: on "
+        f"{', '.join(roce)} it uses NCCL_IB_GID_INDEX's default 0 unless told; set "
+        "NCCL_IB_GID_INDEX to the index whose /sys/class/infiniband/<hca>/ports/<port>/"
+        'gid_attrs/types/<index> reads "RoCE v2" (the nccl_env check verifies it), or '
+        f"use NCCL 2.21 or later ({NCCL_DOCS}: NCCL_IB_GID_INDEX)"
+    )
 
 
 def network_note(
@@ -433,17 +473,81 @@ def network_note(
         what = f"no RDMA; TCP sockets over {', '.join(i.name for i in sockets)}"
     else:
         return "no usable network interface: this node cannot join a multi-node job"
-    gpus = shape.nodes * ranks if shape.nodes is not None else None
-    if gpus is not None and gpus > LARGE_JOB_GPUS:
-        need, why = LARGE_JOB_GBPS, f"{gpus} GPUs need 800-1000 Gb/s per node"
-    else:
-        need, why = ZERO_GBPS, "ZeRO/FSDP-style sharding needs at least 400 Gb/s per node"
-        if gpus is None:
-            why += f" (800-1000 beyond {LARGE_JOB_GPUS} GPUs)"
-    verdict = "enough" if total >= need else "too little"
     return (
-        f"network: {total:g} Gb/s between nodes ({what}): {verdict}; {why} "
-        f"({ML_ENGINEERING_NETWORK}: network throughput)"
+        f"network: {total:g} Gb/s between nodes ({what}); {throughput_verdict(total, ranks, shape)}"
+    )
+
+
+def throughput_verdict(total_gbps: float, ranks: int, shape: JobShape) -> str:
+    """The node's bandwidth per GPU against the book's measured bands, quoted as the book
+    gives them: what it measured (ZeRO-3 on V100s at 64+ GPUs) is said with them, and
+    nothing is called a need."""
+    per_gpu = total_gbps / ranks if ranks else total_gbps
+    low, high = BOOK_OK_GBPS
+    ideal_low, ideal_high = BOOK_IDEAL_GBPS
+    if per_gpu >= ideal_low:
+        band = f'in the book\'s "ideal" band ({ideal_low}-{ideal_high} Gb/s) or above'
+    elif per_gpu > high:
+        band = (
+            f'above the book\'s "ok" band ({low}-{high} Gb/s), '
+            f'below "ideal" ({ideal_low}-{ideal_high})'
+        )
+    elif per_gpu >= low:
+        band = f'in the book\'s "ok" band ({low}-{high} Gb/s)'
+    elif per_gpu > BOOK_NOT_ENOUGH_GBPS:
+        band = f'below the book\'s "ok" band ({low}-{high} Gb/s)'
+    else:
+        band = f'at or below what the book calls "not enough" ({BOOK_NOT_ENOUGH_GBPS} Gb/s)'
+    gpus = shape.nodes * ranks if shape.nodes is not None else None
+    scale = (
+        f"; this job has {gpus} GPUs, fewer than the {BOOK_JOB_GPUS} the book measured"
+        if gpus is not None and gpus < BOOK_JOB_GPUS
+        else ""
+    )
+    return (
+        f"{per_gpu:g} Gb/s per GPU over {ranks} GPU(s): {band}; the book, for DeepSpeed "
+        f'ZeRO-3 on V100s at {BOOK_JOB_GPUS}+ GPUs: "{BOOK_NOT_ENOUGH_GBPS}Gbps is not '
+        f'enough, {low}-{high}Gbps is ok, {ideal_low}-{ideal_high}Gbps is ideal" (A100s and '
+        "H100s want more, pipeline parallelism less)"
+        f"{scale} ({ML_ENGINEERING_THROUGHPUT})"
+    )
+
+
+def debug_level(environ: Mapping[str, str]) -> Recommendation:
+    """NCCL_DEBUG=WARN: unset, NCCL logs nothing, so the lines that explain a failure are
+    lost; a level the user chose (INFO while debugging) is theirs to keep."""
+    return Recommendation(
+        "NCCL_DEBUG",
+        NCCL_DEBUG_LEVEL,
+        "unset, NCCL logs nothing at all (the level defaults to NONE), so the WARN lines "
+        "that name a failed IB or socket connection are lost; WARN logs only those, as in "
+        "NCCL's own nccl.conf example",
+        f"NVIDIA/nccl src/debug.cc (ncclDebugInit); {NCCL_DOCS}: NCCL_DEBUG",
+        advisory="NCCL_DEBUG" in environ,
+    )
+
+
+def roce_traffic_class_note(inventory: Inventory, used_hcas: list[str]) -> str | None:
+    """On RoCE, NCCL marks its packets with traffic class 0 and service level 0 unless told
+    (NVIDIA/nccl src/transport/net_ib: NCCL_IB_TC, NCCL_IB_SL), which on a fabric with
+    one lossless (PFC/ECN) class is the lossy one. The class is the switches' setting, so
+    it is said where to find it, never guessed."""
+    roce = [
+        rdma.name
+        for rdma in inventory.rdma
+        if rdma.name in used_hcas and any(p.link_layer == "Ethernet" for p in rdma.ports)
+    ]
+    if not roce:
+        return None
+    return (
+        f"RoCE ({', '.join(roce)}): NCCL sends with traffic class 0 and service level 0 "
+        "unless NCCL_IB_TC / NCCL_IB_SL are set (NVIDIA/nccl src/transport/net_ib), and "
+        "the fabric's lossless class (PFC/ECN) is a setting of its switches, not of this "
+        "node: take it from the network team or the switch QoS configuration (on the "
+        "host, `mlnx_qos -i <netdev>` shows the trust mode and which priority has PFC on; "
+        "NCCL_IB_TC is the DSCP value times 4) and set NCCL_IB_TC (and NCCL_IB_SL) to it "
+        "on every node; nodecheck does not guess a value "
+        f"({NCCL_DOCS}: NCCL_IB_TC, NCCL_IB_SL)"
     )
 
 
@@ -454,11 +558,21 @@ def nccl_advice(
     environ: Mapping[str, str],
     shape: JobShape,
     ranks: int,
+    libraries: NcclLibraries | None = None,
 ) -> NcclAdvice:
+    """`libraries`: the NCCL versions read on the node (checks/node/nccl_library.py);
+    None when not read, and the advice then names no version."""
     env, notes, sockets = _socket_ifname(inventory, addressed, environ)
     hca_env, hca_left, used = _ib_hca(inventory, pairings, environ)
-    fabric_env, fabric_left = _fabric(shape, ranks, len(used))
-    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings)
+    layers = {
+        port.link_layer
+        for rdma in inventory.rdma
+        if rdma.name in used
+        for port in rdma.ports
+        if port.link_layer
+    }
+    fabric_env, fabric_left = _fabric(shape, ranks, layers, len(used))
+    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings, libraries)
     notes += list(dict.fromkeys(p.note for p in pairings if p.note))
     # A degraded or down rail slows every collective of a multi-node job: said as a
     # warning, with the fix (the ranks whose GPU it serves carry it too).
@@ -466,4 +580,10 @@ def nccl_advice(
     notes += [f"warning: {problem.message()}" for problem in rail_problems]
     notes += [f"NIC roles: {note}" for note in node_role_notes(inventory)]
     notes.append(network_note(inventory, used, sockets, shape, ranks, rail_problems))
-    return NcclAdvice(env + hca_env + fabric_env, left, notes)
+    traffic_class = roce_traffic_class_note(inventory, used)
+    if traffic_class is not None:
+        notes.append(traffic_class)
+    gid = gid_discovery_warning(inventory, libraries)
+    if gid is not None:
+        notes.append(gid)
+    return NcclAdvice([*env, *hca_env, *fabric_env, debug_level(environ)], left, notes)

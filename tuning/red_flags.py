@@ -41,7 +41,8 @@ def removals(ctx: CheckContext) -> list[Recommendation]:
     entries = []
     for (name, value), (findings, settings) in grouped.items():
         worst = max(f.status.severity for f in findings)
-        remedies = list(dict.fromkeys(remedy_for(s) for s in settings))
+        replacement = next((f.replacement for f in findings if f.replacement), None)
+        remedies = list(dict.fromkeys(remedy_for(s, replacement) for s in settings))
         check = "torch_alloc" if name.strip().startswith("PYTORCH_") else "nccl_env"
         entries.append(
             (

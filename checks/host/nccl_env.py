@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError, read_optional_text
 from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.nccl_library import NcclLibraries, read_nccl_libraries
 from nodecheck.checks.node.variables import Setting, Variables, parse_count
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
@@ -198,7 +199,17 @@ def rule_proto(name: str, value: str, facts: NodeFacts) -> Finding | None:
 def rule_debug(name: str, value: str, facts: NodeFacts) -> Finding | None:
     text = value.strip().upper()
     if name == "NCCL_DEBUG" and text in ("INFO", "TRACE"):
-        return Finding(Status.WARN, f"NCCL_DEBUG={text} logs on every rank; use WARN in production")
+        # Not "unset": without NCCL_DEBUG, NCCL logs nothing at all (NVIDIA/nccl
+        # src/debug.cc, ncclDebugInit: the level defaults to NONE), so the WARN lines that
+        # name a failed IB or socket connection are lost. WARN is NCCL's own nccl.conf
+        # example (NCCL docs, Environment Variables: NCCL_DEBUG).
+        return Finding(
+            Status.WARN,
+            f"NCCL_DEBUG={text} logs every rank's setup and connections (a debugging level); "
+            "set WARN in production, which still logs the errors that explain a failure "
+            "(unset, NCCL logs nothing: NVIDIA/nccl src/debug.cc)",
+            replacement="WARN",
+        )
     if name == "NCCL_DEBUG_SUBSYS" and "ALL" in text.split(","):
         return Finding(Status.WARN, "logs every NCCL subsystem; leave it unset in production")
     return None
@@ -428,6 +439,37 @@ def inventory_problems(inventory: Inventory) -> list[Result]:
     return results
 
 
+def gid_discovery_results(
+    libraries: NcclLibraries, inventory: Inventory, variables: Variables
+) -> list[Result]:
+    """An NCCL older than 2.21 on a node with RoCE ports, with NCCL_IB_GID_INDEX set
+    nowhere: it takes GID index 0, which on RoCE ports is a link-local GID (RoCE v1 on
+    most), so connections between nodes fail or go lossy (NCCL docs, Environment
+    Variables: NCCL_IB_GID_INDEX; NCCL 2.21 release notes: automatic RoCE GID detection).
+    A library directory that could not be listed is an error naming it."""
+    results = [
+        Result(Status.ERROR, NODE, f"cannot look for the NCCL library: {problem}")
+        for problem in libraries.problems
+    ]
+    old = libraries.without_gid_discovery
+    roce = [r.name for r in inventory.rdma if any(p.link_layer == "Ethernet" for p in r.ports)]
+    told = any(s.name.strip() == "NCCL_IB_GID_INDEX" for s in variables.settings)
+    if old and roce and not told:
+        versions = ", ".join(library.text for library in old)
+        results.append(
+            Result(
+                Status.WARN,
+                NODE,
+                f"{versions}: older than 2.21, it does not find the RoCE v2 GID itself and "
+                f"uses GID index 0 on {', '.join(roce)} (NCCL_IB_GID_INDEX is set nowhere)",
+                "set NCCL_IB_GID_INDEX to the index whose /sys/class/infiniband/<hca>/ports/"
+                '<port>/gid_attrs/types/<index> reads "RoCE v2", or use NCCL 2.21 or later',
+                {"nccl_libraries": [library.text for library in libraries.found]},
+            )
+        )
+    return results
+
+
 @register("nccl_env", interval_s=300, timeout_s=15)
 def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
     """NCCL, CUDA and torch.distributed variables that slow, hang or break jobs."""
@@ -445,7 +487,11 @@ def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
         return findings
 
     results, samples = audit(variables, judge, "nccl_env")
+    libraries = read_nccl_libraries(ctx.fs)
+    results += gid_discovery_results(libraries, ctx.inventory, variables)
+    results.sort(key=lambda r: -r.status.severity)
     summary, details = sources_summary(variables)
+    details = {**details, "nccl_libraries": [library.text for library in libraries.found]}
     if not results:
         yield Result(
             Status.OK,

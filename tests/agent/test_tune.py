@@ -100,8 +100,8 @@ def test_text_is_a_table_with_reasons(dgx: Node) -> None:
     out = done.stdout
     assert "  RANK  GPU           NUMA  CPUS    ENV                 WORKERS  NIC" in out
     assert "  7     0000:bc:00.0  1     98-111  OMP_NUM_THREADS=14  12       mlx5_7 (PIX)" in out
-    assert "  set     NCCL_IB_QPS_PER_CONNECTION=4" in out
-    assert "  unset   NCCL_DEBUG=INFO  (found in the calling environment)" in out
+    assert "  set     NCCL_IB_QPS_PER_CONNECTION" not in out  # advice: the fabric decides
+    assert "  change  NCCL_DEBUG=WARN  (now INFO; it works, so nodecheck exec keeps it)" in out
     assert "Left unset on purpose:" in out and "  NCCL_ALGO, NCCL_PROTO" in out
 
 
@@ -112,7 +112,7 @@ def test_hostile_values_stay_inert(
     shell output runs nothing, and the EnvironmentFile gains no variable."""
     node = copy_node(dgx_faulty)
     marker = tmp_path / "ran"
-    evil = f"NCCL_DEBUG=INFO\ntouch {marker}\nLD_PRELOAD=/tmp/evil.so\n"
+    evil = f"NCCL_ALGO=Ring\ntouch {marker}\nLD_PRELOAD=/tmp/evil.so\n"
     (node.root / "proc" / "4242" / "environ").write_bytes(
         b"PATH=/usr/bin\0" + evil.encode() + b"\0NCCL_P2P_DISABLE=1\0"
     )
@@ -153,7 +153,7 @@ def test_shell_output_sourced_in_bash(dgx_faulty: Node, tmp_path: Path) -> None:
     expected = {**doc["env"], **doc["ranks"][0]["env"]}
     assert {name: after.get(name) for name in expected} == expected
     assert expected["NCCL_SOCKET_IFNAME"] == "ibp" and expected["OMP_NUM_THREADS"] == "14"
-    assert "NCCL_DEBUG" not in after  # the red flag is unset
+    assert after["NCCL_DEBUG"] == "WARN"  # INFO becomes WARN: unset, NCCL logs nothing
 
 
 def test_env_output_read_by_systemd(dgx: Node, tmp_path: Path) -> None:
@@ -253,7 +253,7 @@ def test_exec_binds_the_child(box: Node, numactl: str, tmp_path: Path, rank: int
     env = child["env"]
     assert isinstance(env, dict)
     doc = document(box, "--local-rank", str(rank), env=calling)
-    expected = {**doc["env"], **doc["ranks"][0]["env"]}
+    expected = {**doc["env"], **doc["ranks"][0]["env"], "NCCL_DEBUG": "INFO"}  # kept
     assert {name: env.get(name) for name in expected} == expected
     assert expected["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "NCCL_P2P_DISABLE" not in env and env["NCCL_DEBUG"] == "INFO"

@@ -30,7 +30,8 @@ RULE_CASES = [
     ("NCCL_PROTO", "LL128", Status.FAIL, "corrupt"),
     ("NCCL_PROTO", "^LL128", Status.WARN, "restricts"),
     ("NCCL_ALGO", "Ring", Status.WARN, "forces the collective algorithm"),
-    ("NCCL_DEBUG", "INFO", Status.WARN, "WARN in production"),
+    ("NCCL_DEBUG", "INFO", Status.WARN, "set WARN in production"),
+    ("NCCL_DEBUG", "TRACE", Status.WARN, "unset, NCCL logs nothing"),
     ("NCCL_DEBUG_SUBSYS", "INIT,ALL", Status.WARN, "every NCCL subsystem"),
     ("NCCL_IB_TIMEOUT", "14", Status.WARN, "large fabrics"),
     ("NCCL_IB_HCA", "mlx5_9", Status.FAIL, "mlx5_9 does not exist"),
@@ -90,6 +91,26 @@ def test_conf_file_findings_name_file_and_line(
     assert spaced.status is Status.WARN and "/etc/nccl.conf line 2" in spaced.summary
     algo = next(r for r in results if r.summary.startswith("NCCL_ALGO=Tree"))
     assert algo.remedy == "remove line 3 (NCCL_ALGO) from /etc/nccl.conf"
+
+
+def test_debug_info_is_changed_to_warn_never_removed(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """Unset, NCCL logs nothing (NVIDIA/nccl src/debug.cc), so the remedy for INFO is WARN,
+    wherever it was found: the file's line, the calling environment, a job's launch."""
+    node = copy_node(dgx)
+    (node.root / "etc/nccl.conf").write_text("NCCL_IB_TIMEOUT=22\nNCCL_DEBUG=INFO\n")
+    environ = node.root / "proc" / "5151" / "environ"
+    environ.write_bytes(environ.read_bytes() + b"NCCL_DEBUG=INFO\0")
+    results = node.results("nccl_env", environ={"NCCL_DEBUG": "INFO"})
+    (debug,) = [r for r in results if r.summary.startswith("NCCL_DEBUG=INFO")]
+    assert debug.status is Status.WARN and "set WARN in production" in debug.summary
+    assert sorted(debug.remedy.split("; ")) == [
+        "change line 2 of /etc/nccl.conf to NCCL_DEBUG=WARN",
+        "export NCCL_DEBUG=WARN",
+        "set NCCL_DEBUG=WARN in the launch environment of pid 5151 (python3)",
+    ]
+    assert "unset" not in debug.remedy and "remove" not in debug.remedy
 
 
 def test_users_conf_file_is_read_through_passwd(

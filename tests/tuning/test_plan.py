@@ -52,6 +52,7 @@ def test_dgx_recommendations(dgx: Node) -> None:
         "NCCL_SOCKET_IFNAME": "ibp",
         # The storage RoCE port mlx5_8 is nearest no GPU: the rails are named exactly.
         "NCCL_IB_HCA": IB_RAILS,
+        "NCCL_DEBUG": "WARN",  # unset, NCCL logs nothing (NVIDIA/nccl src/debug.cc)
     }
     assert all(r.action is Action.SET and r.reason and r.source for r in plan.env)
     assert (
@@ -70,7 +71,7 @@ def test_dgx_recommendations(dgx: Node) -> None:
     for rank in plan.ranks:
         assert plan.environment(rank)["OMP_NUM_THREADS"] == "14"
         assert rank.dataloader.num_workers == 12 and rank.dataloader.pin_memory
-    assert any("3200 Gb/s" in note and ": enough;" in note for note in plan.notes)
+    assert any("3200 Gb/s" in note and "400 Gb/s per GPU" in note for note in plan.notes)
 
 
 def dgx_with_debug_job(dgx: Node, copy_node: Callable[[Node], Node]) -> Node:
@@ -105,9 +106,15 @@ def test_marks_against_the_calling_environment(
     assert env["NCCL_IB_HCA"].action is Action.KEEP
     [omp] = plan.ranks[0].env
     assert (omp.name, omp.value, omp.action) == ("OMP_NUM_THREADS", "14", Action.CHANGE)
-    [debug] = plan.removals
-    assert (debug.name, debug.action, debug.current) == ("NCCL_DEBUG", Action.UNSET, "INFO")
-    assert debug.found_in == ("the calling environment",)
+    # NCCL_DEBUG=INFO is changed to WARN (unset, NCCL would log nothing), the user's to keep.
+    assert plan.removals == []
+    debug = env["NCCL_DEBUG"]
+    assert (debug.value, debug.action, debug.current, debug.advisory) == (
+        "WARN",
+        Action.CHANGE,
+        "INFO",
+        True,
+    )
     # The same name flagged only in a job on the GPUs leaves this shell's own value alone.
     elsewhere = plan_for(dgx_with_debug_job(dgx, copy_node), {"NCCL_DEBUG": "WARN"})
     [debug] = elsewhere.removals
@@ -149,7 +156,7 @@ def test_red_flag_in_a_config_file(dgx: Node, copy_node: Callable[[Node], Node])
     ("nodes", "single_switch", "qps", "cross_nic"),
     [
         (8, False, None, None),  # 64 GPUs: one switch's worth
-        (9, False, "4", None),  # 72 GPUs
+        (9, False, None, None),  # 72 GPUs: QPS is advice, never set (the fabric decides)
         (4, True, None, "1"),
         (1, True, None, None),  # one node: no network traffic at all
     ],
@@ -167,9 +174,9 @@ def test_job_size_from_the_launcher(dgx: Node) -> None:
     assert job_nodes({"WORLD_SIZE": "128", "LOCAL_WORLD_SIZE": "8"})[0] == 16
     assert job_nodes({"WORLD_SIZE": "8"}) == (None, "")
     plan = plan_for(dgx, {"SLURM_JOB_NUM_NODES": "16"})
-    assert plan.environment(None)["NCCL_IB_QPS_PER_CONNECTION"] == "4"
+    assert "NCCL_IB_QPS_PER_CONNECTION" not in plan.environment(None)
     assert "the job spans 16 node(s), from SLURM_JOB_NUM_NODES" in plan.notes
-    assert any("128 GPUs need 800-1000 Gb/s" in note for note in plan.notes)
+    assert any("400 Gb/s per GPU over 8 GPU(s)" in note for note in plan.notes)
 
 
 def test_workstation(workstation: Node) -> None:
@@ -181,7 +188,7 @@ def test_workstation(workstation: Node) -> None:
     [rank] = plan.ranks
     assert rank.binding.cpus == tuple(range(16)) and rank.nics.nics == ()
     assert any("no RDMA NIC" in note for note in plan.notes)
-    assert any("2.5 Gb/s" in note and "too little" in note for note in plan.notes)
+    assert any("2.5 Gb/s" in note and '"not enough"' in note for note in plan.notes)
 
 
 def test_cpu_only_node(build: Callable[..., Node]) -> None:
