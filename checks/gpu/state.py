@@ -45,6 +45,13 @@ DEFAULT_POWER_LIMIT = _gauge(
     "nodecheck_gpu_default_power_limit_watts",
     "Default power limit (nvmlDeviceGetPowerManagementDefaultLimit)",
 )
+SM_CLOCK = _gauge(
+    "nodecheck_gpu_sm_clock_hertz", "Current SM clock (nvmlDeviceGetClockInfo, NVML_CLOCK_SM)"
+)
+MAX_SM_CLOCK = _gauge(
+    "nodecheck_gpu_max_sm_clock_hertz",
+    "Maximum SM clock (nvmlDeviceGetMaxClockInfo, NVML_CLOCK_SM)",
+)
 PERSISTENCE = _gauge(
     "nodecheck_gpu_persistence_mode_enabled",
     "1 when persistence mode is on (nvmlDeviceGetPersistenceMode)",
@@ -87,6 +94,8 @@ def judge_state(gpu: GpuReading, _previous: GpuReading | None, ctx: CheckContext
         (POWER, gpu.power_w),
         (POWER_LIMIT, gpu.power_limit_w),
         (DEFAULT_POWER_LIMIT, gpu.default_power_limit_w),
+        (SM_CLOCK, None if gpu.sm_clock_mhz is None else gpu.sm_clock_mhz * 1e6),
+        (MAX_SM_CLOCK, None if gpu.max_sm_clock_mhz is None else gpu.max_sm_clock_mhz * 1e6),
         (PERSISTENCE, None if gpu.persistence_mode is None else int(gpu.persistence_mode)),
         (RECOVERY, gpu.recovery_action),
         (MEMORY_USED, gpu.memory_used),

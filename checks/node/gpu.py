@@ -172,6 +172,8 @@ class GpuReading:
     remapped_rows: RemappedRows | None = None
     retired_pages: RetiredPages | None = None
     clock_event_reasons: int | None = None
+    sm_clock_mhz: int | None = None  # nvmlDeviceGetClockInfo(NVML_CLOCK_SM)
+    max_sm_clock_mhz: int | None = None  # nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)
     throttle_ns: dict[str, int] = field(default_factory=dict)
     pcie: PcieState | None = None
     pcie_replays: int | None = None
@@ -382,6 +384,12 @@ def _read_memory(nvml: Any, h: object, r: _Reader) -> None:
 def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
     reading = r.reading
     reading.clock_event_reasons = r.query("clock_event_reasons", lambda: _event_reasons(nvml, h))
+    reading.sm_clock_mhz = r.query(
+        "clocks", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)
+    )
+    reading.max_sm_clock_mhz = r.query(
+        "clocks", lambda: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM)
+    )
     pcie = _plausible_link(
         r,
         PcieState(

@@ -89,6 +89,12 @@ def test_healthy_samples_carry_gpu_labels(dgx: Node) -> None:
         {"gpu": "0", "bus_id": "0000:18:00.0", "model": "NVIDIA H100 80GB HBM3"}
     ]
     assert temperature[0].value == 34
+    # The SM clock, current and maximum, in hertz (the fake's defaults: 1980 MHz each).
+    clocks = {s.metric.name: s.value for s in gpu0.samples if "sm_clock" in s.metric.name}
+    assert clocks == {
+        "nodecheck_gpu_sm_clock_hertz": 1980e6,
+        "nodecheck_gpu_max_sm_clock_hertz": 1980e6,
+    }
     assert gpu0.details["processes"] == [
         {"pid": 5151, "name": "python3", "used_memory_bytes": 70 << 30}
     ]
