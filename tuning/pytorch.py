@@ -228,8 +228,9 @@ def dataloader(budget: CpuBudget) -> DataLoaderHint:
 # TORCH_FR_BUFFER_SIZE to comm.trace_buf_size (20000 by default, torchtitan/config/
 # job_config.py) and TORCH_NCCL_DUMP_ON_TIMEOUT=1 whenever the buffer is on.
 FLIGHT_RECORDER_ENTRIES = 20000
-# torch 2.9 reads TORCH_FR_BUFFER_SIZE; older releases read TORCH_NCCL_TRACE_BUFFER_SIZE
-# (torch/csrc/distributed/c10d/FlightRecorder.hpp keeps the old name as an alias).
+# torch 2.9 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE; the old name
+# still works there, with a deprecation warning (ml-engineering debug/pytorch.md), and
+# is the only one older releases read.
 FR_NAME_SINCE = (2, 9)
 FLIGHT_RECORDER_SOURCE = (
     "PyTorch docs, torch.distributed NCCL environment variables (TORCH_NCCL_DUMP_ON_TIMEOUT "
@@ -271,7 +272,8 @@ def post_mortem(
             else ""
         ),
         FLIGHT_RECORDER_SOURCE,
-        advisory=environ.get(buffer_name) is not None,
+        # A size of 0 set on purpose stays the user's; a value that is no count does not.
+        advisory=entries is not None,
     )
     dump_now = environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT")
     dump = Recommendation(
