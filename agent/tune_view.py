@@ -88,6 +88,18 @@ def _rank_command(rank: RankPlan) -> str:
     return f"{command}; warning: {rank.warning}" if rank.warning else command
 
 
+def _budget_comments(ranks: list[RankPlan]) -> list[str]:
+    """How each rank's CPUs are split, once where every rank's split is the same."""
+    splits = {
+        rank.local_rank: f"{rank.budget.split()}; DataLoader(num_workers="
+        f"{rank.dataloader.num_workers}, pin_memory=True) in the script"
+        for rank in ranks
+    }
+    if len(set(splits.values())) == 1 and len(splits) > 1:
+        return [f"# every rank's CPU budget: {next(iter(splits.values()))}"]
+    return [f"# rank {number}'s CPU budget: {split}" for number, split in splits.items()]
+
+
 def _header(plan: Plan, local_rank: int | None) -> list[str]:
     ranks = _selected(plan, local_rank)
     lines = [f"# nodecheck tune for {plan.hostname}"]
@@ -100,6 +112,7 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
         )
     for rank in ranks:
         lines.append(f"# rank {rank.local_rank}: {_rank_command(rank)}")
+    lines += _budget_comments([rank for rank in ranks if not rank.error])
     lines += [f"# note: {note}" for note in plan.notes]
     _, differing = _shared_rank_env(ranks)
     if differing:

@@ -167,6 +167,14 @@ def test_shell_output_sourced_in_bash(dgx_faulty: Node, tmp_path: Path) -> None:
     assert {name: after.get(name) for name in expected} == expected
     assert expected["NCCL_SOCKET_IFNAME"] == "ibp" and expected["OMP_NUM_THREADS"] == "25"
     assert "NCCL_DEBUG" not in after  # the red flag is unset
+    assert (
+        "# rank 3's CPU budget: OMP_NUM_THREADS=25 (the training process's own thread and 24 "
+        "more) + 2 DataLoader worker(s) + 1 pin-memory thread = 28 of the rank's 28 CPU(s); "
+        "DataLoader(num_workers=2, pin_memory=True) in the script"
+    ) in done.stdout.splitlines()
+    every = run(*dgx_faulty.cli_args, "tune", env=calling).stdout.splitlines()
+    assert sum("CPU budget" in line for line in every) == 1
+    assert any(line.startswith("# every rank's CPU budget: OMP_NUM_THREADS=25") for line in every)
 
 
 def test_env_output_read_by_systemd(dgx: Node, tmp_path: Path) -> None:
