@@ -614,9 +614,10 @@ def local_rank_option(help_text: str) -> Callable[[F], F]:
 def job_options(function: F) -> F:
     """What `tune` and `exec` are told about the job."""
     function = click.option(
-        "--with-smt-siblings",
-        is_flag=True,
-        help="Give each rank its cores' SMT siblings too (hyperthreads).",
+        "--with-smt-siblings/--no-smt-siblings",
+        default=True,
+        help="Give each rank its cores' SMT siblings (hyperthreads) too, as torchrun "
+        "--numa-binding=exclusive does, or only one thread per core. [default: with]",
     )(function)
     function = click.option(
         "--single-switch",

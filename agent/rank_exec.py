@@ -165,6 +165,11 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
         summary += f"; unset {', '.join(removed)}"
     if kept:
         summary += f"; kept your {', '.join(kept)} (see nodecheck tune)"
+    # The DataLoader's share is the script's to take: exec can only say what it is.
+    summary += (
+        f"; CPU budget: {rank.budget.split()}: DataLoader(num_workers="
+        f"{rank.dataloader.num_workers}, pin_memory=True) in the script"
+    )
     if plan.left_out:
         summary += (
             f"; not counted, not meant for this host or container: GPU "

@@ -88,6 +88,18 @@ def _rank_command(rank: RankPlan) -> str:
     return f"{command}; warning: {rank.warning}" if rank.warning else command
 
 
+def _budget_comments(ranks: list[RankPlan]) -> list[str]:
+    """How each rank's CPUs are split, once where every rank's split is the same."""
+    splits = {
+        rank.local_rank: f"{rank.budget.split()}; DataLoader(num_workers="
+        f"{rank.dataloader.num_workers}, pin_memory=True) in the script"
+        for rank in ranks
+    }
+    if len(set(splits.values())) == 1 and len(splits) > 1:
+        return [f"# every rank's CPU budget: {next(iter(splits.values()))}"]
+    return [f"# rank {number}'s CPU budget: {split}" for number, split in splits.items()]
+
+
 def _header(plan: Plan, local_rank: int | None) -> list[str]:
     ranks = _selected(plan, local_rank)
     lines = [f"# nodecheck tune for {plan.hostname}"]
@@ -100,6 +112,7 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
         )
     for rank in ranks:
         lines.append(f"# rank {rank.local_rank}: {_rank_command(rank)}")
+    lines += _budget_comments([rank for rank in ranks if not rank.error])
     lines += [f"# note: {note}" for note in plan.notes]
     _, differing = _shared_rank_env(ranks)
     if differing:
@@ -240,6 +253,17 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                     "num_workers": rank.dataloader.num_workers,
                     "pin_memory": rank.dataloader.pin_memory,
                 },
+                # How the rank's CPUs are shared: OMP_NUM_THREADS (the process's own
+                # thread included) + workers + the pin-memory thread.
+                "cpu_budget": None
+                if rank.error
+                else {
+                    "cpus": rank.budget.cpus,
+                    "intra_op_threads": rank.budget.intra_op,
+                    "dataloader_workers": rank.budget.workers,
+                    "pin_memory_thread": rank.budget.pin_thread,
+                    "split": rank.budget.split(),
+                },
                 "recommendations": [_recommendation_json(r) for r in rank.env],
                 **({"note": rank.binding.note} if rank.binding.note else {}),
                 **({"refusal": rank.refusal} if rank.refusal else {}),
@@ -260,6 +284,10 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
             for left in plan.left_unset
         ],
         "notes": plan.notes,
+        "code_hints": [
+            {"title": h.title, "code": h.code, "reason": h.reason, "source": h.source}
+            for h in plan.code_hints
+        ],
     }
 
 
@@ -349,6 +377,11 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
             hint.reason,
             hint.source,
         )
+    if plan.code_hints:
+        lines += ["", "In the training script:"]
+        for code_hint in plan.code_hints:
+            explained = _explained(code_hint.title, code_hint.reason, code_hint.source)
+            lines += [explained[0], f"          {code_hint.code}", *explained[1:]]
     if plan.removals:
         lines += ["", "Remove (flagged by the checks):"]
         for removal in plan.removals:

@@ -8,13 +8,14 @@ does: a GPU passed through to a VM or given to another container is not counted.
 rank is bound to the NUMA node its GPU hangs off (hardware.md §2), and the
 physical cores of that node are split into disjoint, equal, contiguous sets
 among the ranks that share it, so data loaders of two ranks never fight for a
-core. SMT siblings go with their core when asked for.
+core. SMT siblings go with their core when asked for (`tune` and `exec` ask by default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.gpu_assignment import GpuAssignment
@@ -315,6 +316,15 @@ def sharing_gpus(
     return None
 
 
+def _shared_cpus(bindings: list[RankBinding]) -> int:
+    """How many (rank, CPU) bindings hold a CPU another rank holds too."""
+    holders: dict[int, int] = {}
+    for binding in bindings:
+        for cpu in binding.cpus:
+            holders[cpu] = holders.get(cpu, 0) + 1
+    return sum(count for count in holders.values() if count > 1)
+
+
 def bind_ranks(
     inventory: Inventory,
     environ: Mapping[str, str],
@@ -323,6 +333,37 @@ def bind_ranks(
     with_smt_siblings: bool = False,
     assignment: GpuAssignment | None = None,
     allowed_nodes: frozenset[int] | None = None,
+) -> list[RankBinding]:
+    """As _bind_ranks. SMT siblings are given with their cores only where that leaves no
+    rank sharing more CPUs than without them: with fewer cores than ranks, the siblings
+    of the ranks' cores go to the ranks that would otherwise share a CPU (sharing a core,
+    one thread each, is warned, and costs less than two ranks on one thread)."""
+    bind = partial(
+        _bind_ranks,
+        inventory,
+        environ,
+        allowed=allowed,
+        assignment=assignment,
+        allowed_nodes=allowed_nodes,
+    )
+    if not with_smt_siblings:
+        return bind(with_smt_siblings=False)
+    full = bind(with_smt_siblings=True)
+    shared = _shared_cpus(full)
+    if not shared:
+        return full
+    lean = bind(with_smt_siblings=False)
+    return lean if _shared_cpus(lean) < shared else full
+
+
+def _bind_ranks(
+    inventory: Inventory,
+    environ: Mapping[str, str],
+    *,
+    allowed: frozenset[int] | None,
+    with_smt_siblings: bool,
+    assignment: GpuAssignment | None,
+    allowed_nodes: frozenset[int] | None,
 ) -> list[RankBinding]:
     """One binding per visible GPU (one rank per GPU), inside the CPUs `allowed`
     (this process's cpuset; None: every online CPU), its memory bound only to a node of

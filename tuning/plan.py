@@ -38,7 +38,9 @@ from nodecheck.tuning.red_flags import removals
 @dataclass(frozen=True)
 class TuneOptions:
     shape: JobShape = field(default_factory=JobShape)
-    with_smt_siblings: bool = False
+    # Each rank gets its cores' SMT siblings too unless told not to, as torchrun's
+    # --numa-binding=exclusive does (torch/numa/binding.py).
+    with_smt_siblings: bool = True
     allowed_cpus: frozenset[int] | None = None  # this process's cpuset; None: no limit
     # The cpuset as read (node.cgroup.read_cpuset), with what was inferred; it wins over
     # allowed_cpus when given.
@@ -52,6 +54,7 @@ class RankPlan:
     nics: NicPairing
     env: list[Recommendation]  # this rank's own variables (on top of the shared ones)
     dataloader: DataLoaderHint
+    budget: pytorch.CpuBudget
     # Why this rank must not run here: CUDA cannot drive its GPU, which is meant for this
     # host (fallen off the bus, no driver, nouveau). `nodecheck exec` refuses such a rank.
     refusal: str = ""
@@ -88,6 +91,8 @@ class Plan:
     unusable: list[str] = field(default_factory=list)
     # GPUs on the bus not meant for this host or container: bus id -> why.
     left_out: dict[str, str] = field(default_factory=dict)
+    # Changes to the training script no variable can make (garbage collection, torchrun).
+    code_hints: list[pytorch.CodeHint] = field(default_factory=list)
 
     def rank(self, local_rank: int) -> RankPlan | None:
         """The plan for a local rank. With one GPU visible (a node with one GPU, or
@@ -309,6 +314,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             len(bindings),
         )
         env += advice.env
+        env += pytorch.post_mortem(environ, options.torch_version)
         left += advice.left_unset + pytorch.left_to_torch()
         notes += advice.notes
         # A rank's error (no CPU to run on) is said once, on its own line, not as a note.
@@ -334,7 +340,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         for binding, (refusal, warning) in zip(bindings, verdicts, strict=True):
             # A rank always has a CPU here (a rank without one is an error, with no thread
             # count at all): OMP_NUM_THREADS=0 would be no setting OpenMP accepts.
-            cores = max(1, pytorch.physical_cores(inventory, binding))
+            budget = pytorch.cpu_budget(pytorch.rank_cpus(binding))
             # A degraded or down rail of this GPU is the rank's warning too: `eval "$(tune)"`
             # and `exec` show the rank's warnings, never the node's notes.
             rail_warning = pairings[binding.gpu].warning
@@ -343,8 +349,11 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                 RankPlan(
                     binding,
                     pairings[binding.gpu],
-                    [] if binding.error else [pytorch.omp_threads(cores, environ).against(environ)],
-                    pytorch.dataloader(cores),
+                    []
+                    if binding.error
+                    else [pytorch.omp_threads(budget, environ).against(environ)],
+                    pytorch.dataloader(budget),
+                    budget,
                     refusal,
                     "; ".join(warnings),
                 )
@@ -359,4 +368,5 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         notes=notes,
         unusable=unusable,
         left_out=assignment.left_out,
+        code_hints=pytorch.code_hints() if bindings else [],
     )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 
 from nodecheck.checks.host.torch_alloc import AllocOption, check_option, parse_alloc_conf
-from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.bindings import RankBinding
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation, plain
@@ -126,44 +126,206 @@ def allocator(
     return recommendations
 
 
-def physical_cores(inventory: Inventory, binding: RankBinding) -> int:
-    cores = {inventory.cpu.cpus[c].siblings for c in binding.cpus if c in inventory.cpu.cpus}
-    return len(cores) or len(binding.cpus)
+# The book budgets one core for the training process plus one per DataLoader worker, and
+# 2-4 workers for language models ("2 usually plenty"): ml-engineering
+# training/performance/README.md, "DataLoader". torchrun's --numa-binding=exclusive
+# (torch/numa/binding.py) gives each rank whole cores, SMT siblings included.
+BUDGET_SOURCE = (
+    f"{ML_ENGINEERING_PERFORMANCE}: DataLoader (one core for the process plus one per "
+    "worker, 2 workers usually plenty for LMs); torch/numa/binding.py (torchrun "
+    "--numa-binding=exclusive keeps each core's SMT siblings with it)"
+)
+DATALOADER_WORKERS = 2
 
 
-def omp_threads(cores: int, environ: Mapping[str, str]) -> Recommendation:
+@dataclass(frozen=True)
+class CpuBudget:
+    """How a rank's CPUs are shared among its threads: the training process's own thread
+    (the Python loop, which is also the first of OpenMP's intra-op threads), the intra-op
+    threads beyond it, the DataLoader's worker processes and its pin-memory thread (which
+    exists only with workers: with none, the main thread pins). They add up to at most
+    `cpus` whenever there are CPUs enough for one each."""
+
+    cpus: int
+    intra_op: int  # OMP_NUM_THREADS, the process's own thread included
+    workers: int
+    pin_thread: int
+
+    @property
+    def used(self) -> int:
+        return self.intra_op + self.workers + self.pin_thread
+
+    def split(self) -> str:
+        """ "OMP_NUM_THREADS=25 (the process's own thread and 24 more) + 2 DataLoader
+        workers + 1 pin-memory thread = 28 of the rank's 28 CPUs"."""
+        threads = f"OMP_NUM_THREADS={self.intra_op} (the training process's own thread"
+        threads += f" and {self.intra_op - 1} more)" if self.intra_op > 1 else " alone)"
+        parts = [threads]
+        parts.append(
+            f"{self.workers} DataLoader worker(s)"
+            if self.workers
+            else "no DataLoader worker (too few CPUs: batches load in the process)"
+        )
+        if self.pin_thread:
+            parts.append("1 pin-memory thread")
+        text = f"{' + '.join(parts)} = {self.used} of the rank's {self.cpus} CPU(s)"
+        if self.used > self.cpus:
+            text += " (fewer CPUs than threads: they share)"
+        return text
+
+
+def rank_cpus(binding: RankBinding) -> int:
+    """The CPUs (hardware threads) the rank is bound to: with SMT siblings unless left out."""
+    return max(1, len(binding.cpus))
+
+
+def cpu_budget(cpus: int) -> CpuBudget:
+    """Workers first up to the book's 2 (one CPU each, the pin thread one more), the
+    process one, the intra-op threads the rest; with 3 CPUs or fewer, fewer workers."""
+    workers = min(DATALOADER_WORKERS, max(0, cpus - 2))
+    pin_thread = 1 if workers else 0
+    return CpuBudget(cpus, max(1, cpus - workers - pin_thread), workers, pin_thread)
+
+
+def omp_threads(budget: CpuBudget, environ: Mapping[str, str]) -> Recommendation:
     current = environ.get("OMP_NUM_THREADS", "")
     threads = parse_count(current)
-    source = "torch/distributed/run.py (torchrun's default of 1); PyTorch docs, CPU threading"
-    if threads is not None and 2 <= threads <= cores:
+    source = (
+        "torch/distributed/run.py (torchrun's default of 1); PyTorch docs, CPU threading; "
+        + BUDGET_SOURCE
+    )
+    if threads is not None and 2 <= threads <= budget.intra_op:
         return Recommendation(
             "OMP_NUM_THREADS",
             str(threads),
-            f"within the rank's {cores} physical cores: your choice stands",
+            f"within the {budget.intra_op} the rank's budget leaves intra-op threads: your "
+            "choice stands",
             source,
         )
     return Recommendation(
         "OMP_NUM_THREADS",
-        str(cores),
-        f"one intra-op thread per physical core of the rank's {cores}: torchrun sets 1 when "
-        "it is unset, leaving CPU work in the training process on one core; more than the "
-        "rank's cores oversubscribes them (DataLoader workers run one thread each)",
+        str(budget.intra_op),
+        f"the rank's CPU budget: {budget.split()}; torchrun sets 1 when it is unset, leaving "
+        "CPU work in the training process on one CPU, and a count beyond the budget "
+        "oversubscribes the CPUs the DataLoader's processes run on",
         source,
     )
 
 
-def dataloader(cores: int) -> DataLoaderHint:
-    workers = max(1, cores - 2)
+def dataloader(budget: CpuBudget) -> DataLoaderHint:
     return DataLoaderHint(
-        workers,
+        budget.workers,
         True,
-        f"the rank's {cores} cores less one for the training loop and one for the "
-        "pin-memory thread; pinned batches copy to the GPU asynchronously with "
-        ".to(device, non_blocking=True), overlapping compute, and with --membind they "
-        "sit on the GPU's NUMA node",
-        f"{ML_ENGINEERING_PERFORMANCE}: DataLoader (asynchronous DataLoader, pinned memory "
-        "and non-blocking device copy); PyTorch docs, torch.utils.data: memory pinning",
+        f"the rank's CPU budget: {budget.split()}; more workers rarely feed a GPU faster "
+        "and take CPUs from the intra-op threads; pinned batches copy to the GPU "
+        "asynchronously with .to(device, non_blocking=True), overlapping compute, and with "
+        "--membind they sit on the GPU's NUMA node",
+        f"{BUDGET_SOURCE}; PyTorch docs, torch.utils.data: memory pinning",
     )
+
+
+# torchtitan's reference: torchtitan/distributed/utils.py init_distributed sets
+# TORCH_FR_BUFFER_SIZE to comm.trace_buf_size (20000 by default, torchtitan/config/
+# job_config.py) and TORCH_NCCL_DUMP_ON_TIMEOUT=1 whenever the buffer is on.
+FLIGHT_RECORDER_ENTRIES = 20000
+# torch 2.9 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE; the old name
+# still works there, with a deprecation warning (ml-engineering debug/pytorch.md), and
+# is the only one older releases read.
+FR_NAME_SINCE = (2, 9)
+FLIGHT_RECORDER_SOURCE = (
+    "PyTorch docs, torch.distributed NCCL environment variables (TORCH_NCCL_DUMP_ON_TIMEOUT "
+    "needs a trace buffer larger than 0); PyTorch tutorial, Flight Recorder; torchtitan "
+    "torchtitan/distributed/utils.py (init_distributed) and torchtitan/config/job_config.py "
+    "(comm.trace_buf_size = 20000); ml-engineering debug/pytorch.md"
+)
+
+
+def post_mortem(
+    environ: Mapping[str, str], torch_version: tuple[int, int] | None
+) -> list[Recommendation]:
+    """The flight recorder and its dump on a collective's timeout: without them a hung
+    job ends with only the watchdog's "timed out" line, and no record of which rank
+    stopped at which collective."""
+    buffer_name = (
+        "TORCH_NCCL_TRACE_BUFFER_SIZE"
+        if torch_version is not None and torch_version < FR_NAME_SINCE
+        else "TORCH_FR_BUFFER_SIZE"
+    )
+    entries = parse_count(environ.get(buffer_name, ""))
+    keeps = entries is not None and entries > 0
+    buffer = Recommendation(
+        buffer_name,
+        str(entries) if keeps else str(FLIGHT_RECORDER_ENTRIES),
+        (
+            "your flight recorder size stands"
+            if keeps
+            else f"the flight recorder keeps the last {FLIGHT_RECORDER_ENTRIES} collectives "
+            "of each rank (torchtitan's default) in a ring buffer, so a timeout shows which "
+            "rank stopped where (the book's lighter choice is 2000)"
+        )
+        + "; the cost: host memory for that many entries per rank (metadata, and a stack "
+        "trace each) and a record per collective on the calling thread, small next to the "
+        "collective itself"
+        + (
+            f" (torch {torch_version[0]}.{torch_version[1]} here reads this older name)"
+            if buffer_name != "TORCH_FR_BUFFER_SIZE" and torch_version is not None
+            else ""
+        ),
+        FLIGHT_RECORDER_SOURCE,
+        # A size of 0 set on purpose stays the user's; a value that is no count does not.
+        advisory=entries is not None,
+    )
+    dump_now = environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT")
+    dump = Recommendation(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "1",
+        "on a collective's timeout each rank writes its flight recorder to "
+        "TORCH_FR_DUMP_TEMP_FILE (default /tmp/nccl_trace_rank_<rank>; point it at shared "
+        "storage, as torchtitan does with <dump folder>/comm_traces/rank_) before the "
+        "process ends; torch's analyzer (torch.distributed.flight_recorder) then names the "
+        "rank that diverged; the cost: one file per rank, written only on a timeout",
+        FLIGHT_RECORDER_SOURCE,
+        advisory=dump_now is not None and dump_now.strip() != "1",
+    )
+    return [buffer, dump]
+
+
+@dataclass(frozen=True)
+class CodeHint:
+    """A change to make in the training script, which no variable can make."""
+
+    title: str
+    code: str
+    reason: str
+    source: str
+
+
+def code_hints() -> list[CodeHint]:
+    return [
+        CodeHint(
+            "garbage collection at the same step on every rank",
+            "gc.disable() before the loop; gc.collect(1) when step % 50 == 0",
+            "Python's collector runs when each process's allocation count says so, at a "
+            "different moment on each rank: the rank collecting stalls, and every other "
+            "waits for it at the next collective (a straggler); turned off and run every N "
+            "steps, it pauses all ranks at once (torchtitan's training.gc_freq is 50 steps)",
+            f"{ML_ENGINEERING_PERFORMANCE}; torchtnt "
+            "torchtnt/framework/callbacks/garbage_collector.py (periodic synchronous garbage "
+            "collection for fully synchronous distributed training); torchtitan "
+            "torchtitan/config/job_config.py (training.gc_freq)",
+        ),
+        CodeHint(
+            "torchrun's own binding, the built-in alternative to nodecheck exec",
+            "torchrun --numa-binding=exclusive --nproc_per_node=N train.py",
+            "torch 2.9 and later bind each worker by its GPU's NUMA node (node, socket, "
+            "exclusive or core-complex): better where only the binding is wanted and "
+            "nodecheck is not in the image; nodecheck exec is better where the rank's own "
+            "variables (OMP_NUM_THREADS from its budget, NCCL's), the cpuset, --membind, "
+            "srun without torchrun, or a refusal of a GPU CUDA cannot drive matter",
+            "PyTorch docs, NUMA Binding (docs.pytorch.org/docs/main/elastic/numa.html); "
+            "torch/numa/binding.py",
+        ),
+    ]
 
 
 def left_to_torch() -> list[LeftUnset]:

@@ -103,6 +103,9 @@ def test_every_rank_is_runnable_inside_what_hwloc_shows(
                 assert reading_notes(node.root), (name, binding)  # the placement is said
         threads = int(plan.environment(rank)["OMP_NUM_THREADS"])
         assert threads >= 1
+        # The rank's budget adds up: its threads and the DataLoader's fit its CPUs.
+        assert rank.budget.cpus == len(binding.cpus) and rank.budget.used <= rank.budget.cpus
+        assert threads <= rank.budget.intra_op
         if "runs away from its GPU" in binding.note:
             # Off its GPU's node by the cpuset: it runs, and its warning says so.
             assert "ask the scheduler for CPUs of each GPU's node" in rank.warning, (name, rank)

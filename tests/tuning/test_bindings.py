@@ -287,3 +287,19 @@ def test_a_rank_the_cpuset_keeps_off_its_gpus_node_is_warned(tmp_path: Path) -> 
     assert "is on NUMA node 1 (CPUs 4-7), but this process's cpuset (0-3)" in second.warning
     assert "ask the scheduler for CPUs of each GPU's node" in second.warning
     assert "runs away from its GPU" in second.binding.note
+
+
+def test_siblings_go_to_other_ranks_before_a_cpu_is_shared(dgx: Node) -> None:
+    """A cpuset of 4 cores (8 threads) for 8 ranks: with siblings, socket 0's ranks would
+    take whole cores and socket 1's share their CPUs; instead each rank gets one thread,
+    no CPU is held twice, and the ranks that share a core say so."""
+    inventory = read_inventory(dgx.fs)
+    allowed = frozenset({0, 1, 2, 3, 112, 113, 114, 115})
+    bindings = bind_ranks(inventory, {}, allowed=allowed, with_smt_siblings=True)
+    held = [cpu for b in bindings for cpu in b.cpus]
+    assert sorted(held) == sorted(allowed)  # every thread once, none twice
+    assert all(len(b.cpus) == 1 for b in bindings)
+    assert all("shares a core" in b.warning for b in bindings)
+    # With CPUs enough the siblings stay with their cores.
+    roomy = bind_ranks(inventory, {}, with_smt_siblings=True)
+    assert [len(b.cpus) for b in roomy] == [28] * 8

@@ -13,7 +13,7 @@ from nodecheck.checks.node.net import NetInterface
 from nodecheck.tuning.bindings import bind_ranks
 from nodecheck.tuning.nccl import JobShape, ifname_value, job_nodes, socket_candidates
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
-from nodecheck.tuning.pytorch import allocator, parse_version
+from nodecheck.tuning.pytorch import CpuBudget, allocator, cpu_budget, parse_version
 from nodecheck.tuning.recommendation import Action, Recommendation
 from tests.conftest import Node
 
@@ -53,6 +53,9 @@ def test_dgx_recommendations(dgx: Node) -> None:
         # The storage RoCE port mlx5_8 is nearest no GPU: the rails are named exactly.
         "NCCL_IB_HCA": IB_RAILS,
         "NCCL_DEBUG": "WARN",  # unset, NCCL logs nothing (NVIDIA/nccl src/debug.cc)
+        # The flight recorder and its dump on a timeout, torchtitan's values.
+        "TORCH_FR_BUFFER_SIZE": "20000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     }
     assert all(r.action is Action.SET and r.reason and r.source for r in plan.env)
     assert (
@@ -69,8 +72,15 @@ def test_dgx_recommendations(dgx: Node) -> None:
         (i // 4, f"mlx5_{i}", "PIX") for i in range(8)
     ]
     for rank in plan.ranks:
-        assert plan.environment(rank)["OMP_NUM_THREADS"] == "14"
-        assert rank.dataloader.num_workers == 12 and rank.dataloader.pin_memory
+        # 14 cores and their 14 SMT siblings: the process's thread and 24 more intra-op
+        # threads, 2 DataLoader workers and the pin-memory thread, 28 in all.
+        assert len(rank.binding.cpus) == 28
+        assert plan.environment(rank)["OMP_NUM_THREADS"] == "25"
+        assert rank.dataloader.num_workers == 2 and rank.dataloader.pin_memory
+        assert rank.budget.used == 28 == rank.budget.cpus
+        assert "2 DataLoader worker(s) + 1 pin-memory thread = 28 of the rank's 28" in (
+            rank.dataloader.reason
+        )
     assert any("3200 Gb/s" in note and "400 Gb/s per GPU" in note for note in plan.notes)
 
 
@@ -105,7 +115,7 @@ def test_marks_against_the_calling_environment(
     # An exact list of the eight rails is kept as written.
     assert env["NCCL_IB_HCA"].action is Action.KEEP
     [omp] = plan.ranks[0].env
-    assert (omp.name, omp.value, omp.action) == ("OMP_NUM_THREADS", "14", Action.CHANGE)
+    assert (omp.name, omp.value, omp.action) == ("OMP_NUM_THREADS", "25", Action.CHANGE)
     # NCCL_DEBUG=INFO is changed to WARN (unset, NCCL would log nothing), the user's to keep.
     assert plan.removals == []
     debug = env["NCCL_DEBUG"]
@@ -121,7 +131,7 @@ def test_marks_against_the_calling_environment(
     assert debug.found_in == ("pid 5151 (python3)",) and debug.current is None
     kept = plan_for(dgx, {"NCCL_SOCKET_IFNAME": "=ibp25s0", "OMP_NUM_THREADS": "8"})
     assert by_name(kept.env)["NCCL_SOCKET_IFNAME"].action is Action.KEEP
-    assert kept.ranks[0].env[0].action is Action.KEEP  # 8 of 14 cores: the user's choice
+    assert kept.ranks[0].env[0].action is Action.KEEP  # 8 of the budget's 25: the user's
 
 
 def test_faulty_node_red_flags_are_unset(dgx_faulty: Node) -> None:
@@ -186,7 +196,7 @@ def test_workstation(workstation: Node) -> None:
     assert "NCCL_IB_HCA" not in env
     assert {"NCCL_IB_QPS_PER_CONNECTION", "NCCL_CROSS_NIC"} <= left_names(plan)
     [rank] = plan.ranks
-    assert rank.binding.cpus == tuple(range(16)) and rank.nics.nics == ()
+    assert rank.binding.cpus == tuple(range(32)) and rank.nics.nics == ()  # with siblings
     assert any("no RDMA NIC" in note for note in plan.notes)
     assert any("2.5 Gb/s" in note and '"not enough"' in note for note in plan.notes)
 
@@ -256,10 +266,10 @@ def test_slurm_constrain_devices(dgx: Node) -> None:
     ]
     # A batch script's one process on one of its GPUs keeps the whole socket.
     [alone] = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_GPUS": "0,1,2,3"}).ranks
-    assert len(alone.binding.cpus) == 56
+    assert len(alone.binding.cpus) == 112  # its 56 cores with their siblings
     # Not Slurm's format: ignored rather than expanded into a billion indices.
     [huge] = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "0-999999999"}).ranks
-    assert len(huge.binding.cpus) == 56
+    assert len(huge.binding.cpus) == 112
 
 
 def test_a_flagged_value_is_one_piece_of_advice(dgx: Node) -> None:
@@ -283,7 +293,7 @@ def test_missing_cpu_topology(dgx: Node, copy_node: Callable[[Node], Node]) -> N
         shutil.rmtree(topology)
     plan = plan_for(node)
     assert all(len(rank.binding.cpus) == 28 for rank in plan.ranks)  # 112 threads per node / 4
-    assert all(plan.environment(rank)["OMP_NUM_THREADS"] == "28" for rank in plan.ranks)
+    assert all(plan.environment(rank)["OMP_NUM_THREADS"] == "25" for rank in plan.ranks)
     assert any("the topology of CPU(s) 0-223 could not be read" in n for n in plan.notes)
 
 
@@ -420,3 +430,71 @@ def test_what_the_reading_inferred_reaches_the_plan(
         "node 0: CPU 55 is in no node's list: placed by its cpu55/node0 link"
     ]
     assert len(notes) == len(set(notes))
+
+
+@pytest.mark.parametrize(
+    ("cpus", "budget"),
+    [
+        (28, CpuBudget(28, 25, 2, 1)),  # a DGX H100 rank: 14 cores with their siblings
+        (14, CpuBudget(14, 11, 2, 1)),  # the same without them
+        (4, CpuBudget(4, 1, 2, 1)),
+        (3, CpuBudget(3, 1, 1, 1)),
+        (2, CpuBudget(2, 2, 0, 0)),  # no worker: the process loads and pins its batches
+        (1, CpuBudget(1, 1, 0, 0)),
+    ],
+)
+def test_cpu_budget_adds_up(cpus: int, budget: CpuBudget) -> None:
+    """OMP_NUM_THREADS (the process's own thread included) + workers + the pin-memory
+    thread never exceed the rank's CPUs; the book's 2 workers, fewer on tiny ranks."""
+    assert cpu_budget(cpus) == budget
+    assert budget.used == cpus
+    assert f"= {cpus} of the rank's {cpus} CPU(s)" in budget.split()
+
+
+def test_cpu_budget_never_oversubscribes() -> None:
+    for cpus in range(1, 513):
+        budget = cpu_budget(cpus)
+        assert budget.used <= cpus and budget.intra_op >= 1 and budget.workers <= 2
+
+
+def test_without_smt_siblings(dgx: Node) -> None:
+    """--no-smt-siblings: one thread per core, and the budget is of those 14."""
+    options = TuneOptions(torch_version=(2, 13), with_smt_siblings=False)
+    plan = make_plan(dgx.context({}), options)
+    for rank in plan.ranks:
+        assert len(rank.binding.cpus) == 14
+        assert plan.environment(rank)["OMP_NUM_THREADS"] == "11"
+        assert rank.dataloader.num_workers == 2
+
+
+def test_flight_recorder(dgx: Node) -> None:
+    """TORCH_NCCL_DUMP_ON_TIMEOUT=1 with a flight recorder buffer (torchtitan's 20000);
+    the name torch reads (before 2.9: TORCH_NCCL_TRACE_BUFFER_SIZE); a user's buffer size
+    and a dump turned off on purpose stay theirs (advisory)."""
+    env = by_name(plan_for(dgx).env)
+    assert env["TORCH_FR_BUFFER_SIZE"].value == "20000"
+    assert "the cost" in env["TORCH_FR_BUFFER_SIZE"].reason
+    assert "torchtitan" in env["TORCH_FR_BUFFER_SIZE"].source
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"].value == "1"
+    old = by_name(plan_for(dgx, torch_version=(2, 5)).env)
+    assert (
+        old["TORCH_NCCL_TRACE_BUFFER_SIZE"].value == "20000" and "TORCH_FR_BUFFER_SIZE" not in old
+    )
+    mine = by_name(
+        plan_for(dgx, {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}).env
+    )
+    assert mine["TORCH_FR_BUFFER_SIZE"].action is Action.KEEP
+    dump = mine["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert dump.action is Action.CHANGE and dump.advisory
+    off = by_name(plan_for(dgx, {"TORCH_FR_BUFFER_SIZE": "0"}).env)["TORCH_FR_BUFFER_SIZE"]
+    assert off.value == "20000" and off.action is Action.CHANGE and off.advisory
+
+
+def test_code_hints(dgx: Node, build: Callable[..., Node]) -> None:
+    """The gc hint against stragglers and torchrun --numa-binding, with their reasons; none
+    on a node without GPUs."""
+    hints = plan_for(dgx).code_hints
+    assert [h.code.split()[0] for h in hints] == ["gc.disable()", "torchrun"]
+    assert "straggler" in hints[0].reason and "nodecheck exec is better" in hints[1].reason
+    assert all(h.source for h in hints)
+    assert plan_for(build("cpu-only")).code_hints == []
