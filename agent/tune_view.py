@@ -153,9 +153,10 @@ def render_shell(plan: Plan, local_rank: int | None) -> str:
             lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
     for removal in plan.removals:
-        if removal.name in values:
-            continue  # replaced by the export above
-        if removal.current is not None and SHELL_NAME.match(removal.name):
+        # One exported above replaces this shell's value; one found in a file or another
+        # job still needs its own fix, which the comment gives.
+        replaced = removal.name in values
+        if not replaced and removal.current is not None and SHELL_NAME.match(removal.name):
             lines.append(f"unset {removal.name}  # {textwrap.shorten(removal.reason, 90)}")
         if removal.found_in != (CALLING_ENVIRONMENT.label,):
             lines.append(_removal_comment(removal))
@@ -190,6 +191,8 @@ def render_env(plan: Plan, local_rank: int | None) -> str:
             lines.append(
                 _removal_comment(removal) + f" (in a unit: UnsetEnvironment={removal.name})"
             )
+        elif removal.found_in != (CALLING_ENVIRONMENT.label,):
+            lines.append(_removal_comment(removal))  # set above; its other places need a fix
     return _lines(lines)
 
 
@@ -209,6 +212,7 @@ def _recommendation_json(recommendation: Recommendation) -> dict[str, Any]:
             {
                 "found_in": list(recommendation.found_in),
                 "flagged_value": recommendation.flagged_value,
+                "replacement": recommendation.replacement,
             }
             if recommendation.found_in
             else {}
@@ -385,8 +389,10 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
     if plan.removals:
         lines += ["", "Remove (flagged by the checks):"]
         for removal in plan.removals:
+            verb = "unset " if removal.replacement is None else "change"
+            to = "" if removal.replacement is None else f" to {removal.replacement}"
             lines += _explained(
-                f"unset   {removal.name}={removal.flagged_value}  "
+                f"{verb}  {removal.name}={removal.flagged_value}{to}  "
                 f"(found in {', '.join(removal.found_in)})",
                 removal.reason,
                 removal.source,

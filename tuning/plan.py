@@ -18,6 +18,7 @@ from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import read_driver_gpus
 from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
 from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.nccl_library import read_nccl_libraries
 from nodecheck.checks.node.net import read_addressed_interfaces
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.result import Status
@@ -312,6 +313,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             environ,
             shape,
             len(bindings),
+            read_nccl_libraries(ctx.fs),
         )
         env += advice.env
         env += pytorch.post_mortem(environ, options.torch_version)

@@ -43,6 +43,9 @@ class Recommendation:
     same_as: str | None = None
     # Set by the caller to a value that is not kept (not audited, and not `value`).
     current_hidden: bool = False
+    # For a removal: the value the checks would put in its place (NCCL_DEBUG=INFO becomes
+    # WARN, not nothing); None: remove it.
+    replacement: str | None = None
 
     @property
     def action(self) -> Action:

@@ -57,6 +57,7 @@ def removals(ctx: CheckContext) -> list[Recommendation]:
                     tuple(s.where for s in settings),
                     value,
                     Status.FAIL.value if worst == Status.FAIL.severity else Status.WARN.value,
+                    replacement=replacement,
                 ),
             )
         )

@@ -617,3 +617,19 @@ def test_smt_siblings_by_default_and_left_out_when_told(dgx: Node) -> None:
     lean = document(dgx, "--no-smt-siblings")["ranks"][0]
     assert lean["cpulist"] == "0-13" and lean["env"] == {"OMP_NUM_THREADS": "11"}
     assert lean["cpu_budget"]["split"].endswith("= 14 of the rank's 14 CPU(s)")
+
+
+def test_a_debug_level_in_nccl_conf_is_changed_not_removed(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """NCCL_DEBUG=INFO in /etc/nccl.conf: the table says change it to WARN there, and the
+    shell output, which exports WARN for this shell, still names the file's line to fix."""
+    node = copy_node(dgx)
+    (node.root / "etc" / "nccl.conf").write_text("NCCL_DEBUG=INFO\n")
+    text = run(*node.cli_args, "tune", "--format", "text").stdout
+    assert "  change  NCCL_DEBUG=INFO to WARN  (found in /etc/nccl.conf" in text
+    shell = run(*node.cli_args, "tune", "--format", "shell").stdout
+    lines = shell.splitlines()
+    assert "export NCCL_DEBUG=WARN" in lines
+    [comment] = [line for line in lines if line.startswith("# NCCL_DEBUG=INFO:")]
+    assert "/etc/nccl.conf" in comment and "WARN" in comment

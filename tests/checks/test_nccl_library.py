@@ -107,3 +107,22 @@ def test_tune_names_the_installed_version(xe: Node, copy_node: Callable[[Node], 
     warning = gid_discovery_warning(inventory, libraries)
     assert warning is not None and warning in advice.notes
     assert "older than 2.21" in warning and "does not find the RoCE v2 GID" in warning
+
+
+def test_tune_on_the_command_line_reads_the_version(
+    xe: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """The plan reads the libraries itself: `tune --format json` names the version and
+    warns about GID discovery before 2.21 on this RoCE node."""
+    import json
+
+    from tests.agent.test_cli import run
+
+    node = copy_node(xe)
+    with_library(node, "libnccl.so.2.18.3")
+    done = run(*node.cli_args, "tune", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    [gid] = [item for item in doc["left_unset"] if item["names"] == ["NCCL_IB_GID_INDEX"]]
+    assert "installed: NCCL 2.18.3" in gid["reason"]
+    assert any("older than 2.21" in note for note in doc["notes"])
