@@ -5,8 +5,12 @@ A compute NIC (checks/node/nic_roles.py: a GPU's rail) must be ACTIVE with its
 physical link LinkUp, at the node's expected rate: the fastest rate among the node's
 rail NICs. A rail at a lower width or speed ("200 Gb/sec (2X NDR)" beside "400 Gb/sec
 (4X NDR)") fails: every collective of a multi-node job runs at the slowest rail's pace.
-GPUd expects 8 ports at 400 Gb/s on H100/H200 nodes (leptonai/gpud,
-components/accelerator/nvidia/infiniband); this check needs no table per GPU model.
+GPUd expects at least 8 ports at 400 Gb/s on H100/H200 nodes from a table per GPU model
+(leptonai/gpud components/accelerator/nvidia/infiniband/threshold_default.go, which
+also asks 8 of a GB200 tray with four compute NICs); this check needs no table: it holds
+each rail to the node's own fastest rail. An InfiniBand-class PCI function without an
+RDMA device (mlx5_ib not loaded, or the device failed to initialise) fails: that port
+cannot carry RDMA at all.
 A storage RDMA port (GPUDirect Storage, NFS or Lustre over RDMA) that is down warns:
 it carries no collective, but its traffic stops or fails over.
 
@@ -17,8 +21,9 @@ previous one (PortCounterHistory, as GpuHistory does for the GPUs' counters). An
 increase warns: infiniband-diags' ibqueryerrors reports every error counter above a
 threshold of zero by default (linux-rdma/rdma-core infiniband-diags/man/
 ibqueryerrors.8.in.rst). A one-shot run exports the counters and judges what one
-reading can show: a counter at its all-ones maximum has saturated (IBA vol. 1
-16.1.3.5: PortCounters stop there rather than wrap) and shows no rate until cleared.
+reading can show: a counter at its all-ones maximum has saturated (PortCounters stop
+there rather than wrap; checks/node/net.py PORT_ERROR_COUNTERS) and shows no rate until
+cleared.
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from nodecheck.checks.node.net import (
     read_port_counters,
 )
 from nodecheck.checks.node.nic_roles import PHYSICAL_STATE_MEANINGS, NicRole, nic_roles
+from nodecheck.checks.node.pci import CLASS_NETWORK_INFINIBAND
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import MetricSpec, Result, Sample, Status, nic_subject
 
 LABELS = ("device", "port", "link_layer", "role")
 ACTIVE = MetricSpec(
@@ -285,9 +291,24 @@ def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
             Status.ERROR, "node", f"cannot list the RDMA devices: {inventory.problems['rdma']}"
         )
         return
+    without_rdma = [
+        nic
+        for nic in inventory.nics
+        if nic.pci.pci_class == CLASS_NETWORK_INFINIBAND and not nic.is_rdma
+    ]
+    for nic in without_rdma:
+        yield Result(
+            Status.FAIL,
+            nic_subject(nic.name),
+            f"InfiniBand controller {nic.pci.bdf} has no RDMA device in <sysfs>/class/infiniband: "
+            "its RDMA driver is not loaded or failed to bind, and no job can use the port",
+            "load the RDMA driver (modprobe mlx5_ib for a ConnectX) and read the kernel log "
+            "for its errors",
+        )
     if not inventory.rdma:
-        where = "is empty" if ctx.fs.sys("class", "infiniband").is_dir() else "is absent"
-        yield Result(Status.SKIP, "node", f"no RDMA device (<sysfs>/class/infiniband {where})")
+        if not without_rdma:
+            where = "is empty" if ctx.fs.sys("class", "infiniband").is_dir() else "is absent"
+            yield Result(Status.SKIP, "node", f"no RDMA device (<sysfs>/class/infiniband {where})")
         return
     roles = nic_roles(inventory)
     role_of: dict[str, NicRole | None] = {device.name: None for device in inventory.rdma}

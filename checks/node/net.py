@@ -256,9 +256,11 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
 
 
 # The error counters of a port (Documentation/ABI/stable/sysfs-class-infiniband,
-# <device>/ports/<n>/counters/), with the width the InfiniBand Architecture
-# Specification vol. 1 gives each in PortCounters (16.1.3.5): at all ones a counter
-# stops ("saturates") instead of wrapping, and from then on shows no rate.
+# <device>/ports/<n>/counters/), each at its all-ones maximum: the kernel reads them
+# from the PortCounters MAD at 8 or 16 bits (drivers/infiniband/core/sysfs.c,
+# PORT_PMA_ATTR), and a PortCounters counter stops there ("saturates") instead of
+# wrapping (InfiniBand Architecture Specification vol. 1, Performance Management),
+# so from then on it shows no rate.
 PORT_ERROR_COUNTERS: dict[str, int] = {
     "link_downed": 0xFF,  # LinkDownedCounter: the link went down and came back (a flap)
     "link_error_recovery": 0xFF,  # LinkErrorRecoveryCounter: retrained after errors

@@ -5,6 +5,7 @@ readings (the agent's history) and by what one reading shows."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -324,3 +325,20 @@ def test_an_unlistable_rdma_class_is_an_error(
     results = node.results("rdma_ports")
     assert [(r.status, r.subject) for r in results] == [(Status.ERROR, "node")]
     assert "cannot list the RDMA devices" in results[0].summary
+
+
+def test_an_infiniband_controller_without_an_rdma_device_fails(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """mlx5_ib not loaded: the ConnectX-7 is on the PCI bus (class 0x0207), its RDMA device
+    is not in class/infiniband. Absence of the port is no pass."""
+    node = copy_node(dgx)
+    link = node.root / "sys/class/infiniband/mlx5_4"
+    device_dir = Path(os.path.realpath(link))
+    link.unlink()
+    shutil.rmtree(device_dir)
+    results = node.results("rdma_ports")
+    failed = [r for r in results if r.status is Status.FAIL]
+    assert len(failed) == 1 and failed[0].subject.startswith("nic ")
+    assert "has no RDMA device" in failed[0].summary and "mlx5_ib" in failed[0].remedy
+    assert len([r for r in results if r.subject.startswith("rdma mlx5_")]) == 8
