@@ -105,7 +105,7 @@ COUNTER_MEANINGS = {
     "port_rcv_errors": "receive errors (packets dropped as bad)",
 }
 FIX = "reseat or replace the cable or transceiver and check the switch port"
-CLEAR = "clear the port's counters (perfquery -x -R) so their rate shows again"
+CLEAR = "clear the port's counters (infiniband-diags: perfquery -R) so their rate shows again"
 
 
 def port_subject(device: str, port: int) -> str:
@@ -188,7 +188,8 @@ def judge_counters(verdict: Verdict, current: PortCounters, previous: PortCounte
     if saturated:
         verdict.add(
             Status.WARN,
-            f"{', '.join(saturated)} at its maximum (saturated: at least that many errors "
+            f"{', '.join(saturated)} at {'its' if len(saturated) == 1 else 'their'} maximum "
+            "(saturated: at least that many errors "
             "since the counters were last cleared, and no rate can show)",
             CLEAR + "; " + FIX,
         )
