@@ -55,6 +55,7 @@ from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.inventory import read_hostname
+from nodecheck.checks.node.net import PortCounterHistory
 from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
 from nodecheck.checks.registry import Check, load_benchmarks, load_checks
@@ -171,6 +172,7 @@ class Agent:
         self.reload_ok = True
         self.store = ResultStore()
         self.history = GpuHistory()
+        self.port_counter_history = PortCounterHistory()
         self.shared = SharedReads(ttl_s=SHARED_READS_TTL_S)
         self.xid_log = XidLog()
         self.nvml = NvmlSession(deadline_s=self.config.nvml_timeout_s, library_path=nvml_library)
@@ -210,6 +212,7 @@ class Agent:
             environ={},  # the agent's own environment is not a job's
             nvml=self.nvml,
             gpu_history=self.history,
+            port_counter_history=self.port_counter_history,
             xid_log=self.xid_log,
             kernel_log=config.kernel_log,
             expected_gpus=config.expected_gpus,

@@ -20,6 +20,7 @@ from nodecheck.checks.node.gpu import (
     resolve_lost_bus_ids,
 )
 from nodecheck.checks.node.inventory import Inventory, read_inventory
+from nodecheck.checks.node.net import PortCounterHistory
 from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.pci import PciDevice, read_nvidia_gpus
 from nodecheck.checks.node.variables import Variables, read_variables
@@ -91,6 +92,8 @@ class CheckContext:
     nvml: NvmlSession = field(default_factory=NvmlSession)
     # The previous GPU readings, for rates; the agent passes the same one every pass.
     gpu_history: GpuHistory = field(default_factory=GpuHistory)
+    # The previous RDMA port counter readings, for rates; kept by the agent likewise.
+    port_counter_history: PortCounterHistory = field(default_factory=PortCounterHistory)
     # XIDs from the agent's NVML event listener; None in a one-shot run.
     xid_log: XidLog | None = None
     # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.

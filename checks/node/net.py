@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,13 @@ def parse_port_rate(text: str) -> float:
     return float(match.group(1))
 
 
+def parse_port_width(text: str) -> int | None:
+    """Lanes from a port `rate`: "200 Gb/sec (2X NDR)" -> 2; None without "(NX ...)"
+    (rate_show prints the width and speed as the port's PortInfo says them)."""
+    match = re.search(r"\((\d+)X\b", text)
+    return int(match.group(1)) if match else None
+
+
 def parse_net_speed(text: str) -> int | None:
     """Mb/s from a netdev `speed`; -1 (and larger "unknown" values) mean unknown."""
     value = int(text)
@@ -85,6 +94,9 @@ class RdmaPort:
     # The physical link (LinkUp; Polling: no signal from the other end; Disabled: turned
     # off): why a port that is not ACTIVE is not. None where sysfs has no phys_state.
     phys_state: str | None = None
+    # Lanes of the live link, from `rate` ("400 Gb/sec (4X NDR)" -> 4); None where the
+    # rate names no width (some RoCE drivers print only Gb/s).
+    width: int | None = None
 
 
 @dataclass
@@ -218,10 +230,14 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
             if not port_name.isdigit():
                 continue
             port_dir = directory / "ports" / port_name
-            state = rate = link_layer = None
+            state = rate = link_layer = width = None
             try:
                 state = read_parsed(port_dir / "state", parse_port_state, "a port state")
-                rate = read_parsed(port_dir / "rate", parse_port_rate, "a port rate")
+                rate, width = read_parsed(
+                    port_dir / "rate",
+                    lambda text: (parse_port_rate(text), parse_port_width(text)),
+                    "a port rate",
+                )
                 link_layer = read_optional_text(port_dir / "link_layer")
             except ReadError as err:
                 device.problems[f"port {port_name}"] = str(err)
@@ -232,6 +248,92 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
                 )
             except ReadError as err:
                 device.problems[f"port {port_name} phys_state"] = str(err)
-            device.ports.append(RdmaPort(int(port_name), state, rate, link_layer, phys_state))
+            device.ports.append(
+                RdmaPort(int(port_name), state, rate, link_layer, phys_state, width)
+            )
         devices.append(device)
     return devices
+
+
+# The error counters of a port (Documentation/ABI/stable/sysfs-class-infiniband,
+# <device>/ports/<n>/counters/), each at its all-ones maximum: the kernel reads them
+# from the PortCounters MAD at 8 or 16 bits (drivers/infiniband/core/sysfs.c,
+# PORT_PMA_ATTR), and a PortCounters counter stops there ("saturates") instead of
+# wrapping (InfiniBand Architecture Specification vol. 1, Performance Management),
+# so from then on it shows no rate.
+PORT_ERROR_COUNTERS: dict[str, int] = {
+    "link_downed": 0xFF,  # LinkDownedCounter: the link went down and came back (a flap)
+    "link_error_recovery": 0xFF,  # LinkErrorRecoveryCounter: retrained after errors
+    "symbol_error": 0xFFFF,  # SymbolErrorCounter: minor errors on a lane
+    "port_rcv_errors": 0xFFFF,  # PortRcvErrors: packets received with errors
+}
+
+
+@dataclass
+class PortCounters:
+    """One reading of a port's error counters. `values` has the counters that could be
+    read; `problems` says, per counter, why one could not; `missing` is True when the
+    port has no counters folder at all (a driver that exposes only hw_counters)."""
+
+    device: str
+    port: int
+    read_at: float  # time.monotonic() of the reading
+    values: dict[str, int] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    missing: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    def saturated(self, name: str) -> bool:
+        value = self.values.get(name)
+        return value is not None and value >= PORT_ERROR_COUNTERS[name]
+
+
+def parse_counter(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError(f"negative counter: {text!r}")
+    return value
+
+
+def read_port_counters(fs: NodeFS, device: str, port: int) -> PortCounters:
+    """The error counters of one port. A counter read through a MAD that the device did
+    not answer fails with an error (drivers/infiniband/core/sysfs.c show_pma_counter):
+    that counter lands in `problems`, the others are still read."""
+    directory = fs.sys("class", "infiniband", device, "ports", str(port), "counters")
+    reading = PortCounters(device, port, time.monotonic())
+    if not directory.is_dir():
+        reading.missing = True
+        return reading
+    for name in PORT_ERROR_COUNTERS:
+        try:
+            value = read_optional_parsed(directory / name, parse_counter, "a counter")
+        except ReadError as err:
+            reading.problems[name] = str(err)
+            continue
+        if value is None:
+            reading.problems[name] = f"{directory / name}: missing"
+        else:
+            reading.values[name] = value
+    return reading
+
+
+class PortCounterHistory:
+    """The previous counter reading of each RDMA port, so the agent judges the counters
+    by their rate, as GpuHistory does for the GPUs' counters. A one-shot run starts with
+    an empty one. Keyed by "<device>/<port>"."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, PortCounters] = {}
+        self._lock = threading.Lock()
+
+    def exchange(self, readings: list[PortCounters]) -> dict[str, PortCounters]:
+        """The readings before these, by key; these become the previous ones."""
+        with self._lock:
+            previous = dict(self._previous)
+            for reading in readings:
+                if not reading.missing:
+                    self._previous[reading.key] = reading
+            return previous

@@ -10,7 +10,16 @@ from nodecheck.checks.registry import load_checks
 from nodecheck.checks.result import Result, Status
 from tests.conftest import LIVE, Node, by_status
 
-HOST_CHECKS = ("cpu", "nccl_env", "numa", "nvswitch_sxid", "pcie_acs", "pcie_link", "torch_alloc")
+HOST_CHECKS = (
+    "cpu",
+    "nccl_env",
+    "numa",
+    "nvswitch_sxid",
+    "pcie_acs",
+    "pcie_link",
+    "rdma_ports",
+    "torch_alloc",
+)
 
 
 def subjects(results: list[Result], *statuses: Status) -> list[str]:
@@ -84,7 +93,16 @@ def test_faulty_dgx_bad_allocator_conf(dgx_faulty: Node) -> None:
     assert "'true'" in finding.summary and "at least 20" in finding.summary
 
 
-HOST_CHECKS = ("cpu", "nccl_env", "numa", "nvswitch_sxid", "pcie_acs", "pcie_link", "torch_alloc")
+HOST_CHECKS = (
+    "cpu",
+    "nccl_env",
+    "numa",
+    "nvswitch_sxid",
+    "pcie_acs",
+    "pcie_link",
+    "rdma_ports",
+    "torch_alloc",
+)
 
 
 def test_host_checks_are_all_listed() -> None:
