@@ -53,7 +53,7 @@ from tests.fixtures.nodegen import GEN5_X16, PORT_DOWNSTREAM, Device, config_spa
 
 GPU = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"
 SWITCH_PORT = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0"
-HOST_CHECKS = ("pcie_acs", "pcie_link", "numa", "nccl_env", "torch_alloc", "cpu")
+HOST_CHECKS = ("pcie_acs", "pcie_link", "numa", "nccl_env", "torch_alloc", "cpu", "rdma_ports")
 # A generous bound for anything that must not hang: the checks' own deadlines are 10-15 s.
 BOUND_S = 60.0
 # The address space a `nodecheck` subprocess may take: a few hundred MiB is what it
@@ -765,7 +765,11 @@ MATRIX: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "proc/sys/kernel/numa_balancing": (frozenset(ALL_KINDS) - {"missing"}, frozenset({"numa"})),
     "sys/class/infiniband/mlx5_0/ports/1/state": (
         frozenset(ALL_KINDS),
-        frozenset({"nccl_env"}),
+        frozenset({"nccl_env", "rdma_ports"}),
+    ),
+    "sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error": (
+        frozenset(ALL_KINDS),
+        frozenset({"rdma_ports"}),
     ),
     "etc/nccl.conf": (
         frozenset({"huge", "directory", "fifo", "loop", "unreadable"}),
