@@ -342,7 +342,9 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         for binding, (refusal, warning) in zip(bindings, verdicts, strict=True):
             # A rank always has a CPU here (a rank without one is an error, with no thread
             # count at all): OMP_NUM_THREADS=0 would be no setting OpenMP accepts.
-            budget = pytorch.cpu_budget(pytorch.rank_cpus(binding))
+            budget = pytorch.cpu_budget(
+                pytorch.rank_cpus(binding), pytorch.rank_cores(inventory, binding)
+            )
             # A degraded or down rail of this GPU is the rank's warning too: `eval "$(tune)"`
             # and `exec` show the rank's warnings, never the node's notes.
             rail_warning = pairings[binding.gpu].warning

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from nodecheck.checks.host.torch_alloc import AllocOption, check_option, parse_alloc_conf
+from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.bindings import RankBinding
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation, plain
@@ -150,6 +151,7 @@ class CpuBudget:
     intra_op: int  # OMP_NUM_THREADS, the process's own thread included
     workers: int
     pin_thread: int
+    cores: int = 0  # the physical cores among the CPUs (0: not known, each CPU a core)
 
     @property
     def used(self) -> int:
@@ -169,6 +171,12 @@ class CpuBudget:
         if self.pin_thread:
             parts.append("1 pin-memory thread")
         text = f"{' + '.join(parts)} = {self.used} of the rank's {self.cpus} CPU(s)"
+        if self.cores and self.cores < self.cpus:
+            text += (
+                f" (intra-op threads at most one per physical core, {self.cores}: two on one "
+                "core share its execution units; the SMT siblings take the workers and the "
+                "pin-memory thread)"
+            )
         if self.used > self.cpus:
             text += " (fewer CPUs than threads: they share)"
         return text
@@ -179,12 +187,25 @@ def rank_cpus(binding: RankBinding) -> int:
     return max(1, len(binding.cpus))
 
 
-def cpu_budget(cpus: int) -> CpuBudget:
+def rank_cores(inventory: Inventory, binding: RankBinding) -> int:
+    """The physical cores among the rank's CPUs (a CPU whose topology is unknown counts as
+    a core of its own)."""
+    cpus = inventory.cpu.cpus
+    cores = {cpus[n].siblings if n in cpus else frozenset({n}) for n in binding.cpus}
+    return max(1, len(cores))
+
+
+def cpu_budget(cpus: int, cores: int | None = None) -> CpuBudget:
     """Workers first up to the book's 2 (one CPU each, the pin thread one more), the
-    process one, the intra-op threads the rest; with 3 CPUs or fewer, fewer workers."""
+    process one, the intra-op threads the rest but at most one per physical core (torch's
+    own default is the physical cores: PyTorch docs, CPU threading and TorchScript
+    inference; its CPU performance tuning guide binds one OpenMP thread per physical
+    core); with 3 CPUs or fewer, fewer workers. `cores` None: each CPU a core."""
     workers = min(DATALOADER_WORKERS, max(0, cpus - 2))
     pin_thread = 1 if workers else 0
-    return CpuBudget(cpus, max(1, cpus - workers - pin_thread), workers, pin_thread)
+    physical = cpus if cores is None else max(1, min(cores, cpus))
+    intra_op = max(1, min(physical, cpus - workers - pin_thread))
+    return CpuBudget(cpus, intra_op, workers, pin_thread, 0 if cores is None else physical)
 
 
 def omp_threads(budget: CpuBudget, environ: Mapping[str, str]) -> Recommendation:

@@ -64,11 +64,11 @@ def test_json_document(dgx: Node) -> None:
     cpus = [set(r["cpus"]) for r in ranks]
     assert len(set().union(*cpus)) == 8 * 28  # 14 cores each, with their SMT siblings
     assert ranks[5]["numactl"] == ["numactl", "--physcpubind=70-83,182-195", "--membind=1"]
-    assert ranks[5]["env"] == {"OMP_NUM_THREADS": "25"}
+    assert ranks[5]["env"] == {"OMP_NUM_THREADS": "14"}
     assert ranks[5]["dataloader"] == {"num_workers": 2, "pin_memory": True}
     budget = ranks[5]["cpu_budget"]
-    assert (budget["cpus"], budget["intra_op_threads"], budget["dataloader_workers"]) == (28, 25, 2)
-    assert budget["pin_memory_thread"] == 1 and "= 28 of the rank's 28 CPU(s)" in budget["split"]
+    assert (budget["cpus"], budget["intra_op_threads"], budget["dataloader_workers"]) == (28, 14, 2)
+    assert budget["pin_memory_thread"] == 1 and "= 17 of the rank's 28 CPU(s)" in budget["split"]
     assert [hint["title"] for hint in doc["code_hints"]] == [
         "garbage collection at the same step on every rank",
         "torchrun's own binding, the built-in alternative to nodecheck exec",
@@ -109,7 +109,7 @@ def test_text_is_a_table_with_reasons(dgx: Node) -> None:
     out = done.stdout
     assert "  RANK  GPU           NUMA  CPUS            ENV                 WORKERS  NIC" in out
     assert (
-        "  7     0000:bc:00.0  1     98-111,210-223  OMP_NUM_THREADS=25  2        mlx5_7 (PIX)"
+        "  7     0000:bc:00.0  1     98-111,210-223  OMP_NUM_THREADS=14  2        mlx5_7 (PIX)"
         in out
     )
     assert "In the training script:" in out and "gc.disable() before the loop" in out
@@ -165,16 +165,18 @@ def test_shell_output_sourced_in_bash(dgx_faulty: Node, tmp_path: Path) -> None:
     doc = document(dgx_faulty, "--local-rank", "3", env=calling)
     expected = {**doc["env"], **doc["ranks"][0]["env"]}
     assert {name: after.get(name) for name in expected} == expected
-    assert expected["NCCL_SOCKET_IFNAME"] == "ibp" and expected["OMP_NUM_THREADS"] == "25"
+    assert expected["NCCL_SOCKET_IFNAME"] == "ibp" and expected["OMP_NUM_THREADS"] == "14"
     assert after["NCCL_DEBUG"] == "WARN"  # INFO becomes WARN: unset, NCCL logs nothing
     assert (
-        "# rank 3's CPU budget: OMP_NUM_THREADS=25 (the training process's own thread and 24 "
-        "more) + 2 DataLoader worker(s) + 1 pin-memory thread = 28 of the rank's 28 CPU(s); "
+        "# rank 3's CPU budget: OMP_NUM_THREADS=14 (the training process's own thread and 13 "
+        "more) + 2 DataLoader worker(s) + 1 pin-memory thread = 17 of the rank's 28 CPU(s) "
+        "(intra-op threads at most one per physical core, 14: two on one core share its "
+        "execution units; the SMT siblings take the workers and the pin-memory thread); "
         "DataLoader(num_workers=2, pin_memory=True) in the script"
     ) in done.stdout.splitlines()
     every = run(*dgx_faulty.cli_args, "tune", env=calling).stdout.splitlines()
     assert sum("CPU budget" in line for line in every) == 1
-    assert any(line.startswith("# every rank's CPU budget: OMP_NUM_THREADS=25") for line in every)
+    assert any(line.startswith("# every rank's CPU budget: OMP_NUM_THREADS=14") for line in every)
 
 
 def test_env_output_read_by_systemd(dgx: Node, tmp_path: Path) -> None:
@@ -414,7 +416,7 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     env, changed, removed, kept = applied_environment(plan, rank, calling)
     assert env["NCCL_SOCKET_IFNAME"] == "eno1" and env["NCCL_PROTO"] == "^LL128"
     assert env["NCCL_DEBUG"] == "INFO" and "NCCL_P2P_DISABLE" not in env
-    assert env["OMP_NUM_THREADS"] == "25"
+    assert env["OMP_NUM_THREADS"] == "14"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert removed == ["NCCL_P2P_DISABLE"]
     assert sorted(kept) == ["NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_PROTO", "NCCL_SOCKET_IFNAME"]
@@ -612,7 +614,7 @@ def test_smt_siblings_by_default_and_left_out_when_told(dgx: Node) -> None:
     """Each rank gets its cores' SMT siblings unless --no-smt-siblings; --with-smt-siblings
     still says the default."""
     default = document(dgx)["ranks"][0]
-    assert default["cpulist"] == "0-13,112-125" and default["env"] == {"OMP_NUM_THREADS": "25"}
+    assert default["cpulist"] == "0-13,112-125" and default["env"] == {"OMP_NUM_THREADS": "14"}
     assert document(dgx, "--with-smt-siblings")["ranks"][0]["cpulist"] == "0-13,112-125"
     lean = document(dgx, "--no-smt-siblings")["ranks"][0]
     assert lean["cpulist"] == "0-13" and lean["env"] == {"OMP_NUM_THREADS": "11"}

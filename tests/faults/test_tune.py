@@ -73,7 +73,7 @@ def test_tune_says_a_caller_variable_is_set_never_its_value(
     if output_format == "json":
         [omp] = json.loads(done.stdout)["ranks"][0]["recommendations"]
         assert omp["name"] == "OMP_NUM_THREADS" and omp["action"] == "change"
-        assert omp["current"] is None and omp["is_set"] is True and omp["value"] == "25"
+        assert omp["current"] is None and omp["is_set"] is True and omp["value"] == "14"
 
 
 @pytest.mark.parametrize(

@@ -72,13 +72,14 @@ def test_dgx_recommendations(dgx: Node) -> None:
         (i // 4, f"mlx5_{i}", "PIX") for i in range(8)
     ]
     for rank in plan.ranks:
-        # 14 cores and their 14 SMT siblings: the process's thread and 24 more intra-op
-        # threads, 2 DataLoader workers and the pin-memory thread, 28 in all.
+        # 14 cores and their 14 SMT siblings: one intra-op thread per physical core (the
+        # process's own among them), 2 DataLoader workers and the pin-memory thread on the
+        # siblings: 17 of the 28.
         assert len(rank.binding.cpus) == 28
-        assert plan.environment(rank)["OMP_NUM_THREADS"] == "25"
+        assert plan.environment(rank)["OMP_NUM_THREADS"] == "14"
         assert rank.dataloader.num_workers == 2 and rank.dataloader.pin_memory
-        assert rank.budget.used == 28 == rank.budget.cpus
-        assert "2 DataLoader worker(s) + 1 pin-memory thread = 28 of the rank's 28" in (
+        assert rank.budget.used == 17 and rank.budget.cpus == 28 and rank.budget.cores == 14
+        assert "2 DataLoader worker(s) + 1 pin-memory thread = 17 of the rank's 28" in (
             rank.dataloader.reason
         )
     assert any("3200 Gb/s" in note and "400 Gb/s per GPU" in note for note in plan.notes)
@@ -115,7 +116,7 @@ def test_marks_against_the_calling_environment(
     # An exact list of the eight rails is kept as written.
     assert env["NCCL_IB_HCA"].action is Action.KEEP
     [omp] = plan.ranks[0].env
-    assert (omp.name, omp.value, omp.action) == ("OMP_NUM_THREADS", "25", Action.CHANGE)
+    assert (omp.name, omp.value, omp.action) == ("OMP_NUM_THREADS", "14", Action.CHANGE)
     # NCCL_DEBUG=INFO is changed to WARN (unset, NCCL would log nothing), the user's to keep.
     assert plan.removals == []
     debug = env["NCCL_DEBUG"]
@@ -293,6 +294,7 @@ def test_missing_cpu_topology(dgx: Node, copy_node: Callable[[Node], Node]) -> N
         shutil.rmtree(topology)
     plan = plan_for(node)
     assert all(len(rank.binding.cpus) == 28 for rank in plan.ranks)  # 112 threads per node / 4
+    # Siblings unknown: each CPU counts as a core, 28 - 2 workers - the pin thread.
     assert all(plan.environment(rank)["OMP_NUM_THREADS"] == "25" for rank in plan.ranks)
     assert any("the topology of CPU(s) 0-223 could not be read" in n for n in plan.notes)
 
@@ -449,6 +451,15 @@ def test_cpu_budget_adds_up(cpus: int, budget: CpuBudget) -> None:
     assert cpu_budget(cpus) == budget
     assert budget.used == cpus
     assert f"= {cpus} of the rank's {cpus} CPU(s)" in budget.split()
+
+
+def test_intra_op_threads_stay_within_the_physical_cores() -> None:
+    """28 hardware threads on 14 cores: 14 intra-op threads, the rest on the siblings;
+    14 CPUs on 14 cores: 11, so that the workers and the pin thread have CPUs too."""
+    assert cpu_budget(28, 14) == CpuBudget(28, 14, 2, 1, 14)
+    assert "at most one per physical core, 14" in cpu_budget(28, 14).split()
+    assert cpu_budget(14, 14) == CpuBudget(14, 11, 2, 1, 14)
+    assert "physical core" not in cpu_budget(14, 14).split()
 
 
 def test_cpu_budget_never_oversubscribes() -> None:
