@@ -541,12 +541,15 @@ def roce_traffic_class_note(inventory: Inventory, used_hcas: list[str]) -> str |
         return None
     return (
         f"RoCE ({', '.join(roce)}): NCCL sends with traffic class 0 and service level 0 "
-        "unless NCCL_IB_TC / NCCL_IB_SL are set (NVIDIA/nccl src/transport/net_ib), and "
+        "unless NCCL_IB_TC / NCCL_IB_SL are set (NVIDIA/nccl src/transport/net_ib; an "
+        "mlx5 port's default in /sys/class/infiniband/<hca>/tc/<port>/traffic_class, "
+        "where an administrator set one, replaces that 0), and "
         "the fabric's lossless class (PFC/ECN) is a setting of its switches, not of this "
         "node: take it from the network team or the switch QoS configuration (on the "
         "host, `mlnx_qos -i <netdev>` shows the trust mode and which priority has PFC on; "
-        "NCCL_IB_TC is the DSCP value times 4) and set NCCL_IB_TC (and NCCL_IB_SL) to it "
-        "on every node; nodecheck does not guess a value "
+        "NCCL_IB_TC is the DSCP value times 4) and set NCCL_IB_TC to it on every node "
+        "(NCCL_IB_SL, the VLAN priority, matters only where the switches trust PCP "
+        "rather than DSCP); nodecheck does not guess a value "
         f"({NCCL_DOCS}: NCCL_IB_TC, NCCL_IB_SL)"
     )
 
