@@ -18,10 +18,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir
+
+if TYPE_CHECKING:
+    # importlib.metadata costs `check` some 10-20 ms to import; only the live root reads it.
+    from importlib import metadata
 
 # Where distributions and NVIDIA's packages put libnccl (Debian/Ubuntu multiarch, RHEL's
 # lib64, the CUDA toolkit's own directory).
@@ -87,6 +91,8 @@ def bundled_libraries(
     distributions: Iterable[metadata.Distribution] | None = None,
 ) -> list[NcclLibrary]:
     """torch's NCCL from pip (nvidia-nccl-cu12 and its kin), from package metadata only."""
+    from importlib import metadata
+
     chosen = metadata.distributions() if distributions is None else distributions
     found = []
     for distribution in chosen:
