@@ -93,18 +93,6 @@ def test_faulty_dgx_bad_allocator_conf(dgx_faulty: Node) -> None:
     assert "'true'" in finding.summary and "at least 20" in finding.summary
 
 
-HOST_CHECKS = (
-    "cpu",
-    "nccl_env",
-    "numa",
-    "nvswitch_sxid",
-    "pcie_acs",
-    "pcie_link",
-    "rdma_ports",
-    "torch_alloc",
-)
-
-
 def test_host_checks_are_all_listed() -> None:
     host = {
         c.name
