@@ -38,7 +38,7 @@ from pathlib import Path
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading
-from nodecheck.checks.node.kernel_log import unreadable_log_remedy
+from nodecheck.checks.node.kernel_log import line_age, unreadable_log_remedy
 from nodecheck.checks.node.xid import (
     NVLINK5_XIDS,
     KernelLogXids,
@@ -232,7 +232,7 @@ def judge_group(
         window = RESTART_APP_WINDOW_S if action is XidAction.RESTART_APP else FORGET_AFTER_S
         if age is None or age < window:
             return Status.WARN, text, action.value
-        return Status.OK, f"{text}: {_ago(window)} without recurrence", ""
+        return Status.OK, f"{text}: {line_age(window)} without recurrence", ""
     return _judge_recovery(text, action, age, gpu)
 
 
@@ -266,17 +266,7 @@ def _judge_recovery(
 
 
 def _when(at: float | None, now: float) -> str:
-    return "at an unknown time" if at is None else f"{_ago(now - at)} ago"
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{max(seconds, 0):.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
+    return "at an unknown time" if at is None else f"{line_age(now - at)} ago"
 
 
 def judge_gpu(

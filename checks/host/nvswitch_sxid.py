@@ -29,7 +29,7 @@ from pathlib import Path
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.kernel_log import cut_note, unreadable_log_remedy
+from nodecheck.checks.node.kernel_log import cut_note, line_age, unreadable_log_remedy
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
 from nodecheck.checks.node.xid import read_boot_time
 from nodecheck.checks.per_gpu import Verdict
@@ -124,7 +124,7 @@ def judge_sxid(
         shown = max(fatal_now, key=lambda e: (e.at is not None, e.at or 0.0))
     else:
         shown = _latest(current or fatal or seen)
-    when = "at an unknown time" if shown.at is None else f"{_ago(now - shown.at)} ago"
+    when = "at an unknown time" if shown.at is None else f"{line_age(now - shown.at)} ago"
     said = f"{len(fatal)} fatal" if fatal else "non-fatal"
     text = f"SXid {code} {info.name} x{len(seen)} ({said}), last {when}"
     if shown.message:
@@ -176,16 +176,6 @@ def judge_nvswitch(
 def _latest(events: list[SxidEvent]) -> SxidEvent:
     """The latest line (one without a time only when none has one)."""
     return max(events, key=lambda e: e.at if e.at is not None else float("-inf"))
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{max(seconds, 0):.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
 
 
 def _unreadable(err: ReadError) -> Result:

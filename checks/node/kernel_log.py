@@ -450,3 +450,14 @@ def unreadable_log_remedy(err: ReadError) -> str:
             "--kernel-log at a readable copy of the kernel log"
         )
     return "point --kernel-log at the kernel log (/dev/kmsg, or a kern.log file)"
+
+
+def line_age(seconds: float) -> str:
+    """How long ago a log line was written, as results say it: "45 s", "12 min", "3 h", "2 d"."""
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
