@@ -922,7 +922,7 @@ def bench(
         render_json,
         render_table,
     )
-    from nodecheck.checks.bench.options import BenchOptions, Thresholds
+    from nodecheck.checks.config import BenchOptions, Thresholds
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.inventory import read_hostname
     from nodecheck.checks.registry import load_benchmarks

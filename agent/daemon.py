@@ -50,7 +50,7 @@ from nodecheck.agent.exporter import (
 )
 from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
-from nodecheck.checks.bench.options import BenchOptions, Thresholds
+from nodecheck.checks.config import BenchOptions, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory

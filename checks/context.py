@@ -1,38 +1,37 @@
-"""What a check is given: the node's roots, its calling environment, and shared reads."""
+"""What a check is given: the node's facts, the configuration, and the previous readings.
+
+A check reads nothing itself. Its parts of the facts come through the context's
+properties (`ctx.inventory`, `ctx.gpus`, ...), from a FactsSource: the node itself
+(LiveFacts over NodeSources, each part read once, on first use, under its own lock)
+or a capture (NodeFacts, `check --facts`). So a rule is a function of facts, the
+previous readings (GPU and port counters, for rates) and `ctx.config`, and judges a
+capture anywhere exactly as it judges the live node.
+"""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.config import CheckConfig
+from nodecheck.checks.node.facts import FactsSource, LiveFacts, NodeSources, SharedCache
 from nodecheck.checks.node.fs import NodeFS
-from nodecheck.checks.node.gpu import (
-    GpuHistory,
-    GpuReading,
-    GpuSnapshot,
-    read_gpus,
-    resolve_lost_bus_ids,
-)
-from nodecheck.checks.node.inventory import Inventory, read_inventory
+from nodecheck.checks.node.gpu import GpuHistory, GpuReading, GpuSnapshot
 from nodecheck.checks.node.net import PortCounterHistory
-from nodecheck.checks.node.nvml import NvmlSession
-from nodecheck.checks.node.pci import PciDevice, read_nvidia_gpus
-from nodecheck.checks.node.variables import Variables, read_variables
-from nodecheck.checks.node.virtualization import detect_virtualization
 
 if TYPE_CHECKING:
-    # Only the XID checks read the kernel log: importing it (and datetime) here would
-    # slow every command, `tune` included, for nothing.
-    from nodecheck.checks.node.kernel_log import KernelLogText
+    from nodecheck.checks.node.inventory import Inventory
+    from nodecheck.checks.node.nvml import NvmlSession
+    from nodecheck.checks.node.pci import PciDevice
+    from nodecheck.checks.node.variables import Variables
     from nodecheck.checks.node.xid import XidLog
 
 T = TypeVar("T")
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class GpuView:
         return self.previous.get(gpu.bus_id or "")
 
 
-class SharedReads:
+class SharedReads(SharedCache):
     """Reads that checks running close together may share (the agent's GPU checks fall due
     within seconds of each other): one NVML snapshot serves them all for `ttl_s`, instead
     of one per check. A one-shot run has no need: its context is shared already."""
@@ -79,17 +78,16 @@ class SharedReads:
 
 @dataclass
 class CheckContext:
-    """Shared by every check of one run. Expensive reads happen once, on first use.
+    """Shared by every check of one run: the facts, the configuration, the histories.
 
-    The runner runs checks in parallel threads, so each shared read has its own
-    lock: a read that hangs (say, on /proc) holds up only the checks that need
-    that read, and those are reported when their deadline passes.
+    `facts` is where the parts come from. Left out, it is the live node described by
+    `fs`, `environ`, `uid`, `nvml` and `kernel_log` (the sources only checks/node reads).
     """
 
     fs: NodeFS = field(default_factory=NodeFS)
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    uid: int = field(default_factory=os.getuid)
-    nvml: NvmlSession = field(default_factory=NvmlSession)
+    environ: Mapping[str, str] | None = None
+    uid: int | None = None
+    nvml: NvmlSession | None = None
     # The previous GPU readings, for rates; the agent passes the same one every pass.
     gpu_history: GpuHistory = field(default_factory=GpuHistory)
     # The previous RDMA port counter readings, for rates; kept by the agent likewise.
@@ -98,19 +96,46 @@ class CheckContext:
     xid_log: XidLog | None = None
     # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.
     kernel_log: Path | None = None
-    expected_gpus: int | None = None
+    expected_gpus: Any = _UNSET  # shorthand for config.expected_gpus
     # Set by the agent: reads shared between the contexts of checks run close together.
     shared: SharedReads | None = None
-    # How benchmarks run (device, durations, gate limits, state directory).
-    bench: BenchOptions = field(default_factory=BenchOptions)
+    bench: Any = _UNSET  # shorthand for config.bench
+    config: CheckConfig = field(default_factory=CheckConfig)
+    facts: FactsSource = None  # type: ignore[assignment]
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def _shared(self, key: str, compute: Callable[[], T], version: object = None) -> T:
-        if self.shared is not None:
-            return self.shared.get(key, compute, version)
-        return self._once(key if version is None else f"{key} {version}", compute)
+    def __post_init__(self) -> None:
+        if self.expected_gpus is not _UNSET:
+            self.config.expected_gpus = self.expected_gpus
+        if self.bench is not _UNSET:
+            self.config.bench = self.bench
+        self.expected_gpus = self.config.expected_gpus
+        self.bench = self.config.bench
+        if self.facts is None:
+            import os
+
+            sources = NodeSources(
+                fs=self.fs,
+                environ=dict(os.environ) if self.environ is None else self.environ,
+                uid=os.getuid() if self.uid is None else self.uid,
+                nvml=self.nvml,
+                kernel_log=self.kernel_log,
+            )
+            self.facts = LiveFacts(sources, self.shared)
+            self.nvml = sources.session() if self.nvml is None else self.nvml
+
+    @property
+    def sources(self) -> NodeSources | None:
+        """The live node's sources, for what cannot be judged from a capture (benchmarks
+        run on the node; the agent closes its NVML session); None for a capture."""
+        return self.facts.sources if isinstance(self.facts, LiveFacts) else None
+
+    @property
+    def now(self) -> float:
+        """When the facts were taken (seconds since the epoch): the rules' "now"."""
+        return self.facts.taken_at
 
     def _once(self, key: str, compute: Callable[[], T]) -> T:
         with self._locks_lock:
@@ -120,57 +145,41 @@ class CheckContext:
                 self._cache[key] = compute()
             return self._cache[key]  # type: ignore[return-value]
 
+    def part(self, name: str) -> Any:
+        """Part `name` of the facts; PartUnavailableError when it could not be read."""
+        return self.facts.get(name)
+
     @property
     def inventory(self) -> Inventory:
-        return self._once("inventory", lambda: read_inventory(self.fs))
+        return self.facts.get("inventory")  # type: ignore[no-any-return]
 
     @property
     def variables(self) -> Variables:
-        return self._once("variables", lambda: read_variables(self.fs, self.environ, self.uid))
+        return self.facts.get("variables")  # type: ignore[no-any-return]
 
     @property
     def pci_gpus(self) -> list[PciDevice]:
-        """The NVIDIA GPUs on the PCI bus: from the inventory when it is already read,
-        otherwise by a lighter read (a GPU-only pass need not read every device)."""
-        inventory = self._cache.get("inventory")
-        if isinstance(inventory, Inventory):
-            return inventory.gpus
-        return self._shared("pci_gpus", lambda: read_nvidia_gpus(self.fs))
+        """The NVIDIA GPUs on the PCI bus."""
+        return self.facts.get("pci_gpus")  # type: ignore[no-any-return]
 
     @property
     def gpus(self) -> GpuView:
-        """What NVML says about every GPU, with each GPU's previous reading."""
-        return self._shared("gpus", self._read_gpus)
+        """What NVML says about every GPU, with each GPU's previous reading: the history
+        is exchanged once per snapshot, however many checks (and contexts) share it."""
+        snapshot: GpuSnapshot = self.facts.get("gpus")
 
-    def _read_gpus(self) -> GpuView:
-        snapshot = read_gpus(self.nvml)
-        if any(gpu.bus_id is None for gpu in snapshot.gpus):
-            resolve_lost_bus_ids(self.nvml, snapshot, [gpu.bdf for gpu in self.pci_gpus])
-        return GpuView(snapshot, self.gpu_history.exchange(snapshot))
+        def view() -> GpuView:
+            return GpuView(snapshot, self.gpu_history.exchange(snapshot))
 
-    @property
-    def kernel_log_path(self) -> Path:
-        return self.kernel_log if self.kernel_log is not None else self.fs.host("/dev/kmsg")
-
-    def kernel_log_text(self, path: Path) -> KernelLogText:
-        """The kernel log at `path`, read once per run however many checks scan it
-        (gpu_xid and nvswitch_sxid each did, up to 16 MiB apiece); in the agent, shared
-        by the checks run close together, as the NVML snapshot is.
-
-        Kept by path, with the file's identity, size and modification time: a log that
-        grew or was rotated since is read again (/dev/kmsg, whose size and time say
-        nothing, at most `shared.ttl_s` late, and at once after an XID event). A failed
-        read is not kept: each check reads for itself and reports its own ReadError."""
-        from nodecheck.checks.node.kernel_log import read_kernel_log
-
-        try:
-            info = os.stat(path)
-        except OSError:
-            return read_kernel_log(path)  # raises the ReadError that says why
-        version = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        return self._shared(f"kernel log {path}", lambda: read_kernel_log(path), version)
+        if self.shared is not None:
+            return self.shared.get("gpu view", view, version=id(snapshot))
+        return self._once(f"gpu view {id(snapshot)}", view)
 
     @property
     def virtualization(self) -> str | None:
         """Why this node looks like a VM, or None on bare metal."""
-        return self._once("virtualization", lambda: detect_virtualization(self.fs))
+        return self.facts.get("virtualization")  # type: ignore[no-any-return]
+
+    @property
+    def hostname(self) -> str:
+        return self.facts.get("hostname")  # type: ignore[no-any-return]

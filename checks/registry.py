@@ -23,11 +23,26 @@ CHECK_PACKAGES = ("nodecheck.checks.host", "nodecheck.checks.gpu")
 
 @dataclass(frozen=True)
 class Check:
+    """A registered check and what it declares beside itself: the parts of the facts it
+    judges (`needs`), whether those are complete only as root (the unprivileged agent
+    takes them from the root snapshot), which CheckConfig fields it reads, its interval
+    and its timeout."""
+
     name: str
     run: CheckFunction
     interval_s: float
     timeout_s: float
     description: str
+    needs: tuple[str, ...] = ()
+    root: bool = False
+    options: tuple[str, ...] = ()
+
+    @property
+    def nvml(self) -> bool:
+        """Whether it judges what NVML says (the agent gives it the NVML session)."""
+        from nodecheck.checks.node.facts import PARTS
+
+        return any(PARTS[name].nvml for name in self.needs)
 
 
 _REGISTRY: dict[str, Check] = {}
@@ -38,30 +53,58 @@ BENCH_PACKAGE = "nodecheck.checks.bench"
 
 
 def _register_into(
-    registry: dict[str, Check], name: str, interval_s: float, timeout_s: float
+    registry: dict[str, Check],
+    name: str,
+    interval_s: float,
+    timeout_s: float,
+    needs: tuple[str, ...],
+    root: bool,
+    options: tuple[str, ...],
 ) -> Callable[[CheckFunction], CheckFunction]:
+    from nodecheck.checks.node.facts import PARTS
+
+    unknown = [part for part in needs if part not in PARTS]
+    if unknown:
+        raise ValueError(f"check {name!r} needs unknown facts {unknown} (parts: {list(PARTS)})")
+
     def decorate(function: CheckFunction) -> CheckFunction:
         if name in registry and registry[name].run is not function:
             raise ValueError(f"check {name!r} registered twice")
         description = (function.__doc__ or name).strip().splitlines()[0]
-        registry[name] = Check(name, function, interval_s, timeout_s, description)
+        registry[name] = Check(
+            name, function, interval_s, timeout_s, description, needs, root, options
+        )
         return function
 
     return decorate
 
 
 def register(
-    name: str, *, interval_s: float, timeout_s: float
+    name: str,
+    *,
+    interval_s: float,
+    timeout_s: float,
+    needs: tuple[str, ...],
+    root: bool = False,
+    options: tuple[str, ...] = (),
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check; its docstring's first line is its description."""
-    return _register_into(_REGISTRY, name, interval_s, timeout_s)
+    """Register a check; its docstring's first line is its description. `needs` names
+    the parts of the facts it judges; `root` that they are complete only as root;
+    `options` the CheckConfig fields it reads."""
+    return _register_into(_REGISTRY, name, interval_s, timeout_s, needs, root, options)
 
 
 def register_benchmark(
-    name: str, *, interval_s: float, timeout_s: float
+    name: str,
+    *,
+    interval_s: float,
+    timeout_s: float,
+    needs: tuple[str, ...] = ("gpus",),
+    options: tuple[str, ...] = ("bench",),
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a benchmark (a check that runs only when asked for, or on its own schedule)."""
-    return _register_into(_BENCHMARKS, name, interval_s, timeout_s)
+    """Register a benchmark (a check that runs only when asked for, or on its own schedule).
+    A benchmark measures the live node (a child process on its GPUs): never a capture."""
+    return _register_into(_BENCHMARKS, name, interval_s, timeout_s, needs, False, options)
 
 
 def load_benchmarks() -> dict[str, Check]:

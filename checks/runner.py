@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.fs import reads_in_flight
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status, worst
@@ -91,10 +92,28 @@ class _Worker:
 def _run_one(worker: _Worker, ctx: CheckContext) -> None:
     try:
         worker.results = list(worker.check.run(ctx))
+    except PartUnavailableError as err:
+        # The facts it judges could not be read (or a capture lacks them): said as such.
+        worker.results = [unjudged(worker.check, err)]
     except BaseException as err:
         worker.failure = err
     finally:
         worker.finished = time.monotonic()
+
+
+def unjudged(check: Check, err: PartUnavailableError) -> Result:
+    """The one result of a check whose facts could not be read: `error`, naming why."""
+    unread = err.unread
+    details: dict[str, object] = {"cause": unread.cause, "part": err.name}
+    if unread.stuck_reading:
+        details["stuck_reading"] = list(unread.stuck_reading)
+    return Result(
+        Status.ERROR,
+        NODE,
+        f"check {check.name} cannot judge: {unread.reason}",
+        unread.remedy,
+        details,
+    )
 
 
 def run_checks(checks: Sequence[Check], ctx: CheckContext) -> list[CheckRun]:

@@ -21,9 +21,9 @@ from nodecheck.checks.bench.driver import (
     run_benchmark,
     select_targets,
 )
-from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.peaks import FLOOR_MIN_PAYLOAD, allreduce_floor
 from nodecheck.checks.bench.state import BenchState
+from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status

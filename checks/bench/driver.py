@@ -16,8 +16,8 @@ from typing import Any
 
 from nodecheck.checks.bench.child_runner import run_child
 from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal, check_gate
-from nodecheck.checks.bench.options import BenchOptions, Thresholds
 from nodecheck.checks.bench.state import BenchBusyError, BenchState
+from nodecheck.checks.config import BenchOptions, Thresholds
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuActivity, GpuReading, read_gpu_activity
 from nodecheck.checks.node.inventory import read_hostname

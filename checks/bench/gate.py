@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text, read_text
 from nodecheck.checks.node.gpu import GpuActivity, read_gpu_activity

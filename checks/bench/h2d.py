@@ -20,8 +20,8 @@ from nodecheck.checks.bench.driver import (
     run_benchmark,
     select_targets,
 )
-from nodecheck.checks.bench.options import BenchOptions
 from nodecheck.checks.bench.state import BenchState
+from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.per_gpu import GPU_LABELS
 from nodecheck.checks.registry import register_benchmark

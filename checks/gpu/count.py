@@ -69,7 +69,9 @@ def _other_driver_remedy(driver: str) -> str:
     )
 
 
-@register("gpu_count", interval_s=60, timeout_s=30)
+@register(
+    "gpu_count", interval_s=60, timeout_s=30, needs=("gpus", "pci_gpus"), options=("expected_gpus",)
+)
 def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     """GPUs on the PCI bus, GPUs NVML sees, and the expected count."""
     on_bus = ctx.pci_gpus

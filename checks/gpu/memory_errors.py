@@ -217,7 +217,7 @@ def _judge_pages(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> N
 QUERIES = ("ecc_mode", "ecc", "remapped_rows", "retired_pages", "retired_pages_pending")
 
 
-@register("gpu_memory_errors", interval_s=60, timeout_s=30)
+@register("gpu_memory_errors", interval_s=60, timeout_s=30, needs=("gpus",))
 def check_gpu_memory_errors(ctx: CheckContext) -> Iterator[Result]:
     """ECC errors, row remapping and retired pages per GPU."""
     yield from per_gpu_results(ctx, judge_memory, QUERIES)

@@ -112,7 +112,7 @@ def _judge_rates(gpu: GpuReading, previous: GpuReading, verdict: Verdict) -> Non
 QUERIES = ("nvlink", "field_values", "nvlink_errors")
 
 
-@register("gpu_nvlink", interval_s=60, timeout_s=30)
+@register("gpu_nvlink", interval_s=60, timeout_s=30, needs=("gpus",))
 def check_gpu_nvlink(ctx: CheckContext) -> Iterator[Result]:
     """NVLinks expected vs active per GPU, and their error rates."""
     gpus = ctx.gpus.snapshot.gpus

@@ -111,7 +111,7 @@ def judge_pcie(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
 QUERIES = ("pcie", "field_values", "utilization", "processes", "pcie_replays")
 
 
-@register("gpu_pcie", interval_s=60, timeout_s=30)
+@register("gpu_pcie", interval_s=60, timeout_s=30, needs=("gpus",))
 def check_gpu_pcie(ctx: CheckContext) -> Iterator[Result]:
     """NVML's PCIe generation and width per GPU, and the replay rate."""
     yield from per_gpu_results(ctx, judge_pcie, QUERIES)

@@ -230,7 +230,7 @@ QUERIES = (
 )
 
 
-@register("gpu_state", interval_s=60, timeout_s=30)
+@register("gpu_state", interval_s=60, timeout_s=30, needs=("gpus",))
 def check_gpu_state(ctx: CheckContext) -> Iterator[Result]:
     """Temperature, power limit, persistence, recovery action, driver and processes per GPU."""
     if nvml_unavailable_result(ctx) is None:

@@ -169,7 +169,7 @@ def _shares(gpu: GpuReading, previous: GpuReading | None) -> tuple[dict[str, flo
 QUERIES = ("clock_event_reasons", "field_values", "throttle_time")
 
 
-@register("gpu_throttle", interval_s=30, timeout_s=30)
+@register("gpu_throttle", interval_s=30, timeout_s=30, needs=("gpus",))
 def check_gpu_throttle(ctx: CheckContext) -> Iterator[Result]:
     """Clock throttling per GPU, by the share of time each reason was active."""
     yield from per_gpu_results(ctx, judge_throttle, QUERIES)

@@ -33,12 +33,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import GpuReading
-from nodecheck.checks.node.kernel_log import line_age, unreadable_log_remedy
+from nodecheck.checks.node.kernel_log import line_age
+from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
 from nodecheck.checks.node.xid import (
     NVLINK5_XIDS,
     KernelLogXids,
@@ -46,7 +45,6 @@ from nodecheck.checks.node.xid import (
     XidEvent,
     XidLog,
     classify,
-    kernel_log_xids,
     merge_sources,
 )
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict
@@ -298,12 +296,12 @@ def judge_gpu(
     return verdict
 
 
-def _unreadable(err: ReadError) -> Result:
+def _unreadable(err: KernelLogUnreadable) -> Result:
     return Result(
         Status.ERROR,
         NODE,
-        f"cannot read the kernel log for XIDs: {err}",
-        unreadable_log_remedy(err),
+        f"cannot read the kernel log for XIDs: {err.message}",
+        err.remedy,
         {"cause": err.reason},
     )
 
@@ -342,7 +340,7 @@ def _unregistered(bus_id: str, gpu: GpuReading | None, unwatched: dict[str, str]
     return f"NVML names no GPU at this bus id, and could not register {named}"
 
 
-@register("gpu_xid", interval_s=60, timeout_s=30)
+@register("gpu_xid", interval_s=60, timeout_s=30, needs=("kernel_log", "gpus", "pci_gpus"))
 def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     """XID errors per GPU, judged by NVIDIA's recommended action.
 
@@ -353,14 +351,10 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     before the listener started are not seen: a note, not a warning every node
     would carry for ever.
     """
-    path: Path | str = ctx.kernel_log or "/dev/kmsg under the root filesystem"
-    try:
-        path = ctx.kernel_log_path  # under --rootfs: a symlink loop there is a ReadError
-        kernel = kernel_log_xids(ctx.fs, path, ctx.kernel_log_text(path))
-        unreadable = None
-    except ReadError as err:
-        kernel = KernelLogXids([], None)
-        unreadable = err
+    log: KernelLogFacts = ctx.part("kernel_log")
+    path = log.source
+    kernel = KernelLogXids(list(log.xids), log.boot_time, log.cut, log.notes)
+    unreadable = log.unreadable
     view = ctx.gpus
     readings = view.snapshot.by_bus_id()
     known = {gpu.bdf for gpu in ctx.pci_gpus} | set(readings)
@@ -389,7 +383,7 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         log_name = f"the kernel log ({path})"
         log_source = f"{kernel.cut} of {log_name}" if kernel.cut else log_name
     unwatched = ctx.xid_log.unwatched if ctx.xid_log is not None else {}
-    now = time.time()
+    now = ctx.now
     for bus_id in sorted(known | {e.bus_id for e in events}):
         gpu = readings.get(bus_id)
         # A GPU that stopped answering keeps the labels of its last good
@@ -410,7 +404,8 @@ def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
         elif unreadable is not None and listening and unregistered is None:
             verdict.add(
                 Status.OK,
-                f"the kernel log is unreadable ({unreadable}): XIDs from before then are not seen",
+                f"the kernel log is unreadable ({unreadable.message}): "
+                "XIDs from before then are not seen",
             )
         elif unregistered is not None:
             if unreadable is None:

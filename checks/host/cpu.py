@@ -59,7 +59,7 @@ def problem_results(problems: dict[str, str]) -> Iterator[Result]:
         )
 
 
-@register("cpu", interval_s=3600, timeout_s=10)
+@register("cpu", interval_s=3600, timeout_s=10, needs=("inventory",))
 def check_cpu(ctx: CheckContext) -> Iterator[Result]:
     """CPU frequency governor and SMT state."""
     topology = ctx.inventory.cpu

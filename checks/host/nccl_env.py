@@ -470,7 +470,7 @@ def gid_discovery_results(
     return results
 
 
-@register("nccl_env", interval_s=300, timeout_s=15)
+@register("nccl_env", interval_s=300, timeout_s=15, needs=("variables", "inventory"), root=True)
 def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
     """NCCL, CUDA and torch.distributed variables that slow, hang or break jobs."""
     facts = node_facts(ctx.inventory)

@@ -34,7 +34,7 @@ NUMA_BALANCING = MetricSpec(
 )
 
 
-@register("numa", interval_s=3600, timeout_s=10)
+@register("numa", interval_s=3600, timeout_s=10, needs=("inventory",))
 def check_numa(ctx: CheckContext) -> Iterator[Result]:
     """NUMA locality of the GPUs, empty NUMA nodes and automatic NUMA balancing."""
     inventory = ctx.inventory

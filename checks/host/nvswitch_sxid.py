@@ -22,16 +22,13 @@ whose kernel log cannot be read is `error`: no SXid seen is not no SXid.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.kernel_log import cut_note, line_age, unreadable_log_remedy
-from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
-from nodecheck.checks.node.xid import read_boot_time
+from nodecheck.checks.node.kernel_log import line_age
+from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
+from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
@@ -178,47 +175,46 @@ def _latest(events: list[SxidEvent]) -> SxidEvent:
     return max(events, key=lambda e: e.at if e.at is not None else float("-inf"))
 
 
-def _unreadable(err: ReadError) -> Result:
+def _unreadable(err: KernelLogUnreadable) -> Result:
     return Result(
         Status.ERROR,
         NODE,
-        f"cannot read the kernel log for NVSwitch SXids: {err}",
-        unreadable_log_remedy(err),
+        f"cannot read the kernel log for NVSwitch SXids: {err.message}",
+        err.remedy,
         {"cause": err.reason},
     )
 
 
-@register("nvswitch_sxid", interval_s=60, timeout_s=30)
+@register(
+    "nvswitch_sxid", interval_s=60, timeout_s=30, needs=("inventory", "kernel_log"), root=True
+)
 def check_nvswitch_sxid(ctx: CheckContext) -> Iterator[Result]:
     """NVSwitch SXid errors per NVSwitch, judged as the Fabric Manager guide says."""
     inventory = ctx.inventory
     switches = {device.bdf for device in inventory.nvswitches}
-    path: Path | str = ctx.kernel_log or "/dev/kmsg under the root filesystem"
-    try:
-        path = ctx.kernel_log_path
-        read = ctx.kernel_log_text(path)
-    except ReadError as err:
+    log: KernelLogFacts = ctx.part("kernel_log")
+    if log.unreadable is not None:
         if not switches:
             yield Result(Status.SKIP, NODE, "no NVSwitch on the PCI bus")
         else:
-            yield _unreadable(err)
+            yield _unreadable(log.unreadable)
         return
-    boot_time = read_boot_time(ctx.fs)
-    now = time.time()
-    events = parse_sxids(read.text, boot_time, now)
+    boot_time = log.boot_time
+    now = ctx.now
+    events = list(log.sxids)
     buses = switches | {event.bus_id for event in events}
     if not buses:
         yield Result(Status.SKIP, NODE, "no NVSwitch on the PCI bus, and no SXid in the kernel log")
         return
-    cut = cut_note(read)
-    source = f"the kernel log ({path})"
+    cut = log.cut
+    source = f"the kernel log ({log.source})"
     if cut:
         source = f"{cut} of {source}"
     for bus_id in sorted(buses):
         mine = [event for event in events if event.bus_id == bus_id]
         verdict = judge_nvswitch(bus_id, mine, now, boot_time, source)
-        if read.notes:
-            verdict.details["log_notes"] = list(read.notes)  # what reading the log inferred
+        if log.notes:
+            verdict.details["log_notes"] = list(log.notes)  # what reading the log inferred
         if bus_id in switches:
             yield verdict.result(nvswitch_subject(bus_id))
             continue

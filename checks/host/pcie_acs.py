@@ -59,7 +59,9 @@ def setpci_remedy(bridge: str) -> str:
     )
 
 
-@register("pcie_acs", interval_s=3600, timeout_s=10)
+@register(
+    "pcie_acs", interval_s=3600, timeout_s=10, needs=("inventory", "virtualization"), root=True
+)
 def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
     """PCIe ACS redirect on switch ports between GPUs or RDMA NICs and their root port."""
     inventory = ctx.inventory

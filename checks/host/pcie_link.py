@@ -157,7 +157,7 @@ def as_information(result: Result, role: NicRole) -> Result:
     )
 
 
-@register("pcie_link", interval_s=300, timeout_s=10)
+@register("pcie_link", interval_s=300, timeout_s=10, needs=("inventory",))
 def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     """PCIe link width and speed of GPUs, NICs and the switch uplinks above them."""
     inventory = ctx.inventory

@@ -283,7 +283,7 @@ def _unlisted_note(device: RdmaDevice) -> str:
     )
 
 
-@register("rdma_ports", interval_s=60, timeout_s=15)
+@register("rdma_ports", interval_s=60, timeout_s=15, needs=("inventory",))
 def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
     """RDMA ports of the compute NICs ACTIVE at the node's rail rate, and their error rates."""
     inventory = ctx.inventory

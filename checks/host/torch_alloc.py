@@ -215,7 +215,7 @@ def both_names_disagree(settings: list[Setting]) -> list[Result]:
     return results
 
 
-@register("torch_alloc", interval_s=300, timeout_s=15)
+@register("torch_alloc", interval_s=300, timeout_s=15, needs=("variables",), root=True)
 def check_torch_alloc(ctx: CheckContext) -> Iterator[Result]:
     """PyTorch allocator settings: options torch rejects, and expandable segments."""
     variables = ctx.variables

@@ -384,3 +384,73 @@ class NodeFS:
             # "/" + "/etc/nccl.conf" must become /etc/nccl.conf, not //etc/nccl.conf.
             return Path(posixpath.normpath("/" + absolute.lstrip("/")))
         return resolve_inside(self.rootfs, absolute)
+
+
+# Regular files only, opened without side effects: the agent's configuration and PEM
+# files, and captures (`--facts`), are read this way.
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, as an operator would say it."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+class NotRegularFileError(Exception):
+    """A path that is something other than a regular file: what it is, as file_kind says."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def open_regular_file(path: Path) -> int:
+    """A read-only, non-blocking descriptor of the regular file at `path`.
+
+    stat(2) first, and nothing but a regular file is opened: opening a device node has
+    side effects of its own (/dev/watchdog arms the hardware watchdog, a tape device
+    rewinds, a FIFO wakes a writer blocked in open(2): fifo(7)). fstat(2) after the open
+    confirms it is still that file, should the path have been replaced in between.
+    NotRegularFileError when it is not one; OSError (FileNotFoundError, ...) or
+    ValueError (a NUL in the path) from the calls themselves.
+    """
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode):
+        raise NotRegularFileError(file_kind(before.st_mode))
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        after = os.fstat(descriptor)
+    except OSError:
+        os.close(descriptor)
+        raise
+    if not stat.S_ISREG(after.st_mode) or (after.st_dev, after.st_ino) != (
+        before.st_dev,
+        before.st_ino,
+    ):
+        os.close(descriptor)
+        kind = file_kind(after.st_mode) if not stat.S_ISREG(after.st_mode) else "another file"
+        raise NotRegularFileError(f"replaced while being opened (now {kind})")
+    return descriptor
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The start of a regular file, one byte past `limit` at most, so a caller tells a file
+    of `limit` bytes from a longer one; opened by open_regular_file (its errors, and
+    OSError from the reads)."""
+    descriptor = open_regular_file(path)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size <= limit:
+            chunk = os.read(descriptor, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(descriptor)
+    return b"".join(chunks)

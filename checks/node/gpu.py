@@ -204,13 +204,31 @@ class GpuReading:
         return {"gpu": str(self.index), "bus_id": self.bus_id or "", "model": self.model}
 
 
+@dataclass(frozen=True)
+class NvmlFailure:
+    """Why NVML could not be used: the NvmlUnavailableError kind ("library_missing", ...)
+    or "hung", and its message. Data, not the exception, so a capture carries it."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, err: NvmlUnavailableError | NvmlHungError) -> NvmlFailure:
+        if isinstance(err, NvmlHungError):
+            return cls("hung", str(err))
+        return cls(err.kind, err.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass
 class GpuSnapshot:
     """Every GPU NVML enumerates, or why NVML could not be used."""
 
     gpus: list[GpuReading] = field(default_factory=list)
-    unavailable: NvmlUnavailableError | None = None
-    hung: NvmlHungError | None = None
+    unavailable: NvmlFailure | None = None
+    hung: NvmlFailure | None = None
     driver_version: str | None = None
     cuda_driver_version: int | None = None
 
@@ -642,20 +660,20 @@ def read_gpus(session: NvmlSession) -> GpuSnapshot:
     try:
         nvml = session.module()
     except NvmlUnavailableError as err:
-        snapshot.unavailable = err
+        snapshot.unavailable = NvmlFailure.of(err)
         return snapshot
     except NvmlHungError as err:
-        snapshot.hung = err
+        snapshot.hung = NvmlFailure.of(err)
         return snapshot
     try:
         count, snapshot.driver_version, snapshot.cuda_driver_version = session.run(
             lambda: _system(nvml), ENUMERATION_JOB
         )
     except NvmlHungError as err:
-        snapshot.hung = err
+        snapshot.hung = NvmlFailure.of(err)
         return snapshot
     except (nvml.NVMLError, ValueError) as err:
-        snapshot.unavailable = NvmlUnavailableError(
+        snapshot.unavailable = NvmlFailure(
             NvmlUnavailableError.QUERY_FAILED,
             f"NVML could not list the GPUs: {describe_error(err)}",
         )

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from nodecheck.checks.config import DEFAULT_NVML_TIMEOUT_S
+
 T = TypeVar("T")
 
 # nvmlReturn_t values (nvml.h) that mean "this GPU is gone until a reset".
@@ -41,7 +43,7 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 
-DEFAULT_DEADLINE_S = 5.0
+DEFAULT_DEADLINE_S = DEFAULT_NVML_TIMEOUT_S
 
 
 class NvmlUnavailableError(Exception):

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from nodecheck.checks import context as context_module
+from nodecheck.checks.node import variables as variables_module
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
@@ -81,7 +81,7 @@ def test_a_hung_shared_read_holds_up_only_its_own_users(
         released.wait(30)
         raise RuntimeError("released")
 
-    monkeypatch.setattr(context_module, "read_variables", stuck_read)
+    monkeypatch.setattr(variables_module, "read_variables", stuck_read)
 
     def uses_variables(ctx: CheckContext) -> Iterable[Result]:
         return [Result(Status.OK, NODE, str(len(ctx.variables.settings)))]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal
-from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import parse_cpulist
 from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS, ReadError

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from nodecheck.checks.bench.gate import check_gate
-from nodecheck.checks.bench.options import BenchOptions
+from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.node.gpu import GpuHistory, read_gpu_activity
 from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog

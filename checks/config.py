@@ -1,4 +1,9 @@
-"""How a benchmark run is asked for: devices, durations, the gate's limits, thresholds."""
+"""The configuration every check is judged under, each default declared once.
+
+CheckConfig reaches every check as `ctx.config`: the GPU count the node should have,
+the NVML deadline, and how benchmarks run (devices, durations, the gate's limits,
+thresholds). The agent's TOML and the command's options start from these defaults.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,11 @@ def default_state_dir() -> Path:
         return Path("/var/lib/nodecheck")
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "nodecheck"
+
+
+# NVML calls are answered in milliseconds; past this a call is hung (a GPU off the bus can
+# hold the driver for tens of seconds). The agent's nvml_timeout and --nvml-timeout.
+DEFAULT_NVML_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,3 +65,13 @@ class BenchOptions:
     def child_timeout_s(self) -> float:
         """The child's hard deadline: torch import and set-up take seconds of their own."""
         return self.timeout_s if self.timeout_s is not None else 60.0 + 3 * self.duration_s
+
+
+@dataclass
+class CheckConfig:
+    """What checks are told rather than read: the one configuration object they get."""
+
+    # How many GPUs this node should have; None: as many as the PCI bus shows.
+    expected_gpus: int | None = None
+    nvml_timeout_s: float = DEFAULT_NVML_TIMEOUT_S
+    bench: BenchOptions = field(default_factory=BenchOptions)

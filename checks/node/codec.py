@@ -1,0 +1,313 @@
+"""Dataclasses to JSON and back, by their type hints: the encoding of nodecheck.facts/v1.
+
+Every fact is a dataclass of plain values (str, int, float, bool, None, Path, enums,
+lists, tuples, sets, dicts and other such dataclasses). `encode` turns one into JSON
+values; `decode` builds the equal object back from them, checking each value against
+the field's type and naming where it is wrong (`parts.gpus.gpus[3].power_w: expected
+a number, found a string`), so a damaged or hand-edited capture is refused in one
+line, never half-loaded.
+
+JSON has no NaN or infinity: a float that is not finite is written as the string
+"NaN", "Infinity" or "-Infinity". Sets are written sorted, dictionaries by key
+order of `json.dumps(sort_keys=True)`, so the same facts always give the same text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import sys
+import types
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+Decoder = Callable[[Any, str], Any]
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class FactsFormatError(ValueError):
+    """A value that does not fit its field; the message says where and why."""
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _sort_key(value: object) -> tuple[str, object]:
+    return (type(value).__name__, value if isinstance(value, (int, float, str)) else repr(value))
+
+
+def encode(value: object) -> Any:
+    """JSON values for a fact (a dataclass, or anything a fact's field may hold)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value.value if isinstance(value, enum.Enum) else value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, enum.Enum):
+        return encode(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            spec.name: encode(getattr(value, spec.name))
+            for spec in dataclasses.fields(value)
+            if spec.init
+        }
+    if isinstance(value, (set, frozenset)):
+        return [encode(item) for item in sorted(value, key=_sort_key)]
+    if isinstance(value, (list, tuple)):
+        return [encode(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(encode(key)): encode(item) for key, item in value.items()}
+    raise TypeError(f"{type(value).__name__} is not a fact")
+
+
+_DECODERS: dict[object, Decoder] = {}
+
+
+def decode(hint: object, value: Any, where: str) -> Any:
+    """The object of type `hint` that `value` (JSON values) encodes; FactsFormatError
+    naming `where` in the document when it does not fit."""
+    return decoder_for(hint)(value, where)
+
+
+def decoder_for(hint: object) -> Decoder:
+    found = _DECODERS.get(hint)
+    if found is None:
+        found = _build(hint)
+        _DECODERS[hint] = found
+    return found
+
+
+def _wrong(where: str, expected: str, value: object) -> FactsFormatError:
+    return FactsFormatError(f"{where}: expected {expected}, found {_kind(value)}")
+
+
+def _decode_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise _wrong(where, "a string", value)
+    return value
+
+
+def _decode_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong(where, "an integer", value)
+    return value
+
+
+def _decode_float(value: Any, where: str) -> float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong(where, "a number", value)
+    return float(value)
+
+
+def _decode_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _wrong(where, "true or false", value)
+    return value
+
+
+def _decode_any(value: Any, where: str) -> Any:
+    return value
+
+
+def _decode_path(value: Any, where: str) -> Path:
+    return Path(_decode_str(value, where))
+
+
+def _build(hint: object) -> Decoder:
+    if hint in (Any, object):
+        return _decode_any
+    if hint is str:
+        return _decode_str
+    if hint is bool:
+        return _decode_bool
+    if hint is int:
+        return _decode_int
+    if hint is float:
+        return _decode_float
+    if hint is type(None):
+        return _decode_none
+    if isinstance(hint, type) and issubclass(hint, Path):
+        return _decode_path
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum_decoder(hint)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _dataclass_decoder(hint)
+    origin = typing.get_origin(hint)
+    arguments = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _union_decoder(arguments)
+    if origin is typing.Literal:
+        return _literal_decoder(arguments)
+    if origin in (list, tuple, set, frozenset) or origin is typing.Sequence:
+        return _sequence_decoder(origin, arguments)
+    if origin in (dict, Mapping) or (origin is not None and _is_mapping(origin)):
+        return _mapping_decoder(arguments)
+    if origin is not None and _is_sequence(origin):
+        return _sequence_decoder(tuple, (arguments[0], ...))
+    raise TypeError(f"no facts decoder for {hint!r}")
+
+
+def _is_mapping(origin: object) -> bool:
+    return isinstance(origin, type) and issubclass(origin, Mapping)
+
+
+def _is_sequence(origin: object) -> bool:
+    from collections.abc import Sequence
+
+    return isinstance(origin, type) and issubclass(origin, Sequence)
+
+
+def _decode_none(value: Any, where: str) -> None:
+    if value is not None:
+        raise _wrong(where, "null", value)
+
+
+def _enum_decoder(cls: type[enum.Enum]) -> Decoder:
+    def decode_enum(value: Any, where: str) -> enum.Enum:
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(repr(member.value) for member in cls)
+            raise FactsFormatError(f"{where}: {value!r} is not one of {names}") from None
+
+    return decode_enum
+
+
+def _literal_decoder(allowed: tuple[object, ...]) -> Decoder:
+    def decode_literal(value: Any, where: str) -> Any:
+        if value not in allowed:
+            raise FactsFormatError(f"{where}: {value!r} is not one of {allowed!r}")
+        return value
+
+    return decode_literal
+
+
+def _union_decoder(arms: tuple[object, ...]) -> Decoder:
+    optional = type(None) in arms
+    others = [arm for arm in arms if arm is not type(None)]
+    if len(others) == 1:
+        inner = decoder_for(others[0])
+
+        def decode_optional(value: Any, where: str) -> Any:
+            return None if value is None and optional else inner(value, where)
+
+        return decode_optional
+    decoders = [decoder_for(arm) for arm in others]
+
+    def decode_union(value: Any, where: str) -> Any:
+        if value is None and optional:
+            return None
+        failures = []
+        for decoder in decoders:
+            try:
+                return decoder(value, where)
+            except FactsFormatError as err:
+                failures.append(str(err))
+        raise FactsFormatError(failures[0] if len(failures) == 1 else f"{where}: fits no type")
+
+    return decode_union
+
+
+def _sequence_decoder(origin: object, arguments: tuple[object, ...]) -> Decoder:
+    if origin is tuple and arguments and arguments[-1] is not Ellipsis:
+        items = [decoder_for(argument) for argument in arguments]
+
+        def decode_fixed(value: Any, where: str) -> tuple[Any, ...]:
+            if not isinstance(value, list) or len(value) != len(items):
+                raise _wrong(where, f"a list of {len(items)}", value)
+            return tuple(
+                item(v, f"{where}[{i}]")
+                for i, (item, v) in enumerate(zip(items, value, strict=True))
+            )
+
+        return decode_fixed
+    item = decoder_for(arguments[0] if arguments else Any)
+    build: Callable[[list[Any]], Any] = {tuple: tuple, set: set, frozenset: frozenset}.get(
+        origin,  # type: ignore[call-overload]
+        list,
+    )
+
+    def decode_sequence(value: Any, where: str) -> Any:
+        if not isinstance(value, list):
+            raise _wrong(where, "a list", value)
+        return build([item(v, f"{where}[{i}]") for i, v in enumerate(value)])
+
+    return decode_sequence
+
+
+def _mapping_decoder(arguments: tuple[object, ...]) -> Decoder:
+    key_hint, value_hint = arguments if arguments else (str, Any)
+    item = decoder_for(value_hint)
+    if key_hint is int:
+
+        def decode_key(key: str, where: str) -> Any:
+            try:
+                return int(key)
+            except ValueError:
+                raise FactsFormatError(f"{where}: key {key!r} is not an integer") from None
+
+    else:
+        key_decoder = decoder_for(key_hint)
+
+        def decode_key(key: str, where: str) -> Any:
+            return key_decoder(key, where)
+
+    def decode_mapping(value: Any, where: str) -> dict[Any, Any]:
+        if not isinstance(value, dict):
+            raise _wrong(where, "an object", value)
+        return {decode_key(k, where): item(v, f"{where}[{k!r}]") for k, v in value.items()}
+
+    return decode_mapping
+
+
+def _dataclass_decoder(cls: type) -> Decoder:
+    module = sys.modules.get(cls.__module__)
+    hints = typing.get_type_hints(cls, vars(module) if module else None)
+    fields = [spec for spec in dataclasses.fields(cls) if spec.init]
+    # Filled in on first use: a dataclass that holds itself (a tree) must not recurse here.
+    decoders: dict[str, Decoder] = {}
+    required = {
+        spec.name
+        for spec in fields
+        if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+    }
+    known = {spec.name for spec in fields}
+
+    def decode_dataclass(value: Any, where: str) -> Any:
+        if not isinstance(value, dict):
+            raise _wrong(where, f"an object ({cls.__name__})", value)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise FactsFormatError(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
+        missing = sorted(required - set(value))
+        if missing:
+            raise FactsFormatError(f"{where}: no {missing[0]!r} ({cls.__name__})")
+        if not decoders:
+            decoders.update({spec.name: decoder_for(hints[spec.name]) for spec in fields})
+        return cls(
+            **{name: decoders[name](item, f"{where}.{name}") for name, item in value.items()}
+        )
+
+    return decode_dataclass

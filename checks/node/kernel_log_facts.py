@@ -1,0 +1,76 @@
+"""The kernel log as facts: its XID and SXid lines, parsed, never its whole text.
+
+A capture must be safe to send, and a kernel log holds more than GPU errors (user
+names in audit lines, addresses): only the lines nodecheck judges are kept, each cut
+to 200 characters by kernel_log.cut_message. What reading the log inferred and why it
+could not be read (with the remedy: CAP_SYSLOG for /dev/kmsg under dmesg_restrict)
+are kept with them, so an unreadable log stays "could not determine" after a round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodecheck.checks.node.fs import NodeFS, ReadError
+from nodecheck.checks.node.kernel_log import cut_note, read_kernel_log, unreadable_log_remedy
+from nodecheck.checks.node.sxid import SxidEvent, parse_sxids
+from nodecheck.checks.node.xid import XidEvent, parse_kernel_log, read_boot_time
+
+DEFAULT_SOURCE = "/dev/kmsg under the root filesystem"
+
+
+@dataclass(frozen=True)
+class KernelLogUnreadable:
+    """Why the kernel log could not be read: ReadError's text and reason, and the remedy."""
+
+    message: str
+    reason: str
+    remedy: str
+
+
+@dataclass(frozen=True)
+class KernelLogFacts:
+    """The XIDs and SXids of the kernel log at `source`, or why it could not be read."""
+
+    source: str  # the path read (or DEFAULT_SOURCE when even the path failed)
+    boot_time: float | None  # when this boot began, wall-clock seconds (/proc/stat btime)
+    xids: tuple[XidEvent, ...] = ()
+    sxids: tuple[SxidEvent, ...] = ()
+    cut: str | None = None  # "the last 16 MiB of 40 MiB" when only the tail was read
+    notes: tuple[str, ...] = ()  # what reading the log inferred (KernelLogText.notes)
+    unreadable: KernelLogUnreadable | None = None
+
+
+def kernel_log_version(path: Path) -> object:
+    """What the log's facts were computed from: the file's identity, size and time (a
+    log that grew or was rotated is read again). A file that cannot be stat'ed gets a
+    fresh version each time: a failed read is never kept."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return object()
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def read_log_facts(kernel_log: Path | None, fs: NodeFS) -> KernelLogFacts:
+    """The kernel log's facts: at `kernel_log`, else <rootfs>/dev/kmsg."""
+    source = str(kernel_log) if kernel_log is not None else DEFAULT_SOURCE
+    boot_time = read_boot_time(fs)
+    try:
+        path = kernel_log if kernel_log is not None else fs.host("/dev/kmsg")
+        source = str(path)
+        read = read_kernel_log(path)
+    except ReadError as err:
+        unreadable = KernelLogUnreadable(str(err), err.reason, unreadable_log_remedy(err))
+        return KernelLogFacts(source, boot_time, unreadable=unreadable)
+    return KernelLogFacts(
+        source,
+        boot_time,
+        tuple(parse_kernel_log(read.text, boot_time)),
+        tuple(parse_sxids(read.text, boot_time, time.time())),
+        cut_note(read),
+        read.notes,
+    )
