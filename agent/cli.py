@@ -76,7 +76,7 @@ def _remember_regular_file(ctx: click.Context, param: click.Parameter, value: An
     if value is not None:
         mode = Path(value).stat().st_mode  # click's exists=True has seen it
         if not stat.S_ISREG(mode):
-            from nodecheck.agent.config import file_kind
+            from nodecheck.checks.node.fs import file_kind
 
             raise click.BadParameter(f"{value}: {file_kind(mode)}, not a regular file")
     return _remember(ctx, param, value)

@@ -47,10 +47,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nodecheck.checks.node.fs import (  # noqa: F401  (re-exported for the agent)
+from nodecheck.checks.node.fs import (
     NotRegularFileError,
     file_kind,
-    open_regular_file,
     read_regular_file,
 )
 

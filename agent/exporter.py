@@ -44,10 +44,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from nodecheck.agent.config import NotRegularFileError, read_regular_file
 from nodecheck.agent.report import check_document
 from nodecheck.agent.scheduler import ResultStore
-from nodecheck.checks.node.fs import write_atomically
+from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file, write_atomically
 from nodecheck.checks.result import MetricSpec, Sample, Status, worst
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.config import NotRegularFileError, read_regular_file
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import write_atomically
+from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file, write_atomically
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 from nodecheck.checks.runner import CheckRun

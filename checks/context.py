@@ -10,6 +10,7 @@ capture anywhere exactly as it judges the live node.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -85,9 +86,9 @@ class CheckContext:
     """
 
     fs: NodeFS = field(default_factory=NodeFS)
-    environ: Mapping[str, str] | None = None
-    uid: int | None = None
-    nvml: NvmlSession | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    uid: int = field(default_factory=os.getuid)
+    nvml: NvmlSession = None  # type: ignore[assignment]  # None: a session of the defaults
     # The previous GPU readings, for rates; the agent passes the same one every pass.
     gpu_history: GpuHistory = field(default_factory=GpuHistory)
     # The previous RDMA port counter readings, for rates; kept by the agent likewise.
@@ -114,12 +115,10 @@ class CheckContext:
         self.expected_gpus = self.config.expected_gpus
         self.bench = self.config.bench
         if self.facts is None:
-            import os
-
             sources = NodeSources(
                 fs=self.fs,
-                environ=dict(os.environ) if self.environ is None else self.environ,
-                uid=os.getuid() if self.uid is None else self.uid,
+                environ=self.environ,
+                uid=self.uid,
                 nvml=self.nvml,
                 kernel_log=self.kernel_log,
             )

@@ -22,8 +22,8 @@ from nodecheck.checks.bench.gate import (
     parse_ns_pids,
     parse_process_group,
 )
-from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.bench.state import BenchState
+from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.registry import load_benchmarks
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import run_checks

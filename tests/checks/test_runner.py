@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from nodecheck.checks.node import variables as variables_module
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node import variables as variables_module
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.runner import run_checks
