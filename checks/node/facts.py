@@ -180,12 +180,15 @@ class LiveFacts(FactsSource):
         if spec.shared and self.shared is not None:
             version = spec.version(self.sources) if spec.version is not None else None
             return self.shared.get(name, lambda: spec.reader(self.sources, self), version)
+        # A part with a version (the kernel log) is read again when what it was computed
+        # from changed, even within one run; one that failed gets a fresh version each time.
+        key = name if spec.version is None else f"{name} {spec.version(self.sources)!r}"
         with self._lock:
-            lock = self._locks.setdefault(name, threading.Lock())
+            lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            if name not in self._values:
-                self._values[name] = spec.reader(self.sources, self)
-            return self._values[name]
+            if key not in self._values:
+                self._values[key] = spec.reader(self.sources, self)
+            return self._values[key]
 
     def capture(
         self, names: Iterable[str] | None = None, timeout_s: float = PART_TIMEOUT_S

@@ -11,7 +11,7 @@ import pytest
 
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.gpu.xid import XidGroup, event_action, group_events, judge_gpu, judge_group
-from nodecheck.checks.node import kernel_log as kernel_log_module
+from nodecheck.checks.node import kernel_log_facts as kernel_log_module
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import (
     GpuReading,
@@ -759,12 +759,13 @@ def test_one_run_reads_the_kernel_log_once_for_both_checks(
     assert reads == [path]
     with path.open("a") as log_file:  # the log grew: read afresh
         log_file.write(f"[{since_boot + 1:12.6f}] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=3\n")
-    assert "): 13," in context.kernel_log_text(path).text and len(reads) == 2
+    assert [e.xid for e in context.part("kernel_log").xids] == [48, 13] and len(reads) == 2
     missing = tmp_path / "later.log"
-    with pytest.raises(ReadError, match="missing"):
-        context.kernel_log_text(missing)
+    later = dgx.context(kernel_log=missing)
+    unreadable = later.part("kernel_log").unreadable
+    assert unreadable is not None and unreadable.reason == "missing"
     missing.write_text(f"[ 1.0] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=4\n")
-    assert "pid=4" in context.kernel_log_text(missing).text
+    assert [e.message for e in later.part("kernel_log").xids] == ["pid=4"]
 
 
 def test_the_faulty_replica_counts_its_lost_gpu_once_with_or_without_the_xid_line(
@@ -807,9 +808,9 @@ def test_the_agents_checks_share_one_read_until_the_log_changes(
     path.write_text(f"[ 1.0] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=1\n")
     shared = SharedReads(ttl_s=3600)
     first, second = (CheckContext(fs=dgx.fs, kernel_log=path, shared=shared) for _ in "ab")
-    assert first.kernel_log_text(path) is second.kernel_log_text(path)
+    assert first.part("kernel_log") is second.part("kernel_log")
     assert reads == [path]
     with path.open("a") as log_file:
         log_file.write(f"[ 2.0] NVRM: Xid (PCI:{NEW_GPU[:-2]}): 13, pid=2\n")
-    assert "pid=2" in second.kernel_log_text(path).text and len(reads) == 2
-    assert first.kernel_log_text(path) is second.kernel_log_text(path) and len(reads) == 2
+    assert "pid=2" in [e.message for e in second.part("kernel_log").xids] and len(reads) == 2
+    assert first.part("kernel_log") is second.part("kernel_log") and len(reads) == 2
