@@ -21,11 +21,12 @@ import contextlib
 import errno
 import os
 import posixpath
+import re
 import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -106,17 +107,24 @@ _in_flight: dict[int, tuple[str, float]] = {}
 _in_flight_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def reading(path: Path | str) -> Iterator[None]:
-    """Record that this thread is reading `path` until the block ends."""
-    ident = threading.get_ident()
-    with _in_flight_lock:
-        _in_flight[ident] = (str(path), time.monotonic())
-    try:
-        yield
-    finally:
+class reading:  # noqa: N801 - used as `with reading(path):`, like a function
+    """Record that this thread is reading `path` until the block ends. A class, not a
+    generator: it wraps every one of the thousands of reads of a pass."""
+
+    __slots__ = ("_ident", "_path")
+
+    def __init__(self, path: Path | str) -> None:
+        self._path = path
+
+    def __enter__(self) -> None:
+        self._ident = threading.get_ident()
+        entry = (str(self._path), time.monotonic())
         with _in_flight_lock:
-            _in_flight.pop(ident, None)
+            _in_flight[self._ident] = entry
+
+    def __exit__(self, *exc_info: object) -> None:
+        with _in_flight_lock:
+            _in_flight.pop(self._ident, None)
 
 
 @dataclass(frozen=True)
@@ -197,12 +205,14 @@ def read_bytes(path: Path, limit: int = DEFAULT_LIMIT) -> bytes:
     return contents.data
 
 
+# Control characters other than tab, newline and carriage return, and DEL.
+_CONTROL_CHARACTER = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def _binary_at(text: str) -> int | None:
     """Offset of the first control character other than tab, newline and carriage return."""
-    for offset, char in enumerate(text):
-        if (char < " " and char not in "\t\n\r") or char == "\x7f":
-            return offset
-    return None
+    found = _CONTROL_CHARACTER.search(text)
+    return None if found is None else found.start()
 
 
 def decode_text(path: Path, data: bytes) -> str:
