@@ -8,8 +8,11 @@ a number, found a string`), so a damaged or hand-edited capture is refused in on
 line, never half-loaded.
 
 JSON has no NaN or infinity: a float that is not finite is written as the string
-"NaN", "Infinity" or "-Infinity". Sets are written sorted, dictionaries by key
-order of `json.dumps(sort_keys=True)`, so the same facts always give the same text.
+"NaN", "Infinity" or "-Infinity". A set of integers (CPUs, NUMA nodes) is written as
+the kernel writes it, a cpulist string ("0-55,112-167": Documentation/admin-guide/
+cputopology.rst), which keeps a 224-CPU node's capture small; other sets are written
+sorted, dictionaries by key order of `json.dumps(sort_keys=True)`, so the same facts
+always give the same text.
 """
 
 from __future__ import annotations
@@ -72,12 +75,46 @@ def encode(value: object) -> Any:
             if spec.init
         }
     if isinstance(value, (set, frozenset)):
+        if value and all(type(item) is int and item >= 0 for item in value):
+            return _cpulist(value)
         return [encode(item) for item in sorted(value, key=_sort_key)]
     if isinstance(value, (list, tuple)):
         return [encode(item) for item in value]
     if isinstance(value, Mapping):
         return {str(encode(key)): encode(item) for key, item in value.items()}
     raise TypeError(f"{type(value).__name__} is not a fact")
+
+
+def _cpulist(numbers: set[int] | frozenset[int]) -> str:
+    """"0-3,8,10-11": ranges of consecutive numbers, ascending."""
+    ordered = sorted(numbers)
+    ranges: list[str] = []
+    start = previous = ordered[0]
+    for number in ordered[1:]:
+        if number != previous + 1:
+            ranges.append(f"{start}-{previous}" if previous > start else str(start))
+            start = number
+        previous = number
+    ranges.append(f"{start}-{previous}" if previous > start else str(start))
+    return ",".join(ranges)
+
+
+# A capture is read whole into memory, so a range is bounded before it is expanded: no
+# node has a million CPUs, and "0-999999999" must not take the machine's memory.
+CPULIST_BOUND = 1 << 20
+
+
+def _parse_cpulist(text: str, where: str) -> list[int]:
+    numbers: list[int] = []
+    for piece in text.split(","):
+        first, dash, last = piece.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise FactsFormatError(f"{where}: {text!r} is not a list of numbers (\"0-3,8\")")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low or high >= CPULIST_BOUND:
+            raise FactsFormatError(f"{where}: {piece!r} is not a range this node can have")
+        numbers.extend(range(low, high + 1))
+    return numbers
 
 
 _DECODERS: dict[object, Decoder] = {}
@@ -249,7 +286,11 @@ def _sequence_decoder(origin: object, arguments: tuple[object, ...]) -> Decoder:
         list,
     )
 
+    numbers = origin in (set, frozenset) and arguments == (int,)
+
     def decode_sequence(value: Any, where: str) -> Any:
+        if numbers and isinstance(value, str):
+            return build(_parse_cpulist(value, where))
         if not isinstance(value, list):
             raise _wrong(where, "a list", value)
         return build([item(v, f"{where}[{i}]") for i, v in enumerate(value)])
