@@ -8,13 +8,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Below the layers, inside checks/: the checks, the NVML checks and the benchmarks are
+# judged results, not rules; tuning shares the rules (checks/rules/) and the facts
+# (checks/node/), never a check module; nor do the rules and the context import them.
+CHECK_MODULES = ("nodecheck.checks.host", "nodecheck.checks.gpu", "nodecheck.checks.bench")
 FORBIDDEN = {
     "checks": ("nodecheck.agent", "nodecheck.tuning"),
-    "tuning": ("nodecheck.agent",),
+    "tuning": ("nodecheck.agent", *CHECK_MODULES),
+    "checks/rules": CHECK_MODULES,
+    "checks/node": CHECK_MODULES,
+    "checks/context.py": ("nodecheck.checks.bench",),
 }
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, `from package import module` as package.module too."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -22,20 +30,56 @@ def imported_modules(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
+def offenders(root: Path, layer: str, forbidden: tuple[str, ...]) -> set[str]:
+    """`path imports module` for each import under root/layer (a folder or a file) of
+    a module in `forbidden`."""
+    where = root / layer
+    files = [where] if where.is_file() else sorted(where.rglob("*.py"))
+    assert files, f"nothing to check under {where}"
+    return {
+        f"{path.relative_to(root)} imports {name}"
+        for path in files
+        for name in imported_modules(path)
+        if _within(name, forbidden)
+    }
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_imports_nothing_above_it(layer: str) -> None:
-    files = sorted((ROOT / layer).rglob("*.py"))
-    assert files
-    offenders = {
-        f"{path.relative_to(ROOT)} imports {name}"
-        for path in files
-        for name in imported_modules(path)
-        if name.startswith(FORBIDDEN[layer])
-    }
-    assert offenders == set()
+    assert offenders(ROOT, layer, FORBIDDEN[layer]) == set()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from nodecheck.checks.host.nccl_env import judge_setting",
+        "from nodecheck.checks.host import nccl_env",
+        "import nodecheck.checks.host.torch_alloc",
+        "from nodecheck.checks import bench",
+        "    from nodecheck.checks.gpu.xid import judge_gpu",
+    ],
+)
+def test_tuning_importing_a_check_is_caught(tmp_path: Path, line: str) -> None:
+    """The layer rule itself: a tuning module that imports a check module, however it
+    spells the import (even inside a function), is an offender."""
+    module = tmp_path / "tuning" / "red_flags.py"
+    module.parent.mkdir()
+    body = line if not line.startswith(" ") else "def removals() -> None:\n" + line
+    module.write_text(f"from __future__ import annotations\n\n{body}\n")
+    found = offenders(tmp_path, "tuning", FORBIDDEN["tuning"])
+    assert found
+    assert all(f.startswith("tuning/red_flags.py imports nodecheck.checks.") for f in found)
+    # The rules and the facts stay importable from tuning.
+    module.write_text("from nodecheck.checks.rules.nccl_settings import judge_setting\n")
+    assert offenders(tmp_path, "tuning", FORBIDDEN["tuning"]) == set()
 
 
 def test_no_grab_bag_modules() -> None:

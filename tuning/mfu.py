@@ -6,7 +6,7 @@ training/performance/README.md, "TFLOPS as a performance metric"):
 
 with k = 4 when activations are recomputed (forward, backward twice over, and the
 recomputed forward) and 3 without. MFU is that over the GPU's dense peak for the
-data type (checks/bench/peaks.py). The book notes the formula slightly under-reports
+data type (checks/rules/gpu_peaks.py). The book notes the formula slightly under-reports
 the real figure, so an MFU above 100 % cannot come from a real run: the inputs are
 wrong, and the result says so (`plausible`).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nodecheck.checks.bench.peaks import matmul_rates
+from nodecheck.checks.rules.gpu_peaks import matmul_rates
 
 
 @dataclass(frozen=True)

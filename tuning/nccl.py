@@ -16,18 +16,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodecheck.checks.host.nccl_env import (
-    node_facts,
-    rule_ib_hca,
-    rule_socket_ifname,
-    selected_names,
-)
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
 from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.result import Status
+from nodecheck.checks.rules.nccl_settings import (
+    nccl_facts,
+    rule_ib_hca,
+    rule_socket_ifname,
+    selected_names,
+)
 from nodecheck.checks.settings_audit import Finding
 from nodecheck.tuning.bindings import NicPairing
 from nodecheck.tuning.recommendation import LeftUnset, Recommendation, plain
@@ -170,7 +170,7 @@ def _socket_ifname(
         )
     source = f"{NCCL_DOCS}: NCCL_SOCKET_IFNAME; /sys/class/net and /proc/net/route"
     works = current is not None and not fails(
-        rule_socket_ifname("", current, node_facts(inventory))
+        rule_socket_ifname("", current, nccl_facts(inventory))
     )
     recommendation = Recommendation("NCCL_SOCKET_IFNAME", value, reason, source, advisory=works)
     return [recommendation], notes, fastest
@@ -261,7 +261,7 @@ def _ib_hca(
         f"{', '.join(described)}: storage, and NCCL would otherwise weigh every "
         "active HCA ('=' makes the names exact: mlx5_1 alone also selects mlx5_10-19)"
     )
-    works = current is not None and not fails(rule_ib_hca("", current, node_facts(inventory)))
+    works = current is not None and not fails(rule_ib_hca("", current, nccl_facts(inventory)))
     return [Recommendation("NCCL_IB_HCA", value, reason, source, advisory=works)], [], used
 
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
-from nodecheck.checks.host.torch_alloc import AllocOption, check_option, parse_alloc_conf
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.rules.allocator_settings import AllocOption, check_option, parse_alloc_conf
 from nodecheck.tuning.bindings import RankBinding
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation, plain
 

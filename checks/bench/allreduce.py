@@ -21,12 +21,12 @@ from nodecheck.checks.bench.driver import (
     run_benchmark,
     select_targets,
 )
-from nodecheck.checks.bench.peaks import FLOOR_MIN_PAYLOAD, allreduce_floor
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+from nodecheck.checks.rules.gpu_peaks import FLOOR_MIN_PAYLOAD, allreduce_floor
 
 LABELS = ("payload_bytes",)
 BUSBW = MetricSpec(

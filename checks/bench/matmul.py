@@ -21,13 +21,13 @@ from nodecheck.checks.bench.driver import (
     run_benchmark,
     select_targets,
 )
-from nodecheck.checks.bench.peaks import achievable_tflops, matmul_rates
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.per_gpu import GPU_LABELS
 from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
+from nodecheck.checks.rules.gpu_peaks import achievable_tflops, matmul_rates
 
 LABELS = (*GPU_LABELS, "dtype")
 FLOPS = MetricSpec(

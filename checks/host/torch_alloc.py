@@ -1,218 +1,23 @@
 """PyTorch caching-allocator settings (`PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF`).
 
-The allocator parses its configuration at the first CUDA allocation and
-raises on any unknown option or bad value ("Unrecognized CachingAllocator
-option"), so a typo kills every rank of a job after it has been scheduled.
-`parse_alloc_conf` follows c10/core/AllocatorConfig.cpp (lexArgs and the
-parse* functions): separators `, : [ ]`, spaces dropped, names and True/False
-case-sensitive.
+The rules are checks/rules/allocator_settings.py (torch aborts at the first CUDA
+allocation on an option it does not know), reached through the dispatch `tune`
+shares (checks/rules/variable_judges.py); this check puts their findings into results.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.host.nccl_env import source_problems
-from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
-from nodecheck.checks.settings_audit import Finding, audit, sources_summary
-
-ALLOC_CONF_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-RECOMMENDED = "expandable_segments:True"
-
-BOOLEAN_OPTIONS = {
-    "expandable_segments",
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "pinned_use_background_threads",
-    "graph_capture_record_stream_reuse",
-    "throw_on_cudamalloc_oom",
-}
-MIN_MB_OPTIONS = {"max_split_size_mb": 20, "max_non_split_rounding_mb": 20}
-OTHER_OPTIONS = {
-    "backend",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-    "pinned_num_register_threads",
-    "per_process_memory_fraction",
-    "pinned_reserve_segment_size_mb",
-    "pinned_max_round_threshold_mb",
-    "pinned_max_cached_size_mb",
-    "large_segment_size_mb",
-}
-KNOWN_OPTIONS = BOOLEAN_OPTIONS | set(MIN_MB_OPTIONS) | OTHER_OPTIONS
-NATIVE_ONLY = {"max_split_size_mb", "garbage_collection_threshold", "roundup_power2_divisions"}
-MAX_REGISTER_THREADS = 128  # c10 pinned_max_register_threads()
-
-
-def lex_alloc_conf(text: str) -> list[str]:
-    """Tokens as c10's AllocatorConfig::lexArgs makes them."""
-    tokens: list[str] = []
-    buffer = ""
-    for char in text:
-        if char in ",:[]":
-            if buffer:
-                tokens.append(buffer)
-                buffer = ""
-            tokens.append(char)
-        elif char != " ":
-            buffer += char
-    if buffer:
-        tokens.append(buffer)
-    return tokens
-
-
-def _power_of_two(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
-
-
-@dataclass(frozen=True)
-class AllocOption:
-    name: str
-    value: str
-
-
-def parse_alloc_conf(text: str) -> tuple[list[AllocOption], list[str]]:
-    """Options and the errors torch would raise for them (an empty list: torch accepts it)."""
-    tokens = lex_alloc_conf(text)
-    options: list[AllocOption] = []
-    errors: list[str] = []
-    index = 0
-    while index < len(tokens):
-        name = tokens[index]
-        if name in ",:[]":
-            errors.append(f"unexpected {name!r}")
-            index += 1
-            continue
-        if index + 1 >= len(tokens) or tokens[index + 1] != ":":
-            errors.append(f"{name}: expected ':' and a value")
-            break
-        index += 2
-        if index < len(tokens) and tokens[index] == "[":
-            end = tokens.index("]", index) if "]" in tokens[index:] else len(tokens) - 1
-            value = "".join(tokens[index : end + 1])
-            index = end + 1
-        elif index < len(tokens):
-            value = tokens[index]
-            index += 1
-        else:
-            value = ""
-        options.append(AllocOption(name, value))
-        if index < len(tokens):
-            if tokens[index] != ",":
-                errors.append(f"expected ',' after {name}:{value}")
-                break
-            index += 1
-    for option in options:
-        problem = check_option(option)
-        if problem:
-            errors.append(problem)
-    return options, errors
-
-
-def check_option(option: AllocOption) -> str | None:
-    name, value = option.name, option.value
-    if name not in KNOWN_OPTIONS:
-        return f"unknown option {name!r} (torch aborts: Unrecognized CachingAllocator option)"
-    if name in BOOLEAN_OPTIONS:
-        if value not in ("True", "False"):
-            return f"{name} takes True or False, exactly so spelled, not {value!r}"
-        return None
-    if name in MIN_MB_OPTIONS:
-        if not value.isdigit():
-            return f"{name} takes a number of MiB, not {value!r}"
-        if int(value) < MIN_MB_OPTIONS[name]:
-            return f"{name}:{value} is too small: torch requires at least {MIN_MB_OPTIONS[name]}"
-        return None
-    if name == "backend":
-        if value not in ("native", "cudaMallocAsync"):
-            return f"backend is native or cudaMallocAsync, not {value!r}"
-        return None
-    if name == "garbage_collection_threshold":
-        try:
-            threshold = float(value)
-        except ValueError:
-            return f"garbage_collection_threshold takes a fraction, not {value!r}"
-        if not 0 < threshold < 1:
-            return f"garbage_collection_threshold must lie strictly between 0 and 1, not {value}"
-        return None
-    if name == "roundup_power2_divisions":
-        return _check_roundup(value)
-    if name == "pinned_num_register_threads":
-        if not value.isdigit() or not _power_of_two(int(value)):
-            return f"pinned_num_register_threads must be a power of two, not {value!r}"
-        if int(value) > MAX_REGISTER_THREADS:
-            return f"pinned_num_register_threads must be at most {MAX_REGISTER_THREADS}"
-    return None
-
-
-def _check_roundup(value: str) -> str | None:
-    if not value.startswith("["):
-        if not value.isdigit() or not _power_of_two(int(value)):
-            return f"roundup_power2_divisions must be a power of two, not {value!r}"
-        return None
-    for item in filter(None, value.strip("[]").split(",")):
-        interval, _, divisions = item.partition(":")
-        if not divisions.isdigit() or (int(divisions) and not _power_of_two(int(divisions))):
-            return f"roundup_power2_divisions: {item!r} needs a power of two (or 0) of divisions"
-        if interval != ">" and (not interval.isdigit() or not _power_of_two(int(interval))):
-            return f"roundup_power2_divisions: interval {interval!r} must be a power of two MiB"
-    return None
-
-
-def judge_alloc_setting(setting: Setting) -> list[Finding]:
-    name = setting.name.strip()
-    if name == "PYTORCH_NO_CUDA_MEMORY_CACHING" and setting.value.strip() not in ("", "0"):
-        return [
-            Finding(
-                Status.WARN,
-                "turns off the caching allocator: every tensor is a cudaMalloc "
-                "(a debugging setting)",
-            )
-        ]
-    if name not in ALLOC_CONF_NAMES:
-        return []
-    options, errors = parse_alloc_conf(setting.value)
-    if errors:
-        return [
-            Finding(
-                Status.FAIL, "torch will abort at the first CUDA allocation: " + "; ".join(errors)
-            )
-        ]
-    names = {option.name for option in options}
-    backend = next((o.value for o in options if o.name == "backend"), "native")
-    if backend == "cudaMallocAsync" and names & NATIVE_ONLY:
-        ignored = ", ".join(sorted(names & NATIVE_ONLY))
-        return [Finding(Status.WARN, f"backend:cudaMallocAsync ignores {ignored}")]
-    return []
-
-
-def both_names_disagree(settings: list[Setting]) -> list[Result]:
-    """The two names set differently in one source: which wins depends on the torch version."""
-    by_source: dict[str, dict[str, str]] = {}
-    for setting in settings:
-        if setting.name in ALLOC_CONF_NAMES:
-            by_source.setdefault(setting.source.label, {})[setting.name] = setting.value
-    results = []
-    for label, values in by_source.items():
-        if len(values) == 2 and len(set(values.values())) == 2:
-            results.append(
-                Result(
-                    Status.WARN,
-                    NODE,
-                    f"{label} sets PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF differently: "
-                    "torch < 2.9 reads only the first, newer torch prefers the second",
-                    "set both to the same value, or only PYTORCH_CUDA_ALLOC_CONF",
-                    {"values": values},
-                )
-            )
-    return results
+from nodecheck.checks.rules.allocator_settings import (
+    both_names_disagree,
+    expandable_segments_advice,
+)
+from nodecheck.checks.rules.variable_judges import allocator_judge, source_problems
+from nodecheck.checks.settings_audit import audit, sources_summary
 
 
 @register("torch_alloc", interval_s=300, timeout_s=15, needs=("variables",), root=True)
@@ -220,33 +25,9 @@ def check_torch_alloc(ctx: CheckContext) -> Iterator[Result]:
     """PyTorch allocator settings: options torch rejects, and expandable segments."""
     variables = ctx.variables
     yield from source_problems(variables)
-    results, samples = audit(variables, judge_alloc_setting, "torch_alloc")
+    results, samples = audit(variables, allocator_judge, "torch_alloc")
     results += both_names_disagree(variables.settings)
     yield from results
     summary, details = sources_summary(variables)
-    own = [
-        s
-        for s in variables.settings
-        if s.source == CALLING_ENVIRONMENT and s.name in ALLOC_CONF_NAMES
-    ]
-    expandable = any(re.search(r"expandable_segments\s*:\s*True", setting.value) for setting in own)
-    if expandable:
-        text = "expandable segments are on in the calling environment"
-        remedy = ""
-    elif own:
-        text = "the calling environment sets the allocator without expandable segments"
-        remedy = "add expandable_segments:True unless the job shares tensors over CUDA IPC"
-    else:
-        text = "no allocator configuration in the calling environment"
-        remedy = (
-            f"export PYTORCH_CUDA_ALLOC_CONF={RECOMMENDED} (less fragmentation with "
-            "varying shapes; not for jobs that share tensors over CUDA IPC)"
-        )
-    yield Result(
-        Status.OK,
-        NODE,
-        f"{text}; audited {summary}",
-        remedy,
-        details,
-        tuple(samples),
-    )
+    text, remedy = expandable_segments_advice(variables.settings)
+    yield Result(Status.OK, NODE, f"{text}; audited {summary}", remedy, details, tuple(samples))

@@ -133,3 +133,22 @@ def read_kernel_log_part(sources: NodeSources, facts: FactsSource) -> Any:
     from nodecheck.checks.node.kernel_log_facts import read_log_facts
 
     return read_log_facts(sources.kernel_log, sources.fs)
+
+
+# --- Task "rules" (issue 14, branch fix-rules): the RoCE ports' GID tables, which the
+# NCCL_IB_GID_INDEX rule judges (checks/rules/nccl_settings.py gid_index_findings).
+
+
+def _type_roce_gids() -> object:
+    from nodecheck.checks.node.net import PortGidTypes
+
+    return list[PortGidTypes]
+
+
+@part("roce_gids", _type_roce_gids)
+def read_roce_gids_part(sources: NodeSources, facts: FactsSource) -> list[Any]:
+    """The type of each GID of every RoCE port (<sysfs>/class/infiniband/*/ports/*/gid_attrs)."""
+    from nodecheck.checks.node.net import read_roce_gid_types
+
+    inventory: Inventory = facts.get("inventory")
+    return read_roce_gid_types(sources.fs, inventory.rdma)

@@ -8,6 +8,7 @@ through a bus of its own (virtio-net: `0000:00:03.0/virtio2/net/eth0`).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
@@ -253,6 +254,56 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
             )
         devices.append(device)
     return devices
+
+
+@dataclass
+class PortGidTypes:
+    """The GID table of one RoCE port (`<sysfs>/class/infiniband/<hca>/ports/<n>/gid_attrs/
+    types/<index>`, Documentation/ABI/stable/sysfs-class-infiniband): the type of each
+    entry in use ("RoCE v2", "IB/RoCE v1"). An index in neither `types` nor `problems`
+    holds no GID. `problems` says, per index, why its type could not be read; `problem`
+    why the table could not be listed (then no index can be told)."""
+
+    device: str
+    port: int
+    types: dict[int, str] = field(default_factory=dict)
+    problems: dict[int, str] = field(default_factory=dict)
+    problem: str | None = None
+
+
+def read_port_gid_types(fs: NodeFS, device: str, port: int) -> PortGidTypes:
+    """The type of every entry of one port's GID table. The kernel answers EINVAL for an
+    entry that holds no GID (drivers/infiniband/core/sysfs.c _show_port_gid_attr: "-EINVAL
+    is returned for user space compatibility reasons"), so that is an empty entry, not a
+    failed read; a kernel without gid_attrs (before 4.5) has no table to list: no GIDs."""
+    directory = fs.sys("class", "infiniband", device, "ports", str(port), "gid_attrs", "types")
+    table = PortGidTypes(device, port)
+    try:
+        names = list_dir(directory)
+    except ReadError as err:
+        table.problem = str(err)
+        return table
+    for index in sorted(int(name) for name in names if name.isdigit()):
+        try:
+            gid_type = read_optional_text(directory / str(index))
+        except ReadError as err:
+            if err.reason != os.strerror(errno.EINVAL):
+                table.problems[index] = str(err)
+            continue
+        if gid_type:
+            table.types[index] = gid_type
+    return table
+
+
+def read_roce_gid_types(fs: NodeFS, devices: list[RdmaDevice]) -> list[PortGidTypes]:
+    """The GID tables of the RoCE ports (link layer Ethernet) of `devices`, in their order:
+    NCCL_IB_GID_INDEX names an entry of them (InfiniBand ports need no GID index)."""
+    return [
+        read_port_gid_types(fs, device.name, port.number)
+        for device in devices
+        for port in device.ports
+        if port.link_layer == "Ethernet"
+    ]
 
 
 # The error counters of a port (Documentation/ABI/stable/sysfs-class-infiniband,

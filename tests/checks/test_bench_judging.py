@@ -14,11 +14,11 @@ import pytest
 from nodecheck.checks.bench.allreduce import judge_allreduce
 from nodecheck.checks.bench.driver import Target
 from nodecheck.checks.bench.matmul import judge_matmul
-from nodecheck.checks.bench.peaks import achievable_tflops, allreduce_floor, matmul_rates
 from nodecheck.checks.bench.state import STATE_FILE, BenchState, parse_state
 from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.result import Status
+from nodecheck.checks.rules.gpu_peaks import achievable_tflops, allreduce_floor, matmul_rates
 
 WRITER = """
 import sys

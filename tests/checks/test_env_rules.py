@@ -6,16 +6,16 @@ from collections.abc import Callable
 
 import pytest
 
-from nodecheck.checks.host.nccl_env import NodeFacts, judge_setting, node_facts
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.result import Status
+from nodecheck.checks.rules.nccl_settings import NcclFacts, judge_setting, nccl_facts
 from tests.conftest import Node, by_status
 
 
 @pytest.fixture(scope="module")
-def facts(dgx: Node) -> NodeFacts:
-    return node_facts(read_inventory(dgx.fs))
+def facts(dgx: Node) -> NcclFacts:
+    return nccl_facts(read_inventory(dgx.fs))
 
 
 RULE_CASES = [
@@ -48,7 +48,7 @@ RULE_CASES = [
 
 
 @pytest.mark.parametrize(("name", "value", "status", "words"), RULE_CASES)
-def test_rule(facts: NodeFacts, name: str, value: str, status: Status, words: str) -> None:
+def test_rule(facts: NcclFacts, name: str, value: str, status: Status, words: str) -> None:
     findings = judge_setting(Setting(name, value, CALLING_ENVIRONMENT), facts)
     assert any(f.status is status and words in f.reason for f in findings), findings
 
@@ -69,12 +69,12 @@ def test_rule(facts: NodeFacts, name: str, value: str, status: Status, words: st
         ("CUDA_VISIBLE_DEVICES", "0,1"),
     ],
 )
-def test_sound_settings_pass(facts: NodeFacts, name: str, value: str) -> None:
+def test_sound_settings_pass(facts: NcclFacts, name: str, value: str) -> None:
     assert judge_setting(Setting(name, value, CALLING_ENVIRONMENT), facts) == []
 
 
 def test_p2p_disable_on_one_gpu_is_only_a_warning(workstation: Node) -> None:
-    facts = node_facts(read_inventory(workstation.fs))
+    facts = nccl_facts(read_inventory(workstation.fs))
     findings = judge_setting(Setting("NCCL_P2P_DISABLE", "1", CALLING_ENVIRONMENT), facts)
     assert [f.status for f in findings] == [Status.WARN]
 

@@ -6,8 +6,6 @@ from collections.abc import Callable
 
 import pytest
 
-from nodecheck.checks.host.nccl_env import parse_selector
-from nodecheck.checks.host.torch_alloc import lex_alloc_conf, parse_alloc_conf
 from nodecheck.checks.node.cgroup import parse_proc_cgroup
 from nodecheck.checks.node.cpu import is_amd_compute_unit_cpu, parse_cpuinfo
 from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist, parse_cpumask
@@ -32,6 +30,8 @@ from nodecheck.checks.node.variables import (
     parse_passwd_homes,
     parse_status_uid,
 )
+from nodecheck.checks.rules.allocator_settings import lex_alloc_conf, parse_alloc_conf
+from nodecheck.checks.rules.nccl_settings import parse_selector
 
 
 @pytest.mark.parametrize(
