@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import ReadError, read_optional_text
 from nodecheck.checks.node.inventory import Inventory
-from nodecheck.checks.node.nccl_library import NcclLibraries, read_nccl_libraries
+from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.variables import Setting, Variables, parse_count
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
@@ -470,7 +470,13 @@ def gid_discovery_results(
     return results
 
 
-@register("nccl_env", interval_s=300, timeout_s=15, needs=("variables", "inventory"), root=True)
+@register(
+    "nccl_env",
+    interval_s=300,
+    timeout_s=15,
+    needs=("variables", "inventory", "nccl_library"),
+    root=True,
+)
 def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
     """NCCL, CUDA and torch.distributed variables that slow, hang or break jobs."""
     facts = node_facts(ctx.inventory)
@@ -487,7 +493,7 @@ def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
         return findings
 
     results, samples = audit(variables, judge, "nccl_env")
-    libraries = read_nccl_libraries(ctx.fs)
+    libraries: NcclLibraries = ctx.part("nccl_library")
     results += gid_discovery_results(libraries, ctx.inventory, variables)
     results.sort(key=lambda r: -r.status.severity)
     summary, details = sources_summary(variables)
