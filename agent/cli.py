@@ -641,19 +641,16 @@ def _tune_plan(
 
     fs = node_fs(ctx)
     from nodecheck.checks.context import CheckContext
-    from nodecheck.checks.node.cgroup import read_cpuset
     from nodecheck.checks.runner import UnfinishedError, run_bounded
     from nodecheck.tuning.nccl import JobShape
     from nodecheck.tuning.plan import TuneOptions, make_plan
-    from nodecheck.tuning.pytorch import installed_torch_version
 
     def plan() -> Plan:
         options = TuneOptions(
-            shape=JobShape(nodes, single_switch),
-            with_smt_siblings=with_smt_siblings,
-            cpuset=read_cpuset(fs),
-            torch_version=installed_torch_version(),
+            shape=JobShape(nodes, single_switch), with_smt_siblings=with_smt_siblings
         )
+        # Every part make_plan reads (the cpuset, the installed torch's version, ...) comes
+        # through the context: over a loaded capture, the same call plans another node.
         return make_plan(CheckContext(fs=fs, environ=dict(os.environ), uid=os.getuid()), options)
 
     try:

@@ -18,8 +18,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist
-from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
+from nodecheck.checks.node.cpulist import format_cpulist
+from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.node.processes import memory_nodes_allowed
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action
@@ -180,24 +181,6 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
     return Launch(
         argv, env, frozenset(binding.cpus), summary, warnings, binding.local_rank, membind
     )
-
-
-def memory_nodes_allowed(fs: NodeFS) -> frozenset[int] | None:
-    """The NUMA nodes this process may allocate on (Mems_allowed_list of
-    /proc/self/status, Documentation/filesystems/proc.rst), which libnuma checks a
-    --membind against; None when it cannot be read (numactl then judges alone)."""
-    try:
-        status = read_text(fs.proc("self", "status"))
-    except ReadError:
-        return None
-    for line in status.splitlines():
-        name, _, value = line.partition(":")
-        if name == "Mems_allowed_list":
-            try:
-                return parse_cpulist(value.strip())
-            except ValueError:
-                return None
-    return None
 
 
 def check_numactl_can_apply(launch: Launch, here: NodeFS) -> None:

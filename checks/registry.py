@@ -99,7 +99,7 @@ def register_benchmark(
     *,
     interval_s: float,
     timeout_s: float,
-    needs: tuple[str, ...] = ("gpus",),
+    needs: tuple[str, ...] = ("gpus", "pci_gpus", "hostname"),
     options: tuple[str, ...] = ("bench",),
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register a benchmark (a check that runs only when asked for, or on its own schedule).

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.checks.node.gpu_presence import answers_config_reads
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.pci_config import acs_bit_names, parse_acs, read_config
-from nodecheck.tuning.gpu_usability import answers_config_reads
 from tests.conftest import Node
 from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node

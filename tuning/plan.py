@@ -11,15 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.calling_environment import CallingEnvironment
 from nodecheck.checks.node.cgroup import CpusetReading
-from nodecheck.checks.node.coherent_gpus import read_coherent_gpus
+from nodecheck.checks.node.coherent_gpus import CoherentGpus
 from nodecheck.checks.node.cpulist import format_cpulist
-from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.gpu import read_driver_gpus
+from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
+from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
-from nodecheck.checks.node.nccl_library import read_nccl_libraries
-from nodecheck.checks.node.net import read_addressed_interfaces
+from nodecheck.checks.node.nccl_library import NcclLibraries
+from nodecheck.checks.node.net import AddressedInterfaces
+from nodecheck.checks.node.nvidia_driver import NvidiaDriver
+from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.result import Status
 from nodecheck.tuning import nccl, pytorch
@@ -42,11 +45,23 @@ class TuneOptions:
     # Each rank gets its cores' SMT siblings too unless told not to, as torchrun's
     # --numa-binding=exclusive does (torch/numa/binding.py).
     with_smt_siblings: bool = True
-    allowed_cpus: frozenset[int] | None = None  # this process's cpuset; None: no limit
-    # The cpuset as read (node.cgroup.read_cpuset), with what was inferred; it wins over
-    # allowed_cpus when given.
-    cpuset: CpusetReading | None = None
-    torch_version: tuple[int, int] | None = None
+    # CPUs to stay inside when the cpuset (the `cpuset` part) sets no limit; None: no limit.
+    allowed_cpus: frozenset[int] | None = None
+
+
+# The parts of the facts make_plan reads: `tune --facts FILE` judges a capture holding them.
+PLAN_NEEDS = (
+    "inventory",
+    "variables",
+    "calling_environment",
+    "nvidia_driver",
+    "gpu_presence",
+    "coherent_gpus",
+    "addressed_interfaces",
+    "nccl_library",
+    "cpuset",
+    "torch_version",
+)
 
 
 @dataclass(frozen=True)
@@ -177,13 +192,13 @@ def _with_current(left: LeftUnset, ctx: CheckContext, flagged: list[Recommendati
 def _assignment(ctx: CheckContext) -> tuple[GpuAssignment, list[str]]:
     """Which GPUs on the bus are meant for this host and container, and the notes that
     name those left out and why (or why it could not be told)."""
-    try:
-        exposed = read_driver_gpus(ctx.fs)
-        unknown = ""
-    except ReadError as err:
-        exposed = None
+    driver: NvidiaDriver = ctx.part("nvidia_driver")
+    exposed = None if driver.exposed_gpus is None else set(driver.exposed_gpus)
+    unknown = ""
+    if driver.gpus_error:
         unknown = (
-            f"cannot list the nvidia driver's GPUs ({err}): whether this is a container given "
+            f"cannot list the nvidia driver's GPUs ({driver.gpus_error}): whether this is a "
+            "container given "
             "only some GPUs is unknown, so every GPU bound to nvidia counts as this one's, "
             "and local ranks may not be driving the GPUs named here"
         )
@@ -227,11 +242,31 @@ def _rank_verdicts(
     return verdicts
 
 
-def _cpuset_notes(cpuset: CpusetReading | None) -> tuple[list[str], str]:
+def _cpuset(ctx: CheckContext) -> CpusetReading:
+    """The cpuset part; one a capture lacks (or could not read) is an error, never "no
+    limit"."""
+    try:
+        reading: CpusetReading = ctx.part("cpuset")
+    except PartUnavailableError as err:
+        return CpusetReading(None, error=str(err))
+    return reading
+
+
+def _torch_version(ctx: CheckContext) -> tuple[tuple[int, int] | None, list[str]]:
+    """The installed torch's (major, minor), and a note when it could not be read."""
+    try:
+        found: TorchVersion = ctx.part("torch_version")
+    except PartUnavailableError as err:
+        return None, [
+            f"the installed torch's version is unknown ({err}): the allocator and flight "
+            "recorder variables are named as the newest torch names them"
+        ]
+    return found.version, []
+
+
+def _cpuset_notes(cpuset: CpusetReading) -> tuple[list[str], str]:
     """The notes on how the cpuset was read, and the warning every rank carries when it
     could not be."""
-    if cpuset is None:
-        return [], ""
     notes = [f"cpuset: {note}" for note in cpuset.notes]
     if not cpuset.error:
         return notes, ""
@@ -257,24 +292,34 @@ def _reading_notes(inventory: Inventory) -> list[str]:
 
 
 def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
+    """The plan for this node, from the parts in PLAN_NEEDS and the options alone."""
     inventory = ctx.inventory
-    environ = ctx.environ
+    calling: CallingEnvironment = ctx.part("calling_environment")
+    environ = calling.values
     assignment, assignment_notes = _assignment(ctx)
-    cpuset_notes, cpuset_warning = _cpuset_notes(options.cpuset)
+    cpuset = _cpuset(ctx)
+    torch_version, torch_notes = _torch_version(ctx)
+    cpuset_notes, cpuset_warning = _cpuset_notes(cpuset)
     bindings = bind_ranks(
         inventory,
         environ,
-        allowed=options.allowed_cpus if options.cpuset is None else options.cpuset.cpus,
+        allowed=options.allowed_cpus if cpuset.cpus is None else cpuset.cpus,
         with_smt_siblings=options.with_smt_siblings,
         assignment=assignment,
-        allowed_nodes=None if options.cpuset is None else options.cpuset.mems,
+        allowed_nodes=cpuset.mems,
     )
     # Every host GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on
     # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
     # to a VM uses none of this host's.
-    c2c = frozenset(read_coherent_gpus(ctx.fs))
+    coherent: CoherentGpus = ctx.part("coherent_gpus")
+    c2c = frozenset(coherent.by_bus_id)
     pairings = {p.gpu: p for p in pair_nics(inventory, assignment.host, c2c)}
-    notes: list[str] = [*assignment_notes, *cpuset_notes, *_reading_notes(inventory)]
+    notes: list[str] = [
+        *assignment_notes,
+        *cpuset_notes,
+        *_reading_notes(inventory),
+        *torch_notes,
+    ]
     shape = options.shape
     if shape.nodes is None:
         nodes, variable = nccl.job_nodes(environ)
@@ -305,18 +350,20 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     else:
         notes += _visibility_notes(assignment, environ)
         env.append(pytorch.device_order())
-        env += pytorch.allocator(environ, options.torch_version)
+        env += pytorch.allocator(environ, torch_version)
+        addressed: AddressedInterfaces = ctx.part("addressed_interfaces")
+        libraries: NcclLibraries = ctx.part("nccl_library")
         advice = nccl.nccl_advice(
             inventory,
             list(pairings.values()),
-            read_addressed_interfaces(ctx.fs),
+            None if addressed.names is None else set(addressed.names),
             environ,
             shape,
             len(bindings),
-            read_nccl_libraries(ctx.fs),
+            libraries,
         )
         env += advice.env
-        env += pytorch.post_mortem(environ, options.torch_version)
+        env += pytorch.post_mortem(environ, torch_version)
         left += advice.left_unset + pytorch.left_to_torch()
         notes += advice.notes
         # A rank's error (no CPU to run on) is said once, on its own line, not as a note.
@@ -335,7 +382,11 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                 "(cpu*/topology): SMT siblings cannot be told apart, so each counts as a core "
                 "and a rank may hold both threads of one core"
             )
-        problems = {gpu.bdf: usability_problem(gpu) for gpu in assignment.here}
+        presences: GpuPresences = ctx.part("gpu_presence")
+        problems = {
+            gpu.bdf: usability_problem(gpu, presences.by_bus_id.get(gpu.bdf))
+            for gpu in assignment.here
+        }
         notes += [problem for problem, _ in problems.values() if problem]
         unusable = [problem for problem, certain in problems.values() if problem and certain]
         verdicts = _rank_verdicts(bindings, problems)

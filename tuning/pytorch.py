@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.variables import parse_count
@@ -30,15 +29,6 @@ ML_ENGINEERING_PERFORMANCE = (
     'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
     "training performance chapter"
 )
-
-
-def installed_torch_version() -> tuple[int, int] | None:
-    """(major, minor) of the torch installed for this Python, or None when there is none."""
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-    return parse_version(version)
 
 
 def parse_version(text: str) -> tuple[int, int] | None:

@@ -20,7 +20,6 @@ from nodecheck.checks.bench.state import BenchBusyError, BenchState
 from nodecheck.checks.config import BenchOptions, Thresholds
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuActivity, GpuReading, read_gpu_activity
-from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
@@ -149,7 +148,7 @@ def run_benchmark(
 ) -> list[Result]:
     """Lock, gate, run the child under its deadline and the watch, judge, remember."""
     options = ctx.bench
-    host = read_hostname(ctx.fs)
+    host = ctx.hostname
     state = BenchState(options.state_dir)
     if importlib.util.find_spec("torch") is None:
         return [

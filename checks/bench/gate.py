@@ -17,9 +17,14 @@ from dataclasses import dataclass
 
 from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text, read_text
 from nodecheck.checks.node.gpu import GpuActivity, read_gpu_activity
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
+from nodecheck.checks.node.processes import (
+    describe_process,
+    in_pid_namespace,
+    process_group,
+    read_maintenance_note,
+)
 
 
 @dataclass(frozen=True)
@@ -30,47 +35,7 @@ class Refusal:
     text: str
 
 
-def parse_process_group(stat: str) -> int:
-    """The process group from /proc/<pid>/stat ("pid (comm) state ppid pgrp ...").
-
-    The command name may hold spaces and parentheses, so fields are counted
-    after its last ')'.
-    """
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[2])
-
-
-def process_group(fs: NodeFS, pid: int) -> int | None:
-    try:
-        return parse_process_group(read_text(fs.proc(str(pid), "stat")))
-    except (ReadError, ValueError, IndexError):
-        return None  # gone, or not visible from here: not ours
-
-
 BLIND_LIMIT_S = 2.0
-
-
-def parse_ns_pids(status: str) -> list[int]:
-    """The NSpid line of /proc/<pid>/status: one PID per nested PID namespace."""
-    for line in status.splitlines():
-        if line.startswith("NSpid:"):
-            return [int(field) for field in line.split()[1:]]
-    return []
-
-
-def in_pid_namespace(fs: NodeFS) -> bool:
-    """Whether we run in a PID namespace below the host's (a container without hostPID)."""
-    try:
-        return len(parse_ns_pids(read_text(fs.proc("self", "status")))) > 1
-    except ReadError:
-        return False
-
-
-def _describe(fs: NodeFS, pid: int) -> str:
-    try:
-        return f"pid {pid} ({read_text(fs.proc(str(pid), 'comm'))})"
-    except ReadError:
-        return f"pid {pid}"
 
 
 def _activity(ctx: CheckContext) -> list[GpuActivity] | Refusal:
@@ -89,11 +54,7 @@ def _activity(ctx: CheckContext) -> list[GpuActivity] | Refusal:
 
 def check_gate(ctx: CheckContext, options: BenchOptions) -> Refusal | None:
     """None when the benchmark may start, else why not."""
-    maintenance = ctx.fs.host(options.maintenance_file)
-    try:
-        note = read_optional_text(maintenance)
-    except ReadError:
-        note = ""  # unreadable still exists: honour it
+    maintenance, note = read_maintenance_note(ctx.fs, options.maintenance_file)
     if note is not None:
         shown = f": {note.splitlines()[0]}" if note else ""
         return Refusal("maintenance", f"maintenance file {maintenance} is present{shown}")
@@ -109,7 +70,7 @@ def check_gate(ctx: CheckContext, options: BenchOptions) -> Refusal | None:
             if gpu.problem is not None:
                 return Refusal("gpu_unhealthy", f"{where} cannot be read: {gpu.problem}")
             if gpu.processes:
-                shown = ", ".join(_describe(ctx.fs, p.pid) for p in gpu.processes)
+                shown = ", ".join(describe_process(ctx.fs, p.pid) for p in gpu.processes)
                 return Refusal("gpu_busy", f"{where} is in use by {shown}")
             if (
                 gpu.utilization_pct is not None
@@ -208,7 +169,7 @@ class ForeignProcessWatch:
                 where = f"GPU {gpu.index} ({gpu.bus_id})"
                 return Refusal(
                     "foreign_process",
-                    f"{_describe(self.ctx.fs, process.pid)} appeared on {where}",
+                    f"{describe_process(self.ctx.fs, process.pid)} appeared on {where}",
                 )
         return None
 

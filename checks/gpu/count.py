@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.gpu import GpuReading, read_driver_gpus
+from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.gpu_assignment import CUDA_DRIVER, not_meant_here
+from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.nvml import NvmlUnavailableError
 from nodecheck.checks.per_gpu import GPU_LABELS, lost_remedy, nvml_unavailable_result, subject_of
 from nodecheck.checks.registry import register
@@ -70,7 +70,11 @@ def _other_driver_remedy(driver: str) -> str:
 
 
 @register(
-    "gpu_count", interval_s=60, timeout_s=30, needs=("gpus", "pci_gpus"), options=("expected_gpus",)
+    "gpu_count",
+    interval_s=60,
+    timeout_s=30,
+    needs=("gpus", "pci_gpus", "nvidia_driver"),
+    options=("expected_gpus",),
 )
 def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     """GPUs on the PCI bus, GPUs NVML sees, and the expected count."""
@@ -78,11 +82,10 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     samples = [Sample(ON_BUS, len(on_bus))]
     if ctx.expected_gpus is not None:
         samples.append(Sample(EXPECTED, ctx.expected_gpus))
-    try:
-        exposed = read_driver_gpus(ctx.fs)
-    except ReadError as err:
-        yield Result(Status.ERROR, NODE, f"cannot list the driver's GPUs: {err}")
-        exposed = None
+    driver: NvidiaDriver = ctx.part("nvidia_driver")
+    exposed = None if driver.exposed_gpus is None else set(driver.exposed_gpus)
+    if driver.gpus_error:
+        yield Result(Status.ERROR, NODE, f"cannot list the driver's GPUs: {driver.gpus_error}")
     meant: list[str] = []
     for gpu in on_bus:
         reason = not_meant_here(gpu, exposed)

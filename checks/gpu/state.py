@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import ReadError, read_text
-from nodecheck.checks.node.gpu import GpuReading, read_kernel_module_version
+from nodecheck.checks.node.gpu import GpuReading
+from nodecheck.checks.node.nvidia_driver import NvidiaDriver
+from nodecheck.checks.node.processes import GpuProcessNames
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, nvml_unavailable_result, per_gpu_results
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
@@ -122,8 +123,14 @@ def judge_state(gpu: GpuReading, _previous: GpuReading | None, ctx: CheckContext
             f"the driver asks for recovery action {gpu.recovery_action}",
             "see NVIDIA's GPU error recovery documentation for this action",
         )
+    # The names are read only for a GPU with processes: a node without any never needs them.
+    names: GpuProcessNames | None = ctx.part("gpu_process_names") if gpu.processes else None
     processes = [
-        {"pid": p.pid, "name": _process_name(ctx, p.pid), "used_memory_bytes": p.used_memory_bytes}
+        {
+            "pid": p.pid,
+            "name": names.name_of(p.pid) if names is not None else "?",
+            "used_memory_bytes": p.used_memory_bytes,
+        }
         for p in gpu.processes or []
     ]
     verdict.details.update(
@@ -167,14 +174,6 @@ def _judge_power(gpu: GpuReading, verdict: Verdict) -> None:
         )
 
 
-def _process_name(ctx: CheckContext, pid: int) -> str:
-    """The command name; "?" for a pid outside this PID namespace (a container)."""
-    try:
-        return read_text(ctx.fs.proc(str(pid), "comm"))
-    except ReadError:
-        return "?"
-
-
 def _node_result(ctx: CheckContext) -> Result:
     snapshot = ctx.gpus.snapshot
     verdict = Verdict(f"driver {snapshot.driver_version or 'version unknown'}")
@@ -185,11 +184,10 @@ def _node_result(ctx: CheckContext) -> Result:
             "NVML did not report its driver version (nvmlSystemGetDriverVersion): cannot "
             "compare it with the loaded kernel module",
         )
-    try:
-        module = read_kernel_module_version(ctx.fs)
-    except ReadError as err:
-        verdict.add(Status.ERROR, f"cannot read the kernel module version: {err}")
-        module = None
+    driver: NvidiaDriver = ctx.part("nvidia_driver")
+    module = driver.module_version
+    if driver.module_error:
+        verdict.add(Status.ERROR, f"cannot read the kernel module version: {driver.module_error}")
     verdict.details["kernel_module_version"] = module
     if module is not None and snapshot.driver_version and module != snapshot.driver_version:
         verdict.add(
@@ -230,7 +228,12 @@ QUERIES = (
 )
 
 
-@register("gpu_state", interval_s=60, timeout_s=30, needs=("gpus",))
+@register(
+    "gpu_state",
+    interval_s=60,
+    timeout_s=30,
+    needs=("gpus", "nvidia_driver", "gpu_process_names"),
+)
 def check_gpu_state(ctx: CheckContext) -> Iterator[Result]:
     """Temperature, power limit, persistence, recovery action, driver and processes per GPU."""
     if nvml_unavailable_result(ctx) is None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.nccl_library import read_nccl_libraries
+from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.rules.nccl_settings import gid_discovery_results, inventory_problems
@@ -29,7 +29,7 @@ from nodecheck.checks.settings_audit import audit, sources_summary
     "nccl_env",
     interval_s=300,
     timeout_s=15,
-    needs=("variables", "inventory", ROCE_GIDS),
+    needs=("variables", "inventory", ROCE_GIDS, "nccl_library"),
     root=True,
 )
 def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
@@ -39,7 +39,7 @@ def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
     yield from source_problems(variables)
     yield from inventory_problems(ctx.inventory)
     results, samples = audit(variables, nccl_judge(facts), "nccl_env")
-    libraries = read_nccl_libraries(ctx.fs)
+    libraries: NcclLibraries = ctx.part("nccl_library")
     results += gid_discovery_results(libraries, facts.nccl, variables)
     results.sort(key=lambda r: -r.status.severity)
     summary, details = sources_summary(variables)

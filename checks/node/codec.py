@@ -86,7 +86,7 @@ def encode(value: object) -> Any:
 
 
 def _cpulist(numbers: set[int] | frozenset[int]) -> str:
-    """"0-3,8,10-11": ranges of consecutive numbers, ascending."""
+    """ "0-3,8,10-11": ranges of consecutive numbers, ascending."""
     ordered = sorted(numbers)
     ranges: list[str] = []
     start = previous = ordered[0]
@@ -109,7 +109,7 @@ def _parse_cpulist(text: str, where: str) -> list[int]:
     for piece in text.split(","):
         first, dash, last = piece.partition("-")
         if not first.isdigit() or (dash and not last.isdigit()):
-            raise FactsFormatError(f"{where}: {text!r} is not a list of numbers (\"0-3,8\")")
+            raise FactsFormatError(f'{where}: {text!r} is not a list of numbers ("0-3,8")')
         low, high = int(first), int(last) if dash else int(first)
         if high < low or high >= CPULIST_BOUND:
             raise FactsFormatError(f"{where}: {piece!r} is not a range this node can have")

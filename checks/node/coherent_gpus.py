@@ -59,3 +59,10 @@ def read_coherent_gpus(fs: NodeFS) -> dict[str, CoherentGpu]:
             if text is not None:
                 found[bdf] = CoherentGpu(bdf, *parse_numa_status(text))
     return found
+
+
+@dataclass(frozen=True)
+class CoherentGpus:
+    """The coherent GPUs (read_coherent_gpus) by bus id: the coherent_gpus part."""
+
+    by_bus_id: dict[str, CoherentGpu]

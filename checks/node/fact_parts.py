@@ -152,3 +152,144 @@ def read_roce_gids_part(sources: NodeSources, facts: FactsSource) -> list[Any]:
 
     inventory: Inventory = facts.get("inventory")
     return read_roce_gid_types(sources.fs, inventory.rdma)
+
+
+# --- GPU checks, tuning and tune's inputs (issue 14, task gpuparts) ---------------------
+
+
+def _type_nvidia_driver() -> object:
+    from nodecheck.checks.node.nvidia_driver import NvidiaDriver
+
+    return NvidiaDriver
+
+
+@part("nvidia_driver", _type_nvidia_driver)
+def read_nvidia_driver_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The loaded nvidia kernel module's version and the GPUs it exposes here
+    (<procfs>/driver/nvidia/version and gpus/)."""
+    from nodecheck.checks.node.nvidia_driver import read_nvidia_driver
+
+    return read_nvidia_driver(sources.fs)
+
+
+def _type_gpu_process_names() -> object:
+    from nodecheck.checks.node.processes import GpuProcessNames
+
+    return GpuProcessNames
+
+
+@part("gpu_process_names", _type_gpu_process_names, nvml=True)
+def read_gpu_process_names_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The command name (<procfs>/PID/comm) of each process NVML lists on a GPU, or why
+    it could not be read (a pid outside this PID namespace)."""
+    from nodecheck.checks.node.processes import read_process_names
+
+    snapshot: GpuSnapshot = facts.get("gpus")
+    pids = [p.pid for gpu in snapshot.gpus for p in gpu.processes or []]
+    return read_process_names(sources.fs, pids)
+
+
+def _type_gpu_presence() -> object:
+    from nodecheck.checks.node.gpu_presence import GpuPresences
+
+    return GpuPresences
+
+
+@part("gpu_presence", _type_gpu_presence)
+def read_gpu_presence_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """Whether each NVIDIA GPU on the PCI bus answers config reads (its config file's
+    first dword), by bus id."""
+    from nodecheck.checks.node.gpu_presence import read_gpu_presences
+
+    pci_gpus: list[PciDevice] = facts.get("pci_gpus")
+    return read_gpu_presences(pci_gpus)
+
+
+def _type_coherent_gpus() -> object:
+    from nodecheck.checks.node.coherent_gpus import CoherentGpus
+
+    return CoherentGpus
+
+
+@part("coherent_gpus", _type_coherent_gpus)
+def read_coherent_gpus_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The GPUs the nvidia driver attaches coherently (NVLink-C2C on Grace), from
+    <procfs>/driver/nvidia/gpus/*/numa_status."""
+    from nodecheck.checks.node.coherent_gpus import CoherentGpus, read_coherent_gpus
+
+    return CoherentGpus(read_coherent_gpus(sources.fs))
+
+
+def _type_addressed_interfaces() -> object:
+    from nodecheck.checks.node.net import AddressedInterfaces
+
+    return AddressedInterfaces
+
+
+@part("addressed_interfaces", _type_addressed_interfaces)
+def read_addressed_interfaces_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The interfaces with an IPv4 route or a global IPv6 address (<procfs>/net/route and
+    net/if_inet6), or unknown when neither could be read."""
+    from nodecheck.checks.node.net import AddressedInterfaces, read_addressed_interfaces
+
+    names = read_addressed_interfaces(sources.fs)
+    return AddressedInterfaces(None if names is None else frozenset(names))
+
+
+def _type_nccl_library() -> object:
+    from nodecheck.checks.node.nccl_library import NcclLibraries
+
+    return NcclLibraries
+
+
+@part("nccl_library", _type_nccl_library)
+def read_nccl_library_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The installed NCCL versions: libnccl's file names under the root filesystem, and
+    torch's bundled NCCL from package metadata on the own root (NCCL is never loaded)."""
+    from nodecheck.checks.node.nccl_library import read_nccl_libraries
+
+    return read_nccl_libraries(sources.fs)
+
+
+def _type_calling_environment() -> object:
+    from nodecheck.checks.node.calling_environment import CallingEnvironment
+
+    return CallingEnvironment
+
+
+@part("calling_environment", _type_calling_environment)
+def read_calling_environment_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The calling environment's variables that tune and exec read (job size, local rank,
+    GPUs, OMP_NUM_THREADS, the audited prefixes), filtered as read: no other value."""
+    from nodecheck.checks.node.calling_environment import read_calling_environment
+
+    return read_calling_environment(sources.environ)
+
+
+def _type_cpuset() -> object:
+    from nodecheck.checks.node.cgroup import CpusetReading
+
+    return CpusetReading
+
+
+@part("cpuset", _type_cpuset)
+def read_cpuset_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The CPUs and memory nodes this process may use (its cpuset cgroup), or why they
+    could not be read."""
+    from nodecheck.checks.node.cgroup import read_cpuset
+
+    return read_cpuset(sources.fs)
+
+
+def _type_torch_version() -> object:
+    from nodecheck.checks.node.torch_package import TorchVersion
+
+    return TorchVersion
+
+
+@part("torch_version", _type_torch_version)
+def read_torch_version_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The installed torch's version, from package metadata (torch is never imported)."""
+    from nodecheck.checks.node.torch_package import read_torch_version
+
+    return read_torch_version()

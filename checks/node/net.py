@@ -200,6 +200,13 @@ def parse_ipv6_addresses(text: str) -> set[str]:
     return interfaces
 
 
+@dataclass(frozen=True)
+class AddressedInterfaces:
+    """The addressed_interfaces part: `names` None when neither file could be read."""
+
+    names: frozenset[str] | None
+
+
 def read_addressed_interfaces(fs: NodeFS) -> set[str] | None:
     """Interfaces with an IPv4 route or a global IPv6 address; None if neither file
     could be read (then whether an interface can reach other nodes is unknown)."""

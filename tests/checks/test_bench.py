@@ -16,14 +16,10 @@ import pytest
 
 from nodecheck.checks.bench.child.protocol import parse_line
 from nodecheck.checks.bench.child_runner import run_child
-from nodecheck.checks.bench.gate import (
-    ForeignProcessWatch,
-    Refusal,
-    parse_ns_pids,
-    parse_process_group,
-)
+from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.config import BenchOptions
+from nodecheck.checks.node.processes import parse_ns_pids, parse_process_group
 from nodecheck.checks.registry import load_benchmarks
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import run_checks

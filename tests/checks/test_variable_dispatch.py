@@ -48,7 +48,8 @@ def test_gid_index_judged_from_a_capture_as_live(dgx: Node) -> None:
     (finding,) = by_status(live, Status.WARN)
     assert "mlx5_8 port 1: IB/RoCE v1" in finding.summary
     sources = NodeSources(fs=dgx.fs, environ=environ, uid=1000)
-    capture = loads(dumps(LiveFacts(sources).capture(["inventory", "variables", "roce_gids"])))
+    needs = load_checks()["nccl_env"].needs
+    capture = loads(dumps(LiveFacts(sources).capture(needs)))
     assert gid_results(CheckContext(facts=capture)) == live
 
 
@@ -72,7 +73,7 @@ def test_a_capture_without_gid_tables_cannot_pass_a_gid_index(dgx: Node) -> None
     """An older capture holding no roce_gids: the GID index is an error, never a pass."""
     environ = {**CLEAN_ENVIRON, "NCCL_IB_GID_INDEX": "3"}
     sources = NodeSources(fs=dgx.fs, environ=environ, uid=1000)
-    capture = loads(dumps(LiveFacts(sources).capture(["inventory", "variables"])))
+    capture = loads(dumps(LiveFacts(sources).capture(["inventory", "variables", "nccl_library"])))
     (unknown,) = gid_results(CheckContext(facts=capture))
     assert unknown.status is Status.ERROR and "the capture holds no roce_gids" in unknown.summary
 

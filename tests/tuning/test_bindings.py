@@ -16,6 +16,7 @@ from nodecheck.tuning.plan import TuneOptions, make_plan
 from tests.conftest import Node
 from tests.fixtures.graft import placed_gpus_spec
 from tests.fixtures.nodegen import build_node
+from tests.fixtures.pinned_facts import with_parts
 
 
 def test_dgx_ranks_follow_their_gpus(dgx: Node) -> None:
@@ -153,7 +154,7 @@ def test_memory_is_bound_only_to_the_cpusets_memory_nodes(tmp_path: Path) -> Non
     the rank keeps node 0's CPUs, its memory unbound, with the reason."""
     node = placed(tmp_path, [0, 1])
     cpuset = CpusetReading(frozenset(range(8)), "/cpuset/job/cpus", mems=frozenset({1}))
-    plan = make_plan(node.context(), TuneOptions(cpuset=cpuset))
+    plan = make_plan(with_parts(node.context(), cpuset=cpuset), TuneOptions())
     first, second = (rank.binding for rank in plan.ranks)
     assert (first.numa_node, second.numa_node) == (None, 1)
     assert set(first.cpus) <= {0, 1, 2, 3} and "--membind=0" not in first.numactl()
@@ -266,11 +267,11 @@ def test_slurm_tasks_each_seeing_one_gpu_stay_runnable(tmp_path: Path) -> None:
 def test_an_unreadable_cpuset_warns_every_rank(tmp_path: Path) -> None:
     node = placed(tmp_path, [0, 1])
     unknown = CpusetReading(None, error="/sys/fs/cgroup/job/cpuset.cpus.effective: garbage")
-    plan = make_plan(node.context(), TuneOptions(cpuset=unknown))
+    plan = make_plan(with_parts(node.context(), cpuset=unknown), TuneOptions())
     assert all("the cpuset of this process could not be read" in r.warning for r in plan.ranks)
     assert all(r.binding.cpus for r in plan.ranks)
     read = CpusetReading(frozenset({1, 2, 5}), "/cgroup/unified/job/cpuset.cpus.effective")
-    limited = make_plan(node.context(), TuneOptions(cpuset=read))
+    limited = make_plan(with_parts(node.context(), cpuset=read), TuneOptions())
     assert [r.binding.cpus for r in limited.ranks] == [(1, 2), (5,)]
 
 
@@ -280,7 +281,7 @@ def test_a_rank_the_cpuset_keeps_off_its_gpus_node_is_warned(tmp_path: Path) -> 
     the warning says what to ask the scheduler for."""
     node = placed(tmp_path, [0, 1])
     cpuset = CpusetReading(frozenset({0, 1, 2, 3}), "/cpuset/job/cpus")
-    plan = make_plan(node.context(), TuneOptions(cpuset=cpuset))
+    plan = make_plan(with_parts(node.context(), cpuset=cpuset), TuneOptions())
     first, second = plan.ranks
     assert first.warning == "" and first.binding.numa_node == 0
     assert set(second.binding.cpus) <= {0, 1, 2, 3} and second.binding.numa_node is None

@@ -10,12 +10,14 @@ import pytest
 
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.net import NetInterface
+from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.tuning.bindings import bind_ranks
 from nodecheck.tuning.nccl import JobShape, ifname_value, job_nodes, socket_candidates
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.pytorch import CpuBudget, allocator, cpu_budget, parse_version
 from nodecheck.tuning.recommendation import Action, Recommendation
 from tests.conftest import Node
+from tests.fixtures.pinned_facts import TORCH_2_13, with_parts
 
 IB_RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
 DGX_GPUS = [f"0000:{bus}:00.0" for bus in ("18", "1a", "3a", "3c", "9a", "9c", "ba", "bc")]
@@ -29,8 +31,9 @@ def plan_for(
     single_switch: bool = False,
     torch_version: tuple[int, int] | None = (2, 13),
 ) -> Plan:
-    options = TuneOptions(shape=JobShape(nodes, single_switch), torch_version=torch_version)
-    return make_plan(node.context(environ or {}), options)
+    options = TuneOptions(shape=JobShape(nodes, single_switch))
+    ctx = with_parts(node.context(environ or {}), torch_version=TorchVersion(torch_version))
+    return make_plan(ctx, options)
 
 
 def by_name(recommendations: list[Recommendation]) -> dict[str, Recommendation]:
@@ -470,8 +473,8 @@ def test_cpu_budget_never_oversubscribes() -> None:
 
 def test_without_smt_siblings(dgx: Node) -> None:
     """--no-smt-siblings: one thread per core, and the budget is of those 14."""
-    options = TuneOptions(torch_version=(2, 13), with_smt_siblings=False)
-    plan = make_plan(dgx.context({}), options)
+    options = TuneOptions(with_smt_siblings=False)
+    plan = make_plan(with_parts(dgx.context({}), torch_version=TORCH_2_13), options)
     for rank in plan.ranks:
         assert len(rank.binding.cpus) == 14
         assert plan.environment(rank)["OMP_NUM_THREADS"] == "11"
