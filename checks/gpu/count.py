@@ -76,8 +76,8 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     """GPUs on the PCI bus, GPUs NVML sees, and the expected count."""
     on_bus = ctx.pci_gpus
     samples = [Sample(ON_BUS, len(on_bus))]
-    if ctx.expected_gpus is not None:
-        samples.append(Sample(EXPECTED, ctx.expected_gpus))
+    if ctx.config.expected_gpus is not None:
+        samples.append(Sample(EXPECTED, ctx.config.expected_gpus))
     try:
         exposed = read_driver_gpus(ctx.fs)
     except ReadError as err:
@@ -93,7 +93,7 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     unavailable = nvml_unavailable_result(ctx)
     snapshot = ctx.gpus.snapshot
     # NVML answering "no GPU" while GPUs are on the bus or expected is a count, not a skip.
-    counted = snapshot.usable and (meant or ctx.expected_gpus)
+    counted = snapshot.usable and (meant or ctx.config.expected_gpus)
     if unavailable is not None and not counted:
         yield _without_nvml(ctx, meant, unavailable, samples)
         return
@@ -164,7 +164,7 @@ def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Res
 def _node_result(
     ctx: CheckContext, meant: int, gpus: list[GpuReading], samples: list[Sample]
 ) -> Result:
-    expected = ctx.expected_gpus
+    expected = ctx.config.expected_gpus
     lost = sum(1 for gpu in gpus if gpu.lost is not None)
     answering = len(gpus) - lost
     counts = f"{answering} GPU(s) answering NVML"
@@ -216,7 +216,7 @@ def _without_nvml(
 ) -> Result:
     """NVML cannot answer. With no GPU on the bus for this host that is a CPU node: skip."""
     cause = unavailable.details.get("cause")
-    expected = ctx.expected_gpus
+    expected = ctx.config.expected_gpus
     if expected is not None and len(meant) < expected:
         # Whatever NVML says, at most the GPUs on the bus can answer: fewer than expected.
         return Result(
