@@ -83,7 +83,7 @@ BENCH_DURATION_RANGE_S = (0.1, 600.0)
 IDLE_WINDOW_RANGE_S = (0.0, 3600.0)
 MEMORY_FRACTION_RANGE = (0.01, 0.95)
 # warn_below and fail_below: above 0 and at most 1.
-RATIO_RANGE = (0.0, 1.0)
+RATIO_RANGE = (0, 1)
 
 
 class ConfigError(Exception):
