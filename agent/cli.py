@@ -10,13 +10,26 @@ import logging
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from nodecheck.agent.config import NVML_TIMEOUT_RANGE_S
+from nodecheck.agent.config import (
+    BENCH_DURATION_RANGE_S,
+    IDLE_WINDOW_RANGE_S,
+    MEMORY_FRACTION_RANGE,
+    NVML_TIMEOUT_RANGE_S,
+    RATIO_RANGE,
+)
 from nodecheck.agent.logs import LEVELS, configure_logging
+from nodecheck.checks.config import (
+    DEFAULT_NVML_TIMEOUT_S,
+    BenchOptions,
+    CheckConfig,
+    Thresholds,
+)
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.fs import NodeFS
@@ -35,7 +48,6 @@ ROOT_OPTIONS = {
         "Root of the host filesystem, for /etc/nccl.conf and home directories.",
     ),
 }
-DEFAULT_NVML_TIMEOUT_S = 5.0
 # Bounds on what a user types, far beyond any real value but short of absurd ones
 # (a 20-digit GPU count passes int() and then means nothing).
 MAX_GPUS_PER_NODE = 1024
@@ -158,12 +170,25 @@ def settings(ctx: click.Context, log_level: str = DEFAULT_LOG_LEVEL) -> dict[str
     return values
 
 
+def check_config(
+    ctx: click.Context, *, expected_gpus: int | None = None, bench: BenchOptions | None = None
+) -> CheckConfig:
+    """The one configuration a command's checks are judged under: what its options say,
+    checks/config.py's defaults for the rest."""
+    return CheckConfig(
+        expected_gpus=expected_gpus,
+        nvml_timeout_s=settings(ctx)["nvml_timeout"],
+        bench=BenchOptions() if bench is None else bench,
+    )
+
+
 def nvml_session(ctx: click.Context) -> NvmlSession:
     """The NVML session the global --nvml-* options describe (NVML loads on first use)."""
     from nodecheck.checks.node.nvml import NvmlSession
 
-    values = settings(ctx)
-    return NvmlSession(deadline_s=values["nvml_timeout"], library_path=values["nvml_library"])
+    return NvmlSession(
+        deadline_s=check_config(ctx).nvml_timeout_s, library_path=settings(ctx)["nvml_library"]
+    )
 
 
 def node_fs(ctx: click.Context, log_level: str = DEFAULT_LOG_LEVEL) -> NodeFS:
@@ -221,9 +246,10 @@ def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) 
     "--expected-gpus",
     "expected_gpus",
     type=click.IntRange(min=0, max=MAX_GPUS_PER_NODE),
-    default=None,
+    default=CheckConfig.expected_gpus,
     metavar="N",
-    help="GPUs this node should have; fewer visible to NVML fails gpu_count.",
+    help="GPUs this node should have; fewer visible to NVML fails gpu_count. "
+    "[default: the GPUs on the PCI bus]",
 )
 @click.option(
     "--kernel-log",
@@ -268,7 +294,7 @@ def check(
         fs=fs,
         nvml=nvml_session(ctx),
         kernel_log=kernel_log,
-        expected_gpus=expected_gpus,
+        config=check_config(ctx, expected_gpus=expected_gpus),
     )
     try:
         runs = run_checks(selected, context)
@@ -790,19 +816,23 @@ class _ProgressBar:
 @cli.command()
 @click.argument("which", type=click.Choice([*BENCH_ORDER, "all"]))
 @click.option(
-    "--gpus", callback=_parse_gpus, metavar="0,1,...", help="NVML indices. [default: all]"
+    "--gpus",
+    callback=_parse_gpus,
+    default=BenchOptions.gpus,
+    metavar="0,1,...",
+    help="NVML indices. [default: all]",
 )
 @click.option(
     "--dtype",
     type=click.Choice(["bf16", "fp16", "fp32"]),
-    default="bf16",
+    default=BenchOptions.dtype,
     show_default=True,
     help="Matmul data type.",
 )
 @click.option(
     "--duration",
-    type=FiniteFloatRange(min=0.1, max=600),
-    default=4.0,
+    type=FiniteFloatRange(*BENCH_DURATION_RANGE_S),
+    default=BenchOptions.duration_s,
     show_default=True,
     metavar="SECONDS",
     help="Measuring time per benchmark.",
@@ -810,14 +840,14 @@ class _ProgressBar:
 @click.option(
     "--device",
     type=click.Choice(["cuda", "cpu"]),
-    default="cuda",
+    default=BenchOptions.device,
     show_default=True,
     help="cpu runs the same benchmarks on the CPU (gloo for all_reduce).",
 )
 @click.option(
     "--processes",
     type=click.IntRange(min=2, max=64),
-    default=2,
+    default=BenchOptions.processes,
     show_default=True,
     help="all_reduce ranks with --device cpu.",
 )
@@ -830,46 +860,46 @@ class _ProgressBar:
 )
 @click.option(
     "--idle-window",
-    type=FiniteFloatRange(min=0, max=600),
-    default=2.0,
+    type=FiniteFloatRange(*IDLE_WINDOW_RANGE_S),
+    default=BenchOptions.idle_window_s,
     show_default=True,
     metavar="SECONDS",
     help="How long every GPU must be idle before a benchmark starts.",
 )
 @click.option(
     "--warn-below",
-    type=FiniteFloatRange(min=0, max=1, min_open=True),
-    default=0.9,
+    type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
+    default=Thresholds.warn,
     show_default=True,
     metavar="RATIO",
     help="Warn below this ratio to the node's median or the baseline.",
 )
 @click.option(
     "--fail-below",
-    type=FiniteFloatRange(min=0, max=1, min_open=True),
-    default=0.8,
+    type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
+    default=Thresholds.fail,
     show_default=True,
     metavar="RATIO",
     help="Fail below this ratio to the node's median or the baseline.",
 )
 @click.option(
     "--memory-fraction",
-    type=FiniteFloatRange(min=0.01, max=0.95),
-    default=0.5,
+    type=FiniteFloatRange(*MEMORY_FRACTION_RANGE),
+    default=BenchOptions.memory_fraction,
     show_default=True,
     help="Share of each GPU's free memory a benchmark may take.",
 )
 @click.option(
     "--idle-utilization",
     type=click.IntRange(min=0, max=100),
-    default=5,
+    default=BenchOptions.idle_utilization_pct,
     show_default=True,
     metavar="PERCENT",
     help="A GPU busier than this during the idle window keeps benchmarks off.",
 )
 @click.option(
     "--maintenance-file",
-    default="/run/nodecheck/maintenance",
+    default=BenchOptions.maintenance_file,
     show_default=True,
     metavar="PATH",
     help="While this file exists (under --rootfs), benchmarks do not start.",
@@ -919,7 +949,6 @@ def bench(
         render_json,
         render_table,
     )
-    from nodecheck.checks.config import BenchOptions, Thresholds
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.inventory import read_hostname
     from nodecheck.checks.registry import load_benchmarks
@@ -942,8 +971,8 @@ def bench(
         on_progress=progress,
     )
     if state_dir is not None:
-        options.state_dir = state_dir
-    context = CheckContext(fs=fs, nvml=nvml_session(ctx), bench=options)
+        options = replace(options, state_dir=state_dir)
+    context = CheckContext(fs=fs, nvml=nvml_session(ctx), config=check_config(ctx, bench=options))
     available = load_benchmarks()
     names = BENCH_ORDER if which == "all" else (which,)
     runs = []

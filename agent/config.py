@@ -1,11 +1,14 @@
 """The agent's configuration: embedded defaults, optionally overridden by a TOML file.
 
+An example (a file names only what it changes; `nodecheck config show` on an empty
+file prints every default, and checks/config.py is where the checks' are declared):
+
     [agent]
     listen = ":19410"            # host:port for /metrics, /healthz, /results; "" for none
     textfile_dir = ""            # also write nodecheck.prom there (node_exporter's textfile)
-    expected_gpus = 8            # 0 to 1024
+    expected_gpus = 8            # 0 to 1024; unset: the GPUs on the PCI bus
     kernel_log = "/dev/kmsg"
-    nvml_timeout = 5.0           # 0.1 to 8 seconds
+    nvml_timeout = 3             # seconds, 0.1 to 8
     state_dir = "/var/lib/nodecheck"
     snapshot = "/run/nodecheck/snapshot.json"   # root-only checks, from nodecheck snapshot
     tls_cert_file = ""           # HTTPS when both are set
@@ -18,14 +21,14 @@
     timeout = 10                 # seconds, above 0 and at most an hour
 
     [benchmarks]
-    enabled = false
+    enabled = true
     interval = 86400             # seconds, 1 to 30 days
-    duration = 4.0               # seconds, 0.1 to 600
+    duration = 10                # seconds, 0.1 to 600
     device = "cuda"
-    idle_window = 60.0           # seconds every GPU must be idle before one starts, 0 to 3600
-    warn_below = 0.9             # ratio to the node's median GPU and to the baseline, (0, 1]
-    fail_below = 0.8
-    memory_fraction = 0.5        # of each GPU's free memory, 0.01 to 0.95
+    idle_window = 120            # seconds every GPU must be idle before one starts, 0 to 3600
+    warn_below = 0.95            # ratio to the node's median GPU and to the baseline, (0, 1]
+    fail_below = 0.85
+    memory_fraction = 0.4        # of each GPU's free memory, 0.01 to 0.95
 
 A bad file is refused whole, with the file, line and key named: the agent
 keeps running on what it had. Every way a file can be bad is a ConfigError:
@@ -47,6 +50,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nodecheck.checks.config import (
+    AGENT_IDLE_WINDOW_S,
+    BenchOptions,
+    CheckConfig,
+    Thresholds,
+)
 from nodecheck.checks.node.fs import (
     NotRegularFileError,
     file_kind,
@@ -69,9 +78,12 @@ CHECK_TIMEOUT_MAX_S = 3600.0
 # that inside the GPU checks' own 30 s timeout. The command line uses the same range.
 NVML_TIMEOUT_RANGE_S = (0.1, 8.0)
 MAX_EXPECTED_GPUS = 1024
+# The ranges of the benchmark settings, for the file and `nodecheck bench`'s options alike.
 BENCH_DURATION_RANGE_S = (0.1, 600.0)
 IDLE_WINDOW_RANGE_S = (0.0, 3600.0)
 MEMORY_FRACTION_RANGE = (0.01, 0.95)
+# warn_below and fail_below: above 0 and at most 1.
+RATIO_RANGE = (0, 1)
 
 
 class ConfigError(Exception):
@@ -196,14 +208,17 @@ class CheckSettings:
 
 @dataclass(frozen=True)
 class BenchmarkSettings:
+    """[benchmarks]: the schedule, and the BenchOptions the file may change (their
+    defaults are checks/config.py's, but for the idle window: the agent waits longer)."""
+
     enabled: bool = False
     interval_s: float = DAY_S
-    duration_s: float = 4.0
-    device: str = "cuda"
-    idle_window_s: float = 60.0  # the agent waits a minute of idleness, the CLI two seconds
-    warn_below: float = 0.9  # ratios to the node's median and the baseline
-    fail_below: float = 0.8
-    memory_fraction: float = 0.5
+    duration_s: float = BenchOptions.duration_s
+    device: str = BenchOptions.device
+    idle_window_s: float = AGENT_IDLE_WINDOW_S
+    warn_below: float = Thresholds.warn  # ratios to the node's median and the baseline
+    fail_below: float = Thresholds.fail
+    memory_fraction: float = BenchOptions.memory_fraction
 
 
 @dataclass(frozen=True)
@@ -211,9 +226,9 @@ class AgentConfig:
     source: str = "embedded defaults"
     listen: str = f":{DEFAULT_PORT}"
     textfile_dir: Path | None = None
-    expected_gpus: int | None = None
+    expected_gpus: int | None = CheckConfig.expected_gpus
     kernel_log: Path | None = None
-    nvml_timeout_s: float = 5.0
+    nvml_timeout_s: float = CheckConfig.nvml_timeout_s
     state_dir: Path | None = None
     # The root snapshot (nodecheck-snapshot.timer) the agent serves root-only checks from.
     snapshot: Path | None = None
@@ -625,8 +640,12 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     device = bench.text_value("device", defaults.device)
     if device not in ("cuda", "cpu"):
         raise bench.fail("device", f'expected "cuda" or "cpu", got {_shown(device)}')
-    warn_below = bench.number("warn_below", defaults.warn_below, 0, 1, low_open=True, unit="")
-    fail_below = bench.number("fail_below", defaults.fail_below, 0, 1, low_open=True, unit="")
+    warn_below = bench.number(
+        "warn_below", defaults.warn_below, *RATIO_RANGE, low_open=True, unit=""
+    )
+    fail_below = bench.number(
+        "fail_below", defaults.fail_below, *RATIO_RANGE, low_open=True, unit=""
+    )
     if fail_below > warn_below:
         raise bench.fail("fail_below", "must not be above warn_below")
     bench_settings = BenchmarkSettings(

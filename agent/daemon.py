@@ -50,7 +50,7 @@ from nodecheck.agent.exporter import (
 )
 from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
-from nodecheck.checks.config import BenchOptions, Thresholds
+from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
@@ -168,6 +168,9 @@ class Agent:
         self.available = load_checks()
         self.benchmarks = load_benchmarks()
         self.config = self._load()
+        # What every check is judged under: built once per configuration (again on each
+        # reload), shared by every context.
+        self.check_config = self._check_config(self.config)
         self.auth = self._auth(self.config)
         self.reload_ok = True
         self.store = ResultStore()
@@ -175,7 +178,9 @@ class Agent:
         self.port_counter_history = PortCounterHistory()
         self.shared = SharedReads(ttl_s=SHARED_READS_TTL_S)
         self.xid_log = XidLog()
-        self.nvml = NvmlSession(deadline_s=self.config.nvml_timeout_s, library_path=nvml_library)
+        self.nvml = NvmlSession(
+            deadline_s=self.check_config.nvml_timeout_s, library_path=nvml_library
+        )
         self.hostname = read_hostname(fs)
         self.registry = make_registry(
             ResultCollector(self.store, _version(), lambda: self.reload_ok)
@@ -206,7 +211,6 @@ class Agent:
         return chosen
 
     def _context(self) -> CheckContext:
-        config = self.config
         return CheckContext(
             fs=self.fs,
             environ={},  # the agent's own environment is not a job's
@@ -214,10 +218,19 @@ class Agent:
             gpu_history=self.history,
             port_counter_history=self.port_counter_history,
             xid_log=self.xid_log,
-            kernel_log=config.kernel_log,
-            expected_gpus=config.expected_gpus,
-            bench=self._bench_options(config),
+            kernel_log=self.config.kernel_log,
             shared=self.shared,
+            config=self.check_config,
+        )
+
+    @classmethod
+    def _check_config(cls, config: AgentConfig) -> CheckConfig:
+        """The one CheckConfig of an AgentConfig: what the file (or the command line) set,
+        and checks/config.py's defaults for the rest."""
+        return CheckConfig(
+            expected_gpus=config.expected_gpus,
+            nvml_timeout_s=config.nvml_timeout_s,
+            bench=cls._bench_options(config),
         )
 
     @staticmethod
@@ -231,7 +244,7 @@ class Agent:
             thresholds=Thresholds(warn=bench.warn_below, fail=bench.fail_below),
         )
         if config.state_dir is not None:
-            options.state_dir = config.state_dir
+            options = replace(options, state_dir=config.state_dir)
         return options
 
     def _scheduler(self, previous: Scheduler | None = None) -> Scheduler:
@@ -400,13 +413,15 @@ class Agent:
                 self.server.reload_tls()
             except ValueError as err:
                 raise ConfigError(config.source, None, "", f"TLS: {err}") from None
+        check_config = self._check_config(config)
         # Nothing can fail from here on: the new configuration is applied whole.
         if auth is not None and self.auth is not None:
             self.auth.users = auth.users  # the running server's check, updated in place
         # Read by every NVML call as it starts; a call already waiting keeps its deadline.
-        self.nvml.deadline_s = config.nvml_timeout_s
+        self.nvml.deadline_s = check_config.nvml_timeout_s
         self.reload_ok = True
         self.config = config
+        self.check_config = check_config
         old = self.scheduler
         old.stop()
         self.scheduler = self._scheduler(previous=old)

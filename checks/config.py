@@ -2,7 +2,11 @@
 
 CheckConfig reaches every check as `ctx.config`: the GPU count the node should have,
 the NVML deadline, and how benchmarks run (devices, durations, the gate's limits,
-thresholds). The agent's TOML and the command's options start from these defaults.
+thresholds). This module is the only place those defaults are written: the agent's
+TOML (agent/config.py: AgentConfig, `nodecheck config show`) and the command's options
+(agent/cli.py: --nvml-timeout, --expected-gpus, `nodecheck bench`'s options) take
+theirs from the fields below (a field's default is the class attribute of the same
+name: `BenchOptions.duration_s`), and tests/agent/test_defaults.py checks that they do.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ def default_state_dir() -> Path:
 # hold the driver for tens of seconds). The agent's nvml_timeout and --nvml-timeout.
 DEFAULT_NVML_TIMEOUT_S = 5.0
 
+# How long every GPU must be idle before a benchmark the agent schedules starts. The
+# agent runs benchmarks unattended, so it waits a minute of idleness (a job between two
+# steps is idle for seconds); `nodecheck bench`, run by someone watching a drained node,
+# waits BenchOptions.idle_window_s.
+AGENT_IDLE_WINDOW_S = 60.0
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -42,7 +52,7 @@ class Thresholds:
     reference_fail: float = 0.7
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchOptions:
     device: str = "cuda"  # or "cpu"
     gpus: tuple[int, ...] | None = None  # NVML indices; None: every GPU
@@ -67,9 +77,13 @@ class BenchOptions:
         return self.timeout_s if self.timeout_s is not None else 60.0 + 3 * self.duration_s
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckConfig:
-    """What checks are told rather than read: the one configuration object they get."""
+    """What checks are told rather than read: the one configuration object they get.
+
+    Frozen, as BenchOptions is: the agent builds one from its configuration (again on
+    each reload) and every context of every check shares it.
+    """
 
     # How many GPUs this node should have; None: as many as the PCI bus shows.
     expected_gpus: int | None = None

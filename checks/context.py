@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from nodecheck.checks.node.xid import XidLog
 
 T = TypeVar("T")
-_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -97,10 +96,8 @@ class CheckContext:
     xid_log: XidLog | None = None
     # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.
     kernel_log: Path | None = None
-    expected_gpus: Any = _UNSET  # shorthand for config.expected_gpus
     # Set by the agent: reads shared between the contexts of checks run close together.
     shared: SharedReads | None = None
-    bench: Any = _UNSET  # shorthand for config.bench
     config: CheckConfig = field(default_factory=CheckConfig)
     facts: FactsSource = None  # type: ignore[assignment]
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
@@ -108,13 +105,11 @@ class CheckContext:
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        if self.expected_gpus is not _UNSET:
-            self.config.expected_gpus = self.expected_gpus
-        if self.bench is not _UNSET:
-            self.config.bench = self.bench
-        self.expected_gpus = self.config.expected_gpus
-        self.bench = self.config.bench
         if self.facts is None:
+            if self.nvml is None:
+                from nodecheck.checks.node.nvml import NvmlSession
+
+                self.nvml = NvmlSession(deadline_s=self.config.nvml_timeout_s)
             sources = NodeSources(
                 fs=self.fs,
                 environ=self.environ,
@@ -123,7 +118,6 @@ class CheckContext:
                 kernel_log=self.kernel_log,
             )
             self.facts = LiveFacts(sources, self.shared)
-            self.nvml = sources.session() if self.nvml is None else self.nvml
 
     @property
     def sources(self) -> NodeSources | None:

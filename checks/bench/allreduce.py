@@ -114,7 +114,7 @@ def judge_allreduce(
 @register_benchmark("allreduce", interval_s=86400, timeout_s=3600)
 def bench_allreduce(ctx: CheckContext) -> list[Result]:
     """all_reduce bus bandwidth across the GPUs, against the node type and baseline."""
-    options = ctx.bench
+    options = ctx.config.bench
     targets = select_targets(ctx, options)
     if isinstance(targets, Result):
         return [targets]

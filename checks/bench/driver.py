@@ -147,7 +147,7 @@ def run_benchmark(
     ctx: CheckContext, spec: dict[str, Any], targets: list[Target], judge: Judge
 ) -> list[Result]:
     """Lock, gate, run the child under its deadline and the watch, judge, remember."""
-    options = ctx.bench
+    options = ctx.config.bench
     host = ctx.hostname
     state = BenchState(options.state_dir)
     if importlib.util.find_spec("torch") is None:

@@ -107,7 +107,7 @@ def judge_h2d(
 @register_benchmark("h2d", interval_s=86400, timeout_s=3600)
 def bench_h2d(ctx: CheckContext) -> list[Result]:
     """Host-device copy bandwidth per GPU, bound to the GPU's NUMA node."""
-    options = ctx.bench
+    options = ctx.config.bench
     targets = select_targets(ctx, options)
     if isinstance(targets, Result):
         return [targets]

@@ -135,7 +135,7 @@ def judge_matmul(
 @register_benchmark("matmul", interval_s=86400, timeout_s=3600)
 def bench_matmul(ctx: CheckContext) -> list[Result]:
     """Matmul TFLOPS per GPU, all GPUs at once, against peers, baseline and model."""
-    options = ctx.bench
+    options = ctx.config.bench
     targets = select_targets(ctx, options)
     if isinstance(targets, Result):
         return [targets]

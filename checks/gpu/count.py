@@ -80,8 +80,8 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     """GPUs on the PCI bus, GPUs NVML sees, and the expected count."""
     on_bus = ctx.pci_gpus
     samples = [Sample(ON_BUS, len(on_bus))]
-    if ctx.expected_gpus is not None:
-        samples.append(Sample(EXPECTED, ctx.expected_gpus))
+    if ctx.config.expected_gpus is not None:
+        samples.append(Sample(EXPECTED, ctx.config.expected_gpus))
     driver: NvidiaDriver = ctx.part("nvidia_driver")
     exposed = None if driver.exposed_gpus is None else set(driver.exposed_gpus)
     if driver.gpus_error:
@@ -96,7 +96,7 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     unavailable = nvml_unavailable_result(ctx)
     snapshot = ctx.gpus.snapshot
     # NVML answering "no GPU" while GPUs are on the bus or expected is a count, not a skip.
-    counted = snapshot.usable and (meant or ctx.expected_gpus)
+    counted = snapshot.usable and (meant or ctx.config.expected_gpus)
     if unavailable is not None and not counted:
         yield _without_nvml(ctx, meant, unavailable, samples)
         return
@@ -167,7 +167,7 @@ def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Res
 def _node_result(
     ctx: CheckContext, meant: int, gpus: list[GpuReading], samples: list[Sample]
 ) -> Result:
-    expected = ctx.expected_gpus
+    expected = ctx.config.expected_gpus
     lost = sum(1 for gpu in gpus if gpu.lost is not None)
     answering = len(gpus) - lost
     counts = f"{answering} GPU(s) answering NVML"
@@ -219,7 +219,7 @@ def _without_nvml(
 ) -> Result:
     """NVML cannot answer. With no GPU on the bus for this host that is a CPU node: skip."""
     cause = unavailable.details.get("cause")
-    expected = ctx.expected_gpus
+    expected = ctx.config.expected_gpus
     if expected is not None and len(meant) < expected:
         # Whatever NVML says, at most the GPUs on the bus can answer: fewer than expected.
         return Result(

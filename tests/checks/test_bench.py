@@ -18,7 +18,7 @@ from nodecheck.checks.bench.child.protocol import parse_line
 from nodecheck.checks.bench.child_runner import run_child
 from nodecheck.checks.bench.gate import ForeignProcessWatch, Refusal
 from nodecheck.checks.bench.state import BenchState
-from nodecheck.checks.config import BenchOptions
+from nodecheck.checks.config import BenchOptions, CheckConfig
 from nodecheck.checks.node.processes import parse_ns_pids, parse_process_group
 from nodecheck.checks.registry import load_benchmarks
 from nodecheck.checks.result import Result, Status
@@ -38,7 +38,8 @@ def idle_dgx() -> Scenario:
 def bench(node: Node, name: str, tmp_path: Path, **options: object) -> list[Result]:
     settings = {"device": "cpu", "duration_s": 0.6, "idle_window_s": 0.0, **options}
     settings.setdefault("state_dir", tmp_path / "state")
-    context = node.context(bench=BenchOptions(**settings))  # type: ignore[arg-type]
+    bench_options = BenchOptions(**settings)  # type: ignore[arg-type]
+    context = node.context(config=CheckConfig(bench=bench_options))
     [run] = run_checks([load_benchmarks()[name]], context)
     assert run.completed, run.results
     return run.results

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.checks.config import CheckConfig
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.kernel_log import parse_boot_time
 from nodecheck.checks.node.xid import XidListener, XidLog
@@ -231,9 +232,11 @@ def test_count_names_the_gpu_that_fell_off(dgx_faulty: Node) -> None:
 
 
 def test_expected_count(dgx: Node) -> None:
-    [node] = [r for r in dgx.results("gpu_count", expected_gpus=8) if r.subject == "node"]
+    results = dgx.results("gpu_count", config=CheckConfig(expected_gpus=8))
+    [node] = [r for r in results if r.subject == "node"]
     assert node.status is Status.OK and "8 expected" in node.summary
-    [node] = [r for r in dgx.results("gpu_count", expected_gpus=16) if r.subject == "node"]
+    results = dgx.results("gpu_count", config=CheckConfig(expected_gpus=16))
+    [node] = [r for r in results if r.subject == "node"]
     assert node.status is Status.FAIL and node.summary.startswith("8 GPU(s) missing")
 
 

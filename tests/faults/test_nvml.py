@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from nodecheck.checks.bench.gate import check_gate
-from nodecheck.checks.config import BenchOptions
+from nodecheck.checks.config import BenchOptions, CheckConfig
 from nodecheck.checks.node.gpu import GpuHistory, read_gpu_activity
 from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
@@ -875,7 +875,7 @@ def test_expected_gpus_with_none_on_the_bus_fails(
 ) -> None:
     """--expected-gpus 8 on a node with no GPU on the bus: `fail`, "0 of 8"."""
     node = build("cpu-only").with_scenario(scenario, tmp_path / "none.json")
-    [count] = node.results("gpu_count", expected_gpus=8)
+    [count] = node.results("gpu_count", config=CheckConfig(expected_gpus=8))
     assert count.status is Status.FAIL
     assert "0 of 8" in count.summary, count.summary
 
