@@ -241,6 +241,19 @@ def _literal_decoder(allowed: tuple[object, ...]) -> Decoder:
     return decode_literal
 
 
+def _json_kinds(hint: object) -> tuple[type, ...]:
+    """The JSON value types an arm's encoding takes, for picking the arm of a union."""
+    if hint is bool:
+        return (bool,)
+    if hint is int:
+        return (int,)
+    if hint is float:
+        return (float, int, str)
+    if hint is str or (isinstance(hint, type) and issubclass(hint, Path)):
+        return (str,)
+    return ()
+
+
 def _union_decoder(arms: tuple[object, ...]) -> Decoder:
     optional = type(None) in arms
     others = [arm for arm in arms if arm is not type(None)]
@@ -252,12 +265,20 @@ def _union_decoder(arms: tuple[object, ...]) -> Decoder:
 
         return decode_optional
     decoders = [decoder_for(arm) for arm in others]
+    # An arm whose own type is the JSON value's goes first: 3 in `float | int` is the int,
+    # "NaN" in `str | float` the string (a float there is written as a number when finite).
+    exact = {bool: [], int: [], float: [], str: []}  # type: dict[type, list[Decoder]]
+    for arm, decoder in zip(others, decoders, strict=True):
+        kinds = _json_kinds(arm)
+        if kinds:
+            exact[kinds[0]].append(decoder)
 
     def decode_union(value: Any, where: str) -> Any:
         if value is None and optional:
             return None
+        preferred = exact.get(type(value), [])
         failures = []
-        for decoder in decoders:
+        for decoder in [*preferred, *(d for d in decoders if d not in preferred)]:
             try:
                 return decoder(value, where)
             except FactsFormatError as err:
@@ -301,13 +322,21 @@ def _sequence_decoder(origin: object, arguments: tuple[object, ...]) -> Decoder:
 def _mapping_decoder(arguments: tuple[object, ...]) -> Decoder:
     key_hint, value_hint = arguments if arguments else (str, Any)
     item = decoder_for(value_hint)
-    if key_hint is int:
+    integer_enum = (
+        isinstance(key_hint, type)
+        and issubclass(key_hint, enum.Enum)
+        and all(isinstance(member.value, int) for member in key_hint)
+    )
+    if key_hint is int or integer_enum:
+        as_key = decoder_for(key_hint)
 
         def decode_key(key: str, where: str) -> Any:
+            # JSON keys are strings: an integer key (or an enum of integers) is written "8".
             try:
-                return int(key)
+                number = int(key)
             except ValueError:
                 raise FactsFormatError(f"{where}: key {key!r} is not an integer") from None
+            return as_key(number, where)
 
     else:
         key_decoder = decoder_for(key_hint)

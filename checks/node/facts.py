@@ -22,7 +22,9 @@ need root).
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 SCHEMA_PREFIX = "nodecheck.facts/v"
 SCHEMA_VERSION = 1
 SCHEMA = f"{SCHEMA_PREFIX}{SCHEMA_VERSION}"
+# v1, v2, ...: ASCII digits, no leading zero, few enough to be a version.
+_SCHEMA_PATTERN = re.compile(r"nodecheck\.facts/v([1-9][0-9]{0,8})", re.ASCII)
 CAPTURE_LIMIT = 64 << 20  # bytes: an 8-GPU node's capture is a few hundred kB
 PART_TIMEOUT_S = 20.0  # how long `capture` waits for one part before calling it unread
 
@@ -294,7 +298,9 @@ def facts_document(facts: NodeFacts) -> dict[str, Any]:
 
 
 def dumps(facts: NodeFacts) -> str:
-    return json.dumps(facts_document(facts), indent=1, sort_keys=True, allow_nan=False) + "\n"
+    # Keys in the facts' own order, not sorted: a reading's dictionaries keep the order
+    # the node gave them in (NVLink error counters per link), and so do the results.
+    return json.dumps(facts_document(facts), indent=1, allow_nan=False) + "\n"
 
 
 def loads(text: str, where: str = "the capture") -> NodeFacts:
@@ -308,9 +314,11 @@ def loads(text: str, where: str = "the capture") -> NodeFacts:
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
         raise FactsError(f"{where} is not a {SCHEMA} capture (no schema)")
     schema = document["schema"]
-    if not schema.startswith(SCHEMA_PREFIX) or not schema[len(SCHEMA_PREFIX) :].isdigit():
-        raise FactsError(f"{where} is a {schema!r} document, not a {SCHEMA} capture")
-    version = int(schema[len(SCHEMA_PREFIX) :])
+    numbered = _SCHEMA_PATTERN.fullmatch(schema)
+    if numbered is None:
+        shown = schema if len(schema) <= 60 else schema[:60] + "..."
+        raise FactsError(f"{where} is a {shown!r} document, not a {SCHEMA} capture")
+    version = int(numbered.group(1))
     if version > SCHEMA_VERSION:
         raise FactsError(
             f"{where} is a {schema} capture, newer than this nodecheck reads ({SCHEMA}): "
@@ -318,6 +326,8 @@ def loads(text: str, where: str = "the capture") -> NodeFacts:
         )
     try:
         taken_at = decode(float, document.get("taken_at"), "taken_at")
+        if not math.isfinite(taken_at) or taken_at < 0:
+            raise FactsFormatError(f"taken_at: {taken_at!r} is no time")
         roots = decode(dict[str, str], document.get("roots", {}), "roots")
         made_by = decode(str, document.get("nodecheck_version", ""), "nodecheck_version")
         raw_parts = decode(dict[str, Any], document.get("parts"), "parts")
