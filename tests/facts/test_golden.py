@@ -10,9 +10,10 @@ rewrites the files instead; review their diff as you would code.
 
 Only what must differ between two runs is normalised: the temporary root's path in every
 string ("<root>"), the capture's taken_at and the nodecheck version, monotonic read_at
-times, and the replica's boot time (a replica boots two days before the test builds it, so
+times, the replica's boot time (a replica boots two days before the test builds it, so
 /proc/stat's btime is the build's time: "<boot time>", and each kernel-log time as an
-offset from it). The fake's counters that grow with time since its load
+offset from it), and a part read from the Python running the tests, not from the replica
+(the installed torch's version). The fake's counters that grow with time since its load
 (`{"base": B, "per_s": R}`: throttle time, replays, NVLink errors) are read at their base,
 by giving the fake each scenario with its rates at zero: a golden must not depend on how
 many milliseconds the reading took. tests/facts/test_round_trip.py runs the scenarios as
@@ -86,6 +87,11 @@ def _times(value: Any, boot_time: float | None) -> Any:
     return normalised
 
 
+# Parts read from the Python that runs nodecheck rather than from the node's roots: the
+# replica does not decide them, the machine running the tests does.
+OF_THIS_PYTHON = {"torch_version": "<the torch installed beside the tests>"}
+
+
 def normalised_facts(document: dict[str, Any], root: Path) -> dict[str, Any]:
     """A facts document with what varies between runs replaced by a placeholder."""
     kernel_log = document["parts"].get("kernel_log", {}).get("value") or {}
@@ -93,6 +99,9 @@ def normalised_facts(document: dict[str, Any], root: Path) -> dict[str, Any]:
     result = _times(_strings(document, str(root)), boot_time)
     result["taken_at"] = "<taken_at>"
     result["nodecheck_version"] = "<version>"
+    for name, placeholder in OF_THIS_PYTHON.items():
+        if name in result["parts"]:
+            result["parts"][name] = placeholder
     return result  # type: ignore[no-any-return]
 
 
@@ -204,6 +213,7 @@ def test_normalising_replaces_only_what_varies_between_runs() -> None:
                 }
             },
             "gpus": {"value": {"gpus": [{"read_at": 21321.35, "power_w": 71.0, "index": 0}]}},
+            "torch_version": {"value": {"text": "2.13.0+cpu", "version": [2, 13]}},
         },
     }
     assert normalised_facts(document, root) == {
@@ -220,6 +230,7 @@ def test_normalising_replaces_only_what_varies_between_runs() -> None:
                 }
             },
             "gpus": {"value": {"gpus": [{"read_at": "<monotonic>", "power_w": 71.0, "index": 0}]}},
+            "torch_version": "<the torch installed beside the tests>",
         },
     }
 
