@@ -172,3 +172,22 @@ def copy_node(scratch_dir: Path) -> Iterator[Callable[[Node], Node]]:
 
 
 LIVE = Node(Path("/"))
+
+UPDATE_GOLDEN_VARIABLE = "NODECHECK_UPDATE_GOLDEN"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help=f"rewrite tests/golden/ instead of comparing with it (or {UPDATE_GOLDEN_VARIABLE}=1)",
+    )
+
+
+@pytest.fixture(scope="session")
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether the golden files are rewritten (`pytest --update-golden`, or
+    NODECHECK_UPDATE_GOLDEN=1) rather than compared."""
+    option = bool(request.config.getoption("--update-golden"))
+    return option or os.environ.get(UPDATE_GOLDEN_VARIABLE, "") == "1"

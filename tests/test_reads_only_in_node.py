@@ -1,0 +1,683 @@
+"""Only checks/node/ reads the node: every other module judges facts.
+
+Two halves, as the issue's "Done means" asks ("a test that fails when any module outside
+checks/node/ opens a file of the node or calls NVML"):
+
+- Static, by AST over every module of agent/, checks/ (outside checks/node/) and tuning/:
+  no call of a function of checks/node/ that reads (one that opens, lists or stats a file,
+  or takes the node's NodeFS, NodeSources or NvmlSession: found in checks/node's own
+  source, not listed here), no NodeFS path method (`.sys()`, `.proc()`, `.host()`), no
+  `open()` / `os.open` / `Path.read_*` / directory listing, no `ctx.fs` / `ctx.nvml` /
+  `ctx.sources` outside what runs live by nature (LIVE), no pynvml import, no NvmlSession
+  `.call/.run/.module`.
+- Dynamic: the DGX replicas are captured, their trees deleted, and every check and
+  `make_plan` run over the loaded capture with roots pointing at an empty directory and no
+  NVML session: the same results and plan as live, and an audit hook (PEP 578) sees
+  nothing opened or listed under the node's roots (nor this machine's /sys, /proc, /dev)
+  and no NVML asked (a pynvml call, a library loaded or looked up) while they judge. A
+  read of a file that is not there never reaches open(2) (fs.py stats first): under the
+  empty roots such a read shows as a different result, which the comparison catches.
+
+What may still read is named below, each entry with its module, the enclosing function
+("*": anywhere in it), the call and why: the agent's own files (OWN_FILES, for good), and
+the reads other work is moving into parts right now (MOVING, which the lead empties after
+the merge; the dynamic half leaves the checks of a listed module out of its comparison).
+Any read on neither list fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import shutil
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import nodecheck.checks
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import LiveFacts, dumps, loads
+from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.registry import Check, load_checks
+from nodecheck.checks.runner import run_checks
+from nodecheck.tuning.plan import TuneOptions, make_plan
+from tests.conftest import CLEAN_ENVIRON, Node
+from tests.facts.compare import comparable, differences, results_by_check
+
+# The product's source tree (agent/, checks/, tuning/), as Python imports it.
+PRODUCT = Path(nodecheck.checks.__file__).resolve().parent.parent
+LAYERS = ("agent", "checks", "tuning")
+NODE_PACKAGE = "checks/node/"
+# What runs on this node by nature, never over a capture, and so may hold the node's
+# sources and call checks/node's readers with them (it still opens no node file itself):
+LIVE = {
+    # the benchmarks measure this node: a child process on its GPUs
+    # (registry.register_benchmark); their child/ package is the benchmark process itself
+    "checks/bench/": "checks/bench/child/",
+    # `nodecheck exec` runs the job here: it reads its own process's allowed memory nodes
+    "agent/rank_exec.py": None,
+}
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """A read outside checks/node/ that is allowed: `module` (relative to the product
+    tree), the function it is in ("*": anywhere in the module), the call, and why."""
+
+    module: str
+    function: str
+    call: str
+    reason: str
+
+
+# The agent's own files, for good: its configuration, TLS and basic-auth files, the
+# state and textfile directories, the root snapshot and the captures it is given, and the
+# options that name the roots and the NVML library. None is a file of the node judged.
+OWN_FILES = (
+    Allowed("agent/config.py", "read_text_file", "read_regular_file", "the agent's TOML file"),
+    Allowed("agent/config.py", "_directory_problem", "stat", "state/textfile dir is one"),
+    Allowed("agent/config.py", "_directory_problem", "access", "state/textfile dir writable"),
+    # `config check` says whether the configured kernel log can be read at all; its lines
+    # are read by the kernel_log part.
+    Allowed("agent/config.py", "kernel_log_problem", "stat", "config check: the log's kind"),
+    Allowed("agent/config.py", "kernel_log_problem", "access", "config check: readable"),
+    Allowed("agent/config.py", "snapshot_problem", "stat", "the root snapshot's path"),
+    Allowed("agent/exporter.py", "_read_pem", "read_regular_file", "TLS certificate and key"),
+    Allowed("agent/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
+    Allowed("agent/snapshot.py", "*", "load", "the root snapshot, loaded as a capture"),
+    Allowed("agent/cli.py", "*", "load", "a capture named by --facts FILE"),
+    Allowed("agent/cli.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
+    Allowed("agent/cli.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),
+    Allowed("agent/cli.py", "node_fs", "exists", "--sysfs-root etc. must be directories"),
+    # A command closes the NVML session it opened for its context (a source, not a read).
+    Allowed("agent/cli.py", "*", "nvml", "closes the command's NVML session"),
+    Allowed("agent/cli.py", "*", "sources", "closes the command's NVML session"),
+    Allowed("checks/bench/state.py", "*", "read_text", "the benchmark state file"),
+    Allowed("checks/bench/state.py", "*", "open", "the state directory's lock files"),
+)
+
+# Reads that the other branches of issue 14 are moving into parts (checks/node/
+# fact_parts.py) now. THE LEAD EMPTIES THIS LIST AFTER THE MERGE: an entry that matches
+# nothing any more is reported as a warning naming it; a read on neither list fails.
+# The dynamic half leaves the checks of a module listed here out of its comparison.
+MOVING = (
+    # fix-hostparts: numa_balancing, pcie_acs, rdma_port_counters, cpu_governors
+    Allowed("checks/host/numa.py", "check_numa", "fs", "numa_balancing -> a part"),
+    Allowed("checks/host/numa.py", "check_numa", "proc", "numa_balancing -> a part"),
+    Allowed("checks/host/numa.py", "check_numa", "read_optional_text", "numa_balancing"),
+    Allowed("checks/host/pcie_acs.py", "check_pcie_acs", "fs", "config space -> pcie_acs"),
+    Allowed("checks/host/pcie_acs.py", "check_pcie_acs", "sys", "config space -> pcie_acs"),
+    Allowed("checks/host/pcie_acs.py", "check_pcie_acs", "read_config", "-> pcie_acs"),
+    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "fs", "-> rdma_port_counters"),
+    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "sys", "class/infiniband"),
+    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "is_dir", "class/infiniband"),
+    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "read_port_counters", "-> part"),
+    Allowed("checks/host/cpu.py", "check_cpu", "fs", "governors -> cpu_governors"),
+    Allowed("checks/host/cpu.py", "check_cpu", "read_governors", "-> cpu_governors"),
+    # fix-rules: the RoCE GID attributes read inside the nccl_env rule
+    Allowed("checks/host/nccl_env.py", "gid_index_findings", "fs", "gid_attrs -> net.py"),
+    Allowed("checks/host/nccl_env.py", "gid_index_findings", "sys", "gid_attrs -> net.py"),
+    Allowed("checks/host/nccl_env.py", "gid_index_findings", "read_optional_text", "gid"),
+    # fix-gpuparts: /proc/driver/nvidia, /proc/PID/comm, tune's inputs, exec, benchmarks
+    Allowed("checks/host/nccl_env.py", "check_nccl_env", "fs", "-> part nccl_library"),
+    Allowed("checks/host/nccl_env.py", "check_nccl_env", "read_nccl_libraries", "-> part"),
+    Allowed("checks/gpu/count.py", "check_gpu_count", "fs", "-> part nvidia_driver"),
+    Allowed("checks/gpu/count.py", "check_gpu_count", "read_driver_gpus", "-> nvidia_driver"),
+    Allowed("checks/gpu/state.py", "_process_name", "fs", "/proc/PID/comm -> a part"),
+    Allowed("checks/gpu/state.py", "_process_name", "proc", "/proc/PID/comm -> a part"),
+    Allowed("checks/gpu/state.py", "_process_name", "read_text", "/proc/PID/comm -> a part"),
+    Allowed("checks/gpu/state.py", "_node_result", "fs", "module version -> nvidia_driver"),
+    Allowed("checks/gpu/state.py", "_node_result", "read_kernel_module_version", "-> part"),
+    Allowed("tuning/plan.py", "*", "fs", "tune's inputs -> parts"),
+    Allowed("tuning/plan.py", "_assignment", "read_driver_gpus", "-> part nvidia_driver"),
+    Allowed("tuning/plan.py", "make_plan", "read_coherent_gpus", "-> part coherent_gpus"),
+    Allowed("tuning/plan.py", "make_plan", "read_addressed_interfaces", "-> a part"),
+    Allowed("tuning/plan.py", "make_plan", "read_nccl_libraries", "-> part nccl_library"),
+    Allowed("tuning/gpu_usability.py", "usability_problem", "read_config", "-> a part"),
+    Allowed("agent/cli.py", "*", "read_cpuset", "tune's cpuset -> part cpuset"),
+    Allowed("agent/rank_exec.py", "memory_nodes_allowed", "proc", "-> checks/node"),
+    Allowed("checks/bench/gate.py", "*", "proc", "/proc/PID/* -> checks/node"),
+    Allowed("checks/bench/gate.py", "check_gate", "host", "maintenance file -> checks/node"),
+    # fix-capture: check, inventory and snapshot take the node's facts (hostname included)
+    Allowed("agent/cli.py", "check", "read_hostname", "-> part hostname"),
+    Allowed("agent/cli.py", "snapshot", "read_hostname", "-> part hostname"),
+    Allowed("agent/cli.py", "inventory", "read_inventory", "-> part inventory"),
+    Allowed("agent/cli.py", "inventory", "read_cpu_model", "-> part inventory"),
+    Allowed("agent/cli.py", "inventory", "read_gpus", "-> part gpus"),
+    # No branch of issue 14 moves these: the lead decides (each is one part read instead).
+    Allowed("agent/cli.py", "mfu", "read_gpus", "mfu's GPU model -> part gpus"),
+    Allowed("agent/cli.py", "bench", "read_hostname", "-> part hostname"),
+    Allowed("agent/daemon.py", "__init__", "read_hostname", "-> part hostname"),
+)
+
+
+# --- the static half ------------------------------------------------------------------
+
+# Calls that touch a filesystem: opening, reading, listing, stat-ing, resolving links.
+OS_IO = {"open", "stat", "lstat", "scandir", "listdir", "readlink", "access", "walk"}
+PATH_IO = {
+    "read_text",
+    "read_bytes",
+    "open",
+    "iterdir",
+    "glob",
+    "rglob",
+    "stat",
+    "lstat",
+    "exists",
+    "is_dir",
+    "is_file",
+    "is_symlink",
+    "readlink",
+    "resolve",
+    "samefile",
+}
+# os.path's predicates stat the path they are given.
+OS_PATH_IO = {"exists", "isdir", "isfile", "islink", "realpath", "getsize", "getmtime"}
+# The node's sources: a function of checks/node taking one reads the node.
+SOURCE_TYPES = {"NodeFS", "NodeSources", "NvmlSession"}
+# NodeFS's methods that make a path of the node.
+NODEFS_PATHS = {"sys", "proc", "host"}
+# NvmlSession's methods that call NVML.
+NVML_CALLS = {"call", "run", "run_many", "module"}
+# Modules whose functions share a name with a reader of checks/node (json.load, not
+# facts.load); their own file access is judged by the rules above.
+NOT_OURS = {"os", "os.path", "json", "tomllib", "pickle", "shutil", "importlib", "metadata"}
+# Functions of checks/node that write (nodecheck's own files), not read the node.
+WRITERS = {"write_atomically"}
+
+
+def product_modules(*, node: bool) -> list[Path]:
+    """The .py files of agent/, checks/ and tuning/: those of checks/node/ when `node`,
+    every other one otherwise."""
+    found = [path for layer in LAYERS for path in sorted((PRODUCT / layer).rglob("*.py"))]
+    return [path for path in found if _relative(path).startswith(NODE_PACKAGE) == node]
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(PRODUCT).as_posix()
+
+
+def _call_name(call: ast.Call) -> str:
+    function = call.func
+    if isinstance(function, ast.Name):
+        return function.id
+    if isinstance(function, ast.Attribute):
+        return function.attr
+    return ""
+
+
+def _dotted(node: ast.expr) -> str:
+    """`os.path.exists` for an attribute chain on a name, "" for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else ""
+    return ""
+
+
+def _is_io(call: ast.Call) -> bool:
+    """Whether this call touches the filesystem itself (os, os.path, open, Path methods)."""
+    function = call.func
+    if isinstance(function, ast.Name):
+        return function.id == "open"
+    if not isinstance(function, ast.Attribute):
+        return False
+    owner = _dotted(function.value)
+    if owner == "os":
+        return function.attr in OS_IO
+    if owner == "os.path":
+        return function.attr in OS_PATH_IO
+    if owner == "io":
+        return function.attr == "open"
+    return function.attr in PATH_IO
+
+
+def _annotated_types(annotation: ast.expr) -> set[str]:
+    """The types an annotation says a value is: `NodeFS`, `NodeFS | None`, `Optional[X]`;
+    not the types inside another (a `Callable[[NodeSources], object]` is a function)."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return _annotated_types(ast.parse(annotation.value, mode="eval").body)
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return _annotated_types(annotation.left) | _annotated_types(annotation.right)
+    if isinstance(annotation, ast.Subscript) and _dotted(annotation.value).split(".")[-1] in (
+        "Optional",
+        "Union",
+    ):
+        inner = annotation.slice
+        arms = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+        return {name for arm in arms for name in _annotated_types(arm)}
+    name = _dotted(annotation)
+    return {name.split(".")[-1]} if name else set()
+
+
+def _takes_a_source(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    arguments = function.args
+    return any(
+        _annotated_types(argument.annotation) & SOURCE_TYPES
+        for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+        if argument.annotation is not None
+    )
+
+
+def node_readers() -> set[str]:
+    """The names of checks/node's top-level functions that read the node: those that touch
+    the filesystem themselves, take the node's sources, or call such a function."""
+    functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for path in product_modules(node=True):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for statement in tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[statement.name] = statement
+    calls = {
+        name: {_call_name(c) for c in ast.walk(function) if isinstance(c, ast.Call)}
+        for name, function in functions.items()
+    }
+    readers = {
+        name
+        for name, function in functions.items()
+        if _takes_a_source(function)
+        or any(_is_io(c) for c in ast.walk(function) if isinstance(c, ast.Call))
+    }
+    while True:  # and whatever calls a reader, until nothing is added
+        more = {name for name in functions if calls[name] & readers} - readers
+        if not more:
+            return readers - WRITERS
+        readers |= more
+
+
+CALLS_A_READER = "calls a reader of checks/node"
+TOUCHES_A_FILE = "opens, lists or stats a file itself"
+MAKES_A_NODE_PATH = "makes a path of the node (NodeFS)"
+USES_THE_SOURCES = "uses the context's node sources (ctx.fs, ctx.nvml, ctx.sources)"
+IMPORTS_PYNVML = "imports pynvml"
+CALLS_NVML = "calls NVML through a session"
+# What the LIVE modules may do: hold the node's sources and hand them to checks/node.
+LIVE_RULES = {CALLS_A_READER, USES_THE_SOURCES}
+
+
+@dataclass(frozen=True)
+class Read:
+    """A read found outside checks/node/: where, and what."""
+
+    module: str
+    function: str
+    line: int
+    call: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.line} in {self.function}(): {self.call} ({self.rule})"
+
+
+def _is_context(node: ast.expr) -> bool:
+    """`ctx`, `context`, `self.ctx`: a CheckContext by the names the code gives one."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return name in ("ctx", "context")
+
+
+def _names_nvml(node: ast.expr) -> bool:
+    """A receiver named for an NVML session: `session`, `ctx.nvml`, `self._nvml`."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return "nvml" in name.lower() or "session" in name.lower()
+
+
+class _ReadFinder(ast.NodeVisitor):
+    def __init__(self, module: str, readers: set[str]) -> None:
+        self.module = module
+        self.readers = readers
+        self.function = ["<module>"]
+        self.found: list[Read] = []
+        self.aliases: dict[str, str] = {}
+
+    def _add(self, node: ast.AST, call: str, rule: str) -> None:
+        line = getattr(node, "lineno", 0)
+        self.found.append(Read(self.module, self.function[-1], line, call, rule))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.function.append(node.name)
+        self.generic_visit(node)
+        self.function.pop()
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self.function.append(node.name)
+        self.generic_visit(node)
+        self.function.pop()
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name.split(".")[0] == "pynvml":
+                self._add(node, alias.name, IMPORTS_PYNVML)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if (node.module or "").split(".")[0] == "pynvml":
+            self._add(node, node.module or "", IMPORTS_PYNVML)
+        if (node.module or "").startswith("nodecheck.checks.node"):
+            # `from ...fs import read_text as text_of`: text_of() is read_text().
+            self.aliases.update({a.asname: a.name for a in node.names if a.asname})
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in ("fs", "nvml", "sources") and _is_context(node.value):
+            self._add(node, node.attr, USES_THE_SOURCES)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _call_name(node)
+        function = node.func
+        if isinstance(function, ast.Name):
+            name = self.aliases.get(name, name)
+        if name in self.readers and not (
+            isinstance(function, ast.Attribute) and _dotted(function.value) in NOT_OURS
+        ):
+            self._add(node, name, CALLS_A_READER)
+        elif _is_io(node):
+            self._add(node, name, TOUCHES_A_FILE)
+        elif isinstance(function, ast.Attribute) and name in NODEFS_PATHS:
+            self._add(node, name, MAKES_A_NODE_PATH)
+        elif (
+            isinstance(function, ast.Attribute)
+            and name in NVML_CALLS
+            and _names_nvml(function.value)
+        ):
+            self._add(node, name, CALLS_NVML)
+        self.generic_visit(node)
+
+
+def reads_outside_node() -> list[Read]:
+    readers = node_readers()
+    found: list[Read] = []
+    for path in product_modules(node=False):
+        finder = _ReadFinder(_relative(path), readers)
+        finder.visit(ast.parse(path.read_text(), filename=str(path)))
+        found += finder.found
+    return found
+
+
+def _matches(allowed: Allowed, read: Read) -> bool:
+    return (
+        allowed.module == read.module
+        and allowed.function in ("*", read.function)
+        and allowed.call == read.call
+    )
+
+
+def _is_live(module: str) -> bool:
+    return any(
+        module.startswith(live) and not (but and module.startswith(but))
+        for live, but in LIVE.items()
+    )
+
+
+def permitted(read: Read) -> bool:
+    if _is_live(read.module) and read.rule in LIVE_RULES:
+        return True
+    return any(_matches(allowed, read) for allowed in (*OWN_FILES, *MOVING))
+
+
+def test_no_module_outside_checks_node_reads_the_node() -> None:
+    found = reads_outside_node()
+    assert found, "the agent reads its own files: a finder that finds nothing is broken"
+    # OWN_FILES holds some entries for the branches that land `capture` and `--facts`.
+    unused = [a for a in MOVING if not any(_matches(a, r) for r in found)]
+    if unused:
+        warnings.warn(
+            "MOVING entries that match no read any more (remove them): "
+            + "; ".join(f"{a.module} {a.function} {a.call}" for a in unused),
+            stacklevel=1,
+        )
+    unlisted = [str(read) for read in found if not permitted(read)]
+    assert unlisted == [], "reads of the node outside checks/node/:\n" + "\n".join(unlisted)
+
+
+LITERAL_MODULE = """
+import os
+import pynvml
+from pynvml import nvmlInit
+from pathlib import Path
+from nodecheck.checks.node.gpu import read_driver_gpus as exposed_gpus
+
+def judge(ctx, path, session):
+    exposed_gpus(ctx.fs)
+    open(path)
+    os.open(path, os.O_RDONLY)
+    Path(path).read_text()
+    os.listdir(path)
+    os.path.exists(path)
+    ctx.fs.sys("class", "net")
+    read_inventory(ctx.fs)
+    ctx.nvml.call(lambda: 0, "x")
+    session.run(lambda: 0, "x")
+    return ctx.sources
+"""
+
+PURE_MODULE = """
+import subprocess
+
+def rule(ctx, inventory, variables, check):
+    gpus = [d for d in inventory.gpus if d.numa_node is None]
+    labels = [source.label for source in variables.sources]
+    results = list(check.run(ctx))
+    subprocess.run(["true"], check=False)
+    return ctx.part("gpus"), ctx.inventory, gpus, labels, results, "a,b".split(",")
+"""
+
+
+def _finds(source: str) -> set[tuple[str, str, str]]:
+    finder = _ReadFinder("literal.py", node_readers())
+    finder.visit(ast.parse(source))
+    return {(read.function, read.call, read.rule) for read in finder.found}
+
+
+def test_the_finder_finds_every_kind_of_read_and_nothing_in_a_pure_rule() -> None:
+    assert _finds(LITERAL_MODULE) == {
+        ("<module>", "pynvml", IMPORTS_PYNVML),
+        ("judge", "open", TOUCHES_A_FILE),
+        ("judge", "read_text", CALLS_A_READER),
+        ("judge", "listdir", TOUCHES_A_FILE),
+        ("judge", "exists", TOUCHES_A_FILE),
+        ("judge", "sys", MAKES_A_NODE_PATH),
+        ("judge", "fs", USES_THE_SOURCES),
+        ("judge", "read_inventory", CALLS_A_READER),
+        ("judge", "read_driver_gpus", CALLS_A_READER),
+        ("judge", "nvml", USES_THE_SOURCES),
+        ("judge", "call", CALLS_NVML),
+        ("judge", "run", CALLS_NVML),
+        ("judge", "sources", USES_THE_SOURCES),
+    }
+    assert _finds(PURE_MODULE) == set()
+
+
+def test_the_readers_of_checks_node_are_found_in_its_source() -> None:
+    readers = node_readers()
+    assert {
+        "read_text",
+        "read_prefix",
+        "list_dir",
+        "read_regular_file",
+        "read_inventory",
+        "read_gpus",
+        "read_cpuset",
+        "read_driver_gpus",
+        "read_variables",
+        "detect_virtualization",
+    } <= readers
+    pure = {"parse_link_speed", "parse_attr", "parse_cpulist", "format_cpulist", "decode_text"}
+    assert readers & (pure | {"write_atomically", "dumps", "loads", "encode", "decode"}) == set()
+
+
+# --- the dynamic half -----------------------------------------------------------------
+
+FILE_EVENTS = {"open", "os.scandir", "os.listdir"}
+# NVML asked: a call through pynvml (each goes through its _nvmlGetFunctionPointer), a
+# library loaded or a symbol looked up (ctypes' audit events), pynvml imported.
+NVML_CALL = "nvml call"
+NVML_EVENTS = {NVML_CALL, "ctypes.dlopen", "ctypes.dlsym", "import pynvml"}
+# This machine's own node files: a hard-coded path would read them, whatever the roots.
+MACHINE_ROOTS = (Path("/sys"), Path("/proc"), Path("/dev"))
+_PRODUCT_PREFIXES = tuple(
+    {str(PRODUCT) + os.sep, os.path.dirname(os.path.dirname(nodecheck.checks.__file__)) + os.sep}
+)
+
+
+@dataclass(frozen=True)
+class Touch:
+    """A file opened or listed under a watched root, or NVML asked, and the product module
+    responsible: the innermost one on the stack outside checks/node/ ("" if none)."""
+
+    event: str
+    target: str
+    module: str
+
+
+def _responsible_module() -> str:
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        prefix = next((p for p in _PRODUCT_PREFIXES if name.startswith(p)), None)
+        module = name[len(prefix) :] if prefix is not None else ""
+        if module.split("/")[0] in LAYERS and not module.startswith(NODE_PACKAGE):
+            return module
+        frame = frame.f_back
+    return ""
+
+
+class NodeAudit:
+    """An audit hook (PEP 578) that records, while `watching`, what the threads started
+    since (and the watching thread) open or list under some roots, and every NVML call.
+    A hook cannot be removed, so there is one per process, idle outside `watching`."""
+
+    def __init__(self) -> None:
+        self._watch: tuple[tuple[str, ...], set[int | None], list[Touch]] | None = None
+
+    @contextlib.contextmanager
+    def watching(self, roots: list[Path]) -> Iterator[list[Touch]]:
+        touches: list[Touch] = []
+        others = {thread.ident for thread in threading.enumerate()} - {threading.get_ident()}
+        pynvml: Any = sys.modules.get("pynvml")
+        lookup = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+        if pynvml is not None and lookup is not None:
+
+            def recording(name: str) -> Any:
+                self._note(NVML_CALL, name)
+                return lookup(name)
+
+            pynvml._nvmlGetFunctionPointer = recording
+        self._watch = (tuple(os.path.abspath(root) for root in roots), others, touches)
+        try:
+            yield touches
+        finally:
+            self._watch = None
+            if pynvml is not None and lookup is not None:
+                pynvml._nvmlGetFunctionPointer = lookup
+
+    def _note(self, event: str, target: str) -> None:
+        watch = self._watch
+        if watch is None or threading.get_ident() in watch[1]:
+            return  # not watching, or a thread left running by an earlier test
+        watch[2].append(Touch(event, target, _responsible_module()))
+
+    def hook(self, event: str, args: tuple[Any, ...]) -> None:
+        watch = self._watch
+        if watch is None:
+            return
+        try:
+            if event in FILE_EVENTS:
+                if not args or args[0] is None or isinstance(args[0], int):
+                    return
+                target = os.path.abspath(os.fsdecode(args[0]))
+                if any(target == root or target.startswith(root + os.sep) for root in watch[0]):
+                    self._note(event, target)
+            elif event in NVML_EVENTS:
+                self._note(event, repr(args[:2]))
+            elif event == "import" and args and args[0] == "pynvml":
+                self._note("import pynvml", "pynvml")
+        except Exception:  # a hook that raises breaks the call it audits
+            return
+
+
+_AUDIT: list[NodeAudit] = []
+
+
+@pytest.fixture(scope="session")
+def audit() -> NodeAudit:
+    # Imported now, so that `watching` can see each NVML call however the session began.
+    import pynvml  # noqa: F401
+
+    if not _AUDIT:
+        _AUDIT.append(NodeAudit())
+        sys.addaudithook(_AUDIT[0].hook)
+    return _AUDIT[0]
+
+
+def _module_of(check: Check) -> str:
+    return check.run.__module__.removeprefix("nodecheck.").replace(".", "/") + ".py"
+
+
+def test_the_audit_sees_a_live_run_read_the_node_and_call_nvml(
+    dgx: Node, copy_node: Callable[[Node], Node], audit: NodeAudit
+) -> None:
+    """The hook is no blindfold: a live pass opens the replica's files and calls NVML."""
+    node = copy_node(dgx)
+    live = node.context(environ=CLEAN_ENVIRON)
+    with audit.watching([node.root]) as touches:
+        run_checks(list(load_checks().values()), live)
+    opened = [t for t in touches if t.event == "open"]
+    assert any(t.target.startswith(str(node.root / "sys") + os.sep) for t in opened)
+    assert any(t.target.startswith(str(node.root / "proc") + os.sep) for t in opened)
+    assert any(t.event == NVML_CALL for t in touches)
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-h100-faulty"])
+def test_judging_a_capture_of_a_deleted_node_reads_nothing_and_says_the_same(
+    name: str,
+    build: Callable[..., Node],
+    copy_node: Callable[[Node], Node],
+    tmp_path: Path,
+    audit: NodeAudit,
+) -> None:
+    node = copy_node(build(name))
+    checks = list(load_checks().values())
+    live = node.context(environ=CLEAN_ENVIRON)
+    live_runs = run_checks(checks, live)
+    live_plan = make_plan(live, TuneOptions())
+    assert isinstance(live.facts, LiveFacts)
+    text = dumps(live.facts.capture())
+    shutil.rmtree(node.root)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    # No NVML session at all: a check that asked NVML would fail, and the hook see it.
+    judged = CheckContext(
+        facts=loads(text),
+        fs=NodeFS(sysfs=empty, procfs=empty, rootfs=empty),
+        environ=dict(CLEAN_ENVIRON),
+        uid=1000,
+    )
+    with audit.watching([node.root, empty, *MACHINE_ROOTS]) as touches:
+        judged_runs = run_checks(checks, judged)
+        judged_plan = make_plan(judged, TuneOptions())
+
+    moving = {allowed.module for allowed in MOVING}
+    unlisted = [t for t in touches if t.event in NVML_EVENTS or t.module not in moving]
+    assert unlisted == [], "judging a capture read the node or called NVML"
+
+    live_results = results_by_check(live_runs)
+    judged_results = results_by_check(judged_runs)
+    compared = [c.name for c in checks if _module_of(c) not in moving]
+    assert compared, "no check left to compare"
+    for check in compared:
+        assert comparable(judged_results[check]) == comparable(live_results[check]), (
+            f"{check} judged the capture of a deleted node differently (left: judged, "
+            f"right: live):\n{differences(judged_results[check], live_results[check])}"
+        )
+    if not any(module.startswith("tuning/") for module in moving):
+        assert comparable(judged_plan) == comparable(live_plan), differences(judged_plan, live_plan)
