@@ -284,7 +284,9 @@ def nodecheck_version() -> str:
 
 def facts_document(facts: NodeFacts) -> dict[str, Any]:
     parts: dict[str, Any] = {}
-    for name, value in facts.parts.items():
+    # Parts in registration order, whatever order they were read in: one text per facts.
+    order = {name: index for index, name in enumerate(PARTS)}
+    for name, value in sorted(facts.parts.items(), key=lambda item: order.get(item[0], 0)):
         parts[name] = (
             {"unread": encode(value)} if isinstance(value, Unread) else {"value": encode(value)}
         )
