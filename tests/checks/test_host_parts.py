@@ -11,15 +11,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
+from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpu import CpuGovernors
 from nodecheck.checks.node.facts import LiveFacts, NodeFacts, NodeSources, dumps, loads
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.net import RdmaPortCounterReading
 from nodecheck.checks.node.numa import NumaBalancing
 from nodecheck.checks.node.pci_config import ACS_P2P_REDIRECTING, SwitchPortAcs
+from nodecheck.checks.registry import load_checks
+from nodecheck.checks.runner import run_checks
 from tests.conftest import Node
 from tests.fixtures import nodes
-from tests.fixtures.nodegen import PORT_COUNTERS, Device, NodeSpec
+from tests.fixtures.nodegen import PORT_COUNTERS, Device, NodeSpec, build_node
 from tests.fixtures.topology_quirks import QUIRKS, write_tree
 
 
@@ -203,3 +208,29 @@ def test_an_unreadable_governor_is_a_problem_of_that_cpu(
     read = part_of(node, "cpu_governors", CpuGovernors)
     assert read.problems == {"cpu7 governor": f"{governor}: a directory, not a file"}
     assert 7 not in read.governors and read.governors[6] == "performance"
+
+
+# --- a capture judges as the live node does -------------------------------------------------
+
+HOST_PART_CHECKS = ("cpu", "numa", "pcie_acs", "pcie_link", "rdma_ports")
+
+
+@pytest.mark.parametrize("name", sorted(nodes.NODES))
+def test_the_checks_judge_a_loaded_capture_as_the_live_tree(tmp_path: Path, name: str) -> None:
+    """Each of these checks over `loads(dumps(capture(its needs)))` says what it says on the
+    live tree (same status, subject, summary, remedy, details and samples, in order), with
+    the tree deleted before the capture is judged."""
+    root = tmp_path / name
+    build_node(nodes.NODES[name](), root)
+    node = Node(root)
+    checks = load_checks()
+    live = {check: node.results(check) for check in HOST_PART_CHECKS}
+    captures = {
+        check: dumps(LiveFacts(NodeSources(fs=node.fs)).capture(checks[check].needs))
+        for check in HOST_PART_CHECKS
+    }
+    shutil.rmtree(root)
+    for check in HOST_PART_CHECKS:
+        ctx = CheckContext(fs=node.fs, facts=loads(captures[check]))
+        [run] = run_checks([checks[check]], ctx)
+        assert run.results == live[check], (name, check)
