@@ -77,7 +77,8 @@ def check_cpu(ctx: CheckContext) -> Iterator[Result]:
         if not topology.problems:
             yield Result(Status.ERROR, NODE, "no online CPU found in sysfs")
         return
-    # By CPU number: most_common() keeps the first seen of governors on as many CPUs.
+    # Counted in CPU order: of governors on as many CPUs, most_common() names first the one
+    # met first, whatever the order of the facts' dictionary.
     governors = Counter(read.governors[number] for number in sorted(read.governors))
     total = len(topology.cpus)
     if not governors:
