@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.cpu import read_governors
+from nodecheck.checks.node.cpu import CpuGovernors
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
@@ -31,22 +31,30 @@ NON_PERFORMANCE = MetricSpec(
 
 
 FIRST_SHOWN = 4
+# The kinds of per-CPU problem by the suffix of their name, in the order they are told.
+PROBLEM_KINDS = {
+    "": "topology",
+    " online": "online state (counted online)",
+    " governor": "cpufreq governor",
+}
 
 
 def problem_results(problems: dict[str, str]) -> Iterator[Result]:
     """One error per kind of problem, not one per CPU: "cpu7" problems (a topology file)
     and "cpu7 governor" problems are each folded into one finding with their count, the
-    first CPUs and the first message (which names the file)."""
-    per_cpu: dict[str, list[tuple[int, str]]] = {}
-    for name, problem in problems.items():
+    first CPUs and the first message (which names the file). The order of the findings
+    depends on the problems, not on the order of the dictionary (a capture's is sorted)."""
+    per_cpu: dict[str, list[tuple[int, str]]] = {what: [] for what in PROBLEM_KINDS.values()}
+    for name, problem in sorted(problems.items()):
         match = re.fullmatch(r"cpu(\d+)( governor| online)?", name)
         if match is None:
             yield Result(Status.ERROR, NODE, f"cannot read CPU topology ({name}): {problem}")
             continue
-        kinds = {" governor": "cpufreq governor", " online": "online state (counted online)"}
-        what = kinds.get(match.group(2) or "", "topology")
-        per_cpu.setdefault(what, []).append((int(match.group(1)), problem))
+        what = PROBLEM_KINDS[match.group(2) or ""]
+        per_cpu[what].append((int(match.group(1)), problem))
     for what, found in per_cpu.items():
+        if not found:
+            continue
         found.sort()
         cpus = [number for number, _ in found]
         shown = ", ".join(f"cpu{number}" for number in cpus[:FIRST_SHOWN])
@@ -59,17 +67,19 @@ def problem_results(problems: dict[str, str]) -> Iterator[Result]:
         )
 
 
-@register("cpu", interval_s=3600, timeout_s=10, needs=("inventory",))
+@register("cpu", interval_s=3600, timeout_s=10, needs=("inventory", "cpu_governors"))
 def check_cpu(ctx: CheckContext) -> Iterator[Result]:
     """CPU frequency governor and SMT state."""
     topology = ctx.inventory.cpu
-    by_cpu, governor_problems = read_governors(ctx.fs, sorted(topology.cpus))
-    yield from problem_results({**topology.problems, **governor_problems})
+    read: CpuGovernors = ctx.part("cpu_governors")
+    yield from problem_results({**topology.problems, **read.problems})
     if not topology.cpus:
         if not topology.problems:
             yield Result(Status.ERROR, NODE, "no online CPU found in sysfs")
         return
-    governors = Counter(by_cpu.values())
+    # Counted in CPU order: of governors on as many CPUs, most_common() names first the one
+    # met first, whatever the order of the facts' dictionary.
+    governors = Counter(read.governors[number] for number in sorted(read.governors))
     total = len(topology.cpus)
     if not governors:
         yield Result(

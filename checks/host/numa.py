@@ -16,8 +16,7 @@ from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import format_cpulist
-from nodecheck.checks.node.fs import ReadError, parse_attr, read_optional_text
-from nodecheck.checks.node.numa import NumaNode
+from nodecheck.checks.node.numa import NumaBalancing, NumaNode
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -34,7 +33,7 @@ NUMA_BALANCING = MetricSpec(
 )
 
 
-@register("numa", interval_s=3600, timeout_s=10, needs=("inventory",))
+@register("numa", interval_s=3600, timeout_s=10, needs=("inventory", "numa_balancing"))
 def check_numa(ctx: CheckContext) -> Iterator[Result]:
     """NUMA locality of the GPUs, empty NUMA nodes and automatic NUMA balancing."""
     inventory = ctx.inventory
@@ -168,19 +167,13 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
                 details={"numa_node": gpu_node},
                 samples=(sample,),
             )
-    path = ctx.fs.proc("sys", "kernel", "numa_balancing")
-    balancing_error: str | None = None
-    balancing: str | None = None
-    try:
-        balancing = read_optional_text(path)
-    except ReadError as err:
-        balancing_error = f"cannot read {err}"
+    balancing: NumaBalancing = ctx.part("numa_balancing")
     # A kernel built without CONFIG_NUMA_BALANCING has no such sysctl (kernel/sched/
     # fair.c registers it with the feature): nothing to turn off, said with the verdict.
     not_built = (
         "; no <procfs>/sys/kernel/numa_balancing: the kernel has no automatic NUMA "
         "balancing (CONFIG_NUMA_BALANCING)"
-        if balancing is None and balancing_error is None
+        if balancing.absent
         else ""
     )
     if spread:
@@ -198,15 +191,11 @@ def check_numa(ctx: CheckContext) -> Iterator[Result]:
         )
     elif not_built:
         yield Result(Status.SKIP, NODE, not_built.removeprefix("; "))
-    if balancing_error is not None:
-        yield Result(Status.ERROR, NODE, balancing_error)
+    if balancing.problem is not None:
+        yield Result(Status.ERROR, NODE, balancing.problem)
         return
-    if balancing is None:
-        return
-    try:
-        mode = parse_attr(path, balancing, int, "a number")
-    except ReadError as err:
-        yield Result(Status.ERROR, NODE, str(err))
+    mode = balancing.mode
+    if mode is None:
         return
     sample = Sample(NUMA_BALANCING, 1 if mode else 0)
     if mode and multi_node:

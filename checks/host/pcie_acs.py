@@ -23,14 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import ReadError
-from nodecheck.checks.node.pci_config import (
-    ConfigSpaceError,
-    TruncatedConfigSpaceError,
-    acs_bit_names,
-    parse_acs,
-    read_config,
-)
+from nodecheck.checks.node.pci_config import SwitchPortAcs, acs_bit_names
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import (
     NODE,
@@ -60,7 +53,11 @@ def setpci_remedy(bridge: str) -> str:
 
 
 @register(
-    "pcie_acs", interval_s=3600, timeout_s=10, needs=("inventory", "virtualization"), root=True
+    "pcie_acs",
+    interval_s=3600,
+    timeout_s=10,
+    needs=("inventory", "virtualization", "pcie_acs"),
+    root=True,
 )
 def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
     """PCIe ACS redirect on switch ports between GPUs or RDMA NICs and their root port."""
@@ -91,20 +88,29 @@ def check_pcie_acs(ctx: CheckContext) -> Iterator[Result]:
     vm = ctx.virtualization
     truncated: list[str] = []
     results: list[Result] = []
+    switch_ports: SwitchPortAcs = ctx.part("pcie_acs")
     for bridge in sorted(served):
         above = ", ".join(served[bridge])
-        path = ctx.fs.sys("bus", "pci", "devices", bridge, "config")
-        try:
-            acs = parse_acs(read_config(path))
-        except TruncatedConfigSpaceError:
+        port = switch_ports.bridges.get(bridge)
+        if port is None:
+            # Facts put together from readings of different times (a snapshot's ACS with
+            # a later inventory) can lack a port: unknown, never a pass.
+            results.append(
+                Result(
+                    Status.ERROR,
+                    bridge_subject(bridge),
+                    f"cannot judge ACS on the switch port above {above}: the facts hold no "
+                    "reading of its config space",
+                )
+            )
+            continue
+        if port.truncated:
             truncated.append(bridge)
             continue
-        except ReadError as err:
-            results.append(Result(Status.ERROR, bridge_subject(bridge), f"cannot read {err}"))
+        if port.problem is not None:
+            results.append(Result(Status.ERROR, bridge_subject(bridge), port.problem))
             continue
-        except ConfigSpaceError as err:
-            results.append(Result(Status.ERROR, bridge_subject(bridge), f"{path}: {err}"))
-            continue
+        acs = port.acs
         details: dict[str, object] = {"above": served[bridge]}
         if acs is None:
             results.append(

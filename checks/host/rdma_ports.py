@@ -37,7 +37,8 @@ from nodecheck.checks.node.net import (
     PortCounters,
     RdmaDevice,
     RdmaPort,
-    read_port_counters,
+    RdmaPortCounterReading,
+    port_key,
 )
 from nodecheck.checks.node.nic_roles import PHYSICAL_STATE_MEANINGS, NicRole, nic_roles
 from nodecheck.checks.node.pci import CLASS_NETWORK_INFINIBAND
@@ -182,8 +183,10 @@ def judge_counters(verdict: Verdict, current: PortCounters, previous: PortCounte
             "load the driver's counter support (ib_core's PMA; mlx5_ib)",
         )
         return
-    for name, problem in current.problems.items():
-        verdict.add(Status.ERROR, f"cannot read the {name} counter: {problem}")
+    # In PORT_ERROR_COUNTERS' order, as they are read (a capture's dictionaries are sorted).
+    for name in PORT_ERROR_COUNTERS:
+        if name in current.problems:
+            verdict.add(Status.ERROR, f"cannot read the {name} counter: {current.problems[name]}")
     saturated = [name for name in PORT_ERROR_COUNTERS if current.saturated(name)]
     if saturated:
         verdict.add(
@@ -252,7 +255,11 @@ def judge_port(
             "rate_gbps": port.rate_gbps,
             "width": port.width,
             "expected_rate_gbps": expected if role is NicRole.COMPUTE else None,
-            "counters": dict(counters.values),
+            "counters": {
+                name: counters.values[name]
+                for name in PORT_ERROR_COUNTERS
+                if name in counters.values
+            },
         }
     )
     verdict.samples.append(Sample(ACTIVE, 1 if port.state == "ACTIVE" else 0, labels))
@@ -263,7 +270,9 @@ def judge_port(
     if role is NicRole.COMPUTE and expected is not None:
         verdict.samples.append(Sample(EXPECTED_RATE, expected * 1e9, labels))
     verdict.samples += [
-        Sample(COUNTER_SPECS[name], value, labels) for name, value in counters.values.items()
+        Sample(COUNTER_SPECS[name], counters.values[name], labels)
+        for name in PORT_ERROR_COUNTERS
+        if name in counters.values
     ]
     if port.state is None:
         problems = "; ".join(device.problems.values()) or "unknown"
@@ -283,7 +292,7 @@ def _unlisted_note(device: RdmaDevice) -> str:
     )
 
 
-@register("rdma_ports", interval_s=60, timeout_s=15, needs=("inventory",))
+@register("rdma_ports", interval_s=60, timeout_s=15, needs=("inventory", "rdma_port_counters"))
 def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
     """RDMA ports of the compute NICs ACTIVE at the node's rail rate, and their error rates."""
     inventory = ctx.inventory
@@ -306,9 +315,10 @@ def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
             "load the RDMA driver (modprobe mlx5_ib for a ConnectX) and read the kernel log "
             "for its errors",
         )
+    counters: RdmaPortCounterReading = ctx.part("rdma_port_counters")
     if not inventory.rdma:
         if not without_rdma:
-            where = "is empty" if ctx.fs.sys("class", "infiniband").is_dir() else "is absent"
+            where = "is empty" if counters.class_present else "is absent"
             yield Result(Status.SKIP, "node", f"no RDMA device (<sysfs>/class/infiniband {where})")
         return
     roles = nic_roles(inventory)
@@ -324,11 +334,7 @@ def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
     ]
     expected = expected_rate_gbps(compute_ports)
     expected_width = _expected_width(compute_ports, expected) if expected else None
-    readings = {
-        (device.name, port.number): read_port_counters(ctx.fs, device.name, port.number)
-        for device in inventory.rdma
-        for port in device.ports
-    }
+    readings = {reading.key: reading for reading in counters.ports}
     previous = ctx.port_counter_history.exchange(list(readings.values()))
     for device in inventory.rdma:
         role = role_of[device.name]
@@ -351,9 +357,17 @@ def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
         elif not device.ports:
             yield Result(Status.ERROR, subject, "the device lists no port")
         for port in device.ports:
-            counters = readings[(device.name, port.number)]
+            reading = readings.get(port_key(device.name, port.number))
+            if reading is None:
+                # Facts put together from readings of different times can lack a port.
+                yield Result(
+                    Status.ERROR,
+                    port_subject(device.name, port.number),
+                    "cannot judge the port's error counters: the facts hold no reading of them",
+                )
+                continue
             result = judge_port(
-                device, port, role, expected, expected_width, counters, previous.get(counters.key)
+                device, port, role, expected, expected_width, reading, previous.get(reading.key)
             )
             if role is None:
                 result = replace(result, details={**result.details, "note": _unlisted_note(device)})

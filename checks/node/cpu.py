@@ -447,7 +447,16 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     return CpuTopology(online, cpus, smt_control, smt_active, problems, notes)
 
 
-def read_governors(fs: NodeFS, cpus: Iterable[int]) -> tuple[dict[int, str], dict[str, str]]:
+@dataclass(frozen=True)
+class CpuGovernors:
+    """Each CPU's cpufreq governor (`governors`, by CPU number: a CPU without cpufreq has
+    none), and a "cpuN governor" problem for each that could not be read."""
+
+    governors: dict[int, str] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+def read_governors(fs: NodeFS, cpus: Iterable[int]) -> CpuGovernors:
     """Each CPU's cpufreq governor (cpuN/cpufreq/scaling_governor,
     Documentation/admin-guide/pm/cpufreq.rst), and a "cpuN governor" problem for each that
     cannot be read; a CPU without cpufreq has none. Apart from the topology: only the cpu
@@ -463,7 +472,7 @@ def read_governors(fs: NodeFS, cpus: Iterable[int]) -> tuple[dict[int, str], dic
             continue
         if governor:
             governors[number] = governor
-    return governors, problems
+    return CpuGovernors(governors, problems)
 
 
 def parse_cpuinfo(text: str) -> dict[str, str]:

@@ -293,3 +293,77 @@ def read_torch_version_part(sources: NodeSources, facts: FactsSource) -> Any:
     from nodecheck.checks.node.torch_package import read_torch_version
 
     return read_torch_version()
+
+
+# --- Task fix-hostparts: what the host checks read beside the inventory ----------------------
+# numa_balancing (numa), pcie_acs (pcie_acs, root), rdma_port_counters (rdma_ports) and
+# cpu_governors (cpu).
+
+if TYPE_CHECKING:
+    from nodecheck.checks.node.cpu import CpuGovernors
+    from nodecheck.checks.node.net import RdmaPortCounterReading
+    from nodecheck.checks.node.numa import NumaBalancing
+    from nodecheck.checks.node.pci_config import SwitchPortAcs
+
+
+def _type_numa_balancing() -> object:
+    from nodecheck.checks.node.numa import NumaBalancing
+
+    return NumaBalancing
+
+
+@part("numa_balancing", _type_numa_balancing)
+def read_numa_balancing_part(sources: NodeSources, facts: FactsSource) -> NumaBalancing:
+    """kernel.numa_balancing: its mode, its absence (a kernel without it), or why unreadable."""
+    from nodecheck.checks.node.numa import read_numa_balancing
+
+    return read_numa_balancing(sources.fs)
+
+
+def _type_pcie_acs() -> object:
+    from nodecheck.checks.node.pci_config import SwitchPortAcs
+
+    return SwitchPortAcs
+
+
+@part("pcie_acs", _type_pcie_acs, root=True)
+def read_pcie_acs_part(sources: NodeSources, facts: FactsSource) -> SwitchPortAcs:
+    """ACS registers of every PCIe switch port (a bridge below a root port), from its config
+    space: past its first 64 bytes only as root."""
+    from nodecheck.checks.node.pci_config import read_switch_port_acs
+
+    inventory: Inventory = facts.get("inventory")
+    switch_ports = {bdf for device in inventory.pci.values() for bdf in device.parents[1:]}
+    return read_switch_port_acs(sources.fs, switch_ports)
+
+
+def _type_rdma_port_counters() -> object:
+    from nodecheck.checks.node.net import RdmaPortCounterReading
+
+    return RdmaPortCounterReading
+
+
+@part("rdma_port_counters", _type_rdma_port_counters)
+def read_rdma_port_counters_part(
+    sources: NodeSources, facts: FactsSource
+) -> RdmaPortCounterReading:
+    """The error counters of every RDMA port, and whether <sysfs>/class/infiniband exists."""
+    from nodecheck.checks.node.net import read_rdma_port_counters
+
+    inventory: Inventory = facts.get("inventory")
+    return read_rdma_port_counters(sources.fs, inventory.rdma)
+
+
+def _type_cpu_governors() -> object:
+    from nodecheck.checks.node.cpu import CpuGovernors
+
+    return CpuGovernors
+
+
+@part("cpu_governors", _type_cpu_governors)
+def read_cpu_governors_part(sources: NodeSources, facts: FactsSource) -> CpuGovernors:
+    """The cpufreq governor of every online CPU, and the CPUs whose governor is unreadable."""
+    from nodecheck.checks.node.cpu import read_governors
+
+    inventory: Inventory = facts.get("inventory")
+    return read_governors(sources.fs, sorted(inventory.cpu.cpus))

@@ -327,22 +327,31 @@ PORT_ERROR_COUNTERS: dict[str, int] = {
 }
 
 
-@dataclass
+def port_key(device: str, port: int) -> str:
+    """How a port is named among the readings: "mlx5_0/1"."""
+    return f"{device}/{port}"
+
+
+@dataclass(frozen=True)
 class PortCounters:
     """One reading of a port's error counters. `values` has the counters that could be
     read; `problems` says, per counter, why one could not; `missing` is True when the
-    port has no counters folder at all (a driver that exposes only hw_counters)."""
+    port has no counters folder at all (a driver that exposes only hw_counters).
+
+    `read_at` is the wall-clock time of the reading (seconds since the epoch), so a
+    reading in a capture can be set against one taken by another process or on another
+    day; a rate over an interval that is not positive (the clock was set back) is none."""
 
     device: str
     port: int
-    read_at: float  # time.monotonic() of the reading
+    read_at: float
     values: dict[str, int] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
     missing: bool = False
 
     @property
     def key(self) -> str:
-        return f"{self.device}/{self.port}"
+        return port_key(self.device, self.port)
 
     def saturated(self, name: str) -> bool:
         value = self.values.get(name)
@@ -361,21 +370,44 @@ def read_port_counters(fs: NodeFS, device: str, port: int) -> PortCounters:
     not answer fails with an error (drivers/infiniband/core/sysfs.c show_pma_counter):
     that counter lands in `problems`, the others are still read."""
     directory = fs.sys("class", "infiniband", device, "ports", str(port), "counters")
-    reading = PortCounters(device, port, time.monotonic())
+    read_at = time.time()
     if not directory.is_dir():
-        reading.missing = True
-        return reading
+        return PortCounters(device, port, read_at, missing=True)
+    values: dict[str, int] = {}
+    problems: dict[str, str] = {}
     for name in PORT_ERROR_COUNTERS:
         try:
             value = read_optional_parsed(directory / name, parse_counter, "a counter")
         except ReadError as err:
-            reading.problems[name] = str(err)
+            problems[name] = str(err)
             continue
         if value is None:
-            reading.problems[name] = f"{directory / name}: missing"
+            problems[name] = f"{directory / name}: missing"
         else:
-            reading.values[name] = value
-    return reading
+            values[name] = value
+    return PortCounters(device, port, read_at, values, problems)
+
+
+@dataclass(frozen=True)
+class RdmaPortCounterReading:
+    """The error counters of every port of the RDMA devices read (`ports`), and whether
+    <sysfs>/class/infiniband is there at all (`class_present`: an empty class folder is
+    an RDMA stack with no device; no folder, no RDMA core loaded)."""
+
+    class_present: bool
+    ports: list[PortCounters] = field(default_factory=list)
+
+
+def read_rdma_port_counters(fs: NodeFS, devices: list[RdmaDevice]) -> RdmaPortCounterReading:
+    """The counters of every port of `devices` (the inventory's RDMA devices)."""
+    return RdmaPortCounterReading(
+        fs.sys("class", "infiniband").is_dir(),
+        [
+            read_port_counters(fs, device.name, port.number)
+            for device in devices
+            for port in device.ports
+        ],
+    )
 
 
 class PortCounterHistory:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nodecheck.checks.node.cpulist import (
     cpu_id_bound,
@@ -32,7 +33,9 @@ from nodecheck.checks.node.fs import (
     NodeFS,
     ReadError,
     list_dir,
+    parse_attr,
     read_optional_parsed,
+    read_optional_text,
     read_parsed,
 )
 
@@ -250,3 +253,35 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
 def read_numa_nodes(fs: NodeFS, online: frozenset[int] | None = None) -> list[NumaNode]:
     """The nodes of read_numa."""
     return read_numa(fs, online).nodes
+
+
+@dataclass(frozen=True)
+class NumaBalancing:
+    """kernel.numa_balancing as read from `path` (<procfs>/sys/kernel/numa_balancing).
+
+    `mode` is the sysctl's value (0 off; 1 normal, 2 memory tiering, 3 both:
+    Documentation/admin-guide/sysctl/kernel.rst, numa_balancing). When it is None,
+    either `absent` is True (a kernel built without CONFIG_NUMA_BALANCING has no such
+    sysctl: kernel/sched/fair.c registers it with the feature) or `problem` says why it
+    could not be read or made no sense, naming the path.
+    """
+
+    path: Path
+    mode: int | None = None
+    absent: bool = False
+    problem: str | None = None
+
+
+def read_numa_balancing(fs: NodeFS) -> NumaBalancing:
+    """kernel.numa_balancing: its mode, its absence, or why it could not be read."""
+    path = fs.proc("sys", "kernel", "numa_balancing")
+    try:
+        text = read_optional_text(path)
+    except ReadError as err:
+        return NumaBalancing(path, problem=f"cannot read {err}")
+    if text is None:
+        return NumaBalancing(path, absent=True)
+    try:
+        return NumaBalancing(path, mode=parse_attr(path, text, int, "a number"))
+    except ReadError as err:
+        return NumaBalancing(path, problem=str(err))

@@ -10,10 +10,11 @@ and a short read, not an error, is how that shows.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodecheck.checks.node.fs import read_bytes
+from nodecheck.checks.node.fs import NodeFS, ReadError, read_bytes
 
 UNPRIVILEGED_CONFIG_BYTES = 64
 CONVENTIONAL_CONFIG_BYTES = 256
@@ -183,3 +184,50 @@ def parse_acs(config: bytes) -> AcsState | None:
 def read_config(path: Path) -> bytes:
     """The config space file; more than 4096 bytes is no PCI function's (ReadError)."""
     return read_bytes(path, limit=EXTENDED_CONFIG_BYTES)
+
+
+@dataclass(frozen=True)
+class BridgeAcs:
+    """The ACS registers of one PCIe switch port, as its `config` file gave them.
+
+    `acs` is its ACS capability (None: it has none), unless the read failed: `truncated`
+    when only the unprivileged 64 bytes came back (not root: drivers/pci/pci-sysfs.c
+    config_read), otherwise `problem` says why, naming the file (it could not be read, or
+    what it holds is no device's config space).
+    """
+
+    config: Path
+    acs: AcsState | None = None
+    truncated: bool = False
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class SwitchPortAcs:
+    """ACS of PCIe switch ports, by bus address (the ports that were read)."""
+
+    bridges: dict[str, BridgeAcs]
+
+
+def read_bridge_acs(config: Path) -> BridgeAcs:
+    """One bridge's ACS registers from its config file, or why they could not be read."""
+    try:
+        acs = parse_acs(read_config(config))
+    except TruncatedConfigSpaceError as err:
+        return BridgeAcs(config, truncated=True, problem=f"{config}: {err}")
+    except ReadError as err:
+        return BridgeAcs(config, problem=f"cannot read {err}")
+    except ConfigSpaceError as err:
+        return BridgeAcs(config, problem=f"{config}: {err}")
+    return BridgeAcs(config, acs)
+
+
+def read_switch_port_acs(fs: NodeFS, bridges: Iterable[str]) -> SwitchPortAcs:
+    """The ACS registers of each of `bridges` (bus addresses), each read on its own: one
+    port that cannot be read does not hide the others."""
+    return SwitchPortAcs(
+        {
+            bdf: read_bridge_acs(fs.sys("bus", "pci", "devices", bdf, "config"))
+            for bdf in sorted(set(bridges))
+        }
+    )
