@@ -573,13 +573,13 @@ def mfu(
     from nodecheck.tuning.mfu import compute_mfu
 
     if gpu_model is None:
-        from nodecheck.checks.node.gpu import read_gpus
+        from nodecheck.checks.context import CheckContext
 
-        session = nvml_session(ctx)
+        context = CheckContext(fs=node_fs(ctx), nvml=nvml_session(ctx), config=check_config(ctx))
         try:
-            readings = [g for g in read_gpus(session).gpus if g.name]
+            readings = [g for g in context.gpus.snapshot.gpus if g.name]
         finally:
-            session.close()
+            context.nvml.close()
         gpu_model = readings[0].name if readings else None
     try:
         figures = compute_mfu(
@@ -950,7 +950,6 @@ def bench(
         render_table,
     )
     from nodecheck.checks.context import CheckContext
-    from nodecheck.checks.node.inventory import read_hostname
     from nodecheck.checks.registry import load_benchmarks
     from nodecheck.checks.result import Status
     from nodecheck.checks.runner import run_checks
@@ -983,7 +982,7 @@ def bench(
     finally:
         progress.done()
         context.nvml.close()
-    hostname = read_hostname(fs)
+    hostname = context.hostname
     click.echo(render_json(hostname, runs) if as_json else render_table(hostname, runs))
     code = exit_code(runs)
     measured = any(r.status is not Status.SKIP for run in runs for r in run.results)
