@@ -133,3 +133,14 @@ def read_kernel_log_part(sources: NodeSources, facts: FactsSource) -> Any:
     from nodecheck.checks.node.kernel_log_facts import read_log_facts
 
     return read_log_facts(sources.kernel_log, sources.fs)
+
+
+# --- fix-capture (issue 14, task 5: capture, --facts, the root snapshot as facts) ---------
+
+
+@part("cpu_model", lambda: str)
+def read_cpu_model_part(sources: NodeSources, facts: FactsSource) -> str:
+    """The CPU model name (/proc/cpuinfo's "model name"; py-cpuinfo on a live Arm node)."""
+    from nodecheck.checks.node.cpu import read_cpu_model
+
+    return read_cpu_model(sources.fs)
