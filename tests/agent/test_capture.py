@@ -155,6 +155,11 @@ def _damage_hostname(document: dict[str, Any]) -> None:
     document["parts"]["inventory"]["value"]["hostname"] = 3
 
 
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
 def _set(key: str, value: object) -> Callable[[dict[str, Any]], None]:
     return lambda document: document.__setitem__(key, value)
 
@@ -162,7 +167,7 @@ def _set(key: str, value: object) -> Callable[[dict[str, Any]], None]:
 REFUSED: list[tuple[str, Callable[[Path, Path], Path], str]] = [
     ("not JSON", lambda p, _: (p.write_text("{ nope"), p)[1], "is not JSON"),
     ("no file", lambda p, _: p, "No such file or directory"),
-    ("a FIFO", lambda p, _: (os.mkfifo(p), p)[1], "a FIFO, not a capture"),
+    ("a FIFO", lambda p, _: _fifo(p), "a FIFO, not a capture"),
     ("another schema", lambda p, s: _rewrite(s, _set("schema", "nodecheck.check/v1"))(p), "is a"),
     ("no schema", lambda p, s: _rewrite(s, lambda d: d.pop("schema"))(p), "(no schema)"),
     (
@@ -254,3 +259,15 @@ def test_capture_records_what_it_could_not_read(
     facts = load(path)
     assert isinstance(facts.parts["virtualization"], Unread)
     assert facts.get("hostname") == "dgx-h100-01"
+
+
+def test_every_part_is_documented() -> None:
+    """docs/facts.md has a row for every part a capture may hold (a new part is
+    documented where its readers' users look)."""
+    from nodecheck.checks.node.facts import PARTS
+
+    text = (Path(__file__).parents[2] / "docs" / "facts.md").read_text()
+    undocumented = [
+        name for name, spec in PARTS.items() if spec.captured and f"| `{name}` |" not in text
+    ]
+    assert undocumented == []
