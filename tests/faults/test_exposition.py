@@ -31,7 +31,7 @@ from nodecheck.agent.exporter import (
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.agent.snapshot import results_from_snapshot
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.facts import SCHEMA, NodeFacts
+from nodecheck.checks.node.facts import SCHEMA, NodeFacts, load
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 from nodecheck.checks.runner import CheckRun
@@ -345,6 +345,8 @@ def test_an_agent_serving_root_checks_from_a_snapshot_passes_promtool(
     path = tmp_path / "snapshot.json"
     done = run(*faulty.cli_args, "snapshot", "--output", str(path), env=faulty.env)
     assert done.returncode == 0, done.stderr
+    assert "runs" not in json.loads(path.read_text())  # facts, not results
+    assert load(path).has("variables")
     port = free_port()
     config = tmp_path / "config.toml"
     config.write_text(f'[agent]\nlisten = "127.0.0.1:{port}"\n')
