@@ -271,3 +271,16 @@ def test_every_part_is_documented() -> None:
         name for name, spec in PARTS.items() if spec.captured and f"| `{name}` |" not in text
     ]
     assert undocumented == []
+
+
+def test_a_kernel_log_of_this_node_is_no_option_for_a_capture(
+    faulty_capture: Path, tmp_path: Path
+) -> None:
+    """--kernel-log reads this node's log; the capture holds its own: a usage error."""
+    log = tmp_path / "kern.log"
+    log.write_text("Dec  1 10:00:00 host kernel: [    1.0] Linux version 6.8\n")
+    done = run(*NOWHERE, "check", "--facts", str(faulty_capture), "--kernel-log", str(log))
+    assert done.returncode == 2
+    assert done.stderr == (
+        "nodecheck: --kernel-log reads this node; a capture (--facts) holds its own\n"
+    )
