@@ -32,6 +32,7 @@ from nodecheck.checks.config import (
 )
 
 if TYPE_CHECKING:
+    from nodecheck.checks.node.facts import FactsSource, NodeFacts
     from nodecheck.checks.node.fs import NodeFS
     from nodecheck.checks.node.nvml import NvmlSession
     from nodecheck.tuning.plan import Plan
@@ -234,6 +235,48 @@ def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) 
     return value
 
 
+def facts_option(function: F) -> F:
+    """--facts FILE: judge a `nodecheck capture` instead of this node."""
+    return click.option(
+        "--facts",
+        "facts_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        metavar="FILE",
+        help="Judge this `nodecheck capture` file instead of this node: neither the roots "
+        "nor NVML are read.",
+    )(function)
+
+
+def load_facts(ctx: click.Context, path: Path) -> NodeFacts:
+    """The capture at `path`; anything else (not a capture, damaged, a newer schema, no
+    regular file) is a usage error naming the file. The roots and NVML are left alone."""
+    from nodecheck.checks.node.facts import FactsError, load
+    from nodecheck.checks.node.fs import NotRegularFileError
+
+    configure_logging(settings(ctx)["log_level"])
+    try:
+        return load(path)
+    except FactsError as err:
+        fail_usage(f"--facts {err}")
+    except NotRegularFileError as err:
+        fail_usage(f"--facts {path}: {err.kind}, not a capture")
+    except OSError as err:
+        fail_usage(f"--facts {path}: {err.strerror or err}")
+
+
+def facts_hostname(facts: FactsSource) -> str:
+    """The name of the node the facts are of (a capture's own, not this machine's)."""
+    from nodecheck.checks.node.facts import PartUnavailableError
+    from nodecheck.checks.node.inventory import UNKNOWN_HOSTNAME
+
+    try:
+        name: str = facts.get("hostname")
+    except PartUnavailableError:
+        return UNKNOWN_HOSTNAME
+    return name
+
+
 @cli.command()
 @click.option(
     "--only", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable)."
@@ -261,6 +304,7 @@ def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) 
     help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
     "[default: <rootfs>/dev/kmsg]",
 )
+@facts_option
 @global_options
 @click.pass_context
 def check(
@@ -270,16 +314,19 @@ def check(
     as_json: bool,
     expected_gpus: int | None,
     kernel_log: Path | None,
+    facts_path: Path | None,
 ) -> None:
-    """Run the health checks and print a verdict.
+    """Run the health checks and print a verdict (of this node, or of a capture).
 
     Exit status: 0 no failure (warnings allowed), 1 a check failed, 2 usage or
     configuration error, 3 no failure but something could not be determined.
     """
-    fs = node_fs(ctx)
+    if facts_path is not None and kernel_log is not None:
+        fail_usage("--kernel-log reads this node; a capture (--facts) holds its own")
+    facts = load_facts(ctx, facts_path) if facts_path is not None else None
+    fs = node_fs(ctx) if facts is None else None
     from nodecheck.agent.report import exit_code, render_json, render_table
     from nodecheck.checks.context import CheckContext
-    from nodecheck.checks.node.inventory import read_hostname
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
 
@@ -290,18 +337,19 @@ def check(
     selected = [
         c for name, c in available.items() if (not only or name in only) and name not in skip
     ]
-    context = CheckContext(
-        fs=fs,
-        nvml=nvml_session(ctx),
-        kernel_log=kernel_log,
-        config=check_config(ctx, expected_gpus=expected_gpus),
-    )
-    try:
+    config = check_config(ctx, expected_gpus=expected_gpus)
+    if facts is not None:
+        context = CheckContext(facts=facts, config=config)
         runs = run_checks(selected, context)
-    finally:
-        context.nvml.close()
-    # Read on its own: the inventory may be what a timed-out check is stuck on.
-    hostname = read_hostname(fs)
+    else:
+        assert fs is not None
+        context = CheckContext(fs=fs, nvml=nvml_session(ctx), kernel_log=kernel_log, config=config)
+        try:
+            runs = run_checks(selected, context)
+        finally:
+            context.nvml.close()
+    # A part of its own: the inventory may be what a timed-out check is stuck on.
+    hostname = facts_hostname(context.facts)
     if as_json:
         click.echo(render_json(hostname, runs))
     else:
@@ -313,34 +361,40 @@ def check(
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the nodecheck.inventory/v1 JSON document."
 )
+@facts_option
 @global_options
 @click.pass_context
-def inventory(ctx: click.Context, as_json: bool) -> None:
-    """Show the node: GPUs (with NVML's view), NICs, NUMA nodes and their PCIe relations."""
-    fs = node_fs(ctx)
-    from nodecheck.agent.inventory_view import render_inventory, render_inventory_json
-    from nodecheck.checks.node.cpu import read_cpu_model
-    from nodecheck.checks.node.gpu import read_gpus
-    from nodecheck.checks.node.inventory import read_inventory
-    from nodecheck.checks.runner import UnfinishedError, run_bounded
+def inventory(ctx: click.Context, as_json: bool, facts_path: Path | None) -> None:
+    """Show the node (or a capture): GPUs (with NVML's view), NICs, NUMA nodes and their
+    PCIe relations."""
+    from nodecheck.agent.inventory_view import (
+        inventory_facts,
+        render_inventory,
+        render_inventory_json,
+    )
+    from nodecheck.checks.node.facts import PartUnavailableError
 
+    if facts_path is not None:
+        facts = load_facts(ctx, facts_path)
+    else:
+        from nodecheck.checks.node.facts import LiveFacts, NodeSources
+
+        sources = NodeSources(fs=node_fs(ctx), nvml=nvml_session(ctx))
+        try:
+            # Each part on its own thread under the deadline: a read that blocks in the
+            # kernel (a wedged device's attribute) must not hang us.
+            facts = LiveFacts(sources).capture(
+                ["inventory", "cpu_model", "gpus"], timeout_s=NODE_READ_TIMEOUT_S
+            )
+        finally:
+            sources.session().close()
     try:
-        # A read that blocks in the kernel (a wedged device's attribute) must not hang us.
-        node, model = run_bounded(
-            lambda: (read_inventory(fs), read_cpu_model(fs)),
-            "reading the node",
-            NODE_READ_TIMEOUT_S,
-        )
-    except UnfinishedError as err:
-        click.echo(f"nodecheck: {err}", err=True)
+        shown = inventory_facts(facts)
+    except PartUnavailableError as err:
+        click.echo(f"nodecheck: cannot show the node: {err.unread.reason}", err=True)
         sys.exit(EXIT_INTERNAL)
-    session = nvml_session(ctx)
-    try:
-        gpus = read_gpus(session)
-    finally:
-        session.close()
     render = render_inventory_json if as_json else render_inventory
-    click.echo(render(node, model, gpus))
+    click.echo(render(shown))
 
 
 CONFIG_OPTION = click.option(
@@ -451,25 +505,102 @@ def agent(
 @global_options
 @click.pass_context
 def snapshot(ctx: click.Context, output: Path) -> None:
-    """Run the checks that need root and write their results for the agent.
+    """Capture what the checks that need root judge, for the agent to judge.
 
-    For nodecheck-snapshot.timer: the agent, unprivileged, serves these results
-    (ACS from PCIe config space, the environments of other users' jobs).
+    For nodecheck-snapshot.timer: the agent, unprivileged, runs those checks over
+    this capture (ACS from PCIe config space, the environments of other users'
+    jobs, the kernel log's SXids), a nodecheck.facts/v1 document.
     """
     fs = node_fs(ctx)
-    from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, write_snapshot
-    from nodecheck.checks.context import CheckContext
-    from nodecheck.checks.node.inventory import read_hostname
+    from nodecheck.agent.snapshot import root_checks, take_snapshot, write_snapshot
+    from nodecheck.checks.node.facts import NodeSources
     from nodecheck.checks.registry import load_checks
-    from nodecheck.checks.runner import run_checks
 
-    available = load_checks()
-    runs = run_checks([available[name] for name in SNAPSHOT_CHECKS], CheckContext(fs=fs))
+    checks = root_checks(load_checks())
+    # The service's own environment is not a job's (the agent reads none either).
+    sources = NodeSources(fs=fs, environ={}, nvml=nvml_session(ctx))
     try:
-        write_snapshot(output, read_hostname(fs), runs)
+        facts = take_snapshot(sources, checks)
+    finally:
+        sources.session().close()
+    try:
+        write_snapshot(output, facts)
     except OSError as err:
         fail_usage(f"cannot write {output}: {err.strerror or err}")
-    click.echo(f"{output}: {sum(len(run.results) for run in runs)} results")
+    _say_unread("nodecheck snapshot", facts)
+    names = ", ".join(check.name for check in checks)
+    click.echo(f"{output}: {len(facts.parts)} parts, for {names}")
+
+
+def _say_unread(command: str, facts: NodeFacts) -> None:
+    """One line on stderr naming the parts that could not be read (recorded as such)."""
+    from nodecheck.checks.node.facts import Unread
+
+    unread = {name: v for name, v in facts.parts.items() if isinstance(v, Unread)}
+    if unread:
+        listed = "; ".join(f"{name} ({value.reason})" for name, value in unread.items())
+        click.echo(f"{command}: recorded as unread: {listed}", err=True)
+
+
+@cli.command()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Write the capture to FILE (atomically, mode 0600) instead of stdout.",
+)
+@click.option(
+    "--kernel-log",
+    "kernel_log",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=_kernel_log,
+    default=None,
+    metavar="FILE",
+    help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
+    "[default: <rootfs>/dev/kmsg]",
+)
+@global_options
+@click.pass_context
+def capture(ctx: click.Context, output: Path | None, kernel_log: Path | None) -> None:
+    """Write this node's facts: everything the checks, inventory and tune judge.
+
+    A nodecheck.facts/v1 document (docs/facts.md), for `check`, `inventory` and
+    `tune --facts FILE` anywhere: a support bundle. It holds no secret (only the
+    audited NCCL_, TORCH_, PYTORCH_ and CUDA_ variables are kept as they are read).
+    A part that could not be read is recorded as such and named on stderr; the exit
+    status is 0 all the same (2 for a usage error or a file it cannot write).
+    """
+    import os
+
+    fs = node_fs(ctx)
+    from nodecheck.checks.node.facts import LiveFacts, NodeSources, dumps
+    from nodecheck.checks.node.fs import write_atomically
+
+    sources = NodeSources(
+        fs=fs,
+        environ=dict(os.environ),
+        uid=os.getuid(),
+        nvml=nvml_session(ctx),
+        kernel_log=kernel_log,
+    )
+    try:
+        facts = LiveFacts(sources).capture()
+    finally:
+        sources.session().close()
+    text = dumps(facts)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        try:
+            # A support bundle: readable by its owner only, whole or not at all.
+            write_atomically(output, text, mode=0o600)
+        except OSError as err:
+            fail_usage(f"cannot write {output}: {err.strerror or err}")
+    _say_unread("nodecheck capture", facts)
+    if output is not None:
+        click.echo(f"{output}: {len(facts.parts)} parts")
 
 
 @cli.group()
@@ -687,6 +818,24 @@ def _tune_plan(
         sys.exit(EXIT_INTERNAL)
 
 
+def _tune_plan_of_capture(
+    ctx: click.Context,
+    facts_path: Path,
+    nodes: int | None,
+    single_switch: bool,
+    with_smt_siblings: bool,
+) -> Plan:
+    """The plan for a captured node: make_plan over the capture's parts (its cpuset, torch
+    version and calling environment included), nothing read here."""
+    facts = load_facts(ctx, facts_path)
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.tuning.nccl import JobShape
+    from nodecheck.tuning.plan import TuneOptions, make_plan
+
+    options = TuneOptions(shape=JobShape(nodes, single_switch), with_smt_siblings=with_smt_siblings)
+    return make_plan(CheckContext(facts=facts), options)
+
+
 @cli.command()
 @click.option(
     "--format",
@@ -699,6 +848,7 @@ def _tune_plan(
 )
 @local_rank_option("Only this local rank (and its own variables in shell and env output).")
 @job_options
+@facts_option
 @global_options
 @click.pass_context
 def tune(
@@ -708,6 +858,7 @@ def tune(
     nodes: int | None,
     single_switch: bool,
     with_smt_siblings: bool,
+    facts_path: Path | None,
 ) -> None:
     """Recommend CPU/NUMA bindings and NCCL, allocator and thread settings per local rank.
 
@@ -717,7 +868,10 @@ def tune(
     naming a rank that must not run (exec refuses it), it exits 2, and its shell
     output fails when evaluated.
     """
-    plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+    if facts_path is not None:
+        plan = _tune_plan_of_capture(ctx, facts_path, nodes, single_switch, with_smt_siblings)
+    else:
+        plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
     from nodecheck.agent.tune_view import RENDERERS, refused_rank
 
     if local_rank is not None and plan.rank(local_rank) is None:

@@ -49,7 +49,7 @@ from nodecheck.agent.exporter import (
     write_textfile,
 )
 from nodecheck.agent.scheduler import ResultStore, Scheduler
-from nodecheck.agent.snapshot import SNAPSHOT_CHECKS, from_snapshot
+from nodecheck.agent.snapshot import from_snapshot
 from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.fs import NodeFS
@@ -200,7 +200,8 @@ class Agent:
             if not settings.enabled:
                 continue
             check = registered
-            if config.snapshot is not None and name in SNAPSHOT_CHECKS:
+            if config.snapshot is not None and registered.root:
+                # Judged here, with this agent's configuration, over what root captured.
                 check = from_snapshot(registered, config.snapshot)
             if settings.timeout_s is not None:
                 check = replace(check, timeout_s=settings.timeout_s)

@@ -1,11 +1,17 @@
-"""How `nodecheck inventory` shows the node: tables, and a matrix like `nvidia-smi topo -m`."""
+"""How `nodecheck inventory` shows the node: tables, and a matrix like `nvidia-smi topo -m`.
+
+It renders facts (the node's, or a capture's with `--facts`): the inventory, the CPU
+model and NVML's snapshot, never a read of its own.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import format_cpulist
-from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot
+from nodecheck.checks.node.facts import FactsSource, PartUnavailableError
+from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot, NvmlFailure
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.pci import PciDevice, PcieLink
 
@@ -20,6 +26,31 @@ LEGEND = """Legend:
   PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
   PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
   PIX  = Connection traversing at most a single PCIe bridge"""  # noqa: E501
+
+
+@dataclass(frozen=True)
+class InventoryFacts:
+    """The parts the view shows."""
+
+    inventory: Inventory
+    cpu_model: str
+    gpus: GpuSnapshot
+
+
+def inventory_facts(facts: FactsSource) -> InventoryFacts:
+    """The view's parts of `facts`. Without the inventory there is nothing to show
+    (PartUnavailableError); a CPU model or NVML snapshot that could not be read (or a
+    capture without one) is shown as such."""
+    inventory: Inventory = facts.get("inventory")
+    try:
+        cpu_model: str = facts.get("cpu_model")
+    except PartUnavailableError:
+        cpu_model = "unknown"
+    try:
+        gpus: GpuSnapshot = facts.get("gpus")
+    except PartUnavailableError as err:
+        gpus = GpuSnapshot(unavailable=NvmlFailure("unread", f"not read: {err.unread.reason}"))
+    return InventoryFacts(inventory, cpu_model, gpus)
 
 
 def _link_text(link: PcieLink | None) -> str:
@@ -118,7 +149,8 @@ def reading_notes(inventory: Inventory) -> list[str]:
     return list(dict.fromkeys(whole + per_node))
 
 
-def render_inventory(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) -> str:
+def render_inventory(facts: InventoryFacts) -> str:
+    inventory, cpu_model, gpus = facts.inventory, facts.cpu_model, facts.gpus
     cpu = inventory.cpu
     smt = "on" if cpu.threads_per_core > 1 else "off"
     lines = [
@@ -235,9 +267,8 @@ def _nvml_dict(reading: GpuReading | None) -> dict[str, object] | None:
     }
 
 
-def inventory_document(
-    inventory: Inventory, cpu_model: str, gpus: GpuSnapshot
-) -> dict[str, object]:
+def inventory_document(facts: InventoryFacts) -> dict[str, object]:
+    inventory, cpu_model, gpus = facts.inventory, facts.cpu_model, facts.gpus
     names, matrix = topology_matrix(inventory)
     cpu = inventory.cpu
     readings = gpus.by_bus_id()
@@ -315,5 +346,5 @@ def _link_dict(link: PcieLink | None) -> dict[str, object] | None:
     }
 
 
-def render_inventory_json(inventory: Inventory, cpu_model: str, gpus: GpuSnapshot) -> str:
-    return json.dumps(inventory_document(inventory, cpu_model, gpus), indent=2)
+def render_inventory_json(facts: InventoryFacts) -> str:
+    return json.dumps(inventory_document(facts), indent=2)

@@ -367,3 +367,14 @@ def read_cpu_governors_part(sources: NodeSources, facts: FactsSource) -> CpuGove
 
     inventory: Inventory = facts.get("inventory")
     return read_governors(sources.fs, sorted(inventory.cpu.cpus))
+
+
+# --- fix-capture (issue 14, task 5: capture, --facts, the root snapshot as facts) ---------
+
+
+@part("cpu_model", lambda: str)
+def read_cpu_model_part(sources: NodeSources, facts: FactsSource) -> str:
+    """The CPU model name (/proc/cpuinfo's "model name"; py-cpuinfo on a live Arm node)."""
+    from nodecheck.checks.node.cpu import read_cpu_model
+
+    return read_cpu_model(sources.fs)

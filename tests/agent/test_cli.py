@@ -47,6 +47,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["exec"],
         ["mfu"],
         ["snapshot"],
+        ["capture"],
         ["config"],
         ["config", "show"],
         ["config", "check"],
@@ -62,6 +63,7 @@ def test_only_commands_that_work_are_offered() -> None:
     assert sorted(cli.commands) == [
         "agent",
         "bench",
+        "capture",
         "check",
         "config",
         "exec",

@@ -1,4 +1,5 @@
-"""Privilege separation: the root snapshot, and the agent serving checks from it."""
+"""Privilege separation: the root snapshot (a facts capture), and the agent judging the
+root checks over it with its own configuration."""
 
 from __future__ import annotations
 
@@ -6,69 +7,133 @@ import json
 import time
 from pathlib import Path
 
-from nodecheck.agent.snapshot import from_snapshot, results_from_snapshot
-from nodecheck.checks.registry import load_checks
-from nodecheck.checks.result import Status
+import pytest
+
+from nodecheck.agent.daemon import Agent
+from nodecheck.agent.snapshot import (
+    from_snapshot,
+    read_snapshot,
+    results_from_snapshot,
+    root_checks,
+    snapshot_parts,
+)
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import SCHEMA, load
+from nodecheck.checks.registry import Check, load_checks
+from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.runner import run_checks
+from tests.agent.test_capture import checks_reading_the_node_themselves
 from tests.agent.test_cli import run
 from tests.conftest import Node
 
 
-def test_snapshot_round_trip(dgx_faulty: Node, tmp_path: Path) -> None:
-    """What root saw (ACS on two switch ports, the job's NCCL_P2P_DISABLE) reaches the
-    unprivileged agent whole: statuses, remedies and metric samples."""
-    output = tmp_path / "snapshot.json"
+@pytest.fixture(scope="module")
+def snapshot_file(dgx_faulty: Node, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`nodecheck snapshot` of the faulty DGX, as root sees it."""
+    output = tmp_path_factory.mktemp("snapshot") / "run" / "snapshot.json"
     done = run(*dgx_faulty.cli_args, "snapshot", "--output", str(output), env=dgx_faulty.env)
     assert done.returncode == 0, done.stderr
-    assert output.stat().st_mode & 0o777 == 0o644  # the agent reads it as another user
-    direct = {r.subject: r for r in dgx_faulty.results("pcie_acs")}
-    served = {r.subject: r for r in results_from_snapshot(output, "pcie_acs")}
-    assert set(served) == set(direct)
-    for subject, result in direct.items():
-        mine = served[subject]
-        assert (mine.status, mine.summary, mine.remedy) == (
-            result.status,
-            result.summary,
-            result.remedy,
-        )
-        assert [(s.metric, s.value, dict(s.labels)) for s in mine.samples] == [
-            (s.metric, s.value, dict(s.labels)) for s in result.samples
-        ]
-    check = from_snapshot(load_checks()["nccl_env"], output)
-    [run_] = run_checks([check], dgx_faulty.context())
-    assert any("NCCL_P2P_DISABLE=1" in r.summary and r.status is Status.FAIL for r in run_.results)
+    assert done.stderr == ""
+    assert done.stdout.startswith(f"{output}: ")
+    return output
 
 
-def test_missing_or_stale_snapshot_is_undetermined(tmp_path: Path) -> None:
-    [missing] = results_from_snapshot(tmp_path / "none.json", "pcie_acs")
+def served(check: Check, path: Path, ctx: CheckContext) -> list[Result]:
+    [run_] = run_checks([from_snapshot(check, path)], ctx)
+    return run_.results
+
+
+def test_the_snapshot_is_a_capture_of_what_the_root_checks_need(snapshot_file: Path) -> None:
+    """No judged results: a nodecheck.facts/v1 document of the parts the checks registered
+    with root=True need, world-readable (the agent reads it as another user)."""
+    assert snapshot_file.stat().st_mode & 0o777 == 0o644
+    document = json.loads(snapshot_file.read_text())
+    assert document["schema"] == SCHEMA and "runs" not in document
+    checks = root_checks(load_checks())
+    assert {"pcie_acs", "nccl_env", "torch_alloc", "nvswitch_sxid"} <= {c.name for c in checks}
+    facts = load(snapshot_file)
+    assert set(facts.parts) == set(snapshot_parts(checks))
+    assert {"inventory", "variables"} <= set(facts.parts)
+    assert "gpus" not in facts.parts  # no root check judges NVML
+
+
+def test_the_agent_judges_root_checks_over_the_snapshot(
+    dgx: Node, dgx_faulty: Node, snapshot_file: Path
+) -> None:
+    """What root saw reaches the agent whole, whatever the agent itself reads: served to
+    an agent on the healthy twin, the faulty node's NCCL_P2P_DISABLE=1 (a job's
+    environment) and ACS on two switch ports come back with the statuses, remedies,
+    details and metric samples root's own run gives them."""
+    checks = load_checks()
+    assert not any("NCCL_P2P_DISABLE=1" in r.summary for r in dgx.results("nccl_env"))
+    nccl = served(checks["nccl_env"], snapshot_file, dgx.context())
+    assert any("NCCL_P2P_DISABLE=1" in r.summary and r.status is Status.FAIL for r in nccl)
+    pending = checks_reading_the_node_themselves()
+    for name in ("pcie_acs", "nccl_env", "torch_alloc", "nvswitch_sxid"):
+        agent_node = dgx_faulty if name in pending else dgx
+        mine = served(checks[name], snapshot_file, agent_node.context())
+        direct = dgx_faulty.results(name)
+        assert [(r.status, r.subject, r.summary, r.remedy, r.details) for r in mine] == [
+            (r.status, r.subject, r.summary, r.remedy, r.details) for r in direct
+        ], name
+        assert [(s.metric, s.value, dict(s.labels)) for r in mine for s in r.samples] == [
+            (s.metric, s.value, dict(s.labels)) for r in direct for s in r.samples
+        ], name
+    acs = served(
+        checks["pcie_acs"], snapshot_file, (dgx_faulty if "pcie_acs" in pending else dgx).context()
+    )
+    assert sum(r.status is Status.FAIL for r in acs) == 2
+
+
+def test_the_agent_applies_its_own_configuration(
+    dgx_faulty: Node, snapshot_file: Path, tmp_path: Path
+) -> None:
+    """The agent wraps exactly the checks declared root=True, and judges them with its own
+    CheckConfig (expected_gpus here) and the snapshot's time as the rules' "now"."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'[agent]\nlisten = ""\nexpected_gpus = 5\nsnapshot = "{snapshot_file}"\n')
+    agent = Agent(dgx_faulty.fs, config, str(dgx_faulty.nvml_library))
+    chosen = {check.name: check for check, _ in agent._checks(agent.config)}
+    registered = agent.available
+    wrapped = {name for name, check in chosen.items() if check.run is not registered[name].run}
+    assert wrapped == {check.name for check in root_checks(registered)}
+    assert all(chosen[name].needs == registered[name].needs for name in wrapped)
+    seen: list[tuple[int | None, float]] = []
+
+    def probe(ctx: CheckContext) -> list[Result]:
+        seen.append((ctx.config.expected_gpus, ctx.now))
+        return [Result(Status.OK, NODE, f"{len(ctx.variables.settings)} settings")]
+
+    check = Check("probe", probe, 60.0, 10.0, "a probe", needs=("variables",), root=True)
+    [result] = served(check, snapshot_file, agent._context())
+    assert result.status is Status.OK
+    assert seen == [(5, read_snapshot(snapshot_file).taken_at)]
+
+
+def test_missing_stale_or_incomplete_snapshot_is_undetermined(
+    dgx_faulty: Node, snapshot_file: Path, tmp_path: Path
+) -> None:
+    checks = load_checks()
+    pcie_acs = checks["pcie_acs"]
+    [missing] = results_from_snapshot(pcie_acs, tmp_path / "none.json", dgx_faulty.context())
     assert missing.status is Status.ERROR
     assert missing.remedy == "systemctl enable --now nodecheck-snapshot.timer"
+    assert "pcie_acs needs root" in missing.summary
+    document = json.loads(snapshot_file.read_text())
     old = tmp_path / "old.json"
-    old.write_text(
-        json.dumps(
-            {
-                "schema": "nodecheck.snapshot/v1",
-                "hostname": "n",
-                "taken_at": 0,
-                "runs": {
-                    "pcie_acs": [
-                        {
-                            "status": "ok",
-                            "subject": "node",
-                            "summary": "fine",
-                            "remedy": "",
-                            "details": {},
-                            "samples": [],
-                        }
-                    ]
-                },
-            }
-        )
-    )
-    results = results_from_snapshot(old, "pcie_acs", now=time.time())
-    assert [r.status for r in results] == [Status.OK, Status.ERROR]
-    assert "min old" in results[1].summary
+    old.write_text(json.dumps({**document, "taken_at": time.time() - 3600}))
+    results = results_from_snapshot(pcie_acs, old, dgx_faulty.context(), now=time.time())
+    assert results[-1].status is Status.ERROR
+    assert results[-1].summary == "the snapshot is 60 min old: these results may no longer hold"
+    assert Status.FAIL in {r.status for r in results[:-1]}  # still judged, and said stale
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{")
-    [bad] = results_from_snapshot(garbage, "pcie_acs")
-    assert bad.status is Status.ERROR and bad.summary.startswith("cannot read the snapshot")
+    [bad] = results_from_snapshot(pcie_acs, garbage, dgx_faulty.context())
+    assert bad.status is Status.ERROR
+    assert bad.summary.startswith(f"cannot read the snapshot {garbage}: the document is not JSON")
+    lacking = tmp_path / "lacking.json"
+    parts = {k: v for k, v in document["parts"].items() if k != "variables"}
+    lacking.write_text(json.dumps({**document, "parts": parts}))
+    [without] = results_from_snapshot(checks["nccl_env"], lacking, dgx_faulty.context())
+    assert without.status is Status.ERROR
+    assert without.summary.startswith(f"the snapshot {lacking} has no variables, which nccl_env")

@@ -29,7 +29,9 @@ from nodecheck.agent.exporter import (
     serve,
 )
 from nodecheck.agent.scheduler import ResultStore
-from nodecheck.agent.snapshot import SCHEMA, results_from_snapshot
+from nodecheck.agent.snapshot import results_from_snapshot
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import SCHEMA, NodeFacts, load
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 from nodecheck.checks.runner import CheckRun
@@ -188,39 +190,15 @@ def test_a_subject_not_utf8_keeps_its_status_series(exporter: tuple[ResultStore,
     assert labels["subject"] == "gpu \\udcff" and value == 1
 
 
-def snapshot(runs: dict[str, Any], taken_at: Any = None) -> dict[str, Any]:
+def snapshot(parts: Any = None, taken_at: Any = None) -> dict[str, Any]:
+    """A nodecheck.facts/v1 document, as `nodecheck snapshot` writes one."""
     return {
         "schema": SCHEMA,
-        "hostname": "n",
+        "nodecheck_version": "test",
+        "roots": {},
         "taken_at": time.time() if taken_at is None else taken_at,
-        "runs": runs,
+        "parts": {"hostname": {"value": "n"}} if parts is None else parts,
     }
-
-
-def entry(samples: Any = None, **fields: Any) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "status": "ok",
-        "subject": NODE,
-        "summary": "fine",
-        "remedy": "",
-        "details": {},
-        "samples": [] if samples is None else samples,
-    }
-    result.update(fields)
-    return result
-
-
-def raw_sample(name: str, value: Any = 1.0, **fields: Any) -> dict[str, Any]:
-    sample: dict[str, Any] = {
-        "name": name,
-        "kind": "gauge",
-        "help": "from the snapshot",
-        "label_names": [],
-        "labels": {},
-        "value": value,
-    }
-    sample.update(fields)
-    return sample
 
 
 def write_json(path: Path, document: Any) -> Path:
@@ -233,11 +211,17 @@ def made(make: Callable[[], None], path: Path) -> Path:
     return path
 
 
-def deep(depth: int) -> Any:
-    value: Any = "leaf"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
+def hostname_probe(ctx: CheckContext) -> list[Result]:
+    return [Result(Status.OK, NODE, f"the node is {ctx.hostname}")]
+
+
+# A root check judging one part of the snapshot.
+PROBE = Check("probe", hostname_probe, 60.0, 10.0, "a probe", needs=("hostname",), root=True)
+
+
+def served(path: Path) -> list[Result]:
+    """PROBE judged over the snapshot at `path`, by an agent that reads nothing itself."""
+    return results_from_snapshot(PROBE, path, CheckContext(facts=NodeFacts(0.0, {})))
 
 
 # Each: a snapshot file the agent must refuse, and what the error says.
@@ -245,80 +229,50 @@ BAD_SNAPSHOTS: list[tuple[str, Callable[[Path], Path], str]] = [
     ("empty", lambda p: (p.write_bytes(b""), p)[1], "not JSON"),
     ("not UTF-8", lambda p: (p.write_bytes(b'{"schema": "\xff"}'), p)[1], "not UTF-8 (byte 12)"),
     ("binary", lambda p: (p.write_bytes(os.urandom(64) + b"\0"), p)[1], "not"),
-    ("a list", lambda p: write_json(p, []), "expected an object, found list"),
-    ("another schema", lambda p: write_json(p, {**snapshot({}), "schema": "x"}), "not a nodecheck"),
-    ("taken_at NaN", lambda p: write_json(p, snapshot({}, math.nan)), "taken_at: nan is no time"),
-    ("taken_at Infinity", lambda p: write_json(p, snapshot({}, math.inf)), "is no time"),
-    ("taken_at a string", lambda p: write_json(p, snapshot({}, "now")), "found str"),
-    ("taken_at true", lambda p: write_json(p, snapshot({}, True)), "found bool"),
-    ("taken_at null", lambda p: write_json(p, {**snapshot({}), "taken_at": None}), "found null"),
-    ("no runs", lambda p: write_json(p, {"schema": SCHEMA, "taken_at": 1.0}), "no 'runs'"),
-    ("runs a list", lambda p: write_json(p, snapshot([])), "runs: expected an object"),  # type: ignore[arg-type]
-    ("results an object", lambda p: write_json(p, snapshot({"pcie_acs": {}})), "runs.pcie_acs:"),
+    ("a list", lambda p: write_json(p, []), "(no schema)"),
+    ("another schema", lambda p: write_json(p, {**snapshot(), "schema": "x"}), "not a nodecheck"),
     (
-        "a status unknown",
-        lambda p: write_json(p, snapshot({"pcie_acs": [entry(status="great")]})),
-        "runs.pcie_acs[0].status: 'great' is not a status",
+        "the results an older nodecheck wrote",
+        lambda p: write_json(p, {**snapshot(), "schema": "nodecheck.snapshot/v1"}),
+        "is a 'nodecheck.snapshot/v1' document, not a nodecheck.facts/v1 capture",
     ),
     (
-        "a subject a number",
-        lambda p: write_json(p, snapshot({"pcie_acs": [entry(subject=3)]})),
-        "runs.pcie_acs[0].subject: expected a string, found int",
+        "a newer schema",
+        lambda p: write_json(p, {**snapshot(), "schema": "nodecheck.facts/v2"}),
+        "newer than this nodecheck reads",
     ),
     (
-        "a summary missing",
-        lambda p: write_json(
-            p, snapshot({"pcie_acs": [{k: v for k, v in entry().items() if k != "summary"}]})
-        ),
-        "runs.pcie_acs[0]: no 'summary'",
+        "taken_at NaN",
+        lambda p: write_json(p, snapshot(taken_at=math.nan)),
+        "taken_at: nan is no time",
+    ),
+    ("taken_at the codec's NaN", lambda p: write_json(p, snapshot(taken_at="NaN")), "is no time"),
+    ("taken_at Infinity", lambda p: write_json(p, snapshot(taken_at=math.inf)), "is no time"),
+    ("taken_at negative", lambda p: write_json(p, snapshot(taken_at=-5)), "-5.0 is no time"),
+    ("taken_at a string", lambda p: write_json(p, snapshot(taken_at="now")), "found a string"),
+    ("taken_at true", lambda p: write_json(p, snapshot(taken_at=True)), "found a boolean"),
+    ("taken_at null", lambda p: write_json(p, {**snapshot(), "taken_at": None}), "found null"),
+    ("no parts", lambda p: write_json(p, {"schema": SCHEMA, "taken_at": 1.0}), "parts: expected"),
+    ("parts a list", lambda p: write_json(p, snapshot([])), "parts: expected an object"),
+    (
+        "an unknown part",
+        lambda p: write_json(p, snapshot({"bogus": {"value": 1}})),
+        "parts.bogus: no such part",
     ),
     (
-        "a subject with a lone surrogate",
-        lambda p: (p.write_text(json.dumps(snapshot({"pcie_acs": [entry(subject="\ud800")]}))), p)[
-            1
-        ],
-        "subject: not valid Unicode",
+        "a part neither read nor unread",
+        lambda p: write_json(p, snapshot({"hostname": 3})),
+        'parts.hostname: expected {"value": ...} or {"unread": ...}',
     ),
     (
-        "details nested deep",
-        lambda p: write_json(p, snapshot({"pcie_acs": [entry(details=deep(40))]})),
-        "nested deeper than",
+        "a damaged value",
+        lambda p: write_json(p, snapshot({"hostname": {"value": 3}})),
+        "parts.hostname.value: expected a string, found a number",
     ),
     (
         "JSON nested deeper than the parser goes",
         lambda p: (p.write_text("[" * 100_000), p)[1],
         "nested too deeply",
-    ),
-    (
-        "samples not a list",
-        lambda p: write_json(p, snapshot({"pcie_acs": [entry(samples={})]})),
-        "samples: expected a list",
-    ),
-    (
-        "a sample without a name",
-        lambda p: write_json(p, snapshot({"pcie_acs": [entry([{"value": 1}])]})),
-        "samples[0]: no 'name'",
-    ),
-    (
-        "a sample's labels a list",
-        lambda p: write_json(
-            p, snapshot({"pcie_acs": [entry([raw_sample("nodecheck_x", labels=[])])]})
-        ),
-        "samples[0].labels: expected an object",
-    ),
-    (
-        "a label value a number",
-        lambda p: write_json(
-            p,
-            snapshot(
-                {
-                    "pcie_acs": [
-                        entry([raw_sample("nodecheck_x", label_names=["a"], labels={"a": 1})])
-                    ]
-                }
-            ),
-        ),
-        "samples[0].labels.a: expected a string",
     ),
     ("huge", lambda p: (p.write_bytes(b" " * (17 << 20)), p)[1], "over 16777216 bytes"),
     ("a directory", lambda p: made(p.mkdir, p), "it is a directory"),
@@ -333,14 +287,12 @@ BAD_SNAPSHOTS: list[tuple[str, Callable[[Path], Path], str]] = [
 def test_a_bad_snapshot_is_one_error_naming_the_file(
     tmp_path: Path, fault: str, make: Callable[[Path], Path], says: str
 ) -> None:
-    """Missing parts, wrong types, NaN times, non-UTF-8, huge, a FIFO, a directory, a
-    symlink loop: one `error` result naming the file and what is wrong, at once (a FIFO
-    never blocks the check)."""
+    """Not a capture, another or a newer schema, wrong types, NaN times, non-UTF-8, huge,
+    a FIFO, a directory, a symlink loop: one `error` result naming the file and what is
+    wrong, at once (a FIFO never blocks the check)."""
     path = make(tmp_path / "snapshot.json")
     outcome: list[list[Result]] = []
-    reader = threading.Thread(
-        target=lambda: outcome.append(results_from_snapshot(path, "pcie_acs")), daemon=True
-    )
+    reader = threading.Thread(target=lambda: outcome.append(served(path)), daemon=True)
     reader.start()
     reader.join(30)
     if not outcome and os.path.exists(path) and path.is_fifo():
@@ -353,45 +305,48 @@ def test_a_bad_snapshot_is_one_error_naming_the_file(
     assert says in result.summary, result.summary
 
 
+def test_a_good_snapshot_is_judged(tmp_path: Path) -> None:
+    """The same document undamaged: the check's own result, nothing else."""
+    path = write_json(tmp_path / "snapshot.json", snapshot())
+    assert [(r.status, r.summary) for r in served(path)] == [(Status.OK, "the node is n")]
+
+
 def test_unreadable_snapshot_is_an_error(tmp_path: Path) -> None:
     """A snapshot the agent may not read: `error` naming the file."""
     if os.geteuid() == 0:
         pytest.skip("root reads every file")
-    path = write_json(tmp_path / "snapshot.json", snapshot({"pcie_acs": [entry()]}))
+    path = write_json(tmp_path / "snapshot.json", snapshot())
     path.chmod(0)
-    [result] = results_from_snapshot(path, "pcie_acs")
+    [result] = served(path)
     assert result.status is Status.ERROR and "Permission denied" in result.summary
 
 
 def test_a_snapshot_from_the_future_cannot_be_judged_fresh(tmp_path: Path) -> None:
     """taken_at a day ahead (a clock stepped back, a forged file): the results are served
     with an `error` saying the age cannot be told, as a stale one is."""
-    path = write_json(
-        tmp_path / "snapshot.json", snapshot({"pcie_acs": [entry()]}, time.time() + 86400)
-    )
-    results = results_from_snapshot(path, "pcie_acs")
+    path = write_json(tmp_path / "snapshot.json", snapshot(taken_at=time.time() + 86400))
+    results = served(path)
     assert [r.status for r in results] == [Status.OK, Status.ERROR]
     assert "in the future" in results[1].summary and str(path) in results[1].summary
 
 
 @NEEDS_PROMTOOL
-def test_snapshot_samples_that_collide_or_break_rules_are_dropped_in_a_real_scrape(
+def test_an_agent_serving_root_checks_from_a_snapshot_passes_promtool(
     build: Callable[..., Node], tmp_path: Path
 ) -> None:
-    """The agent serving pcie_acs from a snapshot whose samples reuse
-    nodecheck_check_status and nodecheck_build_info, another check's family with other
-    labels, a string value, a bad label name: a real scrape passes promtool, keeps the
-    snapshot's good sample and counts the five dropped; the agent lives."""
-    node = build("cpu-only")
-    samples = [
-        raw_sample("nodecheck_check_status", label_names=["check"], labels={"check": "x"}),
-        raw_sample("nodecheck_build_info"),
-        raw_sample("nodecheck_check_run_success", kind="counter"),
-        raw_sample("nodecheck_fault_snapshot_bytes", value="12"),
-        raw_sample("nodecheck_fault_label", label_names=["bad-label"], labels={"bad-label": "v"}),
-        raw_sample("nodecheck_fault_snapshot_good_bytes", value=5),
-    ]
-    path = write_json(tmp_path / "snapshot.json", snapshot({"pcie_acs": [entry(samples)]}))
+    """The agent on the healthy DGX, serving the root checks from the faulty twin's
+    snapshot (its job's NCCL_P2P_DISABLE=1, ACS on two switch ports): a real scrape
+    passes promtool and carries the snapshot's failures with the checks' own families;
+    the agent lives. (A snapshot carries facts, no samples: it cannot inject a family.)"""
+    from tests.agent.test_capture import checks_reading_the_node_themselves
+    from tests.agent.test_cli import run
+
+    faulty, node = build("dgx-h100-faulty"), build("dgx-h100")
+    path = tmp_path / "snapshot.json"
+    done = run(*faulty.cli_args, "snapshot", "--output", str(path), env=faulty.env)
+    assert done.returncode == 0, done.stderr
+    assert "runs" not in json.loads(path.read_text())  # facts, not results
+    assert load(path).has("variables")
     port = free_port()
     config = tmp_path / "config.toml"
     config.write_text(f'[agent]\nlisten = "127.0.0.1:{port}"\n')
@@ -421,12 +376,23 @@ def test_snapshot_samples_that_collide_or_break_rules_are_dropped_in_a_real_scra
                 text = scrape(url)
             except OSError:
                 return None
-            return text if 'check="pcie_acs"' in text else None
+            served_all = all(f'check="{name}"' in text for name in ("pcie_acs", "nccl_env"))
+            return text if served_all else None
 
-        text = wait_for(scraped, 60, "pcie_acs in the exposition")
+        text = wait_for(scraped, 60, "pcie_acs and nccl_env in the exposition")
         assert promtool_problems(text) == ""
-        assert families(text)["nodecheck_fault_snapshot_good_bytes"] == [({}, 5.0)]
-        assert dropped_count(text, "pcie_acs") == 5
+        statuses = families(text)["nodecheck_check_status"]
+
+        def failing(check: str) -> float:
+            return sum(
+                value
+                for labels, value in statuses
+                if labels["check"] == check and labels["status"] == "fail"
+            )
+
+        assert failing("nccl_env") >= 1  # the healthy node's own processes have none
+        if "pcie_acs" not in checks_reading_the_node_themselves():
+            assert failing("pcie_acs") == 2
         assert "Traceback" not in log_path.read_text()
     finally:
         agent.terminate()
@@ -477,11 +443,11 @@ def test_a_snapshot_that_is_no_regular_file_is_never_opened(tmp_path: Path) -> N
     fifo_path = tmp_path / "snapshot.json"
     writer = BlockedWriter(fifo_path)
     try:
-        [result] = results_from_snapshot(fifo_path, "pcie_acs")
+        [result] = served(fifo_path)
         assert result.status is Status.ERROR
         assert result.summary == f"cannot read the snapshot {fifo_path}: it is a FIFO"
         assert not writer.opened.wait(2), "the FIFO was opened"
     finally:
         writer.release()
-    [result] = results_from_snapshot(Path("/dev/null"), "pcie_acs")
+    [result] = served(Path("/dev/null"))
     assert result.summary == "cannot read the snapshot /dev/null: it is a character device"

@@ -1,0 +1,286 @@
+"""`nodecheck capture`, and `check`, `inventory` and `tune` judging a capture with --facts."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodecheck.checks.node.facts import SCHEMA, Unread, load
+from nodecheck.checks.registry import load_checks
+from tests.agent.test_cli import run, run_counting_imports
+from tests.conftest import Node
+
+# Roots that do not exist: a command judging a capture must not look at them.
+NOWHERE = ["--sysfs-root", "/nonexistent/sys", "--procfs-root", "/nonexistent/proc"]
+NOWHERE += ["--rootfs", "/nonexistent"]
+
+
+def checks_reading_the_node_themselves() -> set[str]:
+    """Checks whose module still reads the node through ctx.fs instead of parts (issue 14
+    moves those reads into checks/node on other branches; once merged this set is empty
+    and every check is compared). What they read is not in a capture, so their results
+    over one cannot be the live ones yet."""
+    return {
+        name
+        for name, check in load_checks().items()
+        if "ctx.fs" in inspect.getsource(sys.modules[check.run.__module__])
+    }
+
+
+def capture(node: Node, path: Path) -> Path:
+    done = run(*node.cli_args, "capture", "-o", str(path), env=node.env)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def faulty_capture(dgx_faulty: Node, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return capture(dgx_faulty, tmp_path_factory.mktemp("capture") / "dgx-faulty.json")
+
+
+def results_by_check(document: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for result in document["results"]:
+        grouped.setdefault(result["check"], []).append(result)
+    return grouped
+
+
+def test_check_of_a_capture_is_the_live_check(dgx_faulty: Node, faulty_capture: Path) -> None:
+    """The faulty DGX with its fake NVML (one fault per GPU): `check --json` there, and
+    `check --facts` of its capture with the roots pointing nowhere and no NVML library
+    (nor scenario) at all, give the same results, hostname and status."""
+    live = run(*dgx_faulty.cli_args, "check", "--json", env=dgx_faulty.env)
+    assert live.returncode == 1, live.stderr
+    judged = run(*NOWHERE, "check", "--json", "--facts", str(faulty_capture))
+    assert judged.stderr == ""
+    live_document, judged_document = json.loads(live.stdout), json.loads(judged.stdout)
+    assert judged_document["hostname"] == live_document["hostname"] == "dgx-h100-07"
+    pending = checks_reading_the_node_themselves()
+    live_results = results_by_check(live_document)
+    judged_results = results_by_check(judged_document)
+    assert set(judged_results) == set(live_results) == set(load_checks())
+    compared = set(live_results) - pending
+    # The GPU checks judge NVML's readings, carried by the capture.
+    assert {"gpu_memory_errors", "gpu_throttle", "gpu_nvlink", "gpu_xid"} <= compared
+    for name in sorted(compared):
+        assert judged_results[name] == live_results[name], name
+    assert any(r["status"] == "fail" for name in compared for r in live_results[name])
+    if not pending:
+        assert judged_document == live_document
+        assert judged.returncode == live.returncode
+
+
+def test_check_of_a_capture_applies_this_commands_options(
+    dgx_faulty: Node, faulty_capture: Path
+) -> None:
+    """--expected-gpus is the judging side's: 7 GPUs answering in the capture, 9 expected
+    here, fails as the live node does; --only selects checks."""
+    args = ["check", "--json", "--only", "gpu_count", "--expected-gpus", "9"]
+    live = json.loads(run(*dgx_faulty.cli_args, *args, env=dgx_faulty.env).stdout)
+    judged = json.loads(run(*NOWHERE, *args, "--facts", str(faulty_capture)).stdout)
+    assert {r["check"] for r in judged["results"]} == {"gpu_count"}
+    assert judged["status"] == "fail"
+    assert any("9 expected" in r["summary"] for r in judged["results"]), judged
+    if "gpu_count" not in checks_reading_the_node_themselves():
+        assert judged == live
+
+
+def test_check_of_a_capture_imports_no_nvml(faulty_capture: Path) -> None:
+    """Judging a capture never touches NVML: pynvml is not even imported."""
+    done, heavy = run_counting_imports(
+        [*NOWHERE, "check", "--json", "--facts", str(faulty_capture)], {}
+    )
+    assert heavy == set(), done.stderr[-500:]
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_inventory_of_a_capture_is_the_live_inventory(
+    dgx_faulty: Node, faulty_capture: Path, as_json: bool
+) -> None:
+    """The inventory, text and JSON, NVML's view included, from the capture alone."""
+    flags = ["--json"] if as_json else []
+    live = run(*dgx_faulty.cli_args, "inventory", *flags, env=dgx_faulty.env)
+    judged = run(*NOWHERE, "inventory", *flags, "--facts", str(faulty_capture))
+    assert live.returncode == judged.returncode == 0, judged.stderr
+    assert judged.stdout == live.stdout
+    assert "dgx-h100-07" in judged.stdout and "570.124.06" in judged.stdout
+
+
+def _tune_reads_only_parts() -> bool:
+    from nodecheck.tuning.plan import TuneOptions
+
+    names = {f.name for f in dataclasses.fields(TuneOptions)}
+    return not {"cpuset", "torch_version"} & names
+
+
+@pytest.mark.skipif(
+    not _tune_reads_only_parts(),
+    reason="make_plan still takes the cpuset and torch version from this node "
+    "(fix-gpuparts makes them parts)",
+)
+@pytest.mark.parametrize("node_name", ["dgx-h100", "dell-xe9680"])
+def test_tune_of_a_capture_is_the_live_tune(
+    build: Callable[..., Node], tmp_path: Path, node_name: str
+) -> None:
+    node = build(node_name)
+    path = capture(node, tmp_path / "capture.json")
+    args = ["tune", "--format", "json", "--nodes", "16"]
+    live = run(*node.cli_args, *args, env=node.env)
+    judged = run(*NOWHERE, *args, "--facts", str(path))
+    assert live.returncode == judged.returncode == 0, judged.stderr
+    assert json.loads(judged.stdout) == json.loads(live.stdout)
+
+
+def _rewrite(source: Path, change: Callable[[dict[str, Any]], object]) -> Callable[[Path], Path]:
+    def make(path: Path) -> Path:
+        document = json.loads(source.read_text())
+        change(document)
+        path.write_text(json.dumps(document))
+        return path
+
+    return make
+
+
+def _damage_hostname(document: dict[str, Any]) -> None:
+    document["parts"]["inventory"]["value"]["hostname"] = 3
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _set(key: str, value: object) -> Callable[[dict[str, Any]], None]:
+    return lambda document: document.__setitem__(key, value)
+
+
+REFUSED: list[tuple[str, Callable[[Path, Path], Path], str]] = [
+    ("not JSON", lambda p, _: (p.write_text("{ nope"), p)[1], "is not JSON"),
+    ("no file", lambda p, _: p, "No such file or directory"),
+    ("a FIFO", lambda p, _: _fifo(p), "a FIFO, not a capture"),
+    ("another schema", lambda p, s: _rewrite(s, _set("schema", "nodecheck.check/v1"))(p), "is a"),
+    ("no schema", lambda p, s: _rewrite(s, lambda d: d.pop("schema"))(p), "(no schema)"),
+    (
+        "a newer schema",
+        lambda p, s: _rewrite(s, _set("schema", "nodecheck.facts/v2"))(p),
+        f"is a nodecheck.facts/v2 capture, newer than this nodecheck reads ({SCHEMA})",
+    ),
+    (
+        "a damaged field",
+        lambda p, s: _rewrite(s, _damage_hostname)(p),
+        "parts.inventory.value.hostname: expected a string",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", [["check"], ["inventory"], ["tune", "--format", "json"]])
+@pytest.mark.parametrize(("fault", "make", "says"), REFUSED, ids=[fault for fault, _, _ in REFUSED])
+def test_a_file_that_is_no_usable_capture_is_refused(
+    faulty_capture: Path,
+    tmp_path: Path,
+    command: list[str],
+    fault: str,
+    make: Callable[[Path, Path], Path],
+    says: str,
+) -> None:
+    """Exit 2 and one line naming the file and what is wrong with it; no traceback."""
+    path = make(tmp_path / "capture.json", faulty_capture)
+    done = run(*NOWHERE, *command, "--facts", str(path))
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"nodecheck: --facts {path}"), done.stderr
+    assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_capture_is_written_atomically_for_its_owner_only(dgx: Node, tmp_path: Path) -> None:
+    """-o replaces the file whole (a new inode, no temporary left beside it), mode 0600
+    whatever was there: a support bundle. Without -o the same document goes to stdout."""
+    path = tmp_path / "bundle.json"
+    path.write_text("old")
+    path.chmod(0o644)
+    before = path.stat().st_ino
+    capture(dgx, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.stat().st_ino != before
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle.json"]
+    facts = load(path)
+    assert facts.get("hostname") == "dgx-h100-01"
+    assert not [name for name, value in facts.parts.items() if isinstance(value, Unread)]
+    printed = run(*dgx.cli_args, "capture", env=dgx.env)
+    assert printed.returncode == 0 and printed.stderr == ""
+    assert json.loads(printed.stdout)["schema"] == SCHEMA
+    assert set(json.loads(printed.stdout)["parts"]) == set(facts.parts)
+
+
+def test_capture_cannot_write_is_a_usage_error(dgx: Node, tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "dir" / "bundle.json"
+    done = run(*dgx.cli_args, "capture", "-o", str(target), env=dgx.env)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"nodecheck: cannot write {target}: ")
+    assert "Traceback" not in done.stderr
+
+
+def test_capture_records_what_it_could_not_read(
+    dgx: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part whose reader fails (every real reader turns what it meets into problems,
+    so one is made to raise here): the capture still exits 0 with the other parts,
+    records that part as Unread, and names it on stderr in one line."""
+    from click.testing import CliRunner
+
+    from nodecheck.agent.cli import cli
+    from nodecheck.checks.node import facts as facts_module
+
+    def broken(sources: object, facts: object) -> None:
+        raise OSError("DMI table unreadable")
+
+    spec = facts_module.PARTS["virtualization"]
+    monkeypatch.setitem(
+        facts_module.PARTS, "virtualization", dataclasses.replace(spec, reader=broken)
+    )
+    path = tmp_path / "bundle.json"
+    result = CliRunner().invoke(cli, [*dgx.cli_args, "capture", "-o", str(path)], env=dgx.env)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "nodecheck capture: recorded as unread: virtualization "
+        "(reading virtualization failed: OSError: DMI table unreadable)\n"
+    )
+    facts = load(path)
+    assert isinstance(facts.parts["virtualization"], Unread)
+    assert facts.get("hostname") == "dgx-h100-01"
+
+
+def test_every_part_is_documented() -> None:
+    """docs/facts.md has a row for every part a capture may hold (a new part is
+    documented where its readers' users look)."""
+    from nodecheck.checks.node.facts import PARTS
+
+    text = (Path(__file__).parents[2] / "docs" / "facts.md").read_text()
+    undocumented = [
+        name for name, spec in PARTS.items() if spec.captured and f"| `{name}` |" not in text
+    ]
+    assert undocumented == []
+
+
+def test_a_kernel_log_of_this_node_is_no_option_for_a_capture(
+    faulty_capture: Path, tmp_path: Path
+) -> None:
+    """--kernel-log reads this node's log; the capture holds its own: a usage error."""
+    log = tmp_path / "kern.log"
+    log.write_text("Dec  1 10:00:00 host kernel: [    1.0] Linux version 6.8\n")
+    done = run(*NOWHERE, "check", "--facts", str(faulty_capture), "--kernel-log", str(log))
+    assert done.returncode == 2
+    assert done.stderr == (
+        "nodecheck: --kernel-log reads this node; a capture (--facts) holds its own\n"
+    )
