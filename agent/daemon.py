@@ -52,9 +52,9 @@ from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import from_snapshot
 from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
+from nodecheck.checks.node.facts import LiveFacts, NodeSources
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
-from nodecheck.checks.node.inventory import read_hostname
 from nodecheck.checks.node.net import PortCounterHistory
 from nodecheck.checks.node.nvml import NvmlSession
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
@@ -181,7 +181,7 @@ class Agent:
         self.nvml = NvmlSession(
             deadline_s=self.check_config.nvml_timeout_s, library_path=nvml_library
         )
-        self.hostname = read_hostname(fs)
+        self.hostname = LiveFacts(NodeSources(fs=fs, environ={})).get("hostname")
         self.registry = make_registry(
             ResultCollector(self.store, _version(), lambda: self.reload_ok)
         )

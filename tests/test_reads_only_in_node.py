@@ -19,10 +19,8 @@ checks/node/ opens a file of the node or calls NVML"):
   empty roots such a read shows as a different result, which the comparison catches.
 
 What may still read is named below, each entry with its module, the enclosing function
-("*": anywhere in it), the call and why: the agent's own files (OWN_FILES, for good), and
-the reads other work is moving into parts right now (MOVING, which the lead empties after
-the merge; the dynamic half leaves the checks of a listed module out of its comparison).
-Any read on neither list fails.
+("*": anywhere in it), the call and why: the agent's own files (OWN_FILES). Any other
+read fails, and so does an entry that no longer matches a read.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import os
 import shutil
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,70 +89,14 @@ OWN_FILES = (
     Allowed("agent/config.py", "snapshot_problem", "stat", "the root snapshot's path"),
     Allowed("agent/exporter.py", "_read_pem", "read_regular_file", "TLS certificate and key"),
     Allowed("agent/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
-    Allowed("agent/snapshot.py", "*", "load", "the root snapshot, loaded as a capture"),
     Allowed("agent/cli.py", "*", "load", "a capture named by --facts FILE"),
     Allowed("agent/cli.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
     Allowed("agent/cli.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),
     Allowed("agent/cli.py", "node_fs", "exists", "--sysfs-root etc. must be directories"),
     # A command closes the NVML session it opened for its context (a source, not a read).
     Allowed("agent/cli.py", "*", "nvml", "closes the command's NVML session"),
-    Allowed("agent/cli.py", "*", "sources", "closes the command's NVML session"),
     Allowed("checks/bench/state.py", "*", "read_text", "the benchmark state file"),
     Allowed("checks/bench/state.py", "*", "open", "the state directory's lock files"),
-)
-
-# Reads that the other branches of issue 14 are moving into parts (checks/node/
-# fact_parts.py) now. THE LEAD EMPTIES THIS LIST AFTER THE MERGE: an entry that matches
-# nothing any more is reported as a warning naming it; a read on neither list fails.
-# The dynamic half leaves the checks of a module listed here out of its comparison.
-MOVING = (
-    # fix-hostparts: numa_balancing, pcie_acs, rdma_port_counters, cpu_governors
-    Allowed("checks/host/numa.py", "check_numa", "fs", "numa_balancing -> a part"),
-    Allowed("checks/host/numa.py", "check_numa", "proc", "numa_balancing -> a part"),
-    Allowed("checks/host/numa.py", "check_numa", "read_optional_text", "numa_balancing"),
-    Allowed("checks/host/pcie_acs.py", "check_pcie_acs", "fs", "config space -> pcie_acs"),
-    Allowed("checks/host/pcie_acs.py", "check_pcie_acs", "sys", "config space -> pcie_acs"),
-    Allowed("checks/host/pcie_acs.py", "check_pcie_acs", "read_config", "-> pcie_acs"),
-    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "fs", "-> rdma_port_counters"),
-    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "sys", "class/infiniband"),
-    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "is_dir", "class/infiniband"),
-    Allowed("checks/host/rdma_ports.py", "check_rdma_ports", "read_port_counters", "-> part"),
-    Allowed("checks/host/cpu.py", "check_cpu", "fs", "governors -> cpu_governors"),
-    Allowed("checks/host/cpu.py", "check_cpu", "read_governors", "-> cpu_governors"),
-    # fix-rules: the RoCE GID attributes read inside the nccl_env rule
-    Allowed("checks/host/nccl_env.py", "gid_index_findings", "fs", "gid_attrs -> net.py"),
-    Allowed("checks/host/nccl_env.py", "gid_index_findings", "sys", "gid_attrs -> net.py"),
-    Allowed("checks/host/nccl_env.py", "gid_index_findings", "read_optional_text", "gid"),
-    # fix-gpuparts: /proc/driver/nvidia, /proc/PID/comm, tune's inputs, exec, benchmarks
-    Allowed("checks/host/nccl_env.py", "check_nccl_env", "fs", "-> part nccl_library"),
-    Allowed("checks/host/nccl_env.py", "check_nccl_env", "read_nccl_libraries", "-> part"),
-    Allowed("checks/gpu/count.py", "check_gpu_count", "fs", "-> part nvidia_driver"),
-    Allowed("checks/gpu/count.py", "check_gpu_count", "read_driver_gpus", "-> nvidia_driver"),
-    Allowed("checks/gpu/state.py", "_process_name", "fs", "/proc/PID/comm -> a part"),
-    Allowed("checks/gpu/state.py", "_process_name", "proc", "/proc/PID/comm -> a part"),
-    Allowed("checks/gpu/state.py", "_process_name", "read_text", "/proc/PID/comm -> a part"),
-    Allowed("checks/gpu/state.py", "_node_result", "fs", "module version -> nvidia_driver"),
-    Allowed("checks/gpu/state.py", "_node_result", "read_kernel_module_version", "-> part"),
-    Allowed("tuning/plan.py", "*", "fs", "tune's inputs -> parts"),
-    Allowed("tuning/plan.py", "_assignment", "read_driver_gpus", "-> part nvidia_driver"),
-    Allowed("tuning/plan.py", "make_plan", "read_coherent_gpus", "-> part coherent_gpus"),
-    Allowed("tuning/plan.py", "make_plan", "read_addressed_interfaces", "-> a part"),
-    Allowed("tuning/plan.py", "make_plan", "read_nccl_libraries", "-> part nccl_library"),
-    Allowed("tuning/gpu_usability.py", "usability_problem", "read_config", "-> a part"),
-    Allowed("agent/cli.py", "*", "read_cpuset", "tune's cpuset -> part cpuset"),
-    Allowed("agent/rank_exec.py", "memory_nodes_allowed", "proc", "-> checks/node"),
-    Allowed("checks/bench/gate.py", "*", "proc", "/proc/PID/* -> checks/node"),
-    Allowed("checks/bench/gate.py", "check_gate", "host", "maintenance file -> checks/node"),
-    # fix-capture: check, inventory and snapshot take the node's facts (hostname included)
-    Allowed("agent/cli.py", "check", "read_hostname", "-> part hostname"),
-    Allowed("agent/cli.py", "snapshot", "read_hostname", "-> part hostname"),
-    Allowed("agent/cli.py", "inventory", "read_inventory", "-> part inventory"),
-    Allowed("agent/cli.py", "inventory", "read_cpu_model", "-> part inventory"),
-    Allowed("agent/cli.py", "inventory", "read_gpus", "-> part gpus"),
-    # No branch of issue 14 moves these: the lead decides (each is one part read instead).
-    Allowed("agent/cli.py", "mfu", "read_gpus", "mfu's GPU model -> part gpus"),
-    Allowed("agent/cli.py", "bench", "read_hostname", "-> part hostname"),
-    Allowed("agent/daemon.py", "__init__", "read_hostname", "-> part hostname"),
 )
 
 
@@ -420,20 +361,14 @@ def _is_live(module: str) -> bool:
 def permitted(read: Read) -> bool:
     if _is_live(read.module) and read.rule in LIVE_RULES:
         return True
-    return any(_matches(allowed, read) for allowed in (*OWN_FILES, *MOVING))
+    return any(_matches(allowed, read) for allowed in OWN_FILES)
 
 
 def test_no_module_outside_checks_node_reads_the_node() -> None:
     found = reads_outside_node()
     assert found, "the agent reads its own files: a finder that finds nothing is broken"
-    # OWN_FILES holds some entries for the branches that land `capture` and `--facts`.
-    unused = [a for a in MOVING if not any(_matches(a, r) for r in found)]
-    if unused:
-        warnings.warn(
-            "MOVING entries that match no read any more (remove them): "
-            + "; ".join(f"{a.module} {a.function} {a.call}" for a in unused),
-            stacklevel=1,
-        )
+    unused = [a for a in OWN_FILES if not any(_matches(a, r) for r in found)]
+    assert unused == [], f"OWN_FILES entries that match no read (remove them): {unused}"
     unlisted = [str(read) for read in found if not permitted(read)]
     assert unlisted == [], "reads of the node outside checks/node/:\n" + "\n".join(unlisted)
 
@@ -666,18 +601,14 @@ def test_judging_a_capture_of_a_deleted_node_reads_nothing_and_says_the_same(
         judged_runs = run_checks(checks, judged)
         judged_plan = make_plan(judged, TuneOptions())
 
-    moving = {allowed.module for allowed in MOVING}
-    unlisted = [t for t in touches if t.event in NVML_EVENTS or t.module not in moving]
-    assert unlisted == [], "judging a capture read the node or called NVML"
+    assert touches == [], "judging a capture read the node or called NVML"
 
     live_results = results_by_check(live_runs)
     judged_results = results_by_check(judged_runs)
-    compared = [c.name for c in checks if _module_of(c) not in moving]
-    assert compared, "no check left to compare"
+    compared = [c.name for c in checks]
     for check in compared:
         assert comparable(judged_results[check]) == comparable(live_results[check]), (
             f"{check} judged the capture of a deleted node differently (left: judged, "
             f"right: live):\n{differences(judged_results[check], live_results[check])}"
         )
-    if not any(module.startswith("tuning/") for module in moving):
-        assert comparable(judged_plan) == comparable(live_plan), differences(judged_plan, live_plan)
+    assert comparable(judged_plan) == comparable(live_plan), differences(judged_plan, live_plan)

@@ -127,7 +127,7 @@ def _kernel_log_version(sources: NodeSources) -> object:
         return object()
 
 
-@part("kernel_log", _type_kernel_log, shared=True, version=_kernel_log_version)
+@part("kernel_log", _type_kernel_log, root=True, shared=True, version=_kernel_log_version)
 def read_kernel_log_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The kernel log's XID and SXid lines (never its whole text), or why it is unreadable."""
     from nodecheck.checks.node.kernel_log_facts import read_log_facts

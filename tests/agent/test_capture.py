@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,18 +20,6 @@ from tests.conftest import Node
 # Roots that do not exist: a command judging a capture must not look at them.
 NOWHERE = ["--sysfs-root", "/nonexistent/sys", "--procfs-root", "/nonexistent/proc"]
 NOWHERE += ["--rootfs", "/nonexistent"]
-
-
-def checks_reading_the_node_themselves() -> set[str]:
-    """Checks whose module still reads the node through ctx.fs instead of parts (issue 14
-    moves those reads into checks/node on other branches; once merged this set is empty
-    and every check is compared). What they read is not in a capture, so their results
-    over one cannot be the live ones yet."""
-    return {
-        name
-        for name, check in load_checks().items()
-        if "ctx.fs" in inspect.getsource(sys.modules[check.run.__module__])
-    }
 
 
 def capture(node: Node, path: Path) -> Path:
@@ -65,19 +51,17 @@ def test_check_of_a_capture_is_the_live_check(dgx_faulty: Node, faulty_capture: 
     assert judged.stderr == ""
     live_document, judged_document = json.loads(live.stdout), json.loads(judged.stdout)
     assert judged_document["hostname"] == live_document["hostname"] == "dgx-h100-07"
-    pending = checks_reading_the_node_themselves()
     live_results = results_by_check(live_document)
     judged_results = results_by_check(judged_document)
     assert set(judged_results) == set(live_results) == set(load_checks())
-    compared = set(live_results) - pending
+    compared = set(live_results)
     # The GPU checks judge NVML's readings, carried by the capture.
     assert {"gpu_memory_errors", "gpu_throttle", "gpu_nvlink", "gpu_xid"} <= compared
     for name in sorted(compared):
         assert judged_results[name] == live_results[name], name
     assert any(r["status"] == "fail" for name in compared for r in live_results[name])
-    if not pending:
-        assert judged_document == live_document
-        assert judged.returncode == live.returncode
+    assert judged_document == live_document
+    assert judged.returncode == live.returncode
 
 
 def test_check_of_a_capture_applies_this_commands_options(
@@ -91,8 +75,7 @@ def test_check_of_a_capture_applies_this_commands_options(
     assert {r["check"] for r in judged["results"]} == {"gpu_count"}
     assert judged["status"] == "fail"
     assert any("9 expected" in r["summary"] for r in judged["results"]), judged
-    if "gpu_count" not in checks_reading_the_node_themselves():
-        assert judged == live
+    assert judged == live
 
 
 def test_check_of_a_capture_imports_no_nvml(faulty_capture: Path) -> None:
@@ -116,19 +99,7 @@ def test_inventory_of_a_capture_is_the_live_inventory(
     assert "dgx-h100-07" in judged.stdout and "570.124.06" in judged.stdout
 
 
-def _tune_reads_only_parts() -> bool:
-    from nodecheck.tuning.plan import TuneOptions
-
-    names = {f.name for f in dataclasses.fields(TuneOptions)}
-    return not {"cpuset", "torch_version"} & names
-
-
-@pytest.mark.skipif(
-    not _tune_reads_only_parts(),
-    reason="make_plan still takes the cpuset and torch version from this node "
-    "(fix-gpuparts makes them parts)",
-)
-@pytest.mark.parametrize("node_name", ["dgx-h100", "dell-xe9680"])
+@pytest.mark.parametrize("node_name", ["dgx-h100", "xe9680"])
 def test_tune_of_a_capture_is_the_live_tune(
     build: Callable[..., Node], tmp_path: Path, node_name: str
 ) -> None:

@@ -338,7 +338,6 @@ def test_an_agent_serving_root_checks_from_a_snapshot_passes_promtool(
     snapshot (its job's NCCL_P2P_DISABLE=1, ACS on two switch ports): a real scrape
     passes promtool and carries the snapshot's failures with the checks' own families;
     the agent lives. (A snapshot carries facts, no samples: it cannot inject a family.)"""
-    from tests.agent.test_capture import checks_reading_the_node_themselves
     from tests.agent.test_cli import run
 
     faulty, node = build("dgx-h100-faulty"), build("dgx-h100")
@@ -391,8 +390,7 @@ def test_an_agent_serving_root_checks_from_a_snapshot_passes_promtool(
             )
 
         assert failing("nccl_env") >= 1  # the healthy node's own processes have none
-        if "pcie_acs" not in checks_reading_the_node_themselves():
-            assert failing("pcie_acs") == 2
+        assert failing("pcie_acs") == 2
         assert "Traceback" not in log_path.read_text()
     finally:
         agent.terminate()
