@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodecheck.checks.node import kernel_log as kernel_log_module
 from nodecheck.checks.node.fs import NodeFS, ReadError
-from nodecheck.checks.node.kernel_log import cut_note, read_kernel_log, unreadable_log_remedy
+from nodecheck.checks.node.kernel_log import cut_note, unreadable_log_remedy
 from nodecheck.checks.node.sxid import SxidEvent, parse_sxids
 from nodecheck.checks.node.xid import XidEvent, parse_kernel_log, read_boot_time
 
@@ -62,7 +63,7 @@ def read_log_facts(kernel_log: Path | None, fs: NodeFS) -> KernelLogFacts:
     try:
         path = kernel_log if kernel_log is not None else fs.host("/dev/kmsg")
         source = str(path)
-        read = read_kernel_log(path)
+        read = kernel_log_module.read_kernel_log(path)
     except ReadError as err:
         unreadable = KernelLogUnreadable(str(err), err.reason, unreadable_log_remedy(err))
         return KernelLogFacts(source, boot_time, unreadable=unreadable)

@@ -11,7 +11,7 @@ import pytest
 
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.gpu.xid import XidGroup, event_action, group_events, judge_gpu, judge_group
-from nodecheck.checks.node import kernel_log_facts as kernel_log_module
+from nodecheck.checks.node import kernel_log as kernel_log_module
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.gpu import (
     GpuReading,
