@@ -6,6 +6,7 @@ inside the commands, so `nodecheck --help` stays fast.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import sys
@@ -16,16 +17,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from nodecheck.agent.config import (
+from nodecheck.agent.logs import LEVELS, configure_logging
+from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
+    DEFAULT_NVML_TIMEOUT_S,
     IDLE_WINDOW_RANGE_S,
     MEMORY_FRACTION_RANGE,
     NVML_TIMEOUT_RANGE_S,
     RATIO_RANGE,
-)
-from nodecheck.agent.logs import LEVELS, configure_logging
-from nodecheck.checks.config import (
-    DEFAULT_NVML_TIMEOUT_S,
     BenchOptions,
     CheckConfig,
     Thresholds,
@@ -227,9 +226,11 @@ def cli(ctx: click.Context) -> None:
 
 def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """A log file or a character device (/dev/kmsg), as the configuration's kernel_log."""
+    if value is None:
+        return None
     from nodecheck.agent.config import kernel_log_problem
 
-    problem = None if value is None else kernel_log_problem(value)
+    problem = kernel_log_problem(value)
     if problem:
         raise click.BadParameter(problem)
     return value
@@ -472,6 +473,7 @@ def agent(
     Exit status: 0 when stopped, 2 for a bad configuration or an address it
     cannot listen on.
     """
+    long_lived()
     fs = node_fs(ctx, log_level=AGENT_LOG_LEVEL)
     from nodecheck.agent.config import DEFAULT_PATH, ConfigError
     from nodecheck.agent.daemon import Agent, ListenError
@@ -1092,6 +1094,7 @@ def bench(
     model's expected rate. Same exit status as `check`, and 3 when nothing
     was measured (every benchmark skipped: busy GPUs, no GPU).
     """
+    long_lived()
     if fail_below > warn_below:
         fail_usage("--fail-below must not be above --warn-below")
     if gpus is not None and (device == "cpu" or len(set(gpus)) != len(gpus)):
@@ -1143,8 +1146,20 @@ def bench(
     ctx.exit(code if code or measured else EXIT_UNDETERMINED)
 
 
+def long_lived() -> None:
+    """The cyclic garbage collector back on, for a command that runs for long: what was
+    allocated so far (modules, click's tables) is moved out of its sight for good."""
+    gc.freeze()
+    gc.enable()
+
+
 def main() -> None:
     """Entry point: no traceback reaches a user (--log-level debug logs where it rose)."""
+    # A command lives for a fraction of a second and keeps most of what it allocates (the
+    # facts, the results): the cyclic collector would only walk them again and again (a
+    # twentieth of `check --facts`, bench/cli_latency.py). The long-lived commands (the
+    # agent, the benchmarks) turn it back on: long_lived().
+    gc.disable()
     try:
         cli.main(prog_name="nodecheck", standalone_mode=True)
     except KeyboardInterrupt:

@@ -46,12 +46,17 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.config import (
     AGENT_IDLE_WINDOW_S,
+    BENCH_DURATION_RANGE_S,
+    IDLE_WINDOW_RANGE_S,
+    MEMORY_FRACTION_RANGE,
+    NVML_TIMEOUT_RANGE_S,
+    RATIO_RANGE,
     BenchOptions,
     CheckConfig,
     Thresholds,
@@ -61,6 +66,7 @@ from nodecheck.checks.node.fs import (
     file_kind,
     read_regular_file,
 )
+from nodecheck.checks.record import record
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,16 +80,7 @@ MAX_FILE_BYTES = 1 << 20
 DAY_S = 86400.0
 INTERVAL_RANGE_S = (1.0, 30 * DAY_S)
 CHECK_TIMEOUT_MAX_S = 3600.0
-# A GPU pass waits at most three NVML deadlines (init, listing, reads): the cap keeps
-# that inside the GPU checks' own 30 s timeout. The command line uses the same range.
-NVML_TIMEOUT_RANGE_S = (0.1, 8.0)
 MAX_EXPECTED_GPUS = 1024
-# The ranges of the benchmark settings, for the file and `nodecheck bench`'s options alike.
-BENCH_DURATION_RANGE_S = (0.1, 600.0)
-IDLE_WINDOW_RANGE_S = (0.0, 3600.0)
-MEMORY_FRACTION_RANGE = (0.01, 0.95)
-# warn_below and fail_below: above 0 and at most 1.
-RATIO_RANGE = (0, 1)
 
 
 class ConfigError(Exception):
@@ -199,14 +196,14 @@ def _expected(kinds: tuple[type, ...]) -> str:
     return " or ".join(names.get(kind, "a table") for kind in kinds)
 
 
-@dataclass(frozen=True)
+@record
 class CheckSettings:
     enabled: bool = True
     interval_s: float | None = None  # None: the check's own default
     timeout_s: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class BenchmarkSettings:
     """[benchmarks]: the schedule, and the BenchOptions the file may change (their
     defaults are checks/config.py's, but for the idle window: the agent waits longer)."""
@@ -221,7 +218,7 @@ class BenchmarkSettings:
     memory_fraction: float = BenchOptions.memory_fraction
 
 
-@dataclass(frozen=True)
+@record
 class AgentConfig:
     source: str = "embedded defaults"
     listen: str = f":{DEFAULT_PORT}"

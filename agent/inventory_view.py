@@ -7,13 +7,13 @@ model and NVML's snapshot, never a read of its own.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.facts import FactsSource, PartUnavailableError
 from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot, NvmlFailure
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.pci import PciDevice, PcieLink
+from nodecheck.checks.record import record
 
 INVENTORY_SCHEMA = "nodecheck.inventory/v1"
 
@@ -28,7 +28,7 @@ LEGEND = """Legend:
   PIX  = Connection traversing at most a single PCIe bridge"""  # noqa: E501
 
 
-@dataclass(frozen=True)
+@record
 class InventoryFacts:
     """The parts the view shows."""
 

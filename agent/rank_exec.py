@@ -16,12 +16,12 @@ import shlex
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.processes import memory_nodes_allowed
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.record import record
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action
 
@@ -85,7 +85,7 @@ def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
     )
 
 
-@dataclass(frozen=True)
+@record
 class Launch:
     argv: list[str]
     env: dict[str, str]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun, run_checks
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 JITTER = 0.1  # up to 10 % of the interval, so a fleet's nodes do not all run at once
 
 
-@dataclass(frozen=True)
+@record
 class StoredRun:
     run: CheckRun
     finished_at: float  # wall clock

@@ -1,11 +1,13 @@
-"""Wall time of `nodecheck --help`, `check --json` and `tune --format json` on the 8-GPU
-replica node.
+"""Wall time of `nodecheck --help`, `check --json`, `check --facts` and `tune --format json`
+on the 8-GPU replica node.
 
     .venv/bin/python -m bench.cli_latency [--runs 15]
 
 Prints a table: median, fastest and slowest of several runs of the installed
-console script, against the goals of 150 ms and 300 ms (issues 2 and 6). `check`
-runs every check, the GPU ones through the fake NVML of tests/fake_nvml; `tune`
+console script, against the goals (issues 2, 6 and 14: `--help` and `check --json`
+150 ms, `check --facts` 100 ms, `tune` 300 ms). `check` runs every check, the GPU ones
+through the fake NVML of tests/fake_nvml; `check --facts` judges a capture of the same
+node (taken once with `nodecheck capture`), reading neither the tree nor NVML; `tune`
 reads the inventory and the variables of every GPU process, as an engineer's
 `nodecheck tune` does before a launch.
 """
@@ -70,12 +72,24 @@ def main() -> None:
             "--nvml-library",
             str(library),
         ]
+        capture = root / "capture.json"
+        subprocess.run(
+            [nodecheck, *roots, "capture", "-o", str(capture)],
+            env={"PATH": os.environ.get("PATH", "/usr/bin"), "FAKE_NVML_SCENARIO": str(scenario)},
+            check=True,
+            capture_output=True,
+        )
         cases = [
             ("nodecheck --help", [nodecheck, "--help"], 0.150),
             (
                 "nodecheck check --json (8-GPU replica)",
                 [nodecheck, *roots, "check", "--json"],
-                0.300,
+                0.150,
+            ),
+            (
+                "nodecheck check --facts (its capture)",
+                [nodecheck, "check", "--json", "--facts", str(capture)],
+                0.100,
             ),
             (
                 "nodecheck tune --format json (8-GPU replica)",

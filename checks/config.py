@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from nodecheck.checks.record import record
 
 
 def default_state_dir() -> Path:
@@ -28,6 +30,16 @@ def default_state_dir() -> Path:
 # NVML calls are answered in milliseconds; past this a call is hung (a GPU off the bus can
 # hold the driver for tens of seconds). The agent's nvml_timeout and --nvml-timeout.
 DEFAULT_NVML_TIMEOUT_S = 5.0
+# A GPU pass waits at most three NVML deadlines (init, listing, reads): the cap keeps
+# that inside the GPU checks' own 30 s timeout. The agent's file and the command line
+# use the same range.
+NVML_TIMEOUT_RANGE_S = (0.1, 8.0)
+# The ranges of the benchmark settings, for the file and `nodecheck bench`'s options alike.
+BENCH_DURATION_RANGE_S = (0.1, 600.0)
+IDLE_WINDOW_RANGE_S = (0.0, 3600.0)
+MEMORY_FRACTION_RANGE = (0.01, 0.95)
+# warn_below and fail_below: above 0 and at most 1.
+RATIO_RANGE = (0, 1)
 
 # How long every GPU must be idle before a benchmark the agent schedules starts. The
 # agent runs benchmarks unattended, so it waits a minute of idleness (a job between two
@@ -36,7 +48,7 @@ DEFAULT_NVML_TIMEOUT_S = 5.0
 AGENT_IDLE_WINDOW_S = 60.0
 
 
-@dataclass(frozen=True)
+@record
 class Thresholds:
     """Ratios below which a result warns or fails.
 
@@ -52,7 +64,7 @@ class Thresholds:
     reference_fail: float = 0.7
 
 
-@dataclass(frozen=True)
+@record
 class BenchOptions:
     device: str = "cuda"  # or "cpu"
     gpus: tuple[int, ...] | None = None  # NVML indices; None: every GPU
@@ -77,7 +89,7 @@ class BenchOptions:
         return self.timeout_s if self.timeout_s is not None else 60.0 + 3 * self.duration_s
 
 
-@dataclass(frozen=True)
+@record
 class CheckConfig:
     """What checks are told rather than read: the one configuration object they get.
 

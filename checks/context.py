@@ -23,6 +23,7 @@ from nodecheck.checks.node.facts import FactsSource, LiveFacts, NodeSources, Sha
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory, GpuReading, GpuSnapshot
 from nodecheck.checks.node.net import PortCounterHistory
+from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.inventory import Inventory
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class GpuView:
     """This pass's NVML snapshot, and the reading before it of each GPU (by bus id)."""
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.record import record
 from nodecheck.checks.result import Result
 
 CheckFunction = Callable[[CheckContext], Iterable[Result]]
@@ -21,7 +21,7 @@ CheckFunction = Callable[[CheckContext], Iterable[Result]]
 CHECK_PACKAGES = ("nodecheck.checks.host", "nodecheck.checks.gpu")
 
 
-@dataclass(frozen=True)
+@record
 class Check:
     """A registered check and what it declares beside itself: the parts of the facts it
     judges (`needs`), whether those are complete only as root (the unprivileged agent

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from nodecheck.checks.record import record
 
 
 class Status(str, enum.Enum):
@@ -49,7 +51,7 @@ def nic_subject(name: str) -> str:
     return f"nic {name}"
 
 
-@dataclass(frozen=True)
+@record
 class MetricSpec:
     """A metric family a check exports: name, Prometheus type, help text, label names."""
 
@@ -59,7 +61,7 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class Sample:
     """One value of a metric family, with its label values."""
 
@@ -68,7 +70,7 @@ class Sample:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record
 class Result:
     """One judgement about one subject (the node, a GPU, a bridge, a NIC)."""
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nodecheck.checks.node.variables import Setting, Variables
+from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
 FLAGGED = MetricSpec(
@@ -20,7 +20,7 @@ FLAGGED = MetricSpec(
 )
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     status: Status
     reason: str

@@ -14,7 +14,6 @@ core. SMT siblings go with their core when asked for (`tune` and `exec` ask by d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import partial
 
 from nodecheck.checks.node.cpulist import format_cpulist
@@ -29,9 +28,10 @@ from nodecheck.checks.node.nic_roles import (
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class RankBinding:
     local_rank: int
     gpu: str  # PCI bus id
@@ -514,7 +514,7 @@ def _bind_ranks(
     ]
 
 
-@dataclass(frozen=True)
+@record
 class NicPairing:
     gpu: str  # PCI bus id
     nics: tuple[str, ...]  # compute RDMA device names (mlx5_0), nearest first

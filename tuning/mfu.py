@@ -14,12 +14,12 @@ wrong, and the result says so (`plausible`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from nodecheck.checks.record import record
 from nodecheck.checks.rules.gpu_peaks import matmul_rates
 
 
-@dataclass(frozen=True)
+@record
 class Mfu:
     params: float
     seqlen: int

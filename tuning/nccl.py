@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
 from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.record import record
 from nodecheck.checks.result import Status
 from nodecheck.checks.rules.nccl_settings import (
     nccl_facts,
@@ -55,7 +55,7 @@ NCCL_DEBUG_LEVEL = "WARN"
 CONTAINER_INTERFACES = ("docker", "veth", "virbr", "cni", "flannel", "cali", "vxlan", "kube")
 
 
-@dataclass(frozen=True)
+@record
 class JobShape:
     """What the user tells about the job: nodes it spans and whether one switch joins them."""
 
@@ -63,7 +63,7 @@ class JobShape:
     single_switch: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class NcclAdvice:
     env: list[Recommendation]
     left_unset: list[LeftUnset]

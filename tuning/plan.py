@@ -8,7 +8,7 @@ shares, each rank's own variables, what to remove, what to leave alone, and note
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.calling_environment import CallingEnvironment
@@ -24,6 +24,7 @@ from nodecheck.checks.node.net import AddressedInterfaces
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
+from nodecheck.checks.record import record
 from nodecheck.checks.result import Status
 from nodecheck.tuning import nccl, pytorch
 from nodecheck.tuning.bindings import (
@@ -39,7 +40,7 @@ from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommend
 from nodecheck.tuning.red_flags import removals
 
 
-@dataclass(frozen=True)
+@record
 class TuneOptions:
     shape: JobShape = field(default_factory=JobShape)
     # Each rank gets its cores' SMT siblings too unless told not to, as torchrun's
@@ -64,7 +65,7 @@ PLAN_NEEDS = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class RankPlan:
     binding: RankBinding
     nics: NicPairing
@@ -93,7 +94,7 @@ class RankPlan:
         return format_cpulist(self.binding.cpus)
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     hostname: str
     env: list[Recommendation]  # shared by every rank

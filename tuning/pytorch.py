@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.record import record
 from nodecheck.checks.rules.allocator_settings import AllocOption, check_option, parse_alloc_conf
 from nodecheck.tuning.bindings import RankBinding
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation, plain
@@ -129,7 +129,7 @@ BUDGET_SOURCE = (
 DATALOADER_WORKERS = 2
 
 
-@dataclass(frozen=True)
+@record
 class CpuBudget:
     """How a rank's CPUs are shared among its threads: the training process's own thread
     (the Python loop, which is also the first of OpenMP's intra-op threads), the intra-op
@@ -301,7 +301,7 @@ def post_mortem(
     return [buffer, dump]
 
 
-@dataclass(frozen=True)
+@record
 class CodeHint:
     """A change to make in the training script, which no variable can make."""
 

@@ -4,10 +4,11 @@ and what it means against the calling environment (keep, set, change or unset)."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import Enum
 
 from nodecheck.checks.node.variables import audited
+from nodecheck.checks.record import record
 
 
 def plain(value: str) -> bool:
@@ -22,7 +23,7 @@ class Action(str, Enum):
     UNSET = "unset"  # a red flag: remove it
 
 
-@dataclass(frozen=True)
+@record
 class Recommendation:
     name: str
     value: str | None  # None: remove the variable
@@ -71,7 +72,7 @@ class Recommendation:
         return replace(self, current=None, current_hidden=True)
 
 
-@dataclass(frozen=True)
+@record
 class LeftUnset:
     """A variable left unset on purpose: what NCCL or torch already does well by itself."""
 
@@ -81,7 +82,7 @@ class LeftUnset:
     found: tuple[str, ...] = ()  # where one is set now, unflagged: "NCCL_IB_TIMEOUT=22 in ..."
 
 
-@dataclass(frozen=True)
+@record
 class DataLoaderHint:
     num_workers: int
     pin_memory: bool

@@ -21,6 +21,7 @@ from nodecheck.checks.config import BenchOptions, Thresholds
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuActivity, GpuReading, read_gpu_activity
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
+from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
 SKIPS = MetricSpec(
@@ -45,7 +46,7 @@ Judge = Callable[
 ]  # (the child's result, targets, state, options, host name)
 
 
-@dataclass(frozen=True)
+@record
 class Target:
     """A device the benchmark runs on: a GPU (NVML index and its reading) or the CPU."""
 

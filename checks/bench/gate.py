@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
@@ -25,9 +24,10 @@ from nodecheck.checks.node.processes import (
     process_group,
     read_maintenance_note,
 )
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Refusal:
     """Why a benchmark does not run (or stopped): a short key for metrics, and the text."""
 

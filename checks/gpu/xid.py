@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuReading
@@ -48,6 +47,7 @@ from nodecheck.checks.node.xid import (
     merge_sources,
 )
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict
+from nodecheck.checks.record import record
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 
@@ -123,7 +123,7 @@ def event_action(event: XidEvent) -> XidAction:
     return classify(event.xid).action
 
 
-@dataclass(frozen=True)
+@record
 class XidGroup:
     """Every occurrence of one XID on one GPU.
 

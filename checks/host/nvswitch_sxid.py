@@ -23,13 +23,14 @@ whose kernel log cannot be read is `error`: no SXid seen is not no SXid.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.kernel_log import line_age
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid
 from nodecheck.checks.per_gpu import Verdict
+from nodecheck.checks.record import record
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 
@@ -98,7 +99,7 @@ def _of_this_boot(at: float | None, boot_time: float | None) -> bool:
     return at is None or boot_time is None or at >= boot_time
 
 
-@dataclass(frozen=True)
+@record
 class SxidJudgement:
     status: Status
     summary: str

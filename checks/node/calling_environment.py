@@ -6,9 +6,10 @@ as the environment is read, so that a capture carries no secret (`HF_TOKEN`,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from nodecheck.checks.node.variables import AUDITED_PREFIXES
+from nodecheck.checks.record import record
 
 # Names read beside the audited prefixes (node/variables.py): the launchers' job size
 # (Slurm's sbatch(1) OUTPUT ENVIRONMENT VARIABLES; torchrun's WORLD_SIZE and
@@ -37,7 +38,7 @@ def kept_name(name: str) -> bool:
     return name in CALLING_NAMES or name.startswith(AUDITED_PREFIXES)
 
 
-@dataclass(frozen=True)
+@record
 class CallingEnvironment:
     """The kept variables of the environment nodecheck was called with, by name."""
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from nodecheck.checks.node.cpulist import (
@@ -50,6 +49,7 @@ from nodecheck.checks.node.cpulist import (
     parse_cpulist,
 )
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
+from nodecheck.checks.record import record
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def unescape_mount_field(text: str) -> str:
     return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), text)
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     mount_point: str
     root: str  # the directory of the filesystem this mount shows; "/" when not known
@@ -152,7 +152,7 @@ def parse_proc_cpuset(text: str) -> str | None:
     return path if path.startswith("/") else None
 
 
-@dataclass(frozen=True)
+@record
 class CpusetReading:
     """What limits the CPUs of this process.
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text
 from nodecheck.checks.node.gpu import normalize_bus_id
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class CoherentGpu:
     bdf: str
     memory_node: int | None  # the NUMA node of its memory ("Node: N"); None: not said
@@ -61,7 +61,7 @@ def read_coherent_gpus(fs: NodeFS) -> dict[str, CoherentGpu]:
     return found
 
 
-@dataclass(frozen=True)
+@record
 class CoherentGpus:
     """The coherent GPUs (read_coherent_gpus) by bus id: the coherent_gpus part."""
 

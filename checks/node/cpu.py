@@ -46,6 +46,7 @@ from nodecheck.checks.node.cpulist import (
 from nodecheck.checks.node.fs import (
     MISSING,
     NodeFS,
+    NodePath,
     ReadError,
     list_dir,
     read_optional_parsed,
@@ -53,9 +54,10 @@ from nodecheck.checks.node.fs import (
     read_parsed,
     read_prefix,
 )
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Cpu:
     """One logical CPU. `siblings` are the hardware threads of its core, itself included
     (online CPUs only)."""
@@ -175,7 +177,7 @@ def _read_online(
     return frozenset(online)
 
 
-def _read_id(path: Path) -> int | None:
+def _read_id(path: NodePath) -> int | None:
     """A topology id; None when the file is missing or says -1 (the id is unknown: arm64
     before 5.x and some firmware leave physical_package_id at -1)."""
     value = read_optional_parsed(path, int, "an integer")
@@ -190,18 +192,18 @@ def _parse_cpu_set(text: str, is_list: bool, bound: int) -> frozenset[int]:
 
 
 def _read_cpu_set(
-    topology: Path, names: tuple[str, ...], bound: int
+    topology: NodePath, names: tuple[str, ...], bound: int
 ) -> tuple[frozenset[int] | None, str | None]:
     """The first of `names` that exists, parsed as a list or a mask, and its name."""
     for name in names:
         parse = functools.partial(_parse_cpu_set, is_list=name.endswith("_list"), bound=bound)
-        value = read_optional_parsed(topology / name, parse, "a CPU list or mask")
+        value = read_optional_parsed(f"{topology}/{name}", parse, "a CPU list or mask")
         if value is not None:
             return value, name
     return None, None
 
 
-@dataclass(frozen=True)
+@record
 class _RawCpu:
     number: int
     package_id: int | None
@@ -218,7 +220,8 @@ def _read_raw_cpu(
     all the CPUs of a package, drivers/base/topology.c; hwloc's look_sysfscpu skips such
     CPUs too), which spares a read per CPU on a machine with hundreds. Sibling lists are
     read for every CPU: lists that disagree are joined into one core (_cores)."""
-    topology = base / f"cpu{number}" / "topology"
+    # Strings, not Paths: this runs for every CPU (hundreds), four reads each.
+    topology = f"{base}/cpu{number}/topology"
     threads, _ = _read_cpu_set(topology, THREAD_FILES, bound)
     package_cpus = packages_read.get(number)
     if package_cpus is None:
@@ -227,8 +230,8 @@ def _read_raw_cpu(
             packages_read.update(dict.fromkeys(package_cpus, package_cpus))
     cpu = _RawCpu(
         number,
-        _read_id(topology / "physical_package_id"),
-        _read_id(topology / "core_id"),
+        _read_id(f"{topology}/physical_package_id"),
+        _read_id(f"{topology}/core_id"),
         threads,
         package_cpus,
     )
@@ -447,7 +450,7 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     return CpuTopology(online, cpus, smt_control, smt_active, problems, notes)
 
 
-@dataclass(frozen=True)
+@record
 class CpuGovernors:
     """Each CPU's cpufreq governor (`governors`, by CPU number: a CPU without cpufreq has
     none), and a "cpuN governor" problem for each that could not be read."""
@@ -466,7 +469,7 @@ def read_governors(fs: NodeFS, cpus: Iterable[int]) -> CpuGovernors:
     problems: dict[str, str] = {}
     for number in cpus:
         try:
-            governor = read_optional_text(base / f"cpu{number}" / "cpufreq" / "scaling_governor")
+            governor = read_optional_text(f"{base}/cpu{number}/cpufreq/scaling_governor")
         except ReadError as err:
             problems[f"cpu{number} governor"] = str(err)
             continue

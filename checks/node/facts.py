@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from nodecheck.checks.node.codec import FactsFormatError, decode, encode
 from nodecheck.checks.node.fs import NodeFS, reads_in_flight
+from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.nvml import NvmlSession
@@ -49,7 +50,7 @@ PART_TIMEOUT_S = 20.0  # how long `capture` waits for one part before calling it
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class Unread:
     """A part that could not be read, and why ("did not finish within 10 s, stuck
     reading /sys/..."); `cause` is "timeout", "exception" or "not captured"."""
@@ -99,7 +100,7 @@ class NodeSources:
 Reader = Callable[[NodeSources, "FactsSource"], Any]
 
 
-@dataclass(frozen=True)
+@record
 class PartSpec:
     """One part of the facts: its reader, the type it decodes to, and what it needs."""
 
@@ -236,7 +237,7 @@ class LiveFacts(FactsSource):
         )
 
 
-@dataclass(frozen=True)
+@record
 class NodeFacts(FactsSource):
     """One node's facts: each part's value, or why it is Unread. Judged anywhere."""
 

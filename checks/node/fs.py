@@ -23,13 +23,13 @@ import os
 import posixpath
 import re
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from nodecheck.checks.record import record
 
 T = TypeVar("T")
 
@@ -127,7 +127,7 @@ class reading:  # noqa: N801 - used as `with reading(path):`, like a function
             _in_flight.pop(self._ident, None)
 
 
-@dataclass(frozen=True)
+@record
 class InFlightRead:
     thread: int
     path: str
@@ -141,7 +141,12 @@ def reads_in_flight() -> list[InFlightRead]:
     return sorted(entries, key=lambda entry: entry.started)
 
 
-@dataclass(frozen=True)
+# A path under one of the node's roots: a Path, or (in the hot loops that read thousands
+# of files, where pathlib's joins cost more than the reads) the same path as a string.
+NodePath = Path | str
+
+
+@record
 class Contents:
     """What a bounded read got: at most `limit` bytes, and whether the file went on."""
 
@@ -149,13 +154,18 @@ class Contents:
     truncated: bool
 
 
-def read_prefix(path: Path, limit: int = DEFAULT_LIMIT) -> Contents:
+def read_prefix(path: NodePath, limit: int = DEFAULT_LIMIT) -> Contents:
     """The first `limit` bytes of a regular file, and whether there was more.
 
     ReadError names the path and the reason: missing, permission denied, a
     symlink loop, an I/O error, or a kind that is not a file ("a FIFO, not a
     file", "a directory, not a file", "a character device, not a file").
     """
+    data, truncated = _read(path, limit)
+    return Contents(data, truncated)
+
+
+def _read(path: NodePath, limit: int) -> tuple[bytes, bool]:
     with reading(path):
         try:
             # The kind first: opening a device node is not harmless (/dev/watchdog arms
@@ -184,8 +194,8 @@ def read_prefix(path: Path, limit: int = DEFAULT_LIMIT) -> Contents:
             raise ReadError(path, os_error_reason(err)) from err
         finally:
             os.close(fd)
-    data = b"".join(chunks)
-    return Contents(data[:limit], total > limit)
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return (data, False) if total <= limit else (data[:limit], True)
 
 
 def _size(limit: int) -> str:
@@ -196,13 +206,13 @@ def _size(limit: int) -> str:
     return f"{limit} bytes"
 
 
-def read_bytes(path: Path, limit: int = DEFAULT_LIMIT) -> bytes:
+def read_bytes(path: NodePath, limit: int = DEFAULT_LIMIT) -> bytes:
     """The whole of a regular file of at most `limit` bytes; ReadError names the path on
     any failure, a larger file included (use read_prefix to take the start of one)."""
-    contents = read_prefix(path, limit)
-    if contents.truncated:
+    data, truncated = _read(path, limit)
+    if truncated:
         raise ReadError(path, f"larger than {_size(limit)}: not what this file should hold")
-    return contents.data
+    return data
 
 
 # Control characters other than tab, newline and carriage return, and DEL.
@@ -215,7 +225,7 @@ def _binary_at(text: str) -> int | None:
     return None if found is None else found.start()
 
 
-def decode_text(path: Path, data: bytes) -> str:
+def decode_text(path: NodePath, data: bytes) -> str:
     """UTF-8 text without control characters (sysfs and procfs print none), or ReadError."""
     try:
         text = data.decode()
@@ -227,7 +237,7 @@ def decode_text(path: Path, data: bytes) -> str:
     return text
 
 
-def read_text(path: Path, limit: int = DEFAULT_LIMIT) -> str:
+def read_text(path: NodePath, limit: int = DEFAULT_LIMIT) -> str:
     """Read a small text attribute, stripped of surrounding whitespace.
 
     Trailing NULs are padding, not content: since Linux 5.14 the cpulist and cpumap files
@@ -237,7 +247,7 @@ def read_text(path: Path, limit: int = DEFAULT_LIMIT) -> str:
     return decode_text(path, read_bytes(path, limit).rstrip(b"\0")).strip()
 
 
-def read_optional_text(path: Path) -> str | None:
+def read_optional_text(path: NodePath) -> str | None:
     """Like read_text, but None when the file does not exist.
 
     Sysfs creates some attributes only where they apply (the PCIe link files
@@ -257,7 +267,7 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 80 else text[:80] + "...")
 
 
-def parse_attr(path: Path, text: str, parse: Callable[[str], T], expected: str) -> T:
+def parse_attr(path: NodePath, text: str, parse: Callable[[str], T], expected: str) -> T:
     """Parse a file's text; a ReadError names the path and what it held when that fails."""
     try:
         return parse(text)
@@ -267,19 +277,19 @@ def parse_attr(path: Path, text: str, parse: Callable[[str], T], expected: str) 
         raise ReadError(path, f"expected {expected}, got {_shown(text)}") from err
 
 
-def read_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T:
+def read_parsed(path: NodePath, parse: Callable[[str], T], expected: str) -> T:
     """read_text, then parse: "<path>: expected an integer, got 'x'" on bad content."""
     return parse_attr(path, read_text(path), parse, expected)
 
 
-def read_optional_parsed(path: Path, parse: Callable[[str], T], expected: str) -> T | None:
+def read_optional_parsed(path: NodePath, parse: Callable[[str], T], expected: str) -> T | None:
     """read_parsed, but None when the file does not exist (sysfs leaves out attributes
     an architecture or an old kernel does not provide)."""
     text = read_optional_text(path)
     return None if text is None else parse_attr(path, text, parse, expected)
 
 
-def list_dir(path: Path, limit: int = DIRECTORY_LIMIT) -> list[str]:
+def list_dir(path: NodePath, limit: int = DIRECTORY_LIMIT) -> list[str]:
     """Sorted entries of a directory; [] when it does not exist. Anything else that is
     not a directory (a file, a FIFO, a symlink loop) is a ReadError naming the path."""
     entries: list[str] = []
@@ -300,7 +310,7 @@ def list_dir(path: Path, limit: int = DIRECTORY_LIMIT) -> list[str]:
     return sorted(entries)
 
 
-def read_link(path: Path) -> str:
+def read_link(path: NodePath) -> str:
     """The target of a symlink; ReadError naming the path when it is none or unreadable."""
     try:
         return os.readlink(path)
@@ -348,6 +358,8 @@ def resolve_inside(root: Path, absolute: str) -> Path:
 
 def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole."""
+    import tempfile  # only writers need it: not every read of the node
+
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w") as file:
@@ -367,7 +379,7 @@ def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
         os.close(directory)
 
 
-@dataclass(frozen=True)
+@record
 class NodeFS:
     """Where the node's sysfs, procfs and root filesystem are mounted."""
 

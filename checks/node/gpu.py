@@ -30,6 +30,7 @@ from nodecheck.checks.node.nvml import (
     describe_error,
     error_code,
 )
+from nodecheck.checks.record import record
 
 T = TypeVar("T")
 
@@ -112,7 +113,7 @@ def device_count(nvml: Any) -> int:
     return count
 
 
-@dataclass(frozen=True)
+@record
 class EccCounts:
     volatile_corrected: int | None = None
     volatile_uncorrected: int | None = None
@@ -120,7 +121,7 @@ class EccCounts:
     aggregate_uncorrected: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class RemappedRows:
     correctable: int
     uncorrectable: int
@@ -128,14 +129,14 @@ class RemappedRows:
     failure: bool
 
 
-@dataclass(frozen=True)
+@record
 class RetiredPages:
     single_bit: int
     double_bit: int
     pending: bool | None
 
 
-@dataclass(frozen=True)
+@record
 class PcieState:
     generation: int | None
     max_generation: int | None
@@ -143,7 +144,7 @@ class PcieState:
     max_width: int | None
 
 
-@dataclass(frozen=True)
+@record
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None
@@ -204,7 +205,7 @@ class GpuReading:
         return {"gpu": str(self.index), "bus_id": self.bus_id or "", "model": self.model}
 
 
-@dataclass(frozen=True)
+@record
 class NvmlFailure:
     """Why NVML could not be used: the NvmlUnavailableError kind ("library_missing", ...)
     or "hung", and its message. Data, not the exception, so a capture carries it."""
@@ -820,7 +821,7 @@ def read_kernel_module_version(fs: NodeFS) -> str | None:
     return None if text is None else parse_kernel_module_version(text)
 
 
-@dataclass(frozen=True)
+@record
 class GpuActivity:
     """What the benchmark gate needs of a GPU, read quickly and often."""
 

@@ -19,9 +19,10 @@ nvidia driver should hold it and does not, which is a fault of the node, not a c
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from nodecheck.checks.node.pci import PciDevice
+from nodecheck.checks.record import record
 
 CUDA_DRIVER = "nvidia"
 GUEST_DRIVERS = ("pci-stub", "pciback")
@@ -43,7 +44,7 @@ def not_meant_here(gpu: PciDevice, exposed: set[str] | None) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@record
 class GpuAssignment:
     """The GPUs on the bus (bus order), sorted by who may use them.
 

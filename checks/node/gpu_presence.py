@@ -13,11 +13,12 @@ first 64 bytes of config space are readable without root.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from nodecheck.checks.node.fs import ReadError
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.pci_config import read_config
+from nodecheck.checks.record import record
 
 # What pci_bus_generic_read_dev_vendor_id() (drivers/pci/probe.c) takes for "no device"
 # in the first dword of config space (vendor id in the low 16 bits, device id above).
@@ -32,7 +33,7 @@ def answers_config_reads(config: bytes) -> bool | None:
     return ids not in NO_DEVICE_IDS
 
 
-@dataclass(frozen=True)
+@record
 class GpuPresence:
     """`answers` None: not known, `problem` says why (the file could not be read, or
     held fewer than 4 bytes); `path` is the config file read."""
@@ -42,7 +43,7 @@ class GpuPresence:
     problem: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class GpuPresences:
     by_bus_id: dict[str, GpuPresence] = field(default_factory=dict)
 

@@ -7,7 +7,6 @@ its reads met, and checks turn those into `error` results naming the path.
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +168,11 @@ def read_hostname(fs: NodeFS) -> str:
         name = None
     if name:
         return name
-    return socket.gethostname() if is_live_procfs(fs) else UNKNOWN_HOSTNAME
+    if not is_live_procfs(fs):
+        return UNKNOWN_HOSTNAME
+    import socket  # only for the live node
+
+    return socket.gethostname()
 
 
 def is_live_procfs(fs: NodeFS) -> bool:

@@ -34,11 +34,11 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.record import record
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _MONTH = "(?:" + "|".join(MONTHS) + ")"
@@ -124,7 +124,7 @@ def cut_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
     return f"{shown}… (cut: {len(text)} characters in all)"
 
 
-@dataclass(frozen=True)
+@record
 class Stamp:
     """When a line was logged (wall-clock seconds, None if unknown) and how that was read."""
 
@@ -297,7 +297,7 @@ KERNEL_LOG_LIMIT = 16 << 20
 KMSG_DEVICE = (1, 11)
 
 
-@dataclass(frozen=True)
+@record
 class KernelLogText:
     text: str
     size: int | None  # bytes in the file; None for /dev/kmsg

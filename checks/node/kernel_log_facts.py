@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from nodecheck.checks.node import kernel_log as kernel_log_module
@@ -19,11 +18,12 @@ from nodecheck.checks.node.fs import NodeFS, ReadError
 from nodecheck.checks.node.kernel_log import cut_note, unreadable_log_remedy
 from nodecheck.checks.node.sxid import SxidEvent, parse_sxids
 from nodecheck.checks.node.xid import XidEvent, parse_kernel_log, read_boot_time
+from nodecheck.checks.record import record
 
 DEFAULT_SOURCE = "/dev/kmsg under the root filesystem"
 
 
-@dataclass(frozen=True)
+@record
 class KernelLogUnreadable:
     """Why the kernel log could not be read: ReadError's text and reason, and the remedy."""
 
@@ -32,7 +32,7 @@ class KernelLogUnreadable:
     remedy: str
 
 
-@dataclass(frozen=True)
+@record
 class KernelLogFacts:
     """The XIDs and SXids of the kernel log at `source`, or why it could not be read."""
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir
+from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
     # importlib.metadata costs `check` some 10-20 ms to import; only the live root reads it.
@@ -44,7 +44,7 @@ BUNDLED_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 GID_DISCOVERY = (2, 21)  # NCCL finds the RoCE v2 GID itself from this release
 
 
-@dataclass(frozen=True)
+@record
 class NcclLibrary:
     version: tuple[int, int, int]
     where: str  # the host path, or the wheel's name as pip lists it
@@ -58,7 +58,7 @@ class NcclLibrary:
         return self.version[:2] >= GID_DISCOVERY
 
 
-@dataclass(frozen=True)
+@record
 class NcclLibraries:
     found: tuple[NcclLibrary, ...]
     problems: tuple[str, ...]  # directories that could not be listed, naming the path

@@ -25,6 +25,7 @@ from nodecheck.checks.node.fs import (
     read_parsed,
 )
 from nodecheck.checks.node.pci import split_device_path
+from nodecheck.checks.record import record
 
 # include/uapi/linux/if_arp.h
 ARPHRD_ETHER = 1
@@ -200,7 +201,7 @@ def parse_ipv6_addresses(text: str) -> set[str]:
     return interfaces
 
 
-@dataclass(frozen=True)
+@record
 class AddressedInterfaces:
     """The addressed_interfaces part: `names` None when neither file could be read."""
 
@@ -332,7 +333,7 @@ def port_key(device: str, port: int) -> str:
     return f"{device}/{port}"
 
 
-@dataclass(frozen=True)
+@record
 class PortCounters:
     """One reading of a port's error counters. `values` has the counters that could be
     read; `problems` says, per counter, why one could not; `missing` is True when the
@@ -388,7 +389,7 @@ def read_port_counters(fs: NodeFS, device: str, port: int) -> PortCounters:
     return PortCounters(device, port, read_at, values, problems)
 
 
-@dataclass(frozen=True)
+@record
 class RdmaPortCounterReading:
     """The error counters of every port of the RDMA devices read (`ports`), and whether
     <sysfs>/class/infiniband is there at all (`class_present`: an empty class folder is

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.pci import PcieLink
 from nodecheck.checks.node.topology import Relation
+from nodecheck.checks.record import record
 
 # The farthest PCIe path over which NCCL uses GPUDirect RDMA by default (NCCL docs,
 # Environment Variables: NCCL_NET_GDR_LEVEL, default PXB).
@@ -56,7 +56,7 @@ class NicRole(enum.Enum):
         return self is not NicRole.MANAGEMENT
 
 
-@dataclass(frozen=True)
+@record
 class NicFacts:
     """What the rules need of one NIC.
 
@@ -210,7 +210,7 @@ PHYSICAL_STATE_MEANINGS = {
 STATE_UNKNOWN = "state unknown"
 
 
-@dataclass(frozen=True)
+@record
 class RailProblem:
     """A compute NIC that runs below its class or carries nothing: the whole job's
     collectives then run at the slowest rail's pace, or crowd onto another GPU's rail."""

@@ -38,6 +38,7 @@ from nodecheck.checks.node.fs import (
     read_optional_text,
     read_parsed,
 )
+from nodecheck.checks.record import record
 
 
 def parse_node_meminfo(text: str) -> int:
@@ -56,7 +57,7 @@ def parse_meminfo_total(text: str) -> int:
     return int(match.group(1)) * 1024
 
 
-@dataclass(frozen=True)
+@record
 class NumaNode:
     """One node: its online CPUs, its memory, why it could not be read, what was inferred."""
 
@@ -255,7 +256,7 @@ def read_numa_nodes(fs: NodeFS, online: frozenset[int] | None = None) -> list[Nu
     return read_numa(fs, online).nodes
 
 
-@dataclass(frozen=True)
+@record
 class NumaBalancing:
     """kernel.numa_balancing as read from `path` (<procfs>/sys/kernel/numa_balancing).
 

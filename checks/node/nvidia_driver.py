@@ -6,13 +6,12 @@ kernel-open/nvidia/nv-procfs.c); the parsing is in node/gpu.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from nodecheck.checks.node.fs import NodeFS, ReadError
 from nodecheck.checks.node.gpu import read_driver_gpus, read_kernel_module_version
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class NvidiaDriver:
     """`module_version` None with no `module_error`: no /proc/driver/nvidia/version (no
     driver, or a container without it). `exposed_gpus` None with no `gpus_error`: no

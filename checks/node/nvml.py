@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nodecheck.checks.config import DEFAULT_NVML_TIMEOUT_S
+from nodecheck.checks.record import record
 
 T = TypeVar("T")
 
@@ -102,7 +103,7 @@ class _Job:
     failure: BaseException | None = None
 
 
-@dataclass(frozen=True)
+@record
 class _StuckCall:
     thread: threading.Thread
     since: float  # time.monotonic() when the call started

@@ -29,6 +29,7 @@ from nodecheck.checks.node.fs import (
     read_parsed,
     read_text,
 )
+from nodecheck.checks.record import record
 
 T = TypeVar("T")
 
@@ -112,7 +113,7 @@ def parse_pci_class(text: str) -> int:
     return value >> 8
 
 
-@dataclass(frozen=True)
+@record
 class PcieLink:
     """Negotiated and maximum link of a PCI Express device (None: "Unknown")."""
 
@@ -169,8 +170,9 @@ class PciDevice:
     def is_nvswitch(self) -> bool:
         return self.vendor == VENDOR_NVIDIA and self.pci_class == CLASS_BRIDGE_OTHER
 
-    def attr(self, name: str) -> Path:
-        return self.sysfs_dir / name
+    def attr(self, name: str) -> str:
+        """The path of one of its sysfs attributes (a string: a node has thousands)."""
+        return f"{self.sysfs_dir}/{name}"
 
 
 def split_device_path(real_path: str, devices_root: str) -> tuple[str, tuple[str, ...]]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, read_bytes
+from nodecheck.checks.node.fs import NodeFS, NodePath, ReadError, read_bytes
+from nodecheck.checks.record import record
 
 UNPRIVILEGED_CONFIG_BYTES = 64
 CONVENTIONAL_CONFIG_BYTES = 256
@@ -55,7 +55,7 @@ def acs_bit_names(value: int) -> list[str]:
     return [name for bit, name in ACS_BITS if value & bit]
 
 
-@dataclass(frozen=True)
+@record
 class AcsState:
     offset: int
     capability: int
@@ -181,12 +181,12 @@ def parse_acs(config: bytes) -> AcsState | None:
     return AcsState(offset, _u16(config, offset + 4), _u16(config, offset + 6))
 
 
-def read_config(path: Path) -> bytes:
+def read_config(path: NodePath) -> bytes:
     """The config space file; more than 4096 bytes is no PCI function's (ReadError)."""
     return read_bytes(path, limit=EXTENDED_CONFIG_BYTES)
 
 
-@dataclass(frozen=True)
+@record
 class BridgeAcs:
     """The ACS registers of one PCIe switch port, as its `config` file gave them.
 
@@ -202,7 +202,7 @@ class BridgeAcs:
     problem: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class SwitchPortAcs:
     """ACS of PCIe switch ports, by bus address (the ports that were read)."""
 

@@ -9,14 +9,15 @@ absent here, which is said, never guessed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from nodecheck.checks.node.cpulist import parse_cpulist
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text, read_text
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class ProcessName:
     """A process's command name (/proc/<pid>/comm), or why it could not be read."""
 
@@ -24,7 +25,7 @@ class ProcessName:
     problem: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class GpuProcessNames:
     """The command name of every process NVML lists on a GPU, by pid."""
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
+from nodecheck.checks.record import record
 
 
 class SxidKind(str, enum.Enum):
@@ -38,7 +39,7 @@ class SxidKind(str, enum.Enum):
     UNKNOWN = "not in the catalog"
 
 
-@dataclass(frozen=True)
+@record
 class SxidInfo:
     name: str
     kind: SxidKind
@@ -156,7 +157,7 @@ def classify_sxid(sxid: int) -> SxidInfo:
     return SXID_CATALOG.get(sxid, SxidInfo("unknown", SxidKind.UNKNOWN))
 
 
-@dataclass(frozen=True)
+@record
 class SxidEvent:
     """One SXid on one NVSwitch. `fatal` is the line's own word (None: it says neither);
     `at` wall-clock seconds or None; `clock` how `at` was read."""

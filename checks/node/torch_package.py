@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class TorchVersion:
     """(major, minor) of the installed torch; None when there is none (or its version
     is not a number), `text` as the metadata says it ("2.9.1+cu128"), "" when absent."""

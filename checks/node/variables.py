@@ -31,6 +31,7 @@ from nodecheck.checks.node.fs import (
     read_optional_text,
     read_prefix,
 )
+from nodecheck.checks.record import record
 
 AUDITED_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_", "CUDA_")
 GPU_DEVICE_RE = re.compile(r"^/dev/nvidia\d+$")
@@ -64,7 +65,7 @@ def parse_count(value: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
-@dataclass(frozen=True)
+@record
 class Source:
     """Where a variable was found. `label` is what a person reads."""
 
@@ -76,7 +77,7 @@ class Source:
 CALLING_ENVIRONMENT = Source("environment", "the calling environment")
 
 
-@dataclass(frozen=True)
+@record
 class Setting:
     name: str
     value: str
@@ -90,7 +91,7 @@ class Setting:
         return self.source.label
 
 
-@dataclass(frozen=True)
+@record
 class ConfLine:
     """A `NAME=value` line of an NCCL config file, exactly as NCCL reads it."""
 

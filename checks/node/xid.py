@@ -45,6 +45,7 @@ from nodecheck.checks.node.xid_catalog import (
     XidInfo,
     classify,
 )
+from nodecheck.checks.record import record
 
 __all__ = [
     "KERNEL_LOG_LIMIT",
@@ -62,7 +63,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@record
 class XidEvent:
     """One XID on one GPU. `at` is wall-clock seconds, None when the log had no time.
 
@@ -190,7 +191,7 @@ def _logged_as_xid_79(
     return False
 
 
-@dataclass(frozen=True)
+@record
 class KernelLogXids:
     events: list[XidEvent]
     boot_time: float | None  # when this boot began, wall-clock seconds (/proc/stat btime)

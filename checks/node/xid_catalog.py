@@ -20,7 +20,8 @@ that NVIDIA/NVSentinel encodes (xiderrorsmapping.csv), so the GPU is reset first
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+from nodecheck.checks.record import record
 
 
 class XidAction(str, enum.Enum):
@@ -39,7 +40,7 @@ class XidAction(str, enum.Enum):
     UNKNOWN = "look it up in NVIDIA's XID catalog"
 
 
-@dataclass(frozen=True)
+@record
 class XidInfo:
     mnemonic: str
     action: XidAction

@@ -12,9 +12,9 @@ allocator it recommends, the settings it removes) both judge with these.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
+from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.settings_audit import Finding
 
@@ -69,7 +69,7 @@ def _power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
-@dataclass(frozen=True)
+@record
 class AllocOption:
     name: str
     value: str

@@ -9,10 +9,11 @@ NVML reports ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB").
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from nodecheck.checks.record import record
 
 
-@dataclass(frozen=True)
+@record
 class MatmulRates:
     model: str
     peak_tflops: dict[str, float]  # dense, by dtype

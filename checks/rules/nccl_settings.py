@@ -12,13 +12,13 @@ and the NCCL libraries found; the nccl_env check and `tune` both judge with thes
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nodecheck.checks.node.facts import Unread
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import PortGidTypes
 from nodecheck.checks.node.variables import Setting, Variables, parse_count
+from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.settings_audit import Finding
 
@@ -60,7 +60,7 @@ FORCING = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class NcclFacts:
     """What the NCCL rules need to know about the node, from its inventory."""
 

@@ -10,12 +10,12 @@ against the RoCE ports' GID tables as well.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import PartUnavailableError, Unread
 from nodecheck.checks.node.net import PortGidTypes
 from nodecheck.checks.node.variables import Setting, Variables
+from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.rules.allocator_settings import judge_alloc_setting
 from nodecheck.checks.rules.nccl_settings import (
@@ -35,7 +35,7 @@ ROCE_GIDS = "roce_gids"  # the part holding the RoCE ports' GID tables
 GIDS_NOT_READ = Unread("the GID tables were not read: no setting names a GID index", "not read")
 
 
-@dataclass(frozen=True)
+@record
 class VariableFacts:
     """What the variable judges need beside the Setting itself."""
 

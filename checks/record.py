@@ -1,0 +1,89 @@
+"""`@record`: an immutable dataclass, made at half the import cost of a frozen one.
+
+Facts, results and options are immutable values. `@dataclass(frozen=True)` makes them
+so by generating four methods per class from source text (`__init__` that bypasses
+assignment, `__setattr__`, `__delattr__`, `__hash__`), each compiled at import: with
+ninety such classes that was a third of `nodecheck check --facts` (about 16 of its
+120 ms, measured with bench/cli_latency.py). A record is an ordinary dataclass
+(`dataclasses.fields`, `replace`, the codec, `==` and `repr` see no difference) whose
+only generated method is `__init__`; `__eq__`, `__repr__`, `__hash__`, `__setattr__`
+and `__delattr__` are shared functions that read the class's field names instead:
+
+- a field is assigned once, by `__init__` (or `__post_init__` for an `init=False`
+  field); assigning it again, or deleting it, raises FrozenInstanceError as a frozen
+  dataclass does;
+- `==` compares the same class's compared fields as a tuple, `repr` shows the `repr`
+  fields as a dataclass does, and the hash is that of the fields a frozen dataclass
+  hashes (`compare`, or `hash=True`).
+
+Type checkers treat `@record` as `@dataclass(frozen=True)` (PEP 681,
+`typing.dataclass_transform`), so an assignment is caught before it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+elif sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # pragma: no cover - Python 3.10: only type checkers read the marker
+
+    def dataclass_transform(**_: object) -> Callable[[T], T]:
+        return lambda decorated: decorated
+
+
+T = TypeVar("T")
+
+
+def _assign_once(self: object, name: str, value: object) -> None:
+    if name in self.__dict__:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    object.__setattr__(self, name, value)
+
+
+def _no_delete(self: object, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def _hash_of_fields(self: Any) -> int:
+    values = self.__dict__
+    return hash(tuple([values[name] for name in type(self).__record_hashed__]))
+
+
+def _equal_fields(self: Any, other: Any) -> Any:
+    # As a dataclass compares: the same class, then the tuples of the compared fields
+    # (a tuple compares an item with itself as equal, NaN included).
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    names = type(self).__record_compared__
+    mine, theirs = self.__dict__, other.__dict__
+    return tuple([mine[name] for name in names]) == tuple([theirs[name] for name in names])
+
+
+def _repr_fields(self: Any) -> str:
+    values = self.__dict__
+    shown = ", ".join(f"{name}={values[name]!r}" for name in type(self).__record_shown__)
+    return f"{type(self).__qualname__}({shown})"
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def record(cls: type[T]) -> type[T]:
+    """`cls` as an immutable dataclass (see the module's docstring)."""
+    made: Any = dataclasses.dataclass(cls, repr=False, eq=False)
+    fields = dataclasses.fields(made)
+    made.__record_hashed__ = tuple(
+        spec.name for spec in fields if (spec.compare if spec.hash is None else spec.hash)
+    )
+    made.__record_compared__ = tuple(spec.name for spec in fields if spec.compare)
+    made.__record_shown__ = tuple(spec.name for spec in fields if spec.repr)
+    made.__eq__ = _equal_fields
+    made.__repr__ = _repr_fields
+    made.__setattr__ = _assign_once
+    made.__delattr__ = _no_delete
+    made.__hash__ = _hash_of_fields
+    return made  # type: ignore[no-any-return]
