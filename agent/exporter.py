@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
@@ -47,6 +46,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from nodecheck.agent.report import check_document
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file, write_atomically
+from nodecheck.checks.record import record
 from nodecheck.checks.result import MetricSpec, Sample, Status, worst
 
 log = logging.getLogger(__name__)
@@ -819,7 +819,7 @@ def client_key(address: Any) -> str:
     return str(ip)
 
 
-@dataclass
+@record(frozen=False)
 class _Waiting:
     request: Any
     address: Any

@@ -14,7 +14,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.record import record
@@ -80,7 +79,7 @@ def _running_elsewhere(scheduler: Scheduler) -> set[str]:
     } - mine
 
 
-@dataclass
+@record(frozen=False)
 class Scheduled:
     check: Check
     interval_s: float

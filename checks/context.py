@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -77,7 +77,7 @@ class SharedReads(SharedCache):
             return entry[1]  # type: ignore[return-value]
 
 
-@dataclass
+@record(frozen=False)
 class CheckContext:
     """Shared by every check of one run: the facts, the configuration, the histories.
 

@@ -8,11 +8,12 @@ each check module only judges readings.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.nvml import NvmlUnavailableError
+from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Sample, Status, gpu_subject, worst
 
 GPU_LABELS = ("gpu", "bus_id", "model")
@@ -30,7 +31,7 @@ def subject_of(gpu: GpuReading) -> str:
     return gpu_subject(gpu.bus_id or f"index {gpu.index}")
 
 
-@dataclass
+@record(frozen=False)
 class Verdict:
     """Findings about one GPU, folded into one Result (worst status wins)."""
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
     from typing_extensions import dataclass_transform
@@ -71,19 +71,36 @@ def _repr_fields(self: Any) -> str:
     return f"{type(self).__qualname__}({shown})"
 
 
+@overload
+def record(cls: type[T], /) -> type[T]: ...
+
+
+@overload
+def record(*, frozen: bool = True) -> Callable[[type[T]], type[T]]: ...
+
+
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
-def record(cls: type[T]) -> type[T]:
-    """`cls` as an immutable dataclass (see the module's docstring)."""
-    made: Any = dataclasses.dataclass(cls, repr=False, eq=False)
-    fields = dataclasses.fields(made)
-    made.__record_hashed__ = tuple(
-        spec.name for spec in fields if (spec.compare if spec.hash is None else spec.hash)
-    )
-    made.__record_compared__ = tuple(spec.name for spec in fields if spec.compare)
-    made.__record_shown__ = tuple(spec.name for spec in fields if spec.repr)
-    made.__eq__ = _equal_fields
-    made.__repr__ = _repr_fields
-    made.__setattr__ = _assign_once
-    made.__delattr__ = _no_delete
-    made.__hash__ = _hash_of_fields
-    return made  # type: ignore[no-any-return]
+def record(cls: type[T] | None = None, /, *, frozen: bool = True) -> Any:
+    """`cls` as an immutable dataclass (see the module's docstring); `@record(frozen=False)`
+    for one whose fields a reader fills in as it goes (an Inventory, a GpuReading), made as
+    cheaply and unhashable, as a dataclass with `eq` is."""
+
+    def make(cls: type[T]) -> type[T]:
+        made: Any = dataclasses.dataclass(cls, repr=False, eq=False)
+        fields = dataclasses.fields(made)
+        made.__record_compared__ = tuple(spec.name for spec in fields if spec.compare)
+        made.__record_shown__ = tuple(spec.name for spec in fields if spec.repr)
+        made.__eq__ = _equal_fields
+        made.__repr__ = _repr_fields
+        if not frozen:
+            made.__hash__ = None
+            return made  # type: ignore[no-any-return]
+        made.__record_hashed__ = tuple(
+            spec.name for spec in fields if (spec.compare if spec.hash is None else spec.hash)
+        )
+        made.__setattr__ = _assign_once
+        made.__delattr__ = _no_delete
+        made.__hash__ = _hash_of_fields
+        return made  # type: ignore[no-any-return]
+
+    return make if cls is None else make(cls)

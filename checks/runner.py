@@ -15,12 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TypeVar
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.fs import reads_in_flight
+from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status, worst
 
@@ -65,7 +66,7 @@ def run_bounded(function: Callable[[], T], what: str, timeout_s: float) -> T:
     return outcome[0]
 
 
-@dataclass
+@record(frozen=False)
 class CheckRun:
     """The outcome of running one check. `completed` is False on an exception or timeout."""
 
@@ -79,7 +80,7 @@ class CheckRun:
         return worst(result.status for result in self.results)
 
 
-@dataclass
+@record(frozen=False)
 class _Worker:
     check: Check
     thread: threading.Thread | None = None

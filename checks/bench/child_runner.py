@@ -20,8 +20,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from nodecheck.checks.record import record
 
 CHILD_MODULE = "nodecheck.checks.bench.child"
 # Must match child/protocol.py (the child package imports torch: not imported here).
@@ -30,7 +31,7 @@ REAP_TIMEOUT_S = 10.0
 STDERR_TAIL = 2000
 
 
-@dataclass
+@record(frozen=False)
 class ChildOutcome:
     result: dict[str, Any] | None = None
     error: str | None = None  # what went wrong, for the summary

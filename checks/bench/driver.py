@@ -11,7 +11,7 @@ import dataclasses
 import importlib.util
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from nodecheck.checks.bench.child_runner import run_child
@@ -33,7 +33,7 @@ SKIPS = MetricSpec(
 )
 
 
-@dataclass
+@record(frozen=False)
 class Judgement:
     """What `judge` returns: the results, and good values to add to the baselines."""
 

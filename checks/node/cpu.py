@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cache
 from pathlib import Path
 
@@ -68,7 +68,7 @@ class Cpu:
     siblings: frozenset[int]
 
 
-@dataclass
+@record(frozen=False)
 class CpuTopology:
     online: frozenset[int]
     cpus: dict[int, Cpu]

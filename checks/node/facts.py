@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -74,7 +74,7 @@ class FactsError(ValueError):
     """A capture that cannot be judged: not one, a newer schema, or damaged; says where."""
 
 
-@dataclass
+@record(frozen=False)
 class NodeSources:
     """What the readers read: the node's roots, the calling environment, NVML."""
 

@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, TypeVar
 
 from nodecheck.checks.node.fs import NodeFS, list_dir, read_optional_text
@@ -150,7 +150,7 @@ class GpuProcess:
     used_memory_bytes: int | None
 
 
-@dataclass
+@record(frozen=False)
 class GpuReading:
     """One GPU as NVML saw it. Every value is None where it could not be read."""
 
@@ -223,7 +223,7 @@ class NvmlFailure:
         return self.message
 
 
-@dataclass
+@record(frozen=False)
 class GpuSnapshot:
     """Every GPU NVML enumerates, or why NVML could not be used."""
 

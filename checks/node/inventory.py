@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,11 +23,12 @@ from nodecheck.checks.node.net import (
 from nodecheck.checks.node.numa import NumaNode, NumaReading, read_numa
 from nodecheck.checks.node.pci import PciDevice, read_pci_devices
 from nodecheck.checks.node.topology import Relation, effective_numa_node, pcie_relation
+from nodecheck.checks.record import record
 
 T = TypeVar("T")
 
 
-@dataclass
+@record(frozen=False)
 class Nic:
     """A network PCI function with its RDMA devices and interfaces."""
 
@@ -77,7 +78,7 @@ class Nic:
         return None
 
 
-@dataclass
+@record(frozen=False)
 class Inventory:
     hostname: str
     pci: dict[str, PciDevice]

@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from nodecheck.checks.node.fs import (
@@ -71,7 +71,7 @@ def parse_net_speed(text: str) -> int | None:
     return value if value > 0 else None
 
 
-@dataclass
+@record(frozen=False)
 class NetInterface:
     """One network interface. `pci_bdf` is None for virtual interfaces."""
 
@@ -87,7 +87,7 @@ class NetInterface:
     problems: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@record(frozen=False)
 class RdmaPort:
     number: int
     state: str | None
@@ -101,7 +101,7 @@ class RdmaPort:
     width: int | None = None
 
 
-@dataclass
+@record(frozen=False)
 class RdmaDevice:
     """One RDMA device (an HCA such as mlx5_0) and its ports."""
 
@@ -264,7 +264,7 @@ def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
     return devices
 
 
-@dataclass
+@record(frozen=False)
 class PortGidTypes:
     """The GID table of one RoCE port (`<sysfs>/class/infiniband/<hca>/ports/<n>/gid_attrs/
     types/<index>`, Documentation/ABI/stable/sysfs-class-infiniband): the type of each

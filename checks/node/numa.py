@@ -20,7 +20,7 @@ reading takes what the kernel means, with a note, and invents nothing:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from nodecheck.checks.node.cpulist import (
@@ -74,7 +74,7 @@ class NumaNode:
     has_cpu: bool | None = None
 
 
-@dataclass
+@record(frozen=False)
 class NumaReading:
     nodes: list[NumaNode]
     # What was inferred for the node as a whole (no node directory, CPUs in no node).
@@ -121,7 +121,7 @@ def _single_node(fs: NodeFS, online: frozenset[int]) -> NumaReading:
     return NumaReading([NumaNode(0, online, memory)], [note])
 
 
-@dataclass
+@record(frozen=False)
 class _ListedNode:
     number: int
     listed: frozenset[int]  # the online CPUs its list names

@@ -22,7 +22,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nodecheck.checks.config import DEFAULT_NVML_TIMEOUT_S
@@ -96,7 +95,7 @@ def describe_error(err: BaseException) -> str:
     return text if text else type(err).__name__
 
 
-@dataclass
+@record(frozen=False)
 class _Job:
     done: threading.Event
     value: object = None

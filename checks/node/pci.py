@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TypeVar
 
@@ -123,7 +123,7 @@ class PcieLink:
     max_width: int | None
 
 
-@dataclass
+@record(frozen=False)
 class PciDevice:
     """One PCI function as sysfs shows it.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pwd
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from nodecheck.checks.node.fs import (
@@ -153,14 +153,14 @@ def parse_status_uid(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-@dataclass
+@record(frozen=False)
 class GpuProcess:
     pid: int
     command: str
     devices: list[str]
 
 
-@dataclass
+@record(frozen=False)
 class Variables:
     """Every audited setting found, the sources read, and those that could not be.
 

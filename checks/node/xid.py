@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -576,7 +576,7 @@ class _RegisteredGpus:
             return len(self._indices)
 
 
-@dataclass
+@record(frozen=False)
 class _Unregistered:
     """GPUs not listened to: those that cannot be (by bus id, or "GPU <index>"), and those
     whose registration hung (by index; retried), with why."""
