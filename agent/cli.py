@@ -238,6 +238,20 @@ def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) 
     return value
 
 
+def kernel_log_option(function: F) -> F:
+    """--kernel-log FILE, for the commands that read XIDs and SXids (check, capture)."""
+    return click.option(
+        "--kernel-log",
+        "kernel_log",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        callback=_kernel_log,
+        default=None,
+        metavar="FILE",
+        help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
+        "[default: <rootfs>/dev/kmsg]",
+    )(function)
+
+
 def facts_option(function: F) -> F:
     """--facts FILE: judge a `nodecheck capture` instead of this node."""
     return click.option(
@@ -297,16 +311,7 @@ def facts_hostname(facts: FactsSource) -> str:
     help="GPUs this node should have; fewer visible to NVML fails gpu_count. "
     "[default: the GPUs on the PCI bus]",
 )
-@click.option(
-    "--kernel-log",
-    "kernel_log",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    callback=_kernel_log,
-    default=None,
-    metavar="FILE",
-    help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
-    "[default: <rootfs>/dev/kmsg]",
-)
+@kernel_log_option
 @facts_option
 @global_options
 @click.pass_context
@@ -555,16 +560,7 @@ def _say_unread(command: str, facts: NodeFacts) -> None:
     metavar="FILE",
     help="Write the capture to FILE (atomically, mode 0600) instead of stdout.",
 )
-@click.option(
-    "--kernel-log",
-    "kernel_log",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    callback=_kernel_log,
-    default=None,
-    metavar="FILE",
-    help="Read XIDs from this kernel log (kmsg, dmesg or syslog lines). "
-    "[default: <rootfs>/dev/kmsg]",
-)
+@kernel_log_option
 @global_options
 @click.pass_context
 def capture(ctx: click.Context, output: Path | None, kernel_log: Path | None) -> None:

@@ -10,19 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nodecheck.checks.node.facts import DERIVED, FactsSource, NodeSources, part
+from nodecheck.checks.node.facts import DERIVED, FactsSource, NodeSources, lazy_type, part
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.gpu import GpuSnapshot
     from nodecheck.checks.node.inventory import Inventory
     from nodecheck.checks.node.pci import PciDevice
     from nodecheck.checks.node.variables import Variables
-
-
-def _type_inventory() -> object:
-    from nodecheck.checks.node.inventory import Inventory
-
-    return Inventory
 
 
 @part("hostname", lambda: str)
@@ -33,7 +27,7 @@ def read_hostname_part(sources: NodeSources, facts: FactsSource) -> str:
     return read_hostname(sources.fs)
 
 
-@part("inventory", _type_inventory)
+@part("inventory", lazy_type("inventory", "Inventory"))
 def read_inventory_part(sources: NodeSources, facts: FactsSource) -> Inventory:
     """PCI devices and bridges with their links, NICs, RDMA devices, CPUs and NUMA nodes."""
     from nodecheck.checks.node.inventory import read_inventory
@@ -66,13 +60,7 @@ def _gpus_of(inventory: Any) -> Any:
 DERIVED["pci_gpus"] = ("inventory", _gpus_of)
 
 
-def _type_variables() -> object:
-    from nodecheck.checks.node.variables import Variables
-
-    return Variables
-
-
-@part("variables", _type_variables, root=True)
+@part("variables", lazy_type("variables", "Variables"), root=True)
 def read_variables_part(sources: NodeSources, facts: FactsSource) -> Variables:
     """NCCL_/TORCH_/PYTORCH_/CUDA_ settings: the calling environment, NCCL config files and
     the environments of the processes holding GPUs (other users' only as root)."""
@@ -81,13 +69,7 @@ def read_variables_part(sources: NodeSources, facts: FactsSource) -> Variables:
     return read_variables(sources.fs, sources.environ, sources.uid)
 
 
-def _type_gpus() -> object:
-    from nodecheck.checks.node.gpu import GpuSnapshot
-
-    return GpuSnapshot
-
-
-@part("gpus", _type_gpus, nvml=True, shared=True)
+@part("gpus", lazy_type("gpu", "GpuSnapshot"), nvml=True, shared=True)
 def read_gpus_part(sources: NodeSources, facts: FactsSource) -> GpuSnapshot:
     """What NVML says of every GPU: identity, ECC, remapping, clocks, PCIe, NVLink, power."""
     from nodecheck.checks.node.gpu import read_gpus, resolve_lost_bus_ids
@@ -112,12 +94,6 @@ def read_virtualization_part(sources: NodeSources, facts: FactsSource) -> str | 
     return detect_virtualization(sources.fs)
 
 
-def _type_kernel_log() -> object:
-    from nodecheck.checks.node.kernel_log_facts import KernelLogFacts
-
-    return KernelLogFacts
-
-
 def _kernel_log_version(sources: NodeSources) -> object:
     from nodecheck.checks.node.kernel_log_facts import kernel_log_version
 
@@ -127,16 +103,18 @@ def _kernel_log_version(sources: NodeSources) -> object:
         return object()
 
 
-@part("kernel_log", _type_kernel_log, root=True, shared=True, version=_kernel_log_version)
+@part(
+    "kernel_log",
+    lazy_type("kernel_log_facts", "KernelLogFacts"),
+    root=True,
+    shared=True,
+    version=_kernel_log_version,
+)
 def read_kernel_log_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The kernel log's XID and SXid lines (never its whole text), or why it is unreadable."""
     from nodecheck.checks.node.kernel_log_facts import read_log_facts
 
     return read_log_facts(sources.kernel_log, sources.fs)
-
-
-# --- Task "rules" (issue 14, branch fix-rules): the RoCE ports' GID tables, which the
-# NCCL_IB_GID_INDEX rule judges (checks/rules/nccl_settings.py gid_index_findings).
 
 
 def _type_roce_gids() -> object:
@@ -154,16 +132,7 @@ def read_roce_gids_part(sources: NodeSources, facts: FactsSource) -> list[Any]:
     return read_roce_gid_types(sources.fs, inventory.rdma)
 
 
-# --- GPU checks, tuning and tune's inputs (issue 14, task gpuparts) ---------------------
-
-
-def _type_nvidia_driver() -> object:
-    from nodecheck.checks.node.nvidia_driver import NvidiaDriver
-
-    return NvidiaDriver
-
-
-@part("nvidia_driver", _type_nvidia_driver)
+@part("nvidia_driver", lazy_type("nvidia_driver", "NvidiaDriver"))
 def read_nvidia_driver_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The loaded nvidia kernel module's version and the GPUs it exposes here
     (<procfs>/driver/nvidia/version and gpus/)."""
@@ -172,13 +141,7 @@ def read_nvidia_driver_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_nvidia_driver(sources.fs)
 
 
-def _type_gpu_process_names() -> object:
-    from nodecheck.checks.node.processes import GpuProcessNames
-
-    return GpuProcessNames
-
-
-@part("gpu_process_names", _type_gpu_process_names, nvml=True)
+@part("gpu_process_names", lazy_type("processes", "GpuProcessNames"), nvml=True)
 def read_gpu_process_names_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The command name (<procfs>/PID/comm) of each process NVML lists on a GPU, or why
     it could not be read (a pid outside this PID namespace)."""
@@ -189,13 +152,7 @@ def read_gpu_process_names_part(sources: NodeSources, facts: FactsSource) -> Any
     return read_process_names(sources.fs, pids)
 
 
-def _type_gpu_presence() -> object:
-    from nodecheck.checks.node.gpu_presence import GpuPresences
-
-    return GpuPresences
-
-
-@part("gpu_presence", _type_gpu_presence)
+@part("gpu_presence", lazy_type("gpu_presence", "GpuPresences"))
 def read_gpu_presence_part(sources: NodeSources, facts: FactsSource) -> Any:
     """Whether each NVIDIA GPU on the PCI bus answers config reads (its config file's
     first dword), by bus id."""
@@ -205,13 +162,7 @@ def read_gpu_presence_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_gpu_presences(pci_gpus)
 
 
-def _type_coherent_gpus() -> object:
-    from nodecheck.checks.node.coherent_gpus import CoherentGpus
-
-    return CoherentGpus
-
-
-@part("coherent_gpus", _type_coherent_gpus)
+@part("coherent_gpus", lazy_type("coherent_gpus", "CoherentGpus"))
 def read_coherent_gpus_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The GPUs the nvidia driver attaches coherently (NVLink-C2C on Grace), from
     <procfs>/driver/nvidia/gpus/*/numa_status."""
@@ -220,13 +171,7 @@ def read_coherent_gpus_part(sources: NodeSources, facts: FactsSource) -> Any:
     return CoherentGpus(read_coherent_gpus(sources.fs))
 
 
-def _type_addressed_interfaces() -> object:
-    from nodecheck.checks.node.net import AddressedInterfaces
-
-    return AddressedInterfaces
-
-
-@part("addressed_interfaces", _type_addressed_interfaces)
+@part("addressed_interfaces", lazy_type("net", "AddressedInterfaces"))
 def read_addressed_interfaces_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The interfaces with an IPv4 route or a global IPv6 address (<procfs>/net/route and
     net/if_inet6), or unknown when neither could be read."""
@@ -236,13 +181,7 @@ def read_addressed_interfaces_part(sources: NodeSources, facts: FactsSource) -> 
     return AddressedInterfaces(None if names is None else frozenset(names))
 
 
-def _type_nccl_library() -> object:
-    from nodecheck.checks.node.nccl_library import NcclLibraries
-
-    return NcclLibraries
-
-
-@part("nccl_library", _type_nccl_library)
+@part("nccl_library", lazy_type("nccl_library", "NcclLibraries"))
 def read_nccl_library_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The installed NCCL versions: libnccl's file names under the root filesystem, and
     torch's bundled NCCL from package metadata on the own root (NCCL is never loaded)."""
@@ -251,13 +190,7 @@ def read_nccl_library_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_nccl_libraries(sources.fs)
 
 
-def _type_calling_environment() -> object:
-    from nodecheck.checks.node.calling_environment import CallingEnvironment
-
-    return CallingEnvironment
-
-
-@part("calling_environment", _type_calling_environment)
+@part("calling_environment", lazy_type("calling_environment", "CallingEnvironment"))
 def read_calling_environment_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The calling environment's variables that tune and exec read (job size, local rank,
     GPUs, OMP_NUM_THREADS, the audited prefixes), filtered as read: no other value."""
@@ -266,13 +199,7 @@ def read_calling_environment_part(sources: NodeSources, facts: FactsSource) -> A
     return read_calling_environment(sources.environ)
 
 
-def _type_cpuset() -> object:
-    from nodecheck.checks.node.cgroup import CpusetReading
-
-    return CpusetReading
-
-
-@part("cpuset", _type_cpuset)
+@part("cpuset", lazy_type("cgroup", "CpusetReading"))
 def read_cpuset_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The CPUs and memory nodes this process may use (its cpuset cgroup), or why they
     could not be read."""
@@ -281,23 +208,13 @@ def read_cpuset_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_cpuset(sources.fs)
 
 
-def _type_torch_version() -> object:
-    from nodecheck.checks.node.torch_package import TorchVersion
-
-    return TorchVersion
-
-
-@part("torch_version", _type_torch_version)
+@part("torch_version", lazy_type("torch_package", "TorchVersion"))
 def read_torch_version_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The installed torch's version, from package metadata (torch is never imported)."""
     from nodecheck.checks.node.torch_package import read_torch_version
 
     return read_torch_version()
 
-
-# --- Task fix-hostparts: what the host checks read beside the inventory ----------------------
-# numa_balancing (numa), pcie_acs (pcie_acs, root), rdma_port_counters (rdma_ports) and
-# cpu_governors (cpu).
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.cpu import CpuGovernors
@@ -306,13 +223,7 @@ if TYPE_CHECKING:
     from nodecheck.checks.node.pci_config import SwitchPortAcs
 
 
-def _type_numa_balancing() -> object:
-    from nodecheck.checks.node.numa import NumaBalancing
-
-    return NumaBalancing
-
-
-@part("numa_balancing", _type_numa_balancing)
+@part("numa_balancing", lazy_type("numa", "NumaBalancing"))
 def read_numa_balancing_part(sources: NodeSources, facts: FactsSource) -> NumaBalancing:
     """kernel.numa_balancing: its mode, its absence (a kernel without it), or why unreadable."""
     from nodecheck.checks.node.numa import read_numa_balancing
@@ -320,13 +231,7 @@ def read_numa_balancing_part(sources: NodeSources, facts: FactsSource) -> NumaBa
     return read_numa_balancing(sources.fs)
 
 
-def _type_pcie_acs() -> object:
-    from nodecheck.checks.node.pci_config import SwitchPortAcs
-
-    return SwitchPortAcs
-
-
-@part("pcie_acs", _type_pcie_acs, root=True)
+@part("pcie_acs", lazy_type("pci_config", "SwitchPortAcs"), root=True)
 def read_pcie_acs_part(sources: NodeSources, facts: FactsSource) -> SwitchPortAcs:
     """ACS registers of every PCIe switch port (a bridge below a root port), from its config
     space: past its first 64 bytes only as root."""
@@ -337,13 +242,7 @@ def read_pcie_acs_part(sources: NodeSources, facts: FactsSource) -> SwitchPortAc
     return read_switch_port_acs(sources.fs, switch_ports)
 
 
-def _type_rdma_port_counters() -> object:
-    from nodecheck.checks.node.net import RdmaPortCounterReading
-
-    return RdmaPortCounterReading
-
-
-@part("rdma_port_counters", _type_rdma_port_counters)
+@part("rdma_port_counters", lazy_type("net", "RdmaPortCounterReading"))
 def read_rdma_port_counters_part(
     sources: NodeSources, facts: FactsSource
 ) -> RdmaPortCounterReading:
@@ -354,22 +253,13 @@ def read_rdma_port_counters_part(
     return read_rdma_port_counters(sources.fs, inventory.rdma)
 
 
-def _type_cpu_governors() -> object:
-    from nodecheck.checks.node.cpu import CpuGovernors
-
-    return CpuGovernors
-
-
-@part("cpu_governors", _type_cpu_governors)
+@part("cpu_governors", lazy_type("cpu", "CpuGovernors"))
 def read_cpu_governors_part(sources: NodeSources, facts: FactsSource) -> CpuGovernors:
     """The cpufreq governor of every online CPU, and the CPUs whose governor is unreadable."""
     from nodecheck.checks.node.cpu import read_governors
 
     inventory: Inventory = facts.get("inventory")
     return read_governors(sources.fs, sorted(inventory.cpu.cpus))
-
-
-# --- fix-capture (issue 14, task 5: capture, --facts, the root snapshot as facts) ---------
 
 
 @part("cpu_model", lambda: str)

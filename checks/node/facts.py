@@ -121,6 +121,18 @@ class PartSpec:
 PARTS: dict[str, PartSpec] = {}
 
 
+def lazy_type(module: str, name: str) -> Callable[[], object]:
+    """A part's value type: class `name` of checks/node's `module`, imported only when a
+    capture is loaded (reading the node, or `tune`, never pays for it)."""
+
+    def load() -> object:
+        import importlib
+
+        return getattr(importlib.import_module(f"nodecheck.checks.node.{module}"), name)
+
+    return load
+
+
 def part(
     name: str,
     value_type: Callable[[], object],
