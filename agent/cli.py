@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from nodecheck.tuning.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 SETTINGS_KEY = "nodecheck.settings"
 
 ROOT_OPTIONS = {
@@ -265,6 +266,26 @@ def facts_option(function: F) -> F:
     )(function)
 
 
+def of_capture(path: Path | None, work: Callable[[], T]) -> T:
+    """`work()` over a capture (None: the live node, as it is). A capture's values can
+    fit their types yet contradict each other (a CPU with no siblings, a NIC naming an
+    RDMA device that is not there: a capture edited by hand); what then fails is the
+    capture's fault, said in one line with exit 2, never an internal error."""
+    if path is None:
+        return work()
+    from nodecheck.checks.node.facts import PartUnavailableError
+
+    try:
+        return work()
+    except (click.exceptions.Exit, click.ClickException, PartUnavailableError):
+        raise
+    except Exception as err:
+        log.debug("event=capture_contradicts_itself", exc_info=err)
+        fail_usage(
+            f"{path}: its facts contradict each other ({type(err).__name__}: {err}): was it edited?"
+        )
+
+
 def load_facts(ctx: click.Context, path: Path) -> NodeFacts:
     """The capture at `path`; anything else (not a capture, damaged, a newer schema, no
     regular file) is a usage error naming the file. The roots and NVML are left alone."""
@@ -396,13 +417,13 @@ def inventory(ctx: click.Context, as_json: bool, facts_path: Path | None) -> Non
             )
         finally:
             sources.session().close()
+    render = render_inventory_json if as_json else render_inventory
     try:
-        shown = inventory_facts(facts)
+        text = of_capture(facts_path, lambda: render(inventory_facts(facts)))
     except PartUnavailableError as err:
         click.echo(f"nodecheck: cannot show the node: {err.unread.reason}", err=True)
         sys.exit(EXIT_INTERNAL)
-    render = render_inventory_json if as_json else render_inventory
-    click.echo(render(shown))
+    click.echo(text)
 
 
 CONFIG_OPTION = click.option(
@@ -833,7 +854,7 @@ def _tune_plan_of_capture(
     from nodecheck.tuning.plan import TuneOptions, make_plan
 
     options = TuneOptions(shape=JobShape(nodes, single_switch), with_smt_siblings=with_smt_siblings)
-    return make_plan(CheckContext(facts=facts), options)
+    return of_capture(facts_path, lambda: make_plan(CheckContext(facts=facts), options))
 
 
 @cli.command()

@@ -41,7 +41,8 @@ T = TypeVar("T")
 
 
 def _assign_once(self: object, name: str, value: object) -> None:
-    if name in self.__dict__:
+    # As a frozen dataclass: no field assigned twice, and nothing but the fields at all.
+    if name in self.__dict__ or name not in type(self).__dataclass_fields__:  # type: ignore[attr-defined]
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
     object.__setattr__(self, name, value)
 
@@ -86,21 +87,34 @@ def record(cls: type[T] | None = None, /, *, frozen: bool = True) -> Any:
     cheaply and unhashable, as a dataclass with `eq` is."""
 
     def make(cls: type[T]) -> type[T]:
+        for base in cls.__mro__[1:]:
+            if getattr(base, "__record_frozen__", frozen) != frozen:
+                # As dataclasses refuse: a frozen record's fields would change through a
+                # mutable subclass, or a mutable one's be assign-once.
+                raise TypeError(f"{cls.__name__}: cannot mix frozen and mutable records")
+        # The methods the class writes itself are kept, as a dataclass keeps them (a
+        # class that writes __eq__ gets __hash__ = None from Python: not its own).
+        own = set(cls.__dict__)
+        if cls.__dict__.get("__hash__", False) is None and "__eq__" in cls.__dict__:
+            own.discard("__hash__")
         made: Any = dataclasses.dataclass(cls, repr=False, eq=False)
         fields = dataclasses.fields(made)
+        made.__record_frozen__ = frozen
         made.__record_compared__ = tuple(spec.name for spec in fields if spec.compare)
         made.__record_shown__ = tuple(spec.name for spec in fields if spec.repr)
-        made.__eq__ = _equal_fields
-        made.__repr__ = _repr_fields
-        if not frozen:
-            made.__hash__ = None
-            return made  # type: ignore[no-any-return]
-        made.__record_hashed__ = tuple(
-            spec.name for spec in fields if (spec.compare if spec.hash is None else spec.hash)
-        )
-        made.__setattr__ = _assign_once
-        made.__delattr__ = _no_delete
-        made.__hash__ = _hash_of_fields
+        shared: dict[str, object] = {"__eq__": _equal_fields, "__repr__": _repr_fields}
+        if frozen:
+            made.__record_hashed__ = tuple(
+                spec.name for spec in fields if (spec.compare if spec.hash is None else spec.hash)
+            )
+            shared.update(
+                __setattr__=_assign_once, __delattr__=_no_delete, __hash__=_hash_of_fields
+            )
+        else:
+            shared["__hash__"] = None  # mutable and compared by value: unhashable
+        for name, method in shared.items():
+            if name not in own:
+                setattr(made, name, method)
         return made  # type: ignore[no-any-return]
 
     return make if cls is None else make(cls)

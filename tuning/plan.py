@@ -321,6 +321,11 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         *_reading_notes(inventory),
         *torch_notes,
     ]
+    if coherent.problem:
+        notes.append(
+            f"cannot list the GPUs the driver attaches coherently ({coherent.problem}): "
+            "a GPU on NVLink-C2C, if any, is paired with its NICs as a PCIe GPU"
+        )
     shape = options.shape
     if shape.nodes is None:
         nodes, variable = nccl.job_nodes(environ)

@@ -11,19 +11,27 @@ JSON has no NaN or infinity: a float that is not finite is written as the string
 "NaN", "Infinity" or "-Infinity". A set of integers (CPUs, NUMA nodes) is written as
 the kernel writes it, a cpulist string ("0-55,112-167": Documentation/admin-guide/
 cputopology.rst), which keeps a 224-CPU node's capture small; other sets are written
-sorted, dictionaries by key order of `json.dumps(sort_keys=True)`, so the same facts
-always give the same text.
+sorted. Dictionaries keep the order the facts have them in (the node's), so results
+judged from a capture list what they list in the live node's order.
+
+A capture comes from elsewhere: every number is read in ASCII digits and the form
+`str(int)` writes, every string must be valid Unicode (no lone surrogate), and the
+numbers a document's cpulists expand to are counted against one budget, so a few
+hundred bytes of "0-1048575,0-1048575,..." cannot take the machine's memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
+import re
 import sys
+import threading
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,20 +107,43 @@ def _cpulist(numbers: set[int] | frozenset[int]) -> str:
     return ",".join(ranges)
 
 
-# A capture is read whole into memory, so a range is bounded before it is expanded: no
-# node has a million CPUs, and "0-999999999" must not take the machine's memory.
-CPULIST_BOUND = 1 << 20
+# A capture is read whole into memory, so a range is bounded before it is expanded: the
+# sets written this way are CPUs, NUMA nodes and process ids, and no pid exceeds
+# pid_max's limit of 2^22 (Documentation/admin-guide/sysctl/kernel.rst, pid_max).
+CPULIST_BOUND = 1 << 22
+# What one document's cpulists may expand to, all together: an 8192-CPU node's capture
+# (every PCI device's local CPUs, every CPU's siblings) stays far below it.
+EXPANSION_BUDGET = 4_000_000
+
+_NUMBER = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+_INTEGER_KEY = re.compile(r"0|-?[1-9][0-9]*", re.ASCII)
+_budget = threading.local()
+
+
+@contextlib.contextmanager
+def expansion_budget(numbers: int = EXPANSION_BUDGET) -> Iterator[None]:
+    """Count what the cpulists decoded in this block expand to against `numbers`."""
+    _budget.left = numbers
+    try:
+        yield
+    finally:
+        del _budget.left
 
 
 def _parse_cpulist(text: str, where: str) -> list[int]:
     numbers: list[int] = []
     for piece in text.split(","):
         first, dash, last = piece.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
+        if not _NUMBER.fullmatch(first) or (dash and not _NUMBER.fullmatch(last)):
             raise FactsFormatError(f'{where}: {text!r} is not a list of numbers ("0-3,8")')
         low, high = int(first), int(last) if dash else int(first)
         if high < low or high >= CPULIST_BOUND:
             raise FactsFormatError(f"{where}: {piece!r} is not a range this node can have")
+        left = getattr(_budget, "left", CPULIST_BOUND) - (high - low + 1)
+        if left < 0:
+            raise FactsFormatError(f"{where}: the document's lists of numbers are too long")
+        if hasattr(_budget, "left"):
+            _budget.left = left
         numbers.extend(range(low, high + 1))
     return numbers
 
@@ -141,6 +172,11 @@ def _wrong(where: str, expected: str, value: object) -> FactsFormatError:
 def _decode_str(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise _wrong(where, "a string", value)
+    if not value.isascii():
+        try:
+            value.encode("utf-8")  # JSON's "\ud800" is a string no UTF-8 can carry
+        except UnicodeEncodeError:
+            raise FactsFormatError(f"{where}: not valid Unicode (a lone surrogate)") from None
     return value
 
 
@@ -155,7 +191,10 @@ def _decode_float(value: Any, where: str) -> float:
         return _NON_FINITE[value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _wrong(where, "a number", value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise FactsFormatError(f"{where}: {value} is too large for a number") from None
 
 
 def _decode_bool(value: Any, where: str) -> bool:
@@ -331,12 +370,11 @@ def _mapping_decoder(arguments: tuple[object, ...]) -> Decoder:
         as_key = decoder_for(key_hint)
 
         def decode_key(key: str, where: str) -> Any:
-            # JSON keys are strings: an integer key (or an enum of integers) is written "8".
-            try:
-                number = int(key)
-            except ValueError:
-                raise FactsFormatError(f"{where}: key {key!r} is not an integer") from None
-            return as_key(number, where)
+            # JSON keys are strings: an integer key (or an enum of integers) is written
+            # "8", as str(int) writes it (never "08", "8_0" or another script's digits).
+            if not isinstance(key, str) or not _INTEGER_KEY.fullmatch(key) or len(key) > 20:
+                raise FactsFormatError(f"{where}: key {key!r} is not an integer")
+            return as_key(int(key), where)
 
     else:
         key_decoder = decoder_for(key_hint)
@@ -347,7 +385,10 @@ def _mapping_decoder(arguments: tuple[object, ...]) -> Decoder:
     def decode_mapping(value: Any, where: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise _wrong(where, "an object", value)
-        return {decode_key(k, where): item(v, f"{where}[{k!r}]") for k, v in value.items()}
+        decoded = {decode_key(k, where): item(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if len(decoded) != len(value):  # "8" and an enum's "8" are one key
+            raise FactsFormatError(f"{where}: two keys name the same entry")
+        return decoded
 
     return decode_mapping
 

@@ -39,14 +39,15 @@ def parse_numa_status(text: str) -> tuple[int | None, str]:
     )
 
 
-def read_coherent_gpus(fs: NodeFS) -> dict[str, CoherentGpu]:
-    """The GPUs of /proc/driver/nvidia/gpus with a numa_status file, by bus id. Empty
-    without the driver's folder (no driver, or a container without it)."""
+def read_coherent_gpus(fs: NodeFS) -> CoherentGpus:
+    """The GPUs of /proc/driver/nvidia/gpus with a numa_status file, by bus id. None
+    without the driver's folder (no driver, or a container without it); a folder that
+    cannot be listed is `problem`, never "no coherent GPU"."""
     path = fs.proc("driver", "nvidia", "gpus")
     try:
         names = list_dir(path)
-    except ReadError:
-        return {}
+    except ReadError as err:
+        return CoherentGpus({}, str(err))
     found = {}
     for name in names:
         with contextlib.suppress(ValueError):
@@ -58,11 +59,13 @@ def read_coherent_gpus(fs: NodeFS) -> dict[str, CoherentGpu]:
                 continue
             if text is not None:
                 found[bdf] = CoherentGpu(bdf, *parse_numa_status(text))
-    return found
+    return CoherentGpus(found)
 
 
 @record
 class CoherentGpus:
-    """The coherent GPUs (read_coherent_gpus) by bus id: the coherent_gpus part."""
+    """The coherent GPUs (read_coherent_gpus) by bus id: the coherent_gpus part; `problem`
+    says why the driver's GPU folder could not be listed."""
 
     by_bus_id: dict[str, CoherentGpu]
+    problem: str | None = None

@@ -166,9 +166,9 @@ def read_gpu_presence_part(sources: NodeSources, facts: FactsSource) -> Any:
 def read_coherent_gpus_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The GPUs the nvidia driver attaches coherently (NVLink-C2C on Grace), from
     <procfs>/driver/nvidia/gpus/*/numa_status."""
-    from nodecheck.checks.node.coherent_gpus import CoherentGpus, read_coherent_gpus
+    from nodecheck.checks.node.coherent_gpus import read_coherent_gpus
 
-    return CoherentGpus(read_coherent_gpus(sources.fs))
+    return read_coherent_gpus(sources.fs)
 
 
 @part("addressed_interfaces", lazy_type("net", "AddressedInterfaces"))

@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from nodecheck.checks.node.codec import FactsFormatError, decode, encode
+from nodecheck.checks.node.codec import FactsFormatError, decode, encode, expansion_budget
 from nodecheck.checks.node.fs import NodeFS, reads_in_flight
 from nodecheck.checks.record import record
 
@@ -56,7 +56,7 @@ class Unread:
     reading /sys/..."); `cause` is "timeout", "exception" or "not captured"."""
 
     reason: str
-    cause: str
+    cause: Literal["timeout", "exception", "not captured", "not read"]
     stuck_reading: tuple[str, ...] = ()
     remedy: str = ""
 
@@ -225,12 +225,9 @@ class LiveFacts(FactsSource):
                 self._values[key] = self._read(spec)
             return self._values[key]
 
-    def capture(
-        self, names: Iterable[str] | None = None, timeout_s: float = PART_TIMEOUT_S
-    ) -> NodeFacts:
-        """A NodeFacts of `names` (every captured part by default), each read on its own
-        thread under `timeout_s`: a part that raises or hangs is Unread, the others kept."""
-        wanted = [n for n in PARTS if PARTS[n].captured] if names is None else list(names)
+    def _read_bounded(self, names: list[str], timeout_s: float) -> dict[str, object]:
+        """Each of `names` read on its own thread, all under one deadline: its value, or
+        the Unread that says why not (it raised, or it hung: the paths it was stuck on)."""
         outcomes: dict[str, object] = {}
         threads: dict[str, threading.Thread] = {}
 
@@ -245,7 +242,7 @@ class LiveFacts(FactsSource):
                 )
 
         started = time.monotonic()
-        for name in wanted:
+        for name in names:
             threads[name] = threading.Thread(
                 target=read, args=(name,), name=f"facts-{name}", daemon=True
             )
@@ -258,6 +255,25 @@ class LiveFacts(FactsSource):
                 if stuck:
                     reason += ", stuck reading " + ", ".join(stuck)
                 outcomes[name] = Unread(reason, "timeout", stuck)
+        return {name: outcomes[name] for name in names}
+
+    def capture(
+        self, names: Iterable[str] | None = None, timeout_s: float = PART_TIMEOUT_S
+    ) -> NodeFacts:
+        """A NodeFacts of `names` (every captured part by default), each read on its own
+        thread under `timeout_s`: a part that raises or hangs is Unread, the others kept."""
+        wanted = [n for n in PARTS if PARTS[n].captured] if names is None else list(names)
+        outcomes = self._read_bounded(wanted, timeout_s)
+        # A part a capture derives from another (pci_gpus from inventory) is read on its
+        # own where that other could not be: the GPU checks still judge the GPUs then.
+        fallbacks = [
+            derived
+            for derived, (source, _) in DERIVED.items()
+            if derived not in outcomes and isinstance(outcomes.get(source), Unread)
+        ]
+        if fallbacks:
+            outcomes.update(self._read_bounded(fallbacks, timeout_s))
+            wanted += fallbacks
         fs = self.sources.fs
         return NodeFacts(
             taken_at=self.taken_at,
@@ -344,6 +360,8 @@ def loads(text: str, where: str = "the capture") -> NodeFacts:
         raise FactsError(f"{where} is not JSON: {err}") from None
     except RecursionError:
         raise FactsError(f"{where} is nested too deeply to be a capture") from None
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise FactsError(f"{where} is not JSON nodecheck reads: {err}") from None
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
         raise FactsError(f"{where} is not a {SCHEMA} capture (no schema)")
     schema = document["schema"]
@@ -357,31 +375,41 @@ def loads(text: str, where: str = "the capture") -> NodeFacts:
             f"{where} is a {schema} capture, newer than this nodecheck reads ({SCHEMA}): "
             "judge it with the nodecheck that took it, or upgrade"
         )
+    unknown = sorted(set(document) - ENVELOPE)
+    if unknown:
+        raise FactsError(
+            f"{where}: unknown field {unknown[0]!r} (a capture has {sorted(ENVELOPE)})"
+        )
     try:
-        taken_at = decode(float, document.get("taken_at"), "taken_at")
-        if not math.isfinite(taken_at) or taken_at < 0:
-            raise FactsFormatError(f"taken_at: {taken_at!r} is no time")
-        roots = decode(dict[str, str], document.get("roots", {}), "roots")
-        made_by = decode(str, document.get("nodecheck_version", ""), "nodecheck_version")
-        raw_parts = decode(dict[str, Any], document.get("parts"), "parts")
-        parts: dict[str, object] = {}
-        for name, entry in raw_parts.items():
-            at = f"parts.{name}"
-            spec = PARTS.get(name)
-            if spec is None:
-                raise FactsFormatError(f"{at}: no such part (parts: {', '.join(PARTS)})")
-            if (
-                not isinstance(entry, dict)
-                or len(entry) != 1
-                or not ({"value", "unread"} & set(entry))
-            ):
-                raise FactsFormatError(f'{at}: expected {{"value": ...}} or {{"unread": ...}}')
-            if "unread" in entry:
-                parts[name] = decode(Unread, entry["unread"], f"{at}.unread")
-            else:
-                parts[name] = decode(spec.value_type(), entry["value"], f"{at}.value")
+        with expansion_budget():
+            return _decode_document(document, where)
     except FactsFormatError as err:
         raise FactsError(f"{where}: {err}") from None
+
+
+ENVELOPE = {"schema", "taken_at", "nodecheck_version", "roots", "parts"}
+
+
+def _decode_document(document: dict[str, Any], where: str) -> NodeFacts:
+    """The envelope's fields and every part, decoded by their types."""
+    taken_at = decode(float, document.get("taken_at"), "taken_at")
+    if not math.isfinite(taken_at) or taken_at < 0:
+        raise FactsFormatError(f"taken_at: {taken_at!r} is no time")
+    roots = decode(dict[str, str], document.get("roots", {}), "roots")
+    made_by = decode(str, document.get("nodecheck_version", ""), "nodecheck_version")
+    raw_parts = decode(dict[str, Any], document.get("parts"), "parts")
+    parts: dict[str, object] = {}
+    for name, entry in raw_parts.items():
+        at = f"parts.{name}"
+        spec = PARTS.get(name)
+        if spec is None:
+            raise FactsFormatError(f"{at}: no such part (parts: {', '.join(PARTS)})")
+        if not isinstance(entry, dict) or len(entry) != 1 or not ({"value", "unread"} & set(entry)):
+            raise FactsFormatError(f'{at}: expected {{"value": ...}} or {{"unread": ...}}')
+        if "unread" in entry:
+            parts[name] = decode(Unread, entry["unread"], f"{at}.unread")
+        else:
+            parts[name] = decode(spec.value_type(), entry["value"], f"{at}.value")
     return NodeFacts(taken_at, parts, roots, made_by)
 
 

@@ -174,6 +174,24 @@ def test_a_file_that_is_no_usable_capture_is_refused(
     assert "Traceback" not in done.stderr
 
 
+def _no_siblings(document: dict[str, Any]) -> None:
+    cpus = document["parts"]["inventory"]["value"]["cpu"]["cpus"]
+    cpus[sorted(cpus)[0]]["siblings"] = []  # a CPU that is no thread of its own core
+
+
+@pytest.mark.parametrize("command", [["inventory"], ["tune", "--format", "json"]])
+def test_a_capture_that_contradicts_itself_is_refused_not_crashed_on(
+    faulty_capture: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Values that fit their types but not each other (an edited capture): exit 2 and one
+    line naming the file, never "internal error" (exit 3, check's "undetermined")."""
+    path = _rewrite(faulty_capture, _no_siblings)(tmp_path / "capture.json")
+    done = run(*NOWHERE, *command, "--facts", str(path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"nodecheck: {path}: its facts contradict each other")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
 def test_capture_is_written_atomically_for_its_owner_only(dgx: Node, tmp_path: Path) -> None:
     """-o replaces the file whole (a new inode, no temporary left beside it), mode 0600
     whatever was there: a support bundle. Without -o the same document goes to stdout."""

@@ -322,3 +322,68 @@ def test_a_newer_schema_is_refused_even_when_it_would_parse() -> None:
         loads(capture_text(schema="nodecheck.facts/v2"))
     with pytest.raises(FactsError, match="newer than this nodecheck reads"):
         loads(capture_text(schema="nodecheck.facts/v10"))
+
+
+# --- hostile captures: numbers, strings and lists that would crash or exhaust a loader
+
+
+def _capture_with(**fields: Any) -> str:
+    document: dict[str, Any] = {"schema": "nodecheck.facts/v1", "taken_at": 1.0, "parts": {}}
+    document.update(fields)
+    return json.dumps(document)
+
+
+def test_a_cpulist_is_ascii_digits_in_canonical_form() -> None:
+    assert decode(frozenset[int], "0-3,8", "v") == frozenset({0, 1, 2, 3, 8})
+    for text in ("٠-٣", "0-²", "08", "1_0", " 1", "3-1", "-1", ""):
+        with pytest.raises(FactsFormatError, match=r"^v: "):
+            decode(frozenset[int], text, "v")
+
+
+def test_the_numbers_a_document_expands_to_are_bounded() -> None:
+    """A few hundred bytes of "0-4194303,..." would be gigabytes of integers: refused."""
+    bomb = ",".join(["0-4194303"] * 40)
+    text = _capture_with(parts={"cpu_governors": {"value": {"governors": {}, "problems": {}}}})
+    assert loads(text).parts["cpu_governors"] is not None
+    hostile = _capture_with(parts={"coherent_gpus": {"value": {"by_bus_id": {}, "numbers": bomb}}})
+    with pytest.raises(FactsError):
+        loads(hostile)  # (an unknown field: refused before anything is expanded)
+    from nodecheck.checks.node.codec import expansion_budget
+
+    with expansion_budget(1000), pytest.raises(FactsFormatError, match="too long"):
+        decode(list[frozenset[int]], ["0-600", "0-600"], "v")
+    with pytest.raises(FactsFormatError, match="not a range this node can have"):
+        decode(frozenset[int], "0-4194304", "v")
+
+
+def test_integer_keys_are_written_as_str_writes_them() -> None:
+    assert decode(dict[int, str], {"8": "a", "-1": "b"}, "v") == {8: "a", -1: "b"}
+    for key in ("08", "8_0", " 8", "٨", "+8", "1" * 30):
+        with pytest.raises(FactsFormatError, match="is not an integer"):
+            decode(dict[int, str], {key: "a"}, "v")
+
+
+def test_numbers_python_cannot_hold_are_refused_not_crashed_on() -> None:
+    with pytest.raises(FactsFormatError, match="too large"):
+        decode(float, 10**400, "v")
+    for taken_at in ("1" * 5000, str(10**400)):
+        text = '{"schema": "nodecheck.facts/v1", "taken_at": ' + taken_at + ', "parts": {}}'
+        with pytest.raises(FactsError):
+            loads(text)
+
+
+def test_a_lone_surrogate_is_refused() -> None:
+    with pytest.raises(FactsFormatError, match="lone surrogate"):
+        decode(str, "\udc80", "v")
+    text = _capture_with(parts={"hostname": {"value": "\udc80"}})
+    with pytest.raises(FactsError, match="lone surrogate"):
+        loads(text)
+    assert decode(str, "dgx-é", "v") == "dgx-é"
+
+
+def test_the_envelope_and_unread_are_strict() -> None:
+    with pytest.raises(FactsError, match="unknown field 'extra'"):
+        loads(_capture_with(extra=1))
+    bogus = {"hostname": {"unread": {"reason": "x", "cause": "bogus"}}}
+    with pytest.raises(FactsError, match="cause"):
+        loads(_capture_with(parts=bogus))

@@ -21,6 +21,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import LiveFacts, Unread, dumps, loads
 from nodecheck.checks.node.gpu import GpuSnapshot
 from nodecheck.checks.registry import load_checks
+from nodecheck.checks.result import Status
 from nodecheck.checks.runner import run_checks
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.facts.compare import comparable, differences, results_by_check
@@ -77,3 +78,46 @@ def test_a_capture_judged_anywhere_gives_the_live_results(
             f"{check} judged the capture differently (left: judged, right: live):\n"
             + differences(judged_results[check], results)
         )
+
+
+def test_a_node_whose_inventory_cannot_be_read_still_has_its_gpus_judged(
+    dgx: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One hung NIC attribute can cost the whole inventory; live, the GPU checks fall back
+    to the lighter read of the GPUs on the bus, so the capture carries that read too."""
+    from dataclasses import replace
+
+    from nodecheck.checks.node import facts as facts_module
+
+    def broken(*_: object) -> object:
+        raise OSError("EIO reading a NIC attribute")
+
+    inventory = facts_module.PARTS["inventory"]
+    monkeypatch.setitem(facts_module.PARTS, "inventory", replace(inventory, reader=broken))
+    checks = [check for name, check in load_checks().items() if name.startswith("gpu_")]
+    live = dgx.context(environ=CLEAN_ENVIRON)
+    live_results = results_by_check(run_checks(checks, live))
+    assert isinstance(live.facts, LiveFacts)
+    captured = live.facts.capture()
+    assert isinstance(captured.parts["inventory"], Unread)
+    assert "pci_gpus" in captured.parts and not isinstance(captured.parts["pci_gpus"], Unread)
+    judged = CheckContext(facts=loads(dumps(captured)), environ=dict(CLEAN_ENVIRON), uid=1000)
+    judged_results = results_by_check(run_checks(checks, judged))
+    assert any(r.status is Status.OK for r in live_results["gpu_count"][1])
+    for check, results in live_results.items():
+        assert comparable(judged_results[check]) == comparable(results), check
+
+
+def test_a_capture_whose_cpu_lists_expand_to_gigabytes_is_refused(dgx: Node) -> None:
+    """Forty ranges of four million CPUs in a few hundred bytes: refused at once, naming
+    the field, instead of taking the machine's memory."""
+    import json
+
+    from nodecheck.checks.node.facts import FactsError
+
+    live = dgx.context(environ=CLEAN_ENVIRON)
+    assert isinstance(live.facts, LiveFacts)
+    document = json.loads(dumps(live.facts.capture(["inventory"])))
+    document["parts"]["inventory"]["value"]["cpu"]["online"] = ",".join(["0-4194303"] * 40)
+    with pytest.raises(FactsError, match=r"parts\.inventory\.value\.cpu\.online: .*too long"):
+        loads(json.dumps(document))
