@@ -33,7 +33,7 @@ from nodecheck.checks.config import (
 )
 
 if TYPE_CHECKING:
-    from nodecheck.checks.node.facts import FactsSource, NodeFacts
+    from nodecheck.checks.node.facts import NodeFacts
     from nodecheck.checks.node.fs import NodeFS
     from nodecheck.checks.node.nvml import NvmlSession
     from nodecheck.tuning.plan import Plan
@@ -303,18 +303,6 @@ def load_facts(ctx: click.Context, path: Path) -> NodeFacts:
         fail_usage(f"--facts {path}: {err.strerror or err}")
 
 
-def facts_hostname(facts: FactsSource) -> str:
-    """The name of the node the facts are of (a capture's own, not this machine's)."""
-    from nodecheck.checks.node.facts import PartUnavailableError
-    from nodecheck.checks.node.inventory import UNKNOWN_HOSTNAME
-
-    try:
-        name: str = facts.get("hostname")
-    except PartUnavailableError:
-        return UNKNOWN_HOSTNAME
-    return name
-
-
 @cli.command()
 @click.option(
     "--only", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable)."
@@ -356,6 +344,7 @@ def check(
     fs = node_fs(ctx) if facts is None else None
     from nodecheck.agent.report import exit_code, render_json, render_table
     from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.facts import hostname_shown
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
 
@@ -378,7 +367,7 @@ def check(
         finally:
             context.nvml.close()
     # A part of its own: the inventory may be what a timed-out check is stuck on.
-    hostname = facts_hostname(context.facts)
+    hostname = hostname_shown(context.facts)
     if as_json:
         click.echo(render_json(hostname, runs))
     else:

@@ -52,7 +52,7 @@ from nodecheck.agent.scheduler import ResultStore, Scheduler
 from nodecheck.agent.snapshot import from_snapshot
 from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
-from nodecheck.checks.node.facts import LiveFacts, NodeSources
+from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.net import PortCounterHistory
@@ -181,7 +181,7 @@ class Agent:
         self.nvml = NvmlSession(
             deadline_s=self.check_config.nvml_timeout_s, library_path=nvml_library
         )
-        self.hostname = LiveFacts(NodeSources(fs=fs, environ={})).get("hostname")
+        self.hostname = hostname_shown(LiveFacts(NodeSources(fs=fs, environ={})))
         self.registry = make_registry(
             ResultCollector(self.store, _version(), lambda: self.reload_ok)
         )

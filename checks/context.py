@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nodecheck.checks.config import CheckConfig
-from nodecheck.checks.node.facts import FactsSource, LiveFacts, NodeSources, SharedCache
+from nodecheck.checks.node.facts import (
+    FactsSource,
+    LiveFacts,
+    NodeSources,
+    SharedCache,
+    hostname_shown,
+)
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory, GpuReading, GpuSnapshot
 from nodecheck.checks.node.net import PortCounterHistory
@@ -176,4 +182,5 @@ class CheckContext:
 
     @property
     def hostname(self) -> str:
-        return self.facts.get("hostname")  # type: ignore[no-any-return]
+        """The node's name, "unknown" where it cannot be known (for showing)."""
+        return hostname_shown(self.facts)

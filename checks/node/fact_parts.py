@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 @part("hostname", lambda: str)
 def read_hostname_part(sources: NodeSources, facts: FactsSource) -> str:
-    """The node's name (<procfs>/sys/kernel/hostname)."""
-    from nodecheck.checks.node.inventory import read_hostname
+    """The node's name (<procfs>/sys/kernel/hostname); unread when it cannot be known."""
+    from nodecheck.checks.node.inventory import read_known_hostname
 
-    return read_hostname(sources.fs)
+    return read_known_hostname(sources.fs)
 
 
 @part("inventory", lazy_type("inventory", "Inventory"))

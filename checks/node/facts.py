@@ -320,6 +320,21 @@ class NodeFacts(FactsSource):
 DERIVED: dict[str, tuple[str, Callable[[Any], Any]]] = {}
 
 
+UNKNOWN_HOSTNAME = "unknown"
+
+
+def hostname_shown(facts: FactsSource) -> str:
+    """The name of the node the facts are of (a capture's own, never this machine's), or
+    "unknown" where it could not be read: for showing, where a name must stand."""
+    from nodecheck.checks.node.fs import ReadError
+
+    try:
+        name: str = facts.get("hostname")
+    except (PartUnavailableError, ReadError):  # unread in a capture, unreadable live
+        return UNKNOWN_HOSTNAME
+    return name
+
+
 def nodecheck_version() -> str:
     from importlib import metadata
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nodecheck.checks.node.cpu import CpuTopology, read_cpu_topology
+from nodecheck.checks.node.facts import UNKNOWN_HOSTNAME
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
 from nodecheck.checks.node.net import (
     NetInterface,
@@ -153,24 +154,32 @@ def nic_order(nic: Nic) -> tuple[bool, list[object]]:
     return (not nic.is_rdma, parts)
 
 
-UNKNOWN_HOSTNAME = "unknown"
-
-
 def read_hostname(fs: NodeFS) -> str:
+    """The node's name, or "unknown" (for showing: Inventory.hostname, the tables)."""
+    try:
+        return read_known_hostname(fs)
+    except ReadError:
+        return UNKNOWN_HOSTNAME
+
+
+def read_known_hostname(fs: NodeFS) -> str:
     """The node's name from `<procfs>/sys/kernel/hostname`, so a captured tree names its node.
 
     Only the live /proc may fall back to this machine's name (uname(2) gives the same
-    name the file does): a captured tree without the file is "unknown", never the name
-    of the machine that reads it.
+    name the file does): for a captured tree without the file the name is not known
+    (ReadError), never the name of the machine that reads it.
     """
+    path = fs.proc("sys", "kernel", "hostname")
     try:
-        name = read_optional_text(fs.proc("sys", "kernel", "hostname"))
-    except ReadError:
-        name = None
+        name = read_optional_text(path)
+        problem = ReadError(path, "missing") if not name else None
+    except ReadError as err:
+        name, problem = None, err
     if name:
         return name
     if not is_live_procfs(fs):
-        return UNKNOWN_HOSTNAME
+        assert problem is not None
+        raise problem
     import socket  # only for the live node
 
     return socket.gethostname()

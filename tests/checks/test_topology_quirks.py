@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.checks.node.facts import LiveFacts, NodeSources, Unread, dumps, hostname_shown, loads
 from nodecheck.checks.node.inventory import Inventory, read_hostname, read_inventory
 from nodecheck.checks.result import Result, Status
 from tests.conftest import CLEAN_ENVIRON, Node
@@ -169,6 +170,11 @@ def test_captured_tree_without_hostname_is_not_named_after_this_machine(tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["hostname"] == "unknown" != socket.gethostname()
+    # A capture records the name as not read, with why, never as the word "unknown".
+    capture = LiveFacts(NodeSources(fs=node.fs, environ={}, uid=1000)).capture(["hostname"])
+    unread = capture.parts["hostname"]
+    assert isinstance(unread, Unread) and "kernel/hostname: missing" in unread.reason
+    assert hostname_shown(loads(dumps(capture))) == "unknown"
 
 
 def test_memory_only_nodes(tmp_path: Path) -> None:
