@@ -6,7 +6,15 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.fixtures.slurm_cluster import SlurmCluster, parse_drain_reasons, parse_node
+import pytest
+
+from tests.fixtures.slurm_cluster import (
+    SlurmCluster,
+    missing_reason,
+    parse_drain_reasons,
+    parse_node,
+    start_cluster,
+)
 
 # Slurm 22.05.8's `scontrol show node vm`, as seen here (abridged to the lines used;
 # scontrol ends some lines with a space).
@@ -115,3 +123,28 @@ def test_reconfigure_reaches_slurmd(slurm_cluster: SlurmCluster, tmp_path: Path)
     assert marker.read_text().strip() == slurm_cluster.node
     slurm_cluster.reset()
     assert slurm_cluster.config()["HealthCheckProgram"] == "(null)"
+
+
+def test_missing_binaries_skip_naming_the_install_step(tmp_path: Path) -> None:
+    reason = missing_reason(path=str(tmp_path))
+    assert reason is not None and "slurmctld" in reason and "munged" in reason
+    assert "make test" in reason and "apt-get install slurmctld slurmd slurm-client munge" in reason
+
+
+def test_stop_ends_every_daemon_and_removes_the_folder() -> None:
+    why = missing_reason()
+    if why is not None:
+        pytest.skip(why)
+    cluster = start_cluster()
+    try:
+        assert cluster.node_state().idle
+        ran = cluster.run("srun", "-N1", "hostname", timeout=120)
+        assert ran.stdout.strip() == socket.gethostname()
+    finally:
+        cluster.stop()
+    assert set(cluster.pids) == {"munged", "slurmctld", "slurmd"}
+    for name, pid in cluster.pids.items():
+        # Reaped by stop(): the id names no process (or, reused, not this daemon).
+        comm = Path(f"/proc/{pid}/comm")
+        assert not comm.exists() or comm.read_text().strip() not in (name, "runuser"), name
+    assert not cluster.folder.exists()
