@@ -110,17 +110,20 @@ def test_drain_shows_its_reason_and_undrain_or_resume_returns_the_node(
 
 
 def test_reconfigure_reaches_slurmd(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """A HealthCheckProgram set by `reconfigure` runs on the node, with slurmd's environment."""
+    """A HealthCheckProgram set by `reconfigure` runs on the node; `program` gives it the
+    cluster's Slurm (slurmd itself passes SLURMD_NODENAME alone)."""
     tmp_path.chmod(0o755)
     marker = tmp_path / "ran"
-    program = tmp_path / "health-check"
-    program.write_text(
-        f'#!/bin/sh\necho "$SLURMD_NODENAME" > {marker}.new && mv {marker}.new {marker}\n'
+    script = (
+        f'scontrol show node "$SLURMD_NODENAME" > {marker}.new '
+        f'&& echo "$MARKED" >> {marker}.new && mv {marker}.new {marker}'
     )
-    program.chmod(0o755)
+    program = slurm_cluster.program("health-check", "/bin/sh", "-c", script, env={"MARKED": "a b"})
     slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
     slurm_cluster.wait_for(marker.exists, 120, "the health-check program to run")
-    assert marker.read_text().strip() == slurm_cluster.node
+    shown = marker.read_text()
+    assert parse_node(shown).name == slurm_cluster.node
+    assert shown.splitlines()[-1] == "a b"
     slurm_cluster.reset()
     assert slurm_cluster.config()["HealthCheckProgram"] == "(null)"
 
