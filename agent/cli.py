@@ -1167,6 +1167,7 @@ def slurm() -> None:
 
 def gate_options(default_budget_s: float) -> Callable[[F], F]:
     """What `slurm prolog` and `slurm epilog` are told: the GPUs expected, the budget."""
+
     def decorate(function: F) -> F:
         function = click.option(
             "--expected-gpus",
@@ -1288,7 +1289,8 @@ def slurm_task_prolog(
     except TaskPrologError as err:
         click.echo(print_line(f"nodecheck task-prolog: {err}"))
         ctx.exit(EXIT_MUST_NOT_RUN)
-    lines, code = task_prolog_lines(_tune_plan(ctx, nodes, single_switch, with_smt_siblings), rank)
+    plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+    lines, code = task_prolog_lines(plan, rank, os.environ)
     for line in lines:
         click.echo(line)
     ctx.exit(code)

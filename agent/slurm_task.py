@@ -1,5 +1,7 @@
 """`nodecheck slurm task-prolog`, for slurm.conf's TaskProlog=: this task's `tune`
-environment, in the lines slurmstepd reads back from a task prolog's stdout.
+environment, applied as `nodecheck exec` applies it (the job's own working values kept),
+in the lines slurmstepd reads back from a task prolog's stdout: every job gets it with
+no change to its scripts.
 
 The protocol (Slurm's doc/html/prolog_epilog.shtml, https://slurm.schedmd.com/prolog_epilog.html,
 and its parser, `_proc_stdout` in src/slurmd/slurmstepd/task.c of SchedMD/slurm):
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nodecheck.agent.tune_view import SHELL_NAME, exported, printable, refused_rank, unsets
+from nodecheck.agent.rank_exec import applied_environment
+from nodecheck.agent.tune_view import SHELL_NAME, printable, refused_rank
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.tuning.plan import Plan
 
@@ -73,18 +76,21 @@ def print_line(text: str) -> str:
     return f"print {printable(text)}"[:MAX_LINE]
 
 
-def task_prolog_lines(plan: Plan, local_rank: int) -> tuple[list[str], int]:
-    """The lines for this task and the exit status: its rank's `tune --format shell
-    --local-rank N` environment as export lines, the flagged variables it unsets as
-    unset lines, and warnings as print lines. A rank that must not run (CUDA cannot
-    drive its GPU, no CPU for it) or that has no GPU gets no environment, a print line
-    saying why and exit status 2: slurmstepd does not start a task whose task prolog
-    failed."""
+def task_prolog_lines(
+    plan: Plan, local_rank: int, environ: Mapping[str, str]
+) -> tuple[list[str], int]:
+    """The lines for this task and the exit status: what `nodecheck exec` would apply to
+    the task's environment (`environ`), as export and unset lines: its rank's `tune`
+    environment, less what the job set itself and works (an advisory change, a value
+    the checks only warn about: kept, and said in a print line, as exec does), and the
+    variables the checks fail unset. With nothing of the job's own, the task's
+    environment is `tune --format shell --local-rank N`'s. Warnings are print lines. A
+    rank that must not run (CUDA cannot drive its GPU, no CPU for it) or that has no GPU
+    gets no environment, a print line saying why and exit status 2: slurmstepd does not
+    start a task whose task prolog failed."""
     if plan.rank(local_rank) is None:
         visible = len(plan.ranks)
-        why = (
-            f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU here"
-        )
+        why = f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU here"
         return [print_line(f"nodecheck task-prolog: local rank {local_rank}: {why}")], (
             EXIT_MUST_NOT_RUN
         )
@@ -98,13 +104,17 @@ def task_prolog_lines(plan: Plan, local_rank: int) -> tuple[list[str], int]:
     lines = []
     for problem in dict.fromkeys(p for p in (*plan.unusable, rank.warning) if p):
         lines.append(print_line(f"nodecheck task-prolog: warning: {problem}"))
-    values = exported(plan, local_rank)
+    env, changed, removed, kept = applied_environment(plan, rank, environ)
     skipped = []
-    for name, value in values.items():
+    for name in changed:
         try:
-            lines.append(export_line(name, value))
+            lines.append(export_line(name, env[name]))
         except ValueError as err:
             skipped.append(str(err))
-    lines += [f"unset {removal.name}" for removal in unsets(plan, values)]
+    lines += [f"unset {name}" for name in removed if SHELL_NAME.match(name)]
     lines += [print_line(f"nodecheck task-prolog: not exported: {why}") for why in skipped]
+    if kept:
+        lines.append(
+            print_line(f"nodecheck task-prolog: kept your {', '.join(kept)} (see nodecheck tune)")
+        )
     return lines, 0

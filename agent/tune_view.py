@@ -420,7 +420,10 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
         srun = srun_binding(plan)
         if srun and local_rank is None:
             # One line, unwrapped: it is copied as it is.
-            lines += ["  or with srun, Slurm binding each task the same way:", f"    srun {srun} CMD"]
+            lines += [
+                "  or with srun, Slurm binding each task the same way:",
+                f"    srun {srun} CMD",
+            ]
     if plan.env:
         lines += ["", "Environment for every rank:"]
         for recommendation in plan.env:

@@ -34,7 +34,9 @@ ECC = Finding(
 )
 SLOW_LINK = Finding("gpu_pcie", "gpu 0000:9c:00.0", Status.FAIL, "PCIe link trained at x8 of x16")
 ACS = Finding("pcie_acs", "bridge 0000:39:00.0", Status.FAIL, "ACS ReqRedir CmpltRedir")
-PENDING_REMAP = Finding("gpu_memory_errors", "gpu 0000:18:00.0", Status.WARN, "a row remapping is pending")
+PENDING_REMAP = Finding(
+    "gpu_memory_errors", "gpu 0000:18:00.0", Status.WARN, "a row remapping is pending"
+)
 XID_HUNG = Finding("gpu_xid", "node", Status.ERROR, "check gpu_xid did not finish within 30 s")
 COUNT_UNKNOWN = Finding("gpu_count", "node", Status.ERROR, "cannot list the driver's GPUs: ...")
 HEALTHY = Finding("gpu_count", "node", Status.OK, "8 GPU(s)")

@@ -79,6 +79,18 @@ def test_each_task_gets_tunes_environment_for_its_rank(dgx: Node, local_rank: in
     assert task_env["NCCL_IB_HCA"].startswith("=mlx5_0:1,")  # '=' kept: exact match
 
 
+def test_a_job_s_own_working_values_are_kept_as_exec_keeps_them(dgx: Node) -> None:
+    # NCCL_DEBUG=INFO is only warned about: exec keeps it, and so does the task prolog,
+    # saying so; NCCL_P2P_DISABLE=1 on NVLink fails: unset.
+    job = {"SLURM_LOCALID": "2", "NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1"}
+    prolog = run(*dgx.cli_args, "slurm", "task-prolog", env=job)
+    assert prolog.returncode == 0, prolog.stdout + prolog.stderr
+    task_env, printed = slurmstepd_applies(prolog.stdout, task_environ(**job))
+    assert task_env["NCCL_DEBUG"] == "INFO" and "NCCL_P2P_DISABLE" not in task_env
+    assert printed == ["nodecheck task-prolog: kept your NCCL_DEBUG (see nodecheck tune)"]
+    assert task_env["OMP_NUM_THREADS"] == "14"
+
+
 def test_a_task_s_gpu_comes_from_cuda_visible_devices(dgx: Node) -> None:
     # As Slurm's gres plugin gives a task GPUs 4-7 (global indices): local rank 1 drives
     # the second of them, as tune says for the same environment.
@@ -95,7 +107,9 @@ def test_a_rank_that_must_not_run_gets_nothing_and_fails(dgx_faulty: Node) -> No
     assert done.returncode == 2
     env, printed = slurmstepd_applies(done.stdout, {})
     assert env == {}
-    assert printed and printed[0].startswith("nodecheck task-prolog: must not run here: local rank 7")
+    assert printed and printed[0].startswith(
+        "nodecheck task-prolog: must not run here: local rank 7"
+    )
 
 
 def test_no_rank_or_no_gpu_for_it_fails_with_a_print_line(dgx: Node) -> None:
@@ -138,9 +152,7 @@ def test_srun_cpu_bind_equals_the_numactl_binding(dgx: Node) -> None:
     assert "--mem-bind=map_mem:0,0,0,0,1,1,1,1" in options.split()
     # Shown where the numactl lines are: tune's text and its shell comments.
     assert f"    srun {options} CMD" in render_text(plan, None).splitlines()
-    assert f"# or with srun (Slurm binds each task): srun {options} CMD" in render_shell(
-        plan, None
-    )
+    assert f"# or with srun (Slurm binds each task): srun {options} CMD" in render_shell(plan, None)
 
 
 def test_one_cpu_each_is_a_map_cpu_binding(dgx: Node) -> None:
@@ -167,6 +179,8 @@ def test_cpu_bind_lists_read_as_srun_reads_them() -> None:
 def test_no_srun_binding_for_a_rank_without_cpus(dgx: Node) -> None:
     plan = make_plan(dgx.context(), TuneOptions())
     first = plan.ranks[0]
-    broken = replace(plan, ranks=[replace(first, binding=replace(first.binding, cpus=(), error="no CPU"))])
+    broken = replace(
+        plan, ranks=[replace(first, binding=replace(first.binding, cpus=(), error="no CPU"))]
+    )
     assert srun_binding(broken) == ""
     assert "or with srun" not in render_text(broken, None)
