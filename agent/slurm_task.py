@@ -86,8 +86,9 @@ def task_prolog_lines(
     variables the checks fail unset. With nothing of the job's own, the task's
     environment is `tune --format shell --local-rank N`'s. Warnings are print lines. A
     rank that must not run (CUDA cannot drive its GPU, no CPU for it) or that has no GPU
-    gets no environment, a print line saying why and exit status 2: slurmstepd does not
-    start a task whose task prolog failed."""
+    gets no environment, a print line saying why and exit status 2: a failed task prolog
+    cancels the task (Slurm's prolog_epilog.shtml), and the print line is what its user
+    reads."""
     if plan.rank(local_rank) is None:
         visible = len(plan.ranks)
         why = f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU here"
