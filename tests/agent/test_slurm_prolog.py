@@ -4,6 +4,9 @@ real command on the replica nodes with the fake NVML."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import pytest
 
 from nodecheck.agent.slurm_prolog import (
     EXIT_PASS,
@@ -17,6 +20,7 @@ from nodecheck.agent.slurm_prolog import (
 from nodecheck.checks.result import Status
 from tests.agent.test_cli import run
 from tests.conftest import Node
+from tests.fixtures.nvml_scenarios import dgx_healthy
 
 LOST = Finding(
     "gpu_count",
@@ -129,3 +133,25 @@ def test_epilog_runs_the_quick_checks_and_no_benchmark(dgx_faulty: Node, dgx: No
 def test_budget_is_bounded() -> None:
     done = run("slurm", "prolog", "--budget", "0")
     assert done.returncode == 2 and "--budget" in done.stderr
+
+
+def test_a_hung_gpu_passes_within_the_budget_and_says_so(dgx: Node, tmp_path: Path) -> None:
+    # GPU 2's NVML call never returns: the gate cannot judge it, and does not stop jobs
+    # for that (an `error`), nor wait past its budget.
+    hanging = dgx_healthy()
+    hanging["gpus"][2]["hang"] = {"nvmlDeviceGetFieldValues": 0}
+    node = dgx.with_scenario(hanging, tmp_path / "hang.json")
+    started = time.monotonic()
+    done = run(*node.cli_args, "slurm", "prolog", "--budget", "3", env=node.env)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "node unusable" not in done.stderr
+    assert "nodecheck prolog: passing despite error:" in done.stderr
+    assert "0000:3a:00.0" in done.stderr
+    assert elapsed < 3 + 25  # the budget, plus starting Python on a loaded machine
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog", "task-prolog"])
+def test_help(command: str) -> None:
+    done = run("slurm", command, "--help")
+    assert done.returncode == 0 and "--sysfs-root" in done.stdout
