@@ -85,16 +85,23 @@ def task_prolog_lines(
     the checks only warn about: kept, and said in a print line, as exec does), and the
     variables the checks fail unset. With nothing of the job's own, the task's
     environment is `tune --format shell --local-rank N`'s. Warnings are print lines. A
-    rank that must not run (CUDA cannot drive its GPU, no CPU for it) or that has no GPU
-    gets no environment, a print line saying why and exit status 2: a failed task prolog
+    rank that must not run (CUDA cannot drive its GPU, no CPU for it) gets no
+    environment, a print line saying why and exit status 2: a failed task prolog
     cancels the task (Slurm's prolog_epilog.shtml), and the print line is what its user
     reads."""
+    if not plan.ranks:
+        # TaskProlog= is the whole cluster's: a CPU-only node's tasks run as they are.
+        return [], 0
     if plan.rank(local_rank) is None:
+        # More tasks than GPUs (a CPU step in a GPU job): nothing of tune's fits it, and
+        # it is no reason to cancel the task.
         visible = len(plan.ranks)
-        why = f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU here"
-        return [print_line(f"nodecheck task-prolog: local rank {local_rank}: {why}")], (
-            EXIT_MUST_NOT_RUN
-        )
+        return [
+            print_line(
+                f"nodecheck task-prolog: local rank {local_rank}: this node has {visible} GPU "
+                f"rank(s), 0-{visible - 1}: nothing set"
+            )
+        ], 0
     refusal = refused_rank(plan, local_rank)
     if refusal:
         return [print_line(f"nodecheck task-prolog: must not run here: {refusal}")], (

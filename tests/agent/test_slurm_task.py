@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from nodecheck.checks.node.cpulist import parse_cpulist
 from nodecheck.tuning.plan import TuneOptions, make_plan
 from tests.agent.test_cli import run
 from tests.conftest import CLEAN_ENVIRON, Node
+from tests.fixtures import nodes
+from tests.fixtures.nodegen import build_node
 
 
 def slurmstepd_applies(output: str, environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -112,17 +115,24 @@ def test_a_rank_that_must_not_run_gets_nothing_and_fails(dgx_faulty: Node) -> No
     )
 
 
-def test_no_rank_or_no_gpu_for_it_fails_with_a_print_line(dgx: Node) -> None:
+def test_no_rank_fails_and_no_gpu_for_it_sets_nothing(dgx: Node, tmp_path: Path) -> None:
     missing = run(*dgx.cli_args, "slurm", "task-prolog")
     assert missing.returncode == 2
     assert missing.stdout.startswith("print nodecheck task-prolog: SLURM_LOCALID is not set")
-    beyond = run(*dgx.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "8"})
-    assert beyond.returncode == 2
-    assert slurmstepd_applies(beyond.stdout, {})[1] == [
-        "nodecheck task-prolog: local rank 8: this node has 8 GPU rank(s), 0-7"
-    ]
     bad = run(*dgx.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "x1"})
     assert bad.returncode == 2 and "not a local rank" in bad.stdout
+    # More tasks than GPUs: the task runs as it is, told why nothing was set.
+    beyond = run(*dgx.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "8"})
+    assert beyond.returncode == 0, beyond.stdout
+    assert slurmstepd_applies(beyond.stdout, {}) == (
+        {},
+        ["nodecheck task-prolog: local rank 8: this node has 8 GPU rank(s), 0-7: nothing set"],
+    )
+    # A node without GPUs (TaskProlog= is the whole cluster's): nothing, and no failure.
+    cpu_only = build_node(nodes.NODES["cpu-only"](), tmp_path / "cpu-only")
+    node = Node(cpu_only)
+    done = run(*node.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "0"})
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
 
 
 def test_export_lines_carry_values_literally() -> None:
