@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from nodecheck.agent.logs import LEVELS, configure_logging
+from nodecheck.agent.slurm_prolog import (
+    BUDGET_RANGE_S,
+    DEFAULT_EPILOG_BUDGET_S,
+    DEFAULT_PROLOG_BUDGET_S,
+)
 from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
     DEFAULT_NVML_TIMEOUT_S,
@@ -1152,6 +1157,143 @@ def bench(
     code = exit_code(runs)
     measured = any(r.status is not Status.SKIP for run in runs for r in run.results)
     ctx.exit(code if code or measured else EXIT_UNDETERMINED)
+
+
+@cli.group()
+@global_options
+def slurm() -> None:
+    """Slurm's hooks: a prolog gate, a task prolog with tune's environment, an epilog."""
+
+
+def gate_options(default_budget_s: float) -> Callable[[F], F]:
+    """What `slurm prolog` and `slurm epilog` are told: the GPUs expected, the budget."""
+
+    def decorate(function: F) -> F:
+        function = click.option(
+            "--expected-gpus",
+            "expected_gpus",
+            type=click.IntRange(min=0, max=MAX_GPUS_PER_NODE),
+            default=CheckConfig.expected_gpus,
+            metavar="N",
+            help="GPUs this node should have; fewer visible to NVML stops the job. "
+            "[default: the GPUs on the PCI bus]",
+        )(function)
+        return click.option(
+            "--budget",
+            "budget_s",
+            type=FiniteFloatRange(*BUDGET_RANGE_S),
+            default=default_budget_s,
+            metavar="SECONDS",
+            help="Give up on the checks after this long in all (then it passes, saying so). "
+            f"[default: {default_budget_s:g}]",
+        )(function)
+
+    return decorate
+
+
+def _run_gate(
+    ctx: click.Context,
+    command: str,
+    names: tuple[str, ...] | None,
+    expected_gpus: int | None,
+    budget_s: float,
+    kernel_log: Path | None,
+) -> int:
+    """Run a gate's checks on this node and say its verdict on stderr; its exit status."""
+    fs = node_fs(ctx)
+    from nodecheck.agent.slurm_prolog import run_gate, say
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.nvml import NvmlSession
+
+    config = check_config(ctx, expected_gpus=expected_gpus)
+    # No NVML call may take the whole budget: a hung GPU is then an error, not a hang.
+    nvml = NvmlSession(
+        deadline_s=min(config.nvml_timeout_s, budget_s / 2),
+        library_path=settings(ctx)["nvml_library"],
+    )
+    context = CheckContext(fs=fs, nvml=nvml, kernel_log=kernel_log, config=config)
+    outcome = run_gate(command, context, names, budget_s)
+    say(outcome)
+    return outcome.code
+
+
+@slurm.command("prolog")
+@gate_options(DEFAULT_PROLOG_BUDGET_S)
+@kernel_log_option
+@global_options
+@click.pass_context
+def slurm_prolog(
+    ctx: click.Context, expected_gpus: int | None, budget_s: float, kernel_log: Path | None
+) -> None:
+    """The gate before a job, for slurm.conf's Prolog= (as root, on the node).
+
+    Runs the GPU checks (gpu_count, gpu_xid, gpu_memory_errors) under a budget and
+    exits 1 only when the node is unusable for any job: a GPU lost, a drain-class XID,
+    uncorrectable memory errors, fewer GPUs than expected; Slurm then drains the node
+    and requeues the job. Anything else (warn, error, a slow link) passes with a line
+    on stderr. It never calls a Slurm command.
+    """
+    from nodecheck.agent.slurm_prolog import PROLOG_CHECKS
+
+    ctx.exit(_run_gate(ctx, "prolog", PROLOG_CHECKS, expected_gpus, budget_s, kernel_log))
+
+
+@slurm.command("epilog")
+@gate_options(DEFAULT_EPILOG_BUDGET_S)
+@kernel_log_option
+@global_options
+@click.pass_context
+def slurm_epilog(
+    ctx: click.Context, expected_gpus: int | None, budget_s: float, kernel_log: Path | None
+) -> None:
+    """The checks after a job, for slurm.conf's Epilog= (as root, on the node).
+
+    Runs every quick check (never a benchmark) under a budget; exits 1, and Slurm drains
+    the node, only on what makes it unusable (as the prolog); the rest on stderr.
+    """
+    from nodecheck.agent.slurm_prolog import NO_BENCHMARKS_HERE
+
+    click.echo(f"nodecheck epilog: {NO_BENCHMARKS_HERE}", err=True)
+    ctx.exit(_run_gate(ctx, "epilog", None, expected_gpus, budget_s, kernel_log))
+
+
+@slurm.command("task-prolog")
+@local_rank_option("The task's local rank. [default: SLURM_LOCALID]")
+@job_options
+@global_options
+@click.pass_context
+def slurm_task_prolog(
+    ctx: click.Context,
+    local_rank: int | None,
+    nodes: int | None,
+    single_switch: bool,
+    with_smt_siblings: bool,
+) -> None:
+    """This task's tune environment, for slurm.conf's TaskProlog=.
+
+    Prints the export NAME=value and unset NAME lines slurmstepd applies to the task
+    (its local rank from SLURM_LOCALID, its GPU from CUDA_VISIBLE_DEVICES or
+    SLURM_STEP_GPUS), and print lines for what the user should see. Exit status 2, with
+    nothing exported, for a rank that must not run or has no GPU here.
+    """
+    from nodecheck.agent.slurm_task import (
+        EXIT_MUST_NOT_RUN,
+        TaskPrologError,
+        local_rank_of_task,
+        print_line,
+        task_prolog_lines,
+    )
+
+    try:
+        rank = local_rank_of_task(local_rank, os.environ)
+    except TaskPrologError as err:
+        click.echo(print_line(f"nodecheck task-prolog: {err}"))
+        ctx.exit(EXIT_MUST_NOT_RUN)
+    plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+    lines, code = task_prolog_lines(plan, rank, os.environ)
+    for line in lines:
+        click.echo(line)
+    ctx.exit(code)
 
 
 def long_lived() -> None:

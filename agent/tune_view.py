@@ -112,6 +112,9 @@ def _header(plan: Plan, local_rank: int | None) -> list[str]:
         )
     for rank in ranks:
         lines.append(f"# rank {rank.local_rank}: {_rank_command(rank)}")
+    srun = srun_binding(plan)
+    if srun and local_rank is None:
+        lines.append(f"# or with srun (Slurm binds each task): srun {srun} CMD")
     lines += _budget_comments([rank for rank in ranks if not rank.error])
     lines += [f"# note: {note}" for note in plan.notes]
     _, differing = _shared_rank_env(ranks)
@@ -152,15 +155,69 @@ def render_shell(plan: Plan, local_rank: int | None) -> str:
         for problem in dict.fromkeys(problem for problem in problems if problem):
             lines.append(f"echo {shlex.quote(f'nodecheck tune: {problem}')} >&2")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
+    unset = {removal.name for removal in unsets(plan, values)}
     for removal in plan.removals:
         # One exported above replaces this shell's value; one found in a file or another
         # job still needs its own fix, which the comment gives.
-        replaced = removal.name in values
-        if not replaced and removal.current is not None and SHELL_NAME.match(removal.name):
+        if removal.name in unset:
             lines.append(f"unset {removal.name}  # {textwrap.shorten(removal.reason, 90)}")
         if removal.found_in != (CALLING_ENVIRONMENT.label,):
             lines.append(_removal_comment(removal))
     return _lines(lines)
+
+
+def unsets(plan: Plan, values: dict[str, str]) -> list[Recommendation]:
+    """The flagged variables the shell output unsets: those set in the calling
+    environment that no exported value (`values`) replaces."""
+    return [
+        removal
+        for removal in plan.removals
+        if removal.name not in values
+        and removal.current is not None
+        and SHELL_NAME.match(removal.name)
+    ]
+
+
+def srun_binding(plan: Plan) -> str:
+    """The srun options that bind each task's CPUs and memory as the ranks' numactl lines
+    do, or why there are none. srun(1): `--cpu-bind=mask_cpu:<mask_for_task_0>,...` (hex
+    masks, local task N gets the Nth; `map_cpu:<cpu_for_task_0>,...` where each task has
+    one CPU) and `--mem-bind=map_mem:<numa_node_for_task_0>,...`
+    (https://slurm.schedmd.com/srun.html); Slurm's local task N is SLURM_LOCALID N, the
+    same local rank."""
+    if not plan.ranks or any(not rank.binding.cpus for rank in plan.ranks):
+        return ""  # a rank without CPUs has no binding (its own line says why)
+    masks = cpu_bind_values(plan)
+    kind = "map_cpu" if all(len(rank.binding.cpus) == 1 for rank in plan.ranks) else "mask_cpu"
+    options = f"--ntasks-per-node={len(plan.ranks)} --cpu-bind={kind}:{','.join(masks)}"
+    nodes = [rank.binding.numa_node for rank in plan.ranks]
+    if all(node is not None for node in nodes):
+        options += f" --mem-bind=map_mem:{','.join(str(node) for node in nodes)}"
+    return options
+
+
+def cpu_bind_values(plan: Plan) -> list[str]:
+    """Each rank's CPUs as srun's --cpu-bind list takes them, in local rank order: its one
+    CPU's number where every rank has one CPU (map_cpu), else its hex mask (mask_cpu, bit
+    N for CPU N)."""
+    if all(len(rank.binding.cpus) == 1 for rank in plan.ranks):
+        return [str(rank.binding.cpus[0]) for rank in plan.ranks]
+    return [hex(sum(1 << cpu for cpu in set(rank.binding.cpus))) for rank in plan.ranks]
+
+
+def cpus_of_cpu_bind(value: str) -> list[frozenset[int]]:
+    """The CPU set of each task in a --cpu-bind=map_cpu:/mask_cpu: option, as srun(1)
+    reads it (a mask is hexadecimal, "0x" optional): what checks `srun_binding`."""
+    kind, _, listed = value.removeprefix("--cpu-bind=").partition(":")
+    if kind == "map_cpu":
+        return [frozenset({int(cpu)}) for cpu in listed.split(",")]
+    if kind != "mask_cpu":
+        raise ValueError(f"not a map_cpu or mask_cpu binding: {value!r}")
+    sets = []
+    for mask in listed.split(","):
+        bits = int(mask, 16)
+        sets.append(frozenset(n for n in range(bits.bit_length()) if bits >> n & 1))
+    return sets
 
 
 def env_file_value(value: str) -> str:
@@ -360,6 +417,13 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
                 subsequent_indent="    ",
                 break_on_hyphens=False,
             )
+        srun = srun_binding(plan)
+        if srun and local_rank is None:
+            # One line, unwrapped: it is copied as it is.
+            lines += [
+                "  or with srun, Slurm binding each task the same way:",
+                f"    srun {srun} CMD",
+            ]
     if plan.env:
         lines += ["", "Environment for every rank:"]
         for recommendation in plan.env:

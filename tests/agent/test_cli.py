@@ -69,6 +69,7 @@ def test_only_commands_that_work_are_offered() -> None:
         "exec",
         "inventory",
         "mfu",
+        "slurm",
         "snapshot",
         "tune",
     ]

@@ -1,0 +1,157 @@
+"""`nodecheck slurm prolog` and `epilog`: the gate's rule on literal results, and the
+real command on the replica nodes with the fake NVML."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from nodecheck.agent.slurm_prolog import (
+    EXIT_PASS,
+    EXIT_UNUSABLE,
+    NO_BENCHMARKS_HERE,
+    Finding,
+    judge_gate,
+    noted_results,
+    unusable_results,
+)
+from nodecheck.checks.result import Status
+from tests.agent.test_cli import run
+from tests.conftest import Node
+from tests.fixtures.nvml_scenarios import dgx_healthy
+
+LOST = Finding(
+    "gpu_count",
+    "gpu 0000:bc:00.0",
+    Status.FAIL,
+    "on the PCI bus but not enumerated by NVML (fallen off the bus?)",
+)
+FEWER = Finding("gpu_count", "node", Status.FAIL, "7 GPU(s) visible to NVML, 8 expected")
+XID_79 = Finding("gpu_xid", "gpu 0000:bc:00.0", Status.FAIL, "XID 79 GPU_HAS_FALLEN_OFF_THE_BUS x1")
+ECC = Finding(
+    "gpu_memory_errors",
+    "gpu 0000:1a:00.0",
+    Status.FAIL,
+    "2 uncorrectable ECC error(s) since the driver loaded; the driver asks for recovery action 1",
+)
+SLOW_LINK = Finding("gpu_pcie", "gpu 0000:9c:00.0", Status.FAIL, "PCIe link trained at x8 of x16")
+ACS = Finding("pcie_acs", "bridge 0000:39:00.0", Status.FAIL, "ACS ReqRedir CmpltRedir")
+PENDING_REMAP = Finding(
+    "gpu_memory_errors", "gpu 0000:18:00.0", Status.WARN, "a row remapping is pending"
+)
+XID_HUNG = Finding("gpu_xid", "node", Status.ERROR, "check gpu_xid did not finish within 30 s")
+COUNT_UNKNOWN = Finding("gpu_count", "node", Status.ERROR, "cannot list the driver's GPUs: ...")
+HEALTHY = Finding("gpu_count", "node", Status.OK, "8 GPU(s)")
+XID_OLD = Finding("gpu_xid", "gpu 0000:1a:00.0", Status.OK, "XID 48 ...: before the last boot")
+
+
+def test_rule_stops_only_what_makes_the_node_unusable() -> None:
+    results = [LOST, FEWER, XID_79, ECC, SLOW_LINK, ACS, PENDING_REMAP, XID_HUNG, HEALTHY]
+    assert unusable_results(results) == [LOST, FEWER, XID_79, ECC]
+    assert noted_results(results) == [SLOW_LINK, ACS, PENDING_REMAP, XID_HUNG]
+
+
+def test_rule_passes_warnings_errors_and_slow_nodes() -> None:
+    for results in ([SLOW_LINK, ACS], [PENDING_REMAP], [XID_HUNG, COUNT_UNKNOWN], [XID_OLD]):
+        assert unusable_results(results) == []
+        assert judge_gate("prolog", results).code == EXIT_PASS
+
+
+def test_gate_fails_with_each_reason_and_notes_the_rest() -> None:
+    outcome = judge_gate("prolog", [HEALTHY, ECC, SLOW_LINK, XID_HUNG])
+    assert outcome.code == EXIT_UNUSABLE
+    assert outcome.lines == (
+        f"nodecheck prolog: node unusable: gpu_memory_errors gpu 0000:1a:00.0: {ECC.summary}",
+        f"nodecheck prolog: passing despite fail: gpu_pcie gpu 0000:9c:00.0: {SLOW_LINK.summary}",
+        f"nodecheck prolog: passing despite error: gpu_xid node: {XID_HUNG.summary}",
+    )
+
+
+def test_gate_of_healthy_results_is_silent_and_of_none_says_so() -> None:
+    assert judge_gate("prolog", [HEALTHY, XID_OLD]) == judge_gate("prolog", [HEALTHY])
+    assert judge_gate("prolog", [HEALTHY]).lines == ()
+    nothing = judge_gate("prolog", [])
+    assert nothing.code == EXIT_PASS and "no check gave a result" in nothing.lines[0]
+
+
+def test_prolog_on_the_faulty_node_exits_1_with_the_reasons(dgx_faulty: Node) -> None:
+    started = time.monotonic()
+    done = run(*dgx_faulty.cli_args, "slurm", "prolog", env=dgx_faulty.env)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    unusable = [
+        line.removeprefix("nodecheck prolog: node unusable: ")
+        for line in done.stderr.splitlines()
+        if line.startswith("nodecheck prolog: node unusable: ")
+    ]
+    assert sorted(line.split(": ")[0] for line in unusable) == [
+        "gpu_count gpu 0000:bc:00.0",
+        "gpu_count node",
+        "gpu_memory_errors gpu 0000:1a:00.0",
+        "gpu_memory_errors gpu 0000:ba:00.0",
+        "gpu_xid gpu 0000:1a:00.0",
+        "gpu_xid gpu 0000:bc:00.0",
+    ]
+    assert any("XID 79" in line for line in unusable)
+    assert any("uncorrectable ECC" in line for line in unusable)
+    # The pending remap is a warning: it passes, said.
+    assert "passing despite warn: gpu_memory_errors gpu 0000:18:00.0" in done.stderr
+    # Only the GPU checks run: the slow link and ACS are not the prolog's to judge.
+    assert "gpu_pcie" not in done.stderr and "pcie_acs" not in done.stderr
+    assert elapsed < 30  # the budget (5 s) plus the interpreter, on a loaded machine
+
+
+def test_prolog_on_the_healthy_node_exits_0(dgx: Node) -> None:
+    done = run(*dgx.cli_args, "slurm", "prolog", env=dgx.env)
+    assert done.returncode == 0, done.stderr
+    assert "node unusable" not in done.stderr
+
+
+def test_prolog_fails_on_fewer_gpus_than_expected(dgx: Node) -> None:
+    done = run(*dgx.cli_args, "slurm", "prolog", "--expected-gpus", "9", env=dgx.env)
+    assert done.returncode == 1, done.stderr
+    assert "nodecheck prolog: node unusable: gpu_count node:" in done.stderr
+
+
+def test_epilog_runs_the_quick_checks_and_no_benchmark(dgx_faulty: Node, dgx: Node) -> None:
+    faulty = run(*dgx_faulty.cli_args, "slurm", "epilog", env=dgx_faulty.env)
+    assert faulty.returncode == 1, faulty.stderr
+    assert f"nodecheck epilog: {NO_BENCHMARKS_HERE}" in faulty.stderr
+    assert "nodecheck epilog: node unusable: gpu_xid gpu 0000:bc:00.0: XID 79" in faulty.stderr
+    # Every quick check ran: the host checks' failures are said, and do not drain.
+    assert "passing despite fail: pcie_acs bridge 0000:39:00.0" in faulty.stderr
+    assert "passing despite fail: nccl_env node" in faulty.stderr
+    assert "bench" not in faulty.stderr.replace("benchmarks are not run", "")
+    healthy = run(*dgx.cli_args, "slurm", "epilog", env=dgx.env)
+    assert healthy.returncode == 0, healthy.stderr
+    assert "node unusable" not in healthy.stderr
+
+
+def test_budget_is_bounded() -> None:
+    done = run("slurm", "prolog", "--budget", "0")
+    assert done.returncode == 2 and "--budget" in done.stderr
+
+
+def test_a_hung_gpu_passes_within_the_budget_and_says_so(dgx: Node, tmp_path: Path) -> None:
+    # GPU 2's NVML call never returns: the gate cannot judge it, and does not stop jobs
+    # for that (an `error`), nor wait past its budget.
+    hanging = dgx_healthy()
+    hanging["gpus"][2]["hang"] = {"nvmlDeviceGetFieldValues": 0}
+    node = dgx.with_scenario(hanging, tmp_path / "hang.json")
+    started = time.monotonic()
+    done = run(*node.cli_args, "slurm", "prolog", "--budget", "3", env=node.env)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "node unusable" not in done.stderr
+    assert "nodecheck prolog: passing despite error:" in done.stderr
+    assert "0000:3a:00.0" in done.stderr
+    assert elapsed < 3 + 25  # the budget, plus starting Python on a loaded machine
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog", "task-prolog"])
+def test_help(command: str) -> None:
+    done = run("slurm", command, "--help")
+    assert done.returncode == 0 and "--sysfs-root" in done.stdout
