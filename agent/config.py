@@ -11,7 +11,7 @@ file prints every default, and checks/config.py is where the checks' are declare
     nvml_timeout = 3             # seconds, 0.1 to 8
     state_dir = "/var/lib/nodecheck"
     snapshot = "/run/nodecheck/snapshot.json"   # root-only checks, from nodecheck snapshot
-    results_file = "/run/nodecheck/results.json"  # for slurm health-check; "" for none
+    results_file = "/run/nodecheck/agent/results.json"  # for slurm health-check; "" for none
     tls_cert_file = ""           # HTTPS when both are set
     tls_key_file = ""
     basic_auth_file = ""         # "user:<bcrypt hash>" lines, as htpasswd -B writes them
@@ -228,7 +228,9 @@ class BenchmarkSettings:
     memory_fraction: float = BenchOptions.memory_fraction
 
 
-DEFAULT_RESULTS_FILE = Path("/run/nodecheck/results.json")
+# nodecheck.service's RuntimeDirectory=nodecheck/agent: the agent's own (DynamicUser) folder
+# under the snapshot's /run/nodecheck, which root owns.
+DEFAULT_RESULTS_FILE = Path("/run/nodecheck/agent/results.json")
 RESULTS_MAX_AGE_RANGE_S = (1.0, DAY_S)
 # HealthCheckProgram is killed at HealthCheckTimeout, 60 s and fixed before Slurm 26.05
 # (slurm.conf.5): the budget leaves room for scontrol on either side.

@@ -304,7 +304,14 @@ class Agent:
             except OSError as err:
                 problem = f"{err.strerror or err}"
                 if problem != self._results_problem:
-                    log.error("event=results_write_failed path=%s error=%r", path, problem)
+                    # No folder: not installed as a service (`make run`); said once, quietly.
+                    missing = isinstance(err, FileNotFoundError) and not path.parent.exists()
+                    log.log(
+                        logging.INFO if missing else logging.ERROR,
+                        "event=results_write_failed path=%s error=%r",
+                        path,
+                        problem,
+                    )
                 self._results_problem = problem
                 return stored
             if self._results_problem is not None:

@@ -57,6 +57,7 @@ class SlurmNodeState:
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 _NODE_NAME = re.compile(r"^NodeName=(\S+)")
 _REASON = re.compile(r"^\s*Reason=(.*)$", re.MULTILINE)
+_FREE_TEXT = re.compile(r"^\s*(Reason|Comment|Extra)=")
 _SET_BY = re.compile(r"^(.*?)\s*\[([^\[\]@]+)@([^\[\]]+)\]\s*$")
 
 
@@ -83,7 +84,9 @@ def parse_scontrol_node(text: str, node: str) -> SlurmNodeState:
     name = name_match.group(1)
     if name != node:
         raise SlurmStateError(f"scontrol answered for node {name[:60]!r}, not {node!r}")
-    states = _STATE.findall(text)
+    # Free text (a reason, a comment) may hold " State=" itself: only the other lines count.
+    fields = [line for line in text.splitlines() if not _FREE_TEXT.match(line)]
+    states = [state for line in fields for state in _STATE.findall(line)]
     if len(states) != 1:
         raise SlurmStateError(f"expected one State= in scontrol's output, got {len(states)}")
     base, flags, not_responding = parse_state(states[0])

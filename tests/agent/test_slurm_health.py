@@ -142,6 +142,12 @@ def test_a_reason_without_its_setter_keeps_no_user() -> None:
     assert parsed.reason == "nodecheck: typed by hand" and parsed.reason_user is None
 
 
+def test_a_reason_holding_state_is_still_read() -> None:
+    text = IDLE + "   Reason=nodecheck: c node: State=DOWN typed [root@2026-12-01T15:00:00]\n"
+    parsed = parse_scontrol_node(text, "gpu01")
+    assert parsed.base == "IDLE" and parsed.reason == "nodecheck: c node: State=DOWN typed"
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -480,3 +486,38 @@ def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
     assert run.source == "agent results"
     assert run.decision.action is Action.DRAIN and not run.done
     assert run.decision.exit_status == EXIT_UNDETERMINED and run.problem == "scontrol exited 1"
+
+
+# -- the configuration ----------------------------------------------------------------
+
+
+def test_the_slurm_settings_are_read_and_checked() -> None:
+    from nodecheck.agent.config import DEFAULT_RESULTS_FILE, ConfigError, parse_config
+
+    where = Path("/etc/nodecheck/config.toml")
+    default = parse_config("", where, set())
+    assert default.slurm == SlurmSettings() and default.results_file == DEFAULT_RESULTS_FILE
+    text = (
+        '[agent]\nresults_file = "/run/x/results.json"\n'
+        "[slurm]\nresults_max_age = 120\nbudget = 10\nscontrol_timeout = 2\n"
+        "drain_on_error = true\nundrain_after_runs = 5\nundrain_after = 900\n"
+        "reboot_on_xid = true\n"
+    )
+    config = parse_config(text, where, set())
+    assert config.results_file == Path("/run/x/results.json")
+    assert config.slurm == SlurmSettings(120, 10, 2, True, 5, 900, True)
+    assert parse_config('[agent]\nresults_file = ""\n', where, set()).results_file is None
+    for bad, key in [
+        ("[slurm]\nbudget = 60\n", "slurm.budget"),  # past HealthCheckTimeout's 60 s
+        ("[slurm]\nundrain_after_runs = 0\n", "slurm.undrain_after_runs"),
+        ("[slurm]\nundrain_after_runs = 2.5\n", "slurm.undrain_after_runs"),
+        ("[slurm]\nresults_max_age = nan\n", "slurm.results_max_age"),
+        ("[slurm]\ndrain_on_error = 1\n", "slurm.drain_on_error"),
+        ("[slurm]\nresume = true\n", "slurm.resume"),
+        ('[agent]\nresults_file = "results.json"\n', "agent.results_file"),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            parse_config(bad, where, set())
+        assert f": {key}: " in str(raised.value), bad
+    shown = parse_config(config.show(), where, set())
+    assert shown.slurm == config.slurm and shown.results_file == config.results_file
