@@ -305,7 +305,7 @@ class Agent:
                 problem = f"{err.strerror or err}"
                 if problem != self._results_problem:
                     # No folder: not installed as a service (`make run`); said once, quietly.
-                    missing = isinstance(err, FileNotFoundError) and not path.parent.exists()
+                    missing = isinstance(err, FileNotFoundError)  # mkstemp: no folder
                     log.log(
                         logging.INFO if missing else logging.ERROR,
                         "event=results_write_failed path=%s error=%r",

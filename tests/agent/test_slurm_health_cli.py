@@ -268,3 +268,33 @@ def test_the_agent_writes_its_results_where_health_check_reads_them(
     assert {f.check for f in findings} >= {"gpu_count", "cpu", "gpu_xid"}
     assert all(f.status is not Status.FAIL for f in findings)
     assert os.stat(results).st_mode & 0o777 == 0o600
+
+
+def test_an_agent_without_the_results_folder_says_so_once_and_runs_on(
+    dgx: Node, tmp_path: Path
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[agent]\nlisten = ""\nstate_dir = "{tmp_path}"\n'
+        f'results_file = "{tmp_path / "absent" / "results.json"}"\n'
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "nodecheck", *dgx.cli_args, "agent", "--config", str(config)],
+        env={**CLEAN_ENVIRON, **dgx.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = []
+    try:
+        assert agent.stderr is not None
+        for line in agent.stderr:
+            seen.append(line)
+            if "event=ready" in line:
+                break
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    failures = [line for line in seen if "event=results_write_failed" in line]
+    assert len(failures) == 1 and failures[0].startswith("level=info"), seen
+    assert any("event=ready" in line for line in seen)
