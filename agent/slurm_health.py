@@ -340,7 +340,7 @@ def is_ours(state: SlurmNodeState, own_user: str) -> bool:
     )
 
 
-def _worst_first(findings: Sequence[Finding], status: Status) -> list[Finding]:
+def _with_status(findings: Sequence[Finding], status: Status) -> list[Finding]:
     return [f for f in findings if f.status is status]
 
 
@@ -355,8 +355,8 @@ def decide(
 ) -> Decision:
     """The one action for this run. `state` None: it could not be read (state_problem
     says why). `hysteresis` already counts this run."""
-    failing = _worst_first(findings, Status.FAIL)
-    errors = _worst_first(findings, Status.ERROR)
+    failing = _with_status(findings, Status.FAIL)
+    errors = _with_status(findings, Status.ERROR)
     if not findings:  # absence is never a pass
         errors = [Finding("health-check", Status.ERROR, "node", "no result at all")]
     unhealthy = bool(failing) or (settings.drain_on_error and bool(errors))
