@@ -11,6 +11,7 @@ file prints every default, and checks/config.py is where the checks' are declare
     nvml_timeout = 3             # seconds, 0.1 to 8
     state_dir = "/var/lib/nodecheck"
     snapshot = "/run/nodecheck/snapshot.json"   # root-only checks, from nodecheck snapshot
+    results_file = "/run/nodecheck/agent/results.json"  # for slurm health-check; "" for none
     tls_cert_file = ""           # HTTPS when both are set
     tls_key_file = ""
     basic_auth_file = ""         # "user:<bcrypt hash>" lines, as htpasswd -B writes them
@@ -29,6 +30,15 @@ file prints every default, and checks/config.py is where the checks' are declare
     warn_below = 0.95            # ratio to the node's median GPU and to the baseline, (0, 1]
     fail_below = 0.85
     memory_fraction = 0.4        # of each GPU's free memory, 0.01 to 0.95
+
+    [slurm]                      # nodecheck slurm health-check (HealthCheckProgram)
+    results_max_age = 300        # seconds the agent's results file may be old, 1 to 86400
+    budget = 20                  # seconds for the quick checks when it runs them itself, 1 to 55
+    scontrol_timeout = 5         # seconds for each scontrol call, 0.5 to 30
+    drain_on_error = false       # drain on `error` (could not determine) too
+    undrain_after_runs = 3       # healthy runs in a row before UNDRAIN, 1 to 1000
+    undrain_after = 0            # or seconds healthy since the first of them; 0: runs only
+    reboot_on_xid = false        # reboot-class XIDs: scontrol reboot ASAP nextstate=RESUME
 
 A bad file is refused whole, with the file, line and key named: the agent
 keeps running on what it had. Every way a file can be bad is a ConfigError:
@@ -218,6 +228,30 @@ class BenchmarkSettings:
     memory_fraction: float = BenchOptions.memory_fraction
 
 
+# nodecheck.service's RuntimeDirectory=nodecheck/agent: the agent's own (DynamicUser) folder
+# under the snapshot's /run/nodecheck, which root owns.
+DEFAULT_RESULTS_FILE = Path("/run/nodecheck/agent/results.json")
+RESULTS_MAX_AGE_RANGE_S = (1.0, DAY_S)
+# HealthCheckProgram is killed at HealthCheckTimeout, 60 s and fixed before Slurm 26.05
+# (slurm.conf.5): the budget leaves room for scontrol on either side.
+HEALTH_BUDGET_RANGE_S = (1.0, 55.0)
+SCONTROL_TIMEOUT_RANGE_S = (0.5, 30.0)
+UNDRAIN_RUNS_RANGE = (1, 1000)
+
+
+@record
+class SlurmSettings:
+    """[slurm]: how `nodecheck slurm health-check` judges and acts."""
+
+    results_max_age_s: float = 300.0
+    budget_s: float = 20.0
+    scontrol_timeout_s: float = 5.0
+    drain_on_error: bool = False
+    undrain_after_runs: int = 3
+    undrain_after_s: float = 0.0  # 0: by runs only
+    reboot_on_xid: bool = False
+
+
 @record
 class AgentConfig:
     source: str = "embedded defaults"
@@ -229,12 +263,15 @@ class AgentConfig:
     state_dir: Path | None = None
     # The root snapshot (nodecheck-snapshot.timer) the agent serves root-only checks from.
     snapshot: Path | None = None
+    # The latest results, written after every run for `slurm health-check` (None: not written).
+    results_file: Path | None = DEFAULT_RESULTS_FILE
     # HTTPS and basic auth for /metrics and /results (as Prometheus exporters' web config).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     basic_auth_file: Path | None = None  # "user:<bcrypt hash>" lines (htpasswd -B)
     checks: dict[str, CheckSettings] = field(default_factory=dict)
     benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
 
     def check(self, name: str) -> CheckSettings:
         return self.checks.get(name, CheckSettings())
@@ -257,6 +294,7 @@ class AgentConfig:
             lines.append(f"state_dir = {quoted(self.state_dir)}")
         if self.snapshot is not None:
             lines.append(f"snapshot = {quoted(self.snapshot)}")
+        lines.append(f"results_file = {quoted(self.results_file or '')}")
         for key, value in (
             ("tls_cert_file", self.tls_cert_file),
             ("tls_key_file", self.tls_key_file),
@@ -282,6 +320,18 @@ class AgentConfig:
             f"warn_below = {bench.warn_below}",
             f"fail_below = {bench.fail_below}",
             f"memory_fraction = {bench.memory_fraction}",
+        ]
+        slurm = self.slurm
+        lines += [
+            "",
+            "[slurm]",
+            f"results_max_age = {slurm.results_max_age_s}",
+            f"budget = {slurm.budget_s}",
+            f"scontrol_timeout = {slurm.scontrol_timeout_s}",
+            f"drain_on_error = {str(slurm.drain_on_error).lower()}",
+            f"undrain_after_runs = {slurm.undrain_after_runs}",
+            f"undrain_after = {slurm.undrain_after_s}",
+            f"reboot_on_xid = {str(slurm.reboot_on_xid).lower()}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -553,6 +603,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     agent = root.take("agent", dict, {})
     checks = root.take("checks", dict, {})
     benchmarks = root.take("benchmarks", dict, {})
+    slurm = root.take("slurm", dict, {})
     root.done()
 
     section = _Reader(path, text, ("agent",), agent)
@@ -588,6 +639,9 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         problem = snapshot_problem(snapshot)
         if problem:
             raise section.fail("snapshot", problem)
+    results_file: Path | None = DEFAULT_RESULTS_FILE
+    if "results_file" in section.data:
+        results_file = section.path_value("results_file")
     web = {
         key: section.path_value(key) for key in ("tls_cert_file", "tls_key_file", "basic_auth_file")
     }
@@ -659,7 +713,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     )
     bench.done()
     return replace(
-        config,
+        _with_slurm(config, path, text, slurm),
         listen=listen,
         textfile_dir=textfile,
         expected_gpus=expected,
@@ -667,12 +721,39 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         nvml_timeout_s=timeout,
         state_dir=state_dir,
         snapshot=snapshot,
+        results_file=results_file,
         tls_cert_file=cert,
         tls_key_file=key,
         basic_auth_file=web["basic_auth_file"],
         checks=settings,
         benchmarks=bench_settings,
     )
+
+
+def _with_slurm(config: AgentConfig, path: Path, text: str, values: dict[str, Any]) -> AgentConfig:
+    table = _Reader(path, text, ("slurm",), values)
+    defaults = SlurmSettings()
+    runs = table.take("undrain_after_runs", int, defaults.undrain_after_runs)
+    if not UNDRAIN_RUNS_RANGE[0] <= runs <= UNDRAIN_RUNS_RANGE[1]:
+        raise table.fail(
+            "undrain_after_runs",
+            f"must be from {UNDRAIN_RUNS_RANGE[0]} to {UNDRAIN_RUNS_RANGE[1]}, got {_shown(runs)}",
+        )
+    settings = SlurmSettings(
+        results_max_age_s=table.number(
+            "results_max_age", defaults.results_max_age_s, *RESULTS_MAX_AGE_RANGE_S
+        ),
+        budget_s=table.number("budget", defaults.budget_s, *HEALTH_BUDGET_RANGE_S),
+        scontrol_timeout_s=table.number(
+            "scontrol_timeout", defaults.scontrol_timeout_s, *SCONTROL_TIMEOUT_RANGE_S
+        ),
+        drain_on_error=table.take("drain_on_error", bool, defaults.drain_on_error),
+        undrain_after_runs=runs,
+        undrain_after_s=table.number("undrain_after", defaults.undrain_after_s, 0, 30 * DAY_S),
+        reboot_on_xid=table.take("reboot_on_xid", bool, defaults.reboot_on_xid),
+    )
+    table.done()
+    return replace(config, slurm=settings)
 
 
 def load_config(path: Path | None, known_checks: set[str]) -> AgentConfig:

@@ -48,12 +48,13 @@ from nodecheck.agent.exporter import (
     serve,
     write_textfile,
 )
-from nodecheck.agent.scheduler import ResultStore, Scheduler
+from nodecheck.agent.scheduler import ResultStore, Scheduler, StoredRun
+from nodecheck.agent.slurm_health import StoredCheck, findings_of, results_text
 from nodecheck.agent.snapshot import from_snapshot
 from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
-from nodecheck.checks.node.fs import NodeFS
+from nodecheck.checks.node.fs import NodeFS, write_atomically
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.net import PortCounterHistory
 from nodecheck.checks.node.nvml import NvmlSession
@@ -190,6 +191,9 @@ class Agent:
         self.server: HttpServing | None = None
         self._stop = threading.Event()
         self._ready = False
+        # One writer at a time: a slower one never replaces newer results with older.
+        self._results_lock = threading.Lock()
+        self._results_problem: str | None = None
 
     # -- wiring ------------------------------------------------------------------
 
@@ -259,7 +263,7 @@ class Agent:
         )
 
     def _after_run(self, run: CheckRun) -> None:
-        stored = self.store.all()
+        stored = self._write_results()
         enabled = self._fast_checks(self.config)
         have = {s.run.check.name for s in stored}
         statuses = [result.status for s in stored for result in s.run.results]
@@ -274,6 +278,46 @@ class Agent:
             log.info("event=ready checks=%d", len(have))
         elif self._ready:
             notify(f"STATUS={summary}")
+
+    def _write_results(self) -> list[StoredRun]:
+        """The latest results, for `nodecheck slurm health-check`, whole or not at all
+        (write_atomically); the stored runs it wrote (read under the lock: the file holds
+        at least what they hold once this returns). A failure is logged when it starts
+        and when it ends, never raised: the scheduler's thread goes on."""
+        path = self.config.results_file
+        with self._results_lock:
+            stored = self.store.all()
+            if path is None:
+                return stored
+            checks = [
+                StoredCheck(
+                    s.run.check.name,
+                    s.finished_at,
+                    s.interval_s,
+                    tuple(findings_of(s.run.check.name, s.run.results)),
+                    s.run.check.name in self.benchmarks,
+                )
+                for s in stored
+            ]
+            try:
+                write_atomically(path, results_text(self.hostname, checks, time.time()))
+            except OSError as err:
+                problem = f"{err.strerror or err}"
+                if problem != self._results_problem:
+                    # No folder: not installed as a service (`make run`); said once, quietly.
+                    missing = isinstance(err, FileNotFoundError)  # mkstemp: no folder
+                    log.log(
+                        logging.INFO if missing else logging.ERROR,
+                        "event=results_write_failed path=%s error=%r",
+                        path,
+                        problem,
+                    )
+                self._results_problem = problem
+                return stored
+            if self._results_problem is not None:
+                log.info("event=results_written path=%s", path)
+                self._results_problem = None
+        return stored
 
     def _fast_checks(self, config: AgentConfig) -> set[str]:
         """READY waits for the first pass of these: benchmarks come later, gated."""

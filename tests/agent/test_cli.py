@@ -51,6 +51,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["config"],
         ["config", "show"],
         ["config", "check"],
+        ["slurm", "health-check"],
     ],
 )
 def test_help_for_every_command(command: list[str]) -> None:

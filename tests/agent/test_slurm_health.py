@@ -1,0 +1,523 @@
+"""slurm health-check's parts on literals: the scontrol parser, the decision, the results
+file's freshness and damage, the hysteresis, the bounded scontrol runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.slurm_actions import drain_argv, reboot_argv, run_action, undrain_argv
+from nodecheck.agent.slurm_health import (
+    EXIT_HEALTHY,
+    EXIT_UNDETERMINED,
+    EXIT_UNHEALTHY,
+    REASON_MAX_BYTES,
+    Action,
+    Finding,
+    Hysteresis,
+    ResultsUnusableError,
+    StoredCheck,
+    decide,
+    fresh_findings,
+    health_check,
+    load_hysteresis,
+    next_hysteresis,
+    results_text,
+    save_hysteresis,
+    slurm_reason,
+)
+from nodecheck.checks.node.slurm_state import (
+    SlurmNodeState,
+    SlurmStateError,
+    parse_scontrol_node,
+    read_slurm_node,
+    run_bounded_command,
+)
+from nodecheck.checks.result import Result, Status
+
+# scontrol show node, as Slurm 22.05 prints it (Debian bookworm's slurm-client).
+DRAINED_BY_NODECHECK = """\
+NodeName=gpu01 Arch=x86_64 CoresPerSocket=56
+   CPUAlloc=0 CPUEfctv=224 CPUTot=224 CPULoad=0.31
+   AvailableFeatures=(null)
+   ActiveFeatures=(null)
+   Gres=gpu:8
+   NodeAddr=gpu01 NodeHostName=gpu01 Version=22.05.8
+   OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01)
+   RealMemory=2000000 AllocMem=0 FreeMem=1900000 Sockets=2 Boards=1
+   State=IDLE+DRAIN ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=gpu
+   BootTime=2026-12-01T09:00:00 SlurmdStartTime=2026-12-01T09:01:00
+   LastBusyTime=2026-12-01T14:00:00
+   CfgTRES=cpu=224,mem=2000000M,billing=224
+   AllocTRES=
+   CapWatts=n/a
+   CurrentWatts=0 AveWatts=0
+   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
+   Reason=nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 off the bus [root@2026-12-01T15:00:00]
+"""
+
+IDLE = """\
+NodeName=gpu01 Arch=x86_64 CoresPerSocket=56
+   State=IDLE ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=gpu
+"""
+
+DOWN_NOT_RESPONDING = """\
+NodeName=gpu01 CoresPerSocket=56
+   State=DOWN*+DRAIN ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Reason=Not responding [slurm@2026-12-01T15:00:00]
+"""
+
+SETTINGS = SlurmSettings()
+NOW = 1_800_000_000.0
+
+
+def state(
+    base: str = "IDLE",
+    *flags: str,
+    reason: str | None = None,
+    user: str | None = None,
+    not_responding: bool = False,
+) -> SlurmNodeState:
+    return SlurmNodeState("gpu01", base, frozenset(flags), not_responding, reason, user, None)
+
+
+OURS = state("IDLE", "DRAIN", reason="nodecheck: gpu_count node: 7 of 8 GPUs", user="root")
+ADMIN = state("IDLE", "DRAIN", reason="ADMIN SHUTDOWN for cabling", user="alice")
+FAIL = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79 GPU has fallen off the bus")
+REBOOT = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79", reboot=True)
+ERROR = Finding("pcie_acs", Status.ERROR, "node", "cannot read config space")
+OK = Finding("cpu", Status.OK, "node", "all CPUs use the performance governor")
+
+
+def run_decide(
+    node: SlurmNodeState | None,
+    findings: list[Finding],
+    healthy_runs: int = 0,
+    since: float | None = None,
+    settings: SlurmSettings = SETTINGS,
+    problem: str = "",
+) -> tuple[Action, str, int]:
+    decision = decide(
+        node, problem, findings, Hysteresis(healthy_runs, since), settings, "root", NOW
+    )
+    return decision.action, decision.reason, decision.exit_status
+
+
+# -- the parser ----------------------------------------------------------------------
+
+
+def test_parses_a_drain_with_who_set_it_and_when() -> None:
+    parsed = parse_scontrol_node(DRAINED_BY_NODECHECK, "gpu01")
+    assert parsed.base == "IDLE"
+    assert parsed.flags == frozenset({"DRAIN"})
+    assert parsed.drained and not parsed.not_responding
+    assert parsed.reason == "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 off the bus"
+    assert parsed.reason_user == "root"
+    assert parsed.reason_time == "2026-12-01T15:00:00"
+
+
+def test_parses_a_node_without_reason_and_a_not_responding_one() -> None:
+    idle = parse_scontrol_node(IDLE, "gpu01")
+    assert (idle.base, idle.flags, idle.reason, idle.reason_user) == (
+        "IDLE",
+        frozenset(),
+        None,
+        None,
+    )
+    down = parse_scontrol_node(DOWN_NOT_RESPONDING, "gpu01")
+    assert down.base == "DOWN" and down.not_responding and down.drained
+    assert down.reason == "Not responding" and down.reason_user == "slurm"
+
+
+def test_a_reason_without_its_setter_keeps_no_user() -> None:
+    text = IDLE.replace("   Partitions=gpu\n", "   Reason=nodecheck: typed by hand\n")
+    parsed = parse_scontrol_node(text, "gpu01")
+    assert parsed.reason == "nodecheck: typed by hand" and parsed.reason_user is None
+
+
+def test_a_reason_holding_state_is_still_read() -> None:
+    text = IDLE + "   Reason=nodecheck: c node: State=DOWN typed [root@2026-12-01T15:00:00]\n"
+    parsed = parse_scontrol_node(text, "gpu01")
+    assert parsed.base == "IDLE" and parsed.reason == "nodecheck: c node: State=DOWN typed"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Node gpu01 not found\n",
+        IDLE.replace("NodeName=gpu01", "NodeName=gpu02"),
+        IDLE + IDLE,
+        IDLE.replace("State=IDLE", "State=idle?"),
+        IDLE.replace("State=IDLE ", ""),
+    ],
+)
+def test_refuses_what_is_not_one_record_of_the_node(text: str) -> None:
+    with pytest.raises(SlurmStateError):
+        parse_scontrol_node(text, "gpu01")
+
+
+# -- the decision -------------------------------------------------------------------
+
+
+def test_a_failure_drains_with_nodecheck_reason() -> None:
+    action, reason, status = run_decide(state(), [OK, FAIL])
+    assert action is Action.DRAIN
+    assert reason == "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 GPU has fallen off the bus"
+    assert status == EXIT_UNHEALTHY
+
+
+def test_a_draining_node_with_jobs_is_drained_too() -> None:
+    assert run_decide(state("MIXED"), [FAIL])[0] is Action.DRAIN
+
+
+def test_error_never_drains_by_default_but_may() -> None:
+    assert run_decide(state(), [OK, ERROR])[:1] == (Action.NOTHING,)
+    assert run_decide(state(), [ERROR])[2] == EXIT_UNDETERMINED
+    strict = SlurmSettings(drain_on_error=True)
+    action, reason, _ = run_decide(state(), [OK, ERROR], settings=strict)
+    assert action is Action.DRAIN and reason.startswith("nodecheck: pcie_acs node:")
+
+
+def test_no_findings_is_no_pass() -> None:
+    action, _, status = run_decide(state(), [])
+    assert action is Action.NOTHING and status == EXIT_UNDETERMINED
+
+
+def test_healthy_and_in_service_does_nothing() -> None:
+    assert run_decide(state(), [OK], healthy_runs=5) == (Action.NOTHING, "", EXIT_HEALTHY)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        state("DOWN"),
+        state("IDLE", not_responding=True),
+        state("IDLE", "REBOOT_REQUESTED"),
+        state("DOWN", "REBOOT_ISSUED"),
+        state("IDLE", "MAINTENANCE"),
+        state("IDLE", "POWERED_DOWN"),
+        state("IDLE", "FAIL"),
+        state("FUTURE"),
+        state("UNKNOWN"),
+        # Down with nodecheck's own reason: UNDRAIN would not bring it back, and it is
+        # Slurm's (or an admin's) now.
+        state("DOWN", "DRAIN", reason="nodecheck: gpu_count node: 7", user="root"),
+    ],
+)
+def test_never_touches_a_node_slurm_or_an_admin_has(node: SlurmNodeState) -> None:
+    assert run_decide(node, [FAIL])[0] is Action.NOTHING
+    assert run_decide(node, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+
+
+def test_an_admin_drain_stays_through_healthy_and_unhealthy_runs() -> None:
+    """NHC #134: an admin's reason is never overwritten, nor resumed."""
+    for findings in ([FAIL], [OK], [ERROR], [REBOOT]):
+        for runs in (0, 1, 1000):
+            action, _, _ = run_decide(
+                ADMIN,
+                findings,
+                healthy_runs=runs,
+                since=0,
+                settings=SlurmSettings(reboot_on_xid=True, drain_on_error=True),
+            )
+            assert action is Action.NOTHING
+
+
+def test_a_nodecheck_prefix_set_by_another_user_is_not_ours() -> None:
+    spoofed = state("IDLE", "DRAIN", reason="nodecheck: looks like ours", user="mallory")
+    assert run_decide(spoofed, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+    unsigned = state("IDLE", "DRAIN", reason="nodecheck: looks like ours", user=None)
+    assert run_decide(unsigned, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+
+
+def test_an_unreadable_state_changes_nothing() -> None:
+    for findings in ([FAIL], [OK]):
+        action, _, status = run_decide(None, findings, healthy_runs=100, problem="scontrol hung")
+        assert action is Action.NOTHING and status == EXIT_UNDETERMINED
+
+
+def test_undrains_ours_only_after_n_healthy_runs() -> None:
+    assert run_decide(OURS, [OK], healthy_runs=2)[0] is Action.NOTHING
+    action, _, status = run_decide(OURS, [OK], healthy_runs=3)
+    assert action is Action.UNDRAIN and status == EXIT_HEALTHY
+    assert (
+        run_decide(OURS, [OK], healthy_runs=1, settings=SlurmSettings(undrain_after_runs=1))[0]
+        is Action.UNDRAIN
+    )
+
+
+def test_undrains_ours_after_m_seconds_healthy_when_configured() -> None:
+    timed = SlurmSettings(undrain_after_runs=1000, undrain_after_s=600)
+    assert run_decide(OURS, [OK], healthy_runs=2, since=NOW - 599, settings=timed)[0] is (
+        Action.NOTHING
+    )
+    assert run_decide(OURS, [OK], healthy_runs=2, since=NOW - 600, settings=timed)[0] is (
+        Action.UNDRAIN
+    )
+
+
+def test_ours_stays_drained_while_not_healthy() -> None:
+    for findings in ([FAIL], [ERROR], []):
+        assert run_decide(OURS, findings, healthy_runs=100, since=0)[0] is Action.NOTHING
+
+
+def test_alternate_runs_never_resume() -> None:
+    """NHC #95: drained and resumed on alternate runs. The streak restarts on every bad run."""
+    hysteresis = Hysteresis()
+    actions = []
+    for findings in [[OK], [FAIL], [OK], [ERROR], [OK], [OK], [FAIL], [OK], []] * 3:
+        healthy = bool(findings) and all(f.status is Status.OK for f in findings)
+        hysteresis = next_hysteresis(hysteresis, healthy, NOW)
+        actions.append(decide(OURS, "", findings, hysteresis, SETTINGS, "root", NOW).action)
+    assert Action.UNDRAIN not in actions
+    for _ in range(3):  # and three in a row do
+        hysteresis = next_hysteresis(hysteresis, True, NOW)
+    assert decide(OURS, "", [OK], hysteresis, SETTINGS, "root", NOW).action is Action.UNDRAIN
+
+
+def test_reboot_class_xid_reboots_only_when_enabled() -> None:
+    assert run_decide(state(), [REBOOT])[0] is Action.DRAIN
+    action, reason, _ = run_decide(
+        state(), [FAIL, REBOOT], settings=SlurmSettings(reboot_on_xid=True)
+    )
+    assert action is Action.REBOOT and reason.startswith("nodecheck: gpu_xid")
+    assert (
+        run_decide(state(), [FAIL], settings=SlurmSettings(reboot_on_xid=True))[0] is Action.DRAIN
+    )
+
+
+def test_the_reason_is_one_line_cut_to_what_slurm_keeps() -> None:
+    long = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "é" * 300 + "\nsecond line\x07")
+    reason = slurm_reason(long)
+    assert len(reason.encode("utf-8")) <= REASON_MAX_BYTES
+    assert reason.startswith("nodecheck: gpu_xid gpu 0000:3a:00.0: é") and reason.endswith("...")
+    assert "\n" not in reason
+    short = slurm_reason(Finding("c", Status.FAIL, "node", "a\nb\x07c"))
+    assert short == "nodecheck: c node: a b c"
+
+
+def test_the_actions_argv() -> None:
+    assert drain_argv("scontrol", "gpu01", "nodecheck: x y: z") == [
+        "scontrol",
+        "update",
+        "NodeName=gpu01",
+        "State=DRAIN",
+        "Reason=nodecheck: x y: z",
+    ]
+    assert undrain_argv("scontrol", "gpu01") == [
+        "scontrol",
+        "update",
+        "NodeName=gpu01",
+        "State=UNDRAIN",
+    ]
+    assert reboot_argv("scontrol", "gpu01", "nodecheck: x") == [
+        "scontrol",
+        "reboot",
+        "ASAP",
+        "nextstate=RESUME",
+        "reason=nodecheck: x",
+        "gpu01",
+    ]
+
+
+# -- the results file ---------------------------------------------------------------
+
+
+def write_results(path: Path, written_at: float, finished_at: float, *findings: Finding) -> Path:
+    by_check: dict[str, list[Finding]] = {}
+    for finding in findings or (OK,):
+        by_check.setdefault(finding.check, []).append(finding)
+    checks = [StoredCheck(name, finished_at, 60.0, tuple(f)) for name, f in by_check.items()]
+    checks.append(StoredCheck("gpu_bench", finished_at - 86400 * 3, 86400.0, (FAIL,), True))
+    path.write_text(results_text("gpu01", checks, written_at))
+    return path
+
+
+def test_fresh_results_are_judged_without_the_benchmarks(tmp_path: Path) -> None:
+    path = write_results(tmp_path / "r.json", NOW - 10, NOW - 20, OK, ERROR)
+    assert fresh_findings(path, NOW, 300) == [OK, ERROR]
+
+
+def test_stale_results_are_refused(tmp_path: Path) -> None:
+    path = write_results(tmp_path / "r.json", NOW - 301, NOW - 301)
+    with pytest.raises(ResultsUnusableError, match="301 s old"):
+        fresh_findings(path, NOW, 300)
+    # The file is new but a check's result is old: that check is stuck.
+    path = write_results(tmp_path / "r.json", NOW - 1, NOW - 361)
+    with pytest.raises(ResultsUnusableError, match="cpu's result"):
+        fresh_findings(path, NOW, 300)
+    path = write_results(tmp_path / "r.json", NOW + 3600, NOW)
+    with pytest.raises(ResultsUnusableError, match="future"):
+        fresh_findings(path, NOW, 300)
+
+
+def test_missing_or_damaged_results_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ResultsUnusableError, match="no results file"):
+        fresh_findings(tmp_path / "absent.json", NOW, 300)
+    good = json.loads(write_results(tmp_path / "r.json", NOW, NOW).read_text())
+    damaged = {
+        "truncated": (tmp_path / "r.json").read_text()[:50],
+        "schema": json.dumps({**good, "schema": "nodecheck.check/v1"}),
+        "status": json.dumps(good).replace('"ok"', '"fine"'),
+        "no results": json.dumps({**good, "checks": [{**good["checks"][0], "results": []}]}),
+        "only benchmarks": json.dumps({**good, "checks": good["checks"][1:]}),
+        "NaN time": json.dumps(good).replace(f'"written_at": {NOW}', '"written_at": NaN'),
+        "binary": "\xff\xfe",
+    }
+    for name, text in damaged.items():
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(text.encode("latin-1") if name == "binary" else text.encode())
+        with pytest.raises(ResultsUnusableError):
+            fresh_findings(path, NOW, 300)
+        print(name, "refused")
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(ResultsUnusableError, match="directory"):
+        fresh_findings(tmp_path / "dir.json", NOW, 300)
+
+
+# -- the hysteresis -----------------------------------------------------------------
+
+
+def test_hysteresis_survives_runs_and_damage_resets_it(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "slurm_health.json"
+    assert load_hysteresis(path) == Hysteresis()
+    save_hysteresis(path, Hysteresis(2, NOW - 60))
+    assert load_hysteresis(path) == Hysteresis(2, NOW - 60)
+    assert next_hysteresis(load_hysteresis(path), True, NOW) == Hysteresis(3, NOW - 60)
+    assert next_hysteresis(load_hysteresis(path), False, NOW) == Hysteresis()
+    for text in ("{", '{"healthy_runs": -1, "healthy_since": null}', '{"healthy_runs": true}'):
+        path.write_text(text)
+        assert load_hysteresis(path) == Hysteresis()
+
+
+# -- scontrol, bounded ----------------------------------------------------------------
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "scontrol"
+    path.write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_hanging_scontrol_is_killed_at_its_deadline(tmp_path: Path) -> None:
+    hanging = script(tmp_path, "print('NodeName=gpu01', flush=True)\ntime.sleep(600)")
+    started = time.monotonic()
+    with pytest.raises(SlurmStateError, match=r"did not finish within 0\.5 s"):
+        read_slurm_node("gpu01", hanging, timeout_s=0.5)
+    assert time.monotonic() - started < 30  # killed, not waited for
+    outcome = run_action([hanging, "update"], 0.5)
+    assert not outcome.done and "did not finish" in outcome.problem
+
+
+def test_a_failing_or_flooding_scontrol_is_an_error(tmp_path: Path) -> None:
+    failing = script(
+        tmp_path,
+        "sys.stderr.write('slurm_load_node error: Unable to contact slurm controller\\n')"
+        "\nsys.exit(1)",
+    )
+    with pytest.raises(SlurmStateError, match="exited 1: slurm_load_node error"):
+        read_slurm_node("gpu01", failing)
+    assert not run_action([failing, "update"], 5).done
+    flooding = script(tmp_path, "sys.stdout.write('x' * (1 << 20))")
+    with pytest.raises(SlurmStateError, match="wrote over"):
+        run_bounded_command([flooding], 5)
+    with pytest.raises(SlurmStateError, match="cannot run"):
+        read_slurm_node("gpu01", str(tmp_path / "absent"))
+
+
+def test_reads_the_state_through_scontrol(tmp_path: Path) -> None:
+    answer = script(tmp_path, f"sys.stdout.write({DRAINED_BY_NODECHECK!r})")
+    assert read_slurm_node("gpu01", answer).reason_user == "root"
+
+
+# -- one run, with the node's side given ----------------------------------------------
+
+
+def test_a_run_without_fresh_results_runs_the_checks_and_acts(tmp_path: Path) -> None:
+    acted: list[tuple[Action, str]] = []
+    budgets: list[float] = []
+
+    def checks(budget_s: float) -> list[tuple[str, list[Result]]]:
+        budgets.append(budget_s)
+        return [("gpu_count", [Result(Status.FAIL, "node", "7 of 8 GPUs")])]
+
+    def act(action: Action, reason: str) -> tuple[bool, str]:
+        acted.append((action, reason))
+        return True, ""
+
+    run = health_check(
+        node="gpu01",
+        results_file=tmp_path / "absent.json",
+        hysteresis_file=tmp_path / "h.json",
+        settings=SlurmSettings(budget_s=7),
+        own_user="root",
+        run_quick_checks=checks,
+        read_state=state,
+        act=act,
+    )
+    assert budgets == [7]
+    assert run.source.startswith("own run (no results file")
+    assert acted == [(Action.DRAIN, "nodecheck: gpu_count node: 7 of 8 GPUs")]
+    assert run.decision.exit_status == EXIT_UNHEALTHY
+    assert load_hysteresis(tmp_path / "h.json") == Hysteresis()
+
+
+def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
+    write_results(tmp_path / "r.json", time.time(), time.time(), FAIL)
+    run = health_check(
+        node="gpu01",
+        results_file=tmp_path / "r.json",
+        hysteresis_file=tmp_path / "h.json",
+        settings=SETTINGS,
+        own_user="root",
+        run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
+        read_state=state,
+        act=lambda action, reason: (False, "scontrol exited 1"),
+    )
+    assert run.source == "agent results"
+    assert run.decision.action is Action.DRAIN and not run.done
+    assert run.decision.exit_status == EXIT_UNDETERMINED and run.problem == "scontrol exited 1"
+
+
+# -- the configuration ----------------------------------------------------------------
+
+
+def test_the_slurm_settings_are_read_and_checked() -> None:
+    from nodecheck.agent.config import DEFAULT_RESULTS_FILE, ConfigError, parse_config
+
+    where = Path("/etc/nodecheck/config.toml")
+    default = parse_config("", where, set())
+    assert default.slurm == SlurmSettings() and default.results_file == DEFAULT_RESULTS_FILE
+    text = (
+        '[agent]\nresults_file = "/run/x/results.json"\n'
+        "[slurm]\nresults_max_age = 120\nbudget = 10\nscontrol_timeout = 2\n"
+        "drain_on_error = true\nundrain_after_runs = 5\nundrain_after = 900\n"
+        "reboot_on_xid = true\n"
+    )
+    config = parse_config(text, where, set())
+    assert config.results_file == Path("/run/x/results.json")
+    assert config.slurm == SlurmSettings(120, 10, 2, True, 5, 900, True)
+    assert parse_config('[agent]\nresults_file = ""\n', where, set()).results_file is None
+    for bad, key in [
+        ("[slurm]\nbudget = 60\n", "slurm.budget"),  # past HealthCheckTimeout's 60 s
+        ("[slurm]\nundrain_after_runs = 0\n", "slurm.undrain_after_runs"),
+        ("[slurm]\nundrain_after_runs = 2.5\n", "slurm.undrain_after_runs"),
+        ("[slurm]\nresults_max_age = nan\n", "slurm.results_max_age"),
+        ("[slurm]\ndrain_on_error = 1\n", "slurm.drain_on_error"),
+        ("[slurm]\nresume = true\n", "slurm.resume"),
+        ('[agent]\nresults_file = "results.json"\n', "agent.results_file"),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            parse_config(bad, where, set())
+        assert f": {key}: " in str(raised.value), bad
+    shown = parse_config(config.show(), where, set())
+    assert shown.slurm == config.slurm and shown.results_file == config.results_file
