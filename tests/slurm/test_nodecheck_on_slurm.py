@@ -1,0 +1,191 @@
+"""nodecheck's Slurm hooks on a real one-node cluster (tests/fixtures/slurm_cluster.py):
+the health check drains a faulty node with its reason and returns it once healthy for
+the hysteresis; an admin's drain is never touched; a failing or hanging scontrol
+changes nothing; the task prolog's environment reaches the task; a prolog failure
+drains the node and requeues the job.
+
+The node is this machine; what nodecheck judges is a replica tree with the fake NVML
+(tests/conftest.py's nodes), given to each hook through its wrapper program."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Node
+from tests.fixtures.slurm_cluster import SlurmCluster
+
+NODECHECK = str(Path(sys.executable).parent / "nodecheck")
+
+
+def _config(folder: Path, **slurm: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o755)
+    path = folder / "config.toml"
+    lines = [
+        "[agent]",
+        f'state_dir = "{folder / "state"}"',
+        'results_file = ""',  # no agent here: health-check runs the quick checks itself
+        'listen = ""',
+        "",
+        "[slurm]",
+        *(f"{key} = {value}" for key, value in slurm.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _health_check(
+    cluster: SlurmCluster,
+    node: Node,
+    folder: Path,
+    *extra: str,
+    name: str = "health-check",
+    **slurm: int,
+) -> tuple[Path, Path]:
+    """A HealthCheckProgram judging `node`, counting its runs in a file (one line each)."""
+    config = _config(folder, **slurm)
+    runs = folder / "runs"
+    command = " ".join(
+        [NODECHECK, *node.cli_args, "slurm", "health-check", "--config", str(config), *extra]
+    )
+    script = f'{command}; status=$?; echo "$status" >> {runs}; exit "$status"'
+    return cluster.program(name, "/bin/sh", "-c", script, env=node.env), runs
+
+
+def _runs(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _wait_runs(cluster: SlurmCluster, runs: Path, count: int) -> None:
+    cluster.wait_for(lambda: _runs(runs) >= count, 180, f"{count} health-check runs")
+
+
+def test_a_faulty_node_is_drained_and_returns_after_the_hysteresis(
+    slurm_cluster: SlurmCluster,
+    dgx_faulty: Node,
+    dgx: Node,
+    tmp_path: Path,
+) -> None:
+    program, _ = _health_check(slurm_cluster, dgx_faulty, tmp_path, undrain_after_runs=2)
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+    drained = slurm_cluster.wait_for(
+        lambda: s if (s := slurm_cluster.node_state()).drained else None, 180, "the drain"
+    )
+    assert drained.reason is not None and drained.reason.startswith("nodecheck: ")
+    assert slurm_cluster.drain_reasons()[slurm_cluster.node] == drained.reason
+    # The fault clears (the healthy twin): two healthy runs in a row, then UNDRAIN.
+    healthy, runs = _health_check(
+        slurm_cluster, dgx, tmp_path, name="health-check-healthy", undrain_after_runs=2
+    )
+    slurm_cluster.reconfigure(HealthCheckProgram=str(healthy))
+    _wait_runs(slurm_cluster, runs, 1)
+    assert slurm_cluster.node_state().drained, "returned after one healthy run"
+    back = slurm_cluster.wait_idle(180)
+    assert back.reason is None and _runs(runs) >= 2
+
+
+@pytest.mark.parametrize("which", ["dgx", "dgx_faulty"])
+def test_an_admins_drain_is_never_touched(
+    slurm_cluster: SlurmCluster,
+    which: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    node: Node = request.getfixturevalue(which)
+    reason = "maintenance: fan 3 replaced"
+    slurm_cluster.run(
+        "scontrol", "update", f"NodeName={slurm_cluster.node}", "State=DRAIN", f"Reason={reason}"
+    )
+    program, runs = _health_check(slurm_cluster, node, tmp_path, undrain_after_runs=1)
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+    _wait_runs(slurm_cluster, runs, 3)
+    state = slurm_cluster.node_state()
+    assert state.drained and state.reason == reason
+
+
+SCONTROL_FAULTS: dict[str, str] = {
+    "fails": "echo 'slurm_load_node error: Unable to contact slurm controller' >&2; exit 1",
+    "hangs": "sleep 120",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(SCONTROL_FAULTS))
+def test_an_scontrol_that_fails_or_hangs_changes_nothing(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path, fault: str
+) -> None:
+    broken = tmp_path / "scontrol"
+    tmp_path.chmod(0o755)
+    broken.write_text(f"#!/bin/sh\n{SCONTROL_FAULTS[fault]}\n")
+    broken.chmod(0o755)
+    program, runs = _health_check(
+        slurm_cluster, dgx_faulty, tmp_path / "hc", "--scontrol", str(broken), scontrol_timeout=2
+    )
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+    _wait_runs(slurm_cluster, runs, 2)
+    assert runs.read_text().split() == ["3"] * _runs(runs)  # could not determine, said so
+    state = slurm_cluster.node_state()
+    assert state.idle and state.reason is None
+
+
+def _exports(lines: str) -> tuple[dict[str, str], list[str]]:
+    exported: dict[str, str] = {}
+    unset: list[str] = []
+    for line in lines.splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            exported[name] = value
+        elif line.startswith("unset "):
+            unset.append(line[len("unset ") :].strip())
+    return exported, unset
+
+
+def test_the_task_prologs_environment_reaches_the_task(
+    slurm_cluster: SlurmCluster, dgx: Node
+) -> None:
+    """srun's task gets tune's exports for its local rank, and the unset takes effect."""
+    args = [*dgx.cli_args, "slurm", "task-prolog"]
+    expected = slurm_cluster.run(
+        NODECHECK, *args, env={"SLURM_LOCALID": "0", "NCCL_P2P_DISABLE": "1"}
+    ).stdout
+    exported, unset = _exports(expected)
+    assert exported and "NCCL_P2P_DISABLE" in unset
+    program = slurm_cluster.program("task-prolog", NODECHECK, *args, env=dgx.env)
+    slurm_cluster.reconfigure(TaskProlog=str(program))
+    done = slurm_cluster.run(
+        "srun", "-N1", "-n1", "--export=ALL,NCCL_P2P_DISABLE=1", "env", timeout=120
+    )
+    task = dict(line.partition("=")[::2] for line in done.stdout.splitlines() if "=" in line)
+    for name, value in exported.items():
+        assert task.get(name) == value, name
+    assert "NCCL_P2P_DISABLE" not in task
+
+
+def test_a_prolog_failure_drains_the_node_and_requeues_the_job(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    program = slurm_cluster.program(
+        "prolog", NODECHECK, *dgx_faulty.cli_args, "slurm", "prolog", env=dgx_faulty.env
+    )
+    slurm_cluster.reconfigure(Prolog=str(program))
+    tmp_path.chmod(0o755)
+    submitted = slurm_cluster.run(
+        "sbatch", "--requeue", "-N1", f"--output={tmp_path / 'job.out'}", "--wrap=hostname"
+    ).stdout
+    job = re.search(r"Submitted batch job (\d+)", submitted)
+    assert job, submitted
+    state = slurm_cluster.wait_for(
+        lambda: s if (s := slurm_cluster.node_state()).drained else None, 180, "the drain"
+    )
+    assert state.reason is not None and "prolog" in state.reason.lower()
+
+    def requeued() -> str | None:
+        shown = slurm_cluster.run("scontrol", "show", "job", job.group(1)).stdout
+        restarts = re.search(r"Restarts=(\d+)", shown)
+        return shown if restarts and int(restarts.group(1)) >= 1 else None
+
+    shown = slurm_cluster.wait_for(requeued, 180, "the job requeued")
+    assert "JobState=COMPLETED" not in shown
