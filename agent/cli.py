@@ -66,6 +66,8 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 # How long `inventory` and `tune` may take to read the node (the checks have 10-15 s each).
 NODE_READ_TIMEOUT_S = 30.0
+# A task waits for its prolog: a few seconds at most (a healthy node plans in 0.1 s).
+TASK_PROLOG_TIMEOUT_S = 5.0
 DEFAULT_LOG_LEVEL = "warning"
 # The agent is a daemon: its lifecycle lines (listening, ready, reloaded, stopping) are
 # what an operator reads in the journal, so it logs them by default; a one-shot command
@@ -807,7 +809,11 @@ def job_options(function: F) -> F:
 
 
 def _tune_plan(
-    ctx: click.Context, nodes: int | None, single_switch: bool, with_smt_siblings: bool
+    ctx: click.Context,
+    nodes: int | None,
+    single_switch: bool,
+    with_smt_siblings: bool,
+    timeout_s: float = NODE_READ_TIMEOUT_S,
 ) -> Plan:
     import os
 
@@ -827,7 +833,7 @@ def _tune_plan(
 
     try:
         # A read that blocks in the kernel (a wedged device's attribute) must not hang us.
-        return run_bounded(plan, "reading the node", NODE_READ_TIMEOUT_S)
+        return run_bounded(plan, "reading the node", timeout_s)
     except UnfinishedError as err:
         click.echo(f"nodecheck: {err}", err=True)
         sys.exit(EXIT_INTERNAL)
@@ -1290,7 +1296,22 @@ def slurm_task_prolog(
     except TaskPrologError as err:
         click.echo(print_line(f"nodecheck task-prolog: {err}"))
         ctx.exit(EXIT_MUST_NOT_RUN)
-    plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+    # Tuning is advice: a node that cannot be read in time, or a plan that fails, must
+    # not cancel every task (a non-zero TaskProlog exit does). The task runs as it is,
+    # and its user reads why in a `print` line.
+    try:
+        plan = _tune_plan(
+            ctx, nodes, single_switch, with_smt_siblings, timeout_s=TASK_PROLOG_TIMEOUT_S
+        )
+    except SystemExit:
+        click.echo(
+            print_line("nodecheck task-prolog: the node could not be read in time; no tuning")
+        )
+        ctx.exit(0)
+    except Exception as err:
+        log.debug("event=task_prolog_failed", exc_info=err)
+        click.echo(print_line(f"nodecheck task-prolog: no tuning ({type(err).__name__}: {err})"))
+        ctx.exit(0)
     lines, code = task_prolog_lines(plan, rank, os.environ)
     for line in lines:
         click.echo(line)

@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -192,11 +192,16 @@ def parse_results(text: str) -> tuple[float, list[StoredCheck]]:
     return written_at, checks
 
 
-def fresh_findings(path: Path, now: float, max_age_s: float) -> list[Finding]:
+def fresh_findings(
+    path: Path, now: float, max_age_s: float, expected: Collection[str] = ()
+) -> list[Finding]:
     """The findings of the agent's results file when it is fresh: written within
     max_age_s, and each check run within its interval plus max_age_s (a check stuck for
     longer is stale, not healthy); ResultsUnusableError saying why not otherwise. Only the quick
-    checks are judged, as when health-check runs them itself: not the benchmarks'."""
+    checks are judged, as when health-check runs them itself: not the benchmarks'. Every
+    check of `expected` (those health-check would run) must be there: an agent that has
+    just started has only its fast checks' results, and what it has not judged yet is no
+    healthy run."""
     from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
 
     try:
@@ -222,6 +227,9 @@ def fresh_findings(path: Path, now: float, max_age_s: float) -> list[Finding]:
     chosen = [c for c in checks if not c.benchmark]
     if not chosen:
         raise ResultsUnusableError(f"{path} holds none of the quick checks")
+    missing = sorted(set(expected) - {c.check for c in chosen})
+    if missing:
+        raise ResultsUnusableError(f"{path} has no result of {', '.join(missing)} yet")
     for stored in chosen:
         check_age = now - stored.finished_at
         if check_age > stored.interval_s + max_age_s:
@@ -450,6 +458,7 @@ def health_check(
     read_state: Callable[[], SlurmNodeState],
     act: Callable[[Action, str], tuple[bool, str]],
     now: Callable[[], float] = time.time,
+    expected: Collection[str] = (),
 ) -> HealthCheckRun:
     """One HealthCheckProgram run. The callables are the node's side (the checks, scontrol)
     so that the whole run is exercised with real files and a stand-in scontrol."""
@@ -459,7 +468,7 @@ def health_check(
     try:
         if results_file is None:
             raise ResultsUnusableError("no results file configured")
-        findings = fresh_findings(results_file, started, settings.results_max_age_s)
+        findings = fresh_findings(results_file, started, settings.results_max_age_s, expected)
         source = "agent results"
     except ResultsUnusableError as why:
         findings = own_findings(run_quick_checks, settings.budget_s)
@@ -482,6 +491,17 @@ def health_check(
     if decision.action is Action.NOTHING:
         return HealthCheckRun(source, decision, True, problem)
     done, action_problem = act(decision.action, decision.reason)
+    if not done and decision.action is Action.REBOOT:
+        # A reboot Slurm will not do (no RebootProgram, scontrol failing) must not leave
+        # a node that needs one in service: it is drained instead, with the same reason.
+        rebooting = action_problem
+        decision = replace(
+            decision, action=Action.DRAIN, why=f"{decision.why}; the reboot failed, draining"
+        )
+        done, action_problem = act(decision.action, decision.reason)
+        action_problem = f"reboot: {rebooting}" + (
+            f"; drain: {action_problem}" if action_problem else ""
+        )
     if not done:
         decision = replace(decision, exit_status=EXIT_UNDETERMINED)
     return HealthCheckRun(source, decision, done, action_problem or problem)
@@ -549,13 +569,15 @@ def run_health_check(
     settings: SlurmSettings = config.slurm
     state_dir = config.state_dir or BenchOptions().state_dir
 
+    enabled = [name for name in load_checks() if config.check(name).enabled]
+
     def run_quick_checks(budget_s: float) -> list[tuple[str, list[Result]]]:
         # Every quick check the configuration enables, each within the budget: they run
         # at once, so the budget bounds them all (run_checks' deadlines).
         checks = [
             replace(check, timeout_s=min(check.timeout_s, budget_s))
             for name, check in load_checks().items()
-            if config.check(name).enabled
+            if name in enabled
         ]
         check_config = CheckConfig(
             expected_gpus=config.expected_gpus, nvml_timeout_s=config.nvml_timeout_s
@@ -581,6 +603,7 @@ def run_health_check(
         run_quick_checks=run_quick_checks,
         read_state=lambda: read_slurm_node(node, scontrol, settings.scontrol_timeout_s),
         act=act,
+        expected=enabled,
     )
     log_run(node, run)
     return run.decision.exit_status

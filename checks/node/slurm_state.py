@@ -62,9 +62,12 @@ _SET_BY = re.compile(r"^(.*?)\s*\[([^\[\]@]+)@([^\[\]]+)\]\s*$")
 
 
 def parse_state(text: str) -> tuple[str, frozenset[str], bool]:
-    """(base state, flags, not responding) of a State= value such as IDLE*+DRAIN."""
+    """(base state, flags, not responding) of a State= value such as IDLE+DRAIN or
+    IDLE+DRAIN+NOT_RESPONDING. scontrol names a node that does not respond with the
+    NOT_RESPONDING flag (src/common/slurm_protocol_defs.c, node_state_flag_string); a
+    "*" after the base state is sinfo's form of the same, accepted too."""
     base, *flags = text.split("+")
-    not_responding = base.endswith("*")
+    not_responding = base.endswith("*") or "NOT_RESPONDING" in flags
     base = base.rstrip("*~#!%$@^-")  # sinfo-style suffixes, should scontrol print one
     if not re.fullmatch(r"[A-Z_]+", base) or not all(re.fullmatch(r"[A-Z_]+", f) for f in flags):
         raise SlurmStateError(f"cannot read the node state {text[:60]!r}")

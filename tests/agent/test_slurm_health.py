@@ -521,3 +521,60 @@ def test_the_slurm_settings_are_read_and_checked() -> None:
         assert f": {key}: " in str(raised.value), bad
     shown = parse_config(config.show(), where, set())
     assert shown.slurm == config.slurm and shown.results_file == config.results_file
+
+
+@pytest.mark.parametrize(
+    ("shown", "base", "flags"),
+    [
+        ("IDLE+DRAIN+NOT_RESPONDING", "IDLE", {"DRAIN", "NOT_RESPONDING"}),
+        ("MIXED+NOT_RESPONDING", "MIXED", {"NOT_RESPONDING"}),
+        ("DOWN+DRAIN+NOT_RESPONDING", "DOWN", {"DRAIN", "NOT_RESPONDING"}),
+    ],
+)
+def test_scontrol_s_not_responding_flag_is_hands_off(
+    shown: str, base: str, flags: set[str]
+) -> None:
+    """scontrol writes a node that does not answer as +NOT_RESPONDING (sinfo as "*"):
+    never drained or undrained, whatever its reason and its runs."""
+    text = IDLE.replace("State=IDLE", f"State={shown}")
+    text += "   Reason=nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 [root@2026-12-01T15:00:00]\n"
+    parsed = parse_scontrol_node(text, "gpu01")
+    assert (parsed.base, set(parsed.flags), parsed.not_responding) == (base, flags, True)
+    assert run_decide(parsed, [FAIL])[0] is Action.NOTHING
+    assert run_decide(parsed, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+
+
+def test_a_reboot_slurm_will_not_do_drains_instead(tmp_path: Path) -> None:
+    """reboot_on_xid, but no RebootProgram (scontrol reboot fails): the node that needs a
+    reboot must not stay in service: it is drained with the same reason."""
+    write_results(tmp_path / "r.json", time.time(), time.time(), REBOOT)
+    acted: list[Action] = []
+
+    def act(action: Action, reason: str) -> tuple[bool, str]:
+        acted.append(action)
+        return (False, "RebootProgram not set") if action is Action.REBOOT else (True, "")
+
+    run = health_check(
+        node="gpu01",
+        results_file=tmp_path / "r.json",
+        hysteresis_file=tmp_path / "h.json",
+        settings=SlurmSettings(reboot_on_xid=True),
+        own_user="root",
+        run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
+        read_state=state,
+        act=act,
+    )
+    assert acted == [Action.REBOOT, Action.DRAIN]
+    assert run.decision.action is Action.DRAIN and run.done
+    assert run.decision.reason == "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79"
+    assert "RebootProgram not set" in run.problem
+
+
+def test_results_without_every_quick_check_are_no_healthy_run(tmp_path: Path) -> None:
+    """An agent just started has its fast checks' results only: what it has not judged
+    yet is not healthy, so health-check judges the node itself."""
+    write_results(tmp_path / "r.json", time.time(), time.time(), OK)
+    fresh = fresh_findings(tmp_path / "r.json", time.time(), 300, expected={"cpu"})
+    assert fresh == [OK]
+    with pytest.raises(ResultsUnusableError, match="has no result of gpu_xid yet"):
+        fresh_findings(tmp_path / "r.json", time.time(), 300, expected={"cpu", "gpu_xid"})

@@ -192,8 +192,18 @@ def test_a_failing_or_hanging_scontrol_changes_nothing(dgx_faulty: Node, tmp_pat
 
 
 def write_agent_results(path: Path, *results: Result, age_s: float = 0.0) -> None:
+    """The agent's file: gpu_count with `results`, every other quick check passing (an
+    agent past its first pass has them all)."""
+    from nodecheck.checks.registry import load_checks
+
     now = time.time() - age_s
     checks = [StoredCheck("gpu_count", now, 60.0, tuple(findings_of("gpu_count", results)))]
+    passing = (Result(Status.OK, "node", "fine"),)
+    checks += [
+        StoredCheck(name, now, 60.0, tuple(findings_of(name, passing)))
+        for name in load_checks()
+        if name != "gpu_count"
+    ]
     path.write_text(results_text("gpu01", checks, now))
 
 

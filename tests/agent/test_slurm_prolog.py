@@ -155,3 +155,41 @@ def test_a_hung_gpu_passes_within_the_budget_and_says_so(dgx: Node, tmp_path: Pa
 def test_help(command: str) -> None:
     done = run("slurm", command, "--help")
     assert done.returncode == 0 and "--sysfs-root" in done.stdout
+
+
+def test_a_fatal_result_is_kept_when_another_check_outruns_the_budget(
+    dgx: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost GPU slows the other GPU checks: the gate must fail on the check that did
+    finish, not pass because one did not (the slow one is an `error` line)."""
+    import threading
+
+    from nodecheck.agent import slurm_prolog
+    from nodecheck.checks import registry
+    from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.registry import Check
+    from nodecheck.checks.result import NODE, Result
+
+    released = threading.Event()
+
+    def lost(ctx: CheckContext) -> list[Result]:
+        return [Result(Status.FAIL, "gpu 0000:bc:00.0", "NVML: GPU fell off the bus")]
+
+    def slow(ctx: CheckContext) -> list[Result]:
+        released.wait(30)
+        return [Result(Status.OK, NODE, "late")]
+
+    checks = {
+        "gpu_count": Check("gpu_count", lost, 60, 30, "count", ("gpus",)),
+        "gpu_xid": Check("gpu_xid", slow, 60, 30, "xid", ("gpus",)),
+    }
+    monkeypatch.setattr(registry, "load_checks", lambda: checks)
+    started = time.monotonic()
+    try:
+        outcome = slurm_prolog.run_gate("prolog", dgx.context(), ("gpu_count", "gpu_xid"), 1.0)
+    finally:
+        released.set()
+    assert outcome.code == EXIT_UNUSABLE, outcome.lines
+    assert any("GPU fell off the bus" in line for line in outcome.lines)
+    assert any("gpu_xid" in line and "did not finish" in line for line in outcome.lines)
+    assert time.monotonic() - started < 20  # the budget, not the checks' own 30 s

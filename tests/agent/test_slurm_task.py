@@ -194,3 +194,25 @@ def test_no_srun_binding_for_a_rank_without_cpus(dgx: Node) -> None:
     )
     assert srun_binding(broken) == ""
     assert "or with srun" not in render_text(broken, None)
+
+
+def test_a_plan_that_fails_never_cancels_the_task(
+    dgx: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tuning is advice: a node that cannot be planned (a read that fails, a plan that
+    raises) gets a `print` line and exit 0, never the non-zero exit that cancels the task."""
+    from click.testing import CliRunner
+
+    from nodecheck.agent.cli import cli
+    from nodecheck.tuning import plan as plan_module
+
+    def broken(*_: object) -> object:
+        raise OSError("EIO on a NIC attribute")
+
+    monkeypatch.setattr(plan_module, "make_plan", broken)
+    done = CliRunner().invoke(
+        cli, [*dgx.cli_args, "slurm", "task-prolog"], env={"SLURM_LOCALID": "0"}
+    )
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith("print nodecheck task-prolog: no tuning (OSError: EIO")
+    assert "export " not in done.output
