@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from nodecheck.agent.logs import LEVELS, configure_logging
-from nodecheck.agent.slurm_prolog import (
-    BUDGET_RANGE_S,
-    DEFAULT_EPILOG_BUDGET_S,
-    DEFAULT_PROLOG_BUDGET_S,
-)
 from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
+    BUDGET_RANGE_S,
+    DEFAULT_EPILOG_BUDGET_S,
     DEFAULT_NVML_TIMEOUT_S,
+    DEFAULT_PROLOG_BUDGET_S,
     IDLE_WINDOW_RANGE_S,
     MEMORY_FRACTION_RANGE,
     NVML_TIMEOUT_RANGE_S,

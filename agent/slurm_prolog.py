@@ -41,11 +41,6 @@ if TYPE_CHECKING:
 UNUSABLE_WHEN_FAILED = ("gpu_count", "gpu_xid", "gpu_memory_errors")
 # What the prolog runs: the checks above, nothing slower.
 PROLOG_CHECKS = UNUSABLE_WHEN_FAILED
-# A few seconds: the job waits for it (PrologFlags=Alloc: at allocation).
-DEFAULT_PROLOG_BUDGET_S = 5.0
-# The epilog holds the node in COMPLETING, the next job waits for it.
-DEFAULT_EPILOG_BUDGET_S = 15.0
-BUDGET_RANGE_S = (0.5, 60.0)
 EXIT_PASS = 0
 EXIT_UNUSABLE = 1
 # Said by the epilog on every run, so an operator reading slurmd's log knows why.

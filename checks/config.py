@@ -40,6 +40,12 @@ IDLE_WINDOW_RANGE_S = (0.0, 3600.0)
 MEMORY_FRACTION_RANGE = (0.01, 0.95)
 # warn_below and fail_below: above 0 and at most 1.
 RATIO_RANGE = (0, 1)
+# `nodecheck slurm prolog` and `epilog`: the whole run's budget (a job waits on the
+# prolog, at allocation with PrologFlags=Alloc: a few seconds).
+DEFAULT_PROLOG_BUDGET_S = 5.0
+# The epilog holds the node in COMPLETING, the next job waits for it.
+DEFAULT_EPILOG_BUDGET_S = 15.0
+BUDGET_RANGE_S = (0.5, 60.0)
 
 # How long every GPU must be idle before a benchmark the agent schedules starts. The
 # agent runs benchmarks unattended, so it waits a minute of idleness (a job between two
