@@ -244,6 +244,19 @@ def _kernel_log(ctx: click.Context, param: click.Parameter, value: Path | None) 
     return value
 
 
+def expected_gpus_option(what_fewer_does: str) -> Callable[[F], F]:
+    """--expected-gpus N: the GPUs this node should have (CheckConfig.expected_gpus)."""
+    return click.option(
+        "--expected-gpus",
+        "expected_gpus",
+        type=click.IntRange(min=0, max=MAX_GPUS_PER_NODE),
+        default=CheckConfig.expected_gpus,
+        metavar="N",
+        help=f"GPUs this node should have; fewer visible to NVML {what_fewer_does}. "
+        "[default: the GPUs on the PCI bus]",
+    )
+
+
 def kernel_log_option(function: F) -> F:
     """--kernel-log FILE, for the commands that read XIDs and SXids (check, capture)."""
     return click.option(
@@ -316,15 +329,7 @@ def load_facts(ctx: click.Context, path: Path) -> NodeFacts:
     "--skip", "skip", multiple=True, metavar="NAME", help="Do not run this check (repeatable)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
-@click.option(
-    "--expected-gpus",
-    "expected_gpus",
-    type=click.IntRange(min=0, max=MAX_GPUS_PER_NODE),
-    default=CheckConfig.expected_gpus,
-    metavar="N",
-    help="GPUs this node should have; fewer visible to NVML fails gpu_count. "
-    "[default: the GPUs on the PCI bus]",
-)
+@expected_gpus_option("fails gpu_count")
 @kernel_log_option
 @facts_option
 @global_options
@@ -1174,15 +1179,7 @@ def gate_options(default_budget_s: float) -> Callable[[F], F]:
     """What `slurm prolog` and `slurm epilog` are told: the GPUs expected, the budget."""
 
     def decorate(function: F) -> F:
-        function = click.option(
-            "--expected-gpus",
-            "expected_gpus",
-            type=click.IntRange(min=0, max=MAX_GPUS_PER_NODE),
-            default=CheckConfig.expected_gpus,
-            metavar="N",
-            help="GPUs this node should have; fewer visible to NVML stops the job. "
-            "[default: the GPUs on the PCI bus]",
-        )(function)
+        function = expected_gpus_option("stops the job")(function)
         return click.option(
             "--budget",
             "budget_s",

@@ -202,22 +202,14 @@ def fresh_findings(
     check of `expected` (those health-check would run) must be there: an agent that has
     just started has only its fast checks' results, and what it has not judged yet is no
     healthy run."""
-    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
+    from nodecheck.agent.config import UnreadableFileError, read_text_file
 
     try:
-        data = read_regular_file(path, RESULTS_LIMIT)
-    except FileNotFoundError:
-        raise ResultsUnusableError(f"no results file at {path}") from None
-    except NotRegularFileError as err:
-        raise ResultsUnusableError(f"{path} is {err.kind}") from None
-    except OSError as err:
-        raise ResultsUnusableError(f"cannot read {path}: {err.strerror or err}") from None
-    if len(data) > RESULTS_LIMIT:
-        raise ResultsUnusableError(f"{path} is over {RESULTS_LIMIT} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ResultsUnusableError(f"{path}: not UTF-8 (byte {err.start})") from None
+        text = read_text_file(path, RESULTS_LIMIT)
+    except UnreadableFileError as err:
+        if err.missing:
+            raise ResultsUnusableError(f"no results file at {path}") from None
+        raise ResultsUnusableError(f"cannot read {path}: {err.reason}") from None
     written_at, checks = parse_results(text)
     age = now - written_at
     if age > max_age_s:
