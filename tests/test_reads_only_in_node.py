@@ -89,7 +89,6 @@ OWN_FILES = (
     Allowed("agent/config.py", "snapshot_problem", "stat", "the root snapshot's path"),
     Allowed("agent/exporter.py", "_read_pem", "read_regular_file", "TLS certificate and key"),
     Allowed("agent/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
-    Allowed("agent/slurm_health.py", "fresh_findings", "read_regular_file", "agent results"),
     Allowed("agent/slurm_health.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
     Allowed("agent/cli.py", "*", "load", "a capture named by --facts FILE"),
     Allowed("agent/cli.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
