@@ -101,7 +101,7 @@ OWN_FILES = (
     # The benchmark's own NCCL debug log, in the ranks' private temporary folder.
     Allowed("checks/bench/nccl_log.py", "log_size", "stat", "its NCCL log's size"),
     Allowed("checks/bench/nccl_log.py", "read_segment", "open", "its NCCL log"),
-    Allowed("checks/bench/nccl_log.py", "rank_log_file", "listdir", "its NCCL log folder"),
+    Allowed("checks/bench/nccl_log.py", "log_files", "listdir", "its NCCL log folder"),
 )
 
 

@@ -114,16 +114,30 @@ def read_segment(path: Path | None, start: int | None, limit: int = MAX_SEGMENT_
     return data.decode("utf-8", errors="replace")
 
 
-def rank_log_file(directory: Path, pid: int) -> Path | None:
-    """This process's log in NCCL_DEBUG_FILE=<directory>/nccl.%h.%p (src/debug.cc puts
-    the host name for %h, cut at its first dot, and the pid for %p): found by the pid,
-    so the host name need not be guessed. None before NCCL opened it."""
+def log_files(directory: Path) -> list[Path]:
+    """The NCCL logs in `directory` (NCCL_DEBUG_FILE=<directory>/nccl.%h.%p), by name."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return None
+        return []
+    return [directory / name for name in sorted(names) if name.startswith("nccl.")]
+
+
+def rank_log_file(directory: Path, pid: int) -> Path | None:
+    """This process's log: src/debug.cc puts the host name for %h, cut at its first dot,
+    and the pid for %p; found by the pid, so the host name need not be guessed. None
+    before NCCL opened it."""
     suffix = f".{pid}"
-    for name in sorted(names):
-        if name.startswith("nccl.") and name.endswith(suffix):
-            return directory / name
-    return None
+    return next((path for path in log_files(directory) if path.name.endswith(suffix)), None)
+
+
+# What is relayed of one rank's log: NCCL's warnings say why a rank failed (a CUDA error,
+# a transport that could not connect), and with NCCL_DEBUG_FILE they go to the file.
+MAX_WARNINGS = 20
+MAX_WARNING_CHARS = 500
+
+
+def warnings_in(text: str) -> list[str]:
+    """NCCL's WARN lines in `text`, the first MAX_WARNINGS, each cut to MAX_WARNING_CHARS."""
+    found = [line for line in text.splitlines() if " NCCL WARN " in line]
+    return [line[:MAX_WARNING_CHARS] for line in found[:MAX_WARNINGS]]

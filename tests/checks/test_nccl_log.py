@@ -116,3 +116,21 @@ def test_the_rank_log_is_found_by_pid(tmp_path: Path) -> None:
     (tmp_path / "nccl.dgx01.42420").write_text("")
     (tmp_path / "nccl.dgx01.4242").write_text("")
     assert nccl_log.rank_log_file(tmp_path, 4242) == tmp_path / "nccl.dgx01.4242"
+
+
+def test_warnings_are_found_for_stderr(tmp_path: Path) -> None:
+    """With NCCL_DEBUG_FILE, NCCL's warnings (why a rank failed) go to the file too."""
+    text = (
+        "dgx01:1:1 [0] NCCL INFO Best tuning, algorithm, Ring, protocol, LL\n"
+        "dgx01:1:1 [0] NCCL WARN Cuda failure 'out of memory'\n"
+        f"dgx01:1:1 [0] NCCL WARN {'x' * 1000}\n" + "dgx01:1:1 [0] NCCL WARN again\n" * 50
+    )
+    found = nccl_log.warnings_in(text)
+    assert found[0] == "dgx01:1:1 [0] NCCL WARN Cuda failure 'out of memory'"
+    assert len(found) == nccl_log.MAX_WARNINGS
+    assert max(map(len, found)) == nccl_log.MAX_WARNING_CHARS
+    assert nccl_log.warnings_in(NEW_FORM + OLD_FORM) == []
+    (tmp_path / "nccl.a.1").write_text("")
+    (tmp_path / "other").write_text("")
+    assert nccl_log.log_files(tmp_path) == [tmp_path / "nccl.a.1"]
+    assert nccl_log.log_files(tmp_path / "absent") == []

@@ -90,7 +90,18 @@ def launch(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         return _launch(spec, world, nccl_log_environment(logs))
     finally:
+        _relay_warnings(logs)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def _relay_warnings(logs: Path) -> None:
+    """NCCL's warnings to stderr (the parent keeps its tail for the error it reports), as
+    they would have gone there without NCCL_DEBUG_FILE; the rest of the log goes."""
+    for path in nccl_log.log_files(logs):
+        size = nccl_log.log_size(path) or 0
+        tail = nccl_log.read_segment(path, max(size - nccl_log.MAX_SEGMENT_BYTES, 0))
+        for line in nccl_log.warnings_in(tail):
+            print(line, file=sys.stderr)
 
 
 def _launch(spec: dict[str, Any], world: int, logging_env: dict[str, str]) -> dict[str, Any]:
