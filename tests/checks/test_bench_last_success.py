@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.checks.bench.driver import last_success_key
-from nodecheck.checks.bench.state import BenchState
+from nodecheck.checks.bench.state import BenchState, parse_state
 from nodecheck.checks.result import Result, Status
 from tests.checks.test_bench import bench
 from tests.conftest import Node
@@ -66,3 +66,19 @@ def test_a_run_where_every_gpu_failed_measured_nothing(dgx: Node, tmp_path: Path
     assert last_success(results) == {}
     host = dgx.context().hostname
     assert BenchState(tmp_path / "state").last_success(last_success_key(host, "matmul")) is None
+
+
+def test_the_state_file_s_last_success_on_literals() -> None:
+    """Files written before it existed have none; a damaged one is damage (moved aside)."""
+    old = parse_state('{"version": 1, "runs": {}, "skips": {}}')
+    assert old["last_success"] == {}
+    good = parse_state('{"version": 1, "runs": {}, "skips": {}, "last_success": {"h/matmul": 5}}')
+    assert good["last_success"] == {"h/matmul": 5}
+    for bad in ('"yesterday"', "true", "[1]"):
+        text = (
+            f'{{"version": 1, "runs": {{}}, "skips": {{}}, "last_success": {{"h/matmul": {bad}}}}}'
+        )
+        with pytest.raises(ValueError, match="last_success"):
+            parse_state(text)
+    with pytest.raises(ValueError, match="last_success"):
+        parse_state('{"version": 1, "runs": {}, "skips": {}, "last_success": [5]}')
