@@ -1427,15 +1427,13 @@ def npd(
     judged, or a usage or configuration error), 3 internal error (unknown too).
     """
     fs = node_fs(ctx)
-    config = _config_or_exit(config_path)
-    if "nvml_timeout" in given(ctx):
-        config = replace(config, nvml_timeout_s=given(ctx)["nvml_timeout"])
     from nodecheck.agent.npd import run_npd
 
     verdict = run_npd(
         fs=fs,
         nvml=nvml_session(ctx),
-        config=config,
+        config_path=config_path,
+        nvml_timeout_s=given(ctx).get("nvml_timeout"),
         fault_class=FaultClass(fault_class),
         budget_s=budget,
         max_age_s=max_age,

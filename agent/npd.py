@@ -94,11 +94,11 @@ def judge(fault_class: FaultClass, findings: Sequence[Finding], source: str) -> 
         checks = sorted({f.check for f in mine})
         what = f"only skipped: {', '.join(checks)}" if checks else "no check of it ran"
         return Verdict(EXIT_UNKNOWN, f"{fault_class.value} unknown: {what}; {source}")
-    checks = len({f.check for f in judged})
+    judged_checks = len({f.check for f in judged})
     if warnings:
         message = f"{fault_class.value} ok, warn: {_said(warnings[0])}{more(warnings, 'warning')}"
         return Verdict(EXIT_OK, f"{message}; {source}")
-    return Verdict(EXIT_OK, f"{fault_class.value} ok: {checks} checks; {source}")
+    return Verdict(EXIT_OK, f"{fault_class.value} ok: {judged_checks} checks; {source}")
 
 
 def npd_verdict(
@@ -133,19 +133,29 @@ def run_npd(
     *,
     fs: Any,
     nvml: Any,
-    config: Any,
+    config_path: Path | None,
+    nvml_timeout_s: float | None,
     fault_class: FaultClass,
     budget_s: float,
     max_age_s: float,
     max_output_bytes: int,
 ) -> Verdict:
-    """`nodecheck npd` on this node: the verdict, its message already cut for NPD."""
+    """`nodecheck npd` on this node: the verdict, its message already cut for NPD. A bad
+    configuration is unknown too, said on stdout (NPD shows nothing else of it)."""
+    from nodecheck.agent.config import DEFAULT_PATH, ConfigError, load_config
     from nodecheck.checks.config import CheckConfig
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
 
     registered = load_checks()
+    try:
+        config = load_config(config_path or DEFAULT_PATH, set(registered))
+    except ConfigError as err:
+        message = f"{fault_class.value} unknown: bad configuration: {err}"
+        return Verdict(EXIT_UNKNOWN, one_line(message, max_output_bytes))
+    if nvml_timeout_s is not None:
+        config = replace(config, nvml_timeout_s=nvml_timeout_s)
     enabled = [name for name in registered if config.check(name).enabled]
 
     def run_quick_checks(names: Sequence[str], budget: float) -> list[tuple[str, list[Result]]]:

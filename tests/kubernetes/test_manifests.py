@@ -70,7 +70,8 @@ def daemonset() -> dict[str, Any]:
 
 
 def agent_container() -> dict[str, Any]:
-    [container] = daemonset()["spec"]["template"]["spec"]["containers"]
+    containers: list[dict[str, Any]] = daemonset()["spec"]["template"]["spec"]["containers"]
+    [container] = containers
     assert container["name"] == "agent"
     return container
 
@@ -78,9 +79,13 @@ def agent_container() -> dict[str, Any]:
 # -- the schemas ---------------------------------------------------------------------
 
 
-def kubernetes_validate(document: dict[str, Any]) -> str:
-    import kubernetes_validate as validator
+def kubernetes_validator() -> Any:
+    """kubernetes-validate, which has no type information."""
+    return importlib.import_module("kubernetes_validate")
 
+
+def kubernetes_validate(document: dict[str, Any]) -> str:
+    validator = kubernetes_validator()
     version: str = validator.validate(document, validator.latest_version(), strict=True)
     return version
 
@@ -100,7 +105,7 @@ def test_each_manifest_is_valid_for_the_newest_kubernetes(
 
 
 def test_the_validation_is_strict_and_can_fail() -> None:
-    import kubernetes_validate as validator
+    validator = kubernetes_validator()
 
     print(f"kubernetes-validate: Kubernetes {validator.latest_version()}")
     broken = copy.deepcopy(daemonset())
@@ -189,7 +194,8 @@ def test_the_privileged_variant_is_the_same_agent_privileged() -> None:
     context = privileged["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert context["privileged"] is True
     # The API server refuses privileged with allowPrivilegeEscalation false
-    # (k8s.io/kubernetes pkg/apis/core/validation, validateSecurityContext... ).
+    # ("cannot set `allowPrivilegeEscalation` to false and `privileged` to true":
+    # kubernetes/kubernetes pkg/apis/core/validation/validation.go).
     assert context.get("allowPrivilegeEscalation", True) is True
     assert context["readOnlyRootFilesystem"] is True
     base = copy.deepcopy(daemonset())
@@ -364,7 +370,7 @@ def test_unprivileged_with_every_added_capability_said_why() -> None:
     lines = (KUBE / "daemonset.yaml").read_text().splitlines()
     for capability in added:
         [at] = [n for n, line in enumerate(lines) if line.strip() == f"- {capability}"]
-        comment = []
+        comment: list[str] = []
         for line in reversed(lines[:at]):
             if not line.strip().startswith("#"):
                 break
