@@ -364,7 +364,7 @@ class KubernetesReporter:
     def __init__(self, settings: KubernetesSettings, node: str, client: KubeClient) -> None:
         self.settings, self.node, self.client = settings, node, client
         self._lock = threading.Lock()
-        self._latest: list[CheckFindings] | None = None
+        self._latest: Sequence[CheckFindings] | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -418,7 +418,7 @@ class KubernetesReporter:
 
     # -- called by the daemon ------------------------------------------------------
 
-    def update(self, checks: list[CheckFindings]) -> None:
+    def update(self, checks: Sequence[CheckFindings]) -> None:
         """The latest findings of every enabled check; never blocks."""
         with self._lock:
             self._latest = checks
@@ -435,22 +435,27 @@ class KubernetesReporter:
 
     # -- the thread ------------------------------------------------------------------
 
+    def _wait(self) -> float | None:
+        """Seconds until the next report is due without news: None before the first
+        results; until the retry while calls fail; else until the heartbeat."""
+        with self._lock:
+            if self._latest is None:
+                return None
+        now = time.monotonic()
+        if self._retry_at:
+            return max(0.0, self._retry_at - now)
+        return max(0.0, self.settings.resend_interval_s - (now - self._sent_at))
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            now = time.monotonic()
-            waits = [self.settings.resend_interval_s - (now - self._sent_at)]
-            if self._retry_at:
-                waits.append(self._retry_at - now)
-            self._wake.wait(max(0.0, min(waits)))
+            self._wake.wait(self._wait())
             self._wake.clear()
             if self._stop.is_set():
                 return
             with self._lock:
                 latest = self._latest
-            if latest is None:
-                continue
-            if self._retry_at and time.monotonic() < self._retry_at:
-                continue
+            if latest is None or (self._retry_at and time.monotonic() < self._retry_at):
+                continue  # news while calls fail waits for the retry, which sends the latest
             try:
                 complete = self._report(latest)
             except Exception as err:  # this thread must outlive anything a report meets
@@ -462,7 +467,7 @@ class KubernetesReporter:
                 self._retry_at = time.monotonic() + self._backoff
                 self._backoff = min(self._backoff * 2, RETRY_MAX_S)
 
-    def _report(self, checks: list[CheckFindings]) -> bool:
+    def _report(self, checks: Sequence[CheckFindings]) -> bool:
         """One report; True when every call it needed succeeded."""
         states = judge_classes(checks)
         fault, unsure = fault_of(checks), undetermined(checks)
