@@ -413,7 +413,8 @@ class KubernetesReporter:
 
     @classmethod
     def from_environment(cls, settings: KubernetesSettings) -> KubernetesReporter:
-        # NODE_NAME and the KUBERNETES_SERVICE_* variables are read, never logged.
+        # NODE_NAME and the KUBERNETES_SERVICE_* variables are read, never logged (no log
+        # line names the node: the pod's log is the node's already).
         return cls.from_settings(settings, os.environ)
 
     # -- called by the daemon ------------------------------------------------------
@@ -425,7 +426,7 @@ class KubernetesReporter:
         self._wake.set()
 
     def start(self) -> None:
-        log.info("event=kubernetes_reporting node=%s taint=%s", self.node, self.settings.taint)
+        log.info("event=kubernetes_reporting taint=%s", self.settings.taint)
         self._thread = threading.Thread(target=self._loop, name="kubernetes-reporter", daemon=True)
         self._thread.start()
 
@@ -524,8 +525,7 @@ class KubernetesReporter:
             return False, None
         if self._sent != states:
             log.info(
-                "event=kubernetes_conditions node=%s %s",
-                self.node,
+                "event=kubernetes_conditions %s",
                 " ".join(f"{s.type}={s.status}:{s.reason}" for s in states),
             )
         self._sent, self._sent_at = states, time.monotonic()
@@ -548,15 +548,14 @@ class KubernetesReporter:
                 return True
             reply = self.client.patch_node(self.node, taint_patch(node, plan))
             if reply.status == 409:
-                log.info("event=kubernetes_conflict node=%s attempt=%d", self.node, attempt + 1)
+                log.info("event=kubernetes_conflict attempt=%d", attempt + 1)
                 node = None
                 continue
             if not self._outcome("patch_node", reply):
                 return False
             self._problems.pop("taint", None)
             log.info(
-                "event=kubernetes_taint node=%s action=%s fault=%s why=%r",
-                self.node,
+                "event=kubernetes_taint action=%s fault=%s why=%r",
                 plan.action,
                 fault.fault_class.value if fault else "none",
                 plan.why,
@@ -569,7 +568,7 @@ class KubernetesReporter:
         """Log a call's failure once while it lasts, and its recovery."""
         if reply.ok:
             if self._problems.pop(call, None) is not None:
-                log.info("event=kubernetes_call_recovered call=%s node=%s", call, self.node)
+                log.info("event=kubernetes_call_recovered call=%s", call)
             return True
         self._note(call, reply.describe(), logging.ERROR)
         return False
@@ -578,4 +577,4 @@ class KubernetesReporter:
         if self._problems.get(call) != problem:
             self._problems[call] = problem
             event = "kubernetes_call_failed" if level >= logging.ERROR else "kubernetes_note"
-            log.log(level, "event=%s call=%s node=%s error=%r", event, call, self.node, problem)
+            log.log(level, "event=%s call=%s error=%r", event, call, problem)

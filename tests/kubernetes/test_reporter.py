@@ -367,6 +367,14 @@ def test_a_forbidden_call_is_logged_and_the_agent_goes_on(dgx_copy: Node, tmp_pa
             assert get(f"http://127.0.0.1:{agent.port}/healthz")[0] == 200
             assert not ours(api)
             assert api.count("PATCH", f"/nodes/{NODE}", 403) >= 1
+            # [kubernetes] is not changed by a reload (the reporter holds its client): said.
+            config = tmp_path / "agent" / "config.toml"
+            config.write_text(config.read_text().replace("taint = true", "taint = false"))
+            agent.process.send_signal(signal.SIGHUP)
+            wait_for(
+                lambda: "event=reload_failed" in agent.log_text(), DEADLINE_S, "the reload refused"
+            )
+            assert "kubernetes: changes take a restart" in agent.log_text()
         assert api.violations == []
     finally:
         api.stop()
