@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from nodecheck.agent.fault_classes import FaultClass
 from nodecheck.agent.logs import LEVELS, configure_logging
 from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
@@ -67,6 +68,17 @@ NODE_READ_TIMEOUT_S = 30.0
 # A task waits for its prolog: a few seconds at most (a healthy node plans in 0.1 s).
 TASK_PROLOG_TIMEOUT_S = 5.0
 DEFAULT_LOG_LEVEL = "warning"
+# `nodecheck npd` (agent/npd.py). NPD cuts a plugin's output at its config's
+# max_output_length, 80 bytes when unset (kubernetes/node-problem-detector
+# pkg/custompluginmonitor/types/config.go, defaultMaxOutputLength).
+NPD_DEFAULT_MAX_OUTPUT_BYTES = 80
+NPD_MAX_OUTPUT_RANGE_BYTES = (16, 4096)
+# The class's quick checks, when the agent's results cannot be used: NPD kills the plugin
+# at its rule's timeout, so the shipped rule allows more than this.
+NPD_DEFAULT_BUDGET_S = 20.0
+# How old the agent's results may be ([slurm] results_max_age's default, for the same file).
+NPD_DEFAULT_RESULTS_MAX_AGE_S = 300.0
+NPD_RESULTS_MAX_AGE_RANGE_S = (1.0, 86400.0)
 # The agent is a daemon: its lifecycle lines (listening, ready, reloaded, stopping) are
 # what an operator reads in the journal, so it logs them by default; a one-shot command
 # prints its answer on stdout and only problems on stderr.
@@ -1359,6 +1371,76 @@ def slurm_health_check(
             scontrol=scontrol,
         )
     )
+
+
+@cli.command()
+@click.option(
+    "--class",
+    "fault_class",
+    required=True,
+    type=click.Choice([fault_class.value for fault_class in FaultClass]),
+    help="The class of fault to judge (one NPD rule, one node condition, per class).",
+)
+@CONFIG_OPTION
+@click.option(
+    "--budget",
+    type=FiniteFloatRange(*BUDGET_RANGE_S),
+    default=NPD_DEFAULT_BUDGET_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="For the class's quick checks when the agent's results cannot be used; keep it "
+    "below the NPD rule's timeout.",
+)
+@click.option(
+    "--max-age",
+    type=FiniteFloatRange(*NPD_RESULTS_MAX_AGE_RANGE_S),
+    default=NPD_DEFAULT_RESULTS_MAX_AGE_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="How old the agent's results file may be.",
+)
+@click.option(
+    "--max-output",
+    type=click.IntRange(*NPD_MAX_OUTPUT_RANGE_BYTES),
+    default=NPD_DEFAULT_MAX_OUTPUT_BYTES,
+    show_default=True,
+    metavar="BYTES",
+    help="Cut the message to this many bytes: the NPD plugin config's max_output_length "
+    "(NPD's default is 80).",
+)
+@global_options
+@click.pass_context
+def npd(
+    ctx: click.Context,
+    fault_class: str,
+    config_path: Path | None,
+    budget: float,
+    max_age: float,
+    max_output: int,
+) -> None:
+    """A node-problem-detector custom plugin: judge one class of fault on this node.
+
+    It judges from the agent's latest results (results_file) when fresh, else runs
+    the class's quick checks itself within --budget (never the benchmarks). One
+    line on stdout, NPD's condition message. Exit status (NPD's plugin protocol):
+    0 OK, 1 a check of the class fails, 2 unknown (could not determine, nothing
+    judged, or a usage or configuration error), 3 internal error (unknown too).
+    """
+    fs = node_fs(ctx)
+    from nodecheck.agent.npd import run_npd
+
+    verdict = run_npd(
+        fs=fs,
+        nvml=nvml_session(ctx),
+        config_path=config_path,
+        nvml_timeout_s=given(ctx).get("nvml_timeout"),
+        fault_class=FaultClass(fault_class),
+        budget_s=budget,
+        max_age_s=max_age,
+        max_output_bytes=max_output,
+    )
+    click.echo(verdict.message)
+    ctx.exit(verdict.exit_status)
 
 
 def long_lived() -> None:

@@ -45,6 +45,18 @@ file prints every default, and checks/config.py is where the checks' are declare
     partition = "gpu"            # printable characters; the fleet rules group by
     rack = "r07"                 # cluster, partition and rack where they are set
 
+    [kubernetes]                 # node conditions, events and a taint (agent/kubernetes.py)
+    enabled = false
+    taint = false                # nodecheck.io/unhealthy=<class>:NoSchedule on a failing check
+    events = true                # Warning events for warn and fail findings
+    node_name = ""               # "": the NODE_NAME variable (the downward API's spec.nodeName)
+    api_server = ""              # "": https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    resend_interval = 300        # seconds between heartbeats of unchanged conditions, 1 to 3600
+    timeout = 10                 # seconds for each call to the API server, 0.5 to 60
+    token_reread = 60            # seconds a token is used before the file is read again, 1 to 60
+
 A bad file is refused whole, with the file, line and key named: the agent
 keeps running on what it had. Every way a file can be bad is a ConfigError:
 unreadable, not a regular file, over 1 MiB, not UTF-8, not TOML, nested too
@@ -275,6 +287,35 @@ class SlurmSettings:
     reboot_on_xid: bool = False
 
 
+# -- [kubernetes] --------------------------------------------------------------------
+# The in-cluster service account's files (kubernetes-client/python
+# kubernetes/config/incluster_config.py; Kubernetes docs, "Accessing the Kubernetes API
+# from a Pod").
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+KUBE_RESEND_RANGE_S = (1.0, 3600.0)
+KUBE_TIMEOUT_RANGE_S = (0.5, 60.0)
+# Projected service-account tokens are rotated by the kubelet (at 80 % of their life, an
+# hour by default): the official client re-reads the file every minute, so no more than 60.
+KUBE_TOKEN_REREAD_RANGE_S = (1.0, 60.0)
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)  # RFC 1123 subdomain
+
+
+@record
+class KubernetesSettings:
+    """[kubernetes]: what the agent tells the API server about its node."""
+
+    enabled: bool = False
+    taint: bool = False
+    events: bool = True
+    node_name: str | None = None  # None: $NODE_NAME
+    api_server: str | None = None  # None: $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file: Path = SERVICE_ACCOUNT_DIR / "token"
+    ca_file: Path = SERVICE_ACCOUNT_DIR / "ca.crt"
+    resend_interval_s: float = 300.0  # node-problem-detector's heartbeat period
+    timeout_s: float = 10.0
+    token_reread_s: float = 60.0
+
+
 @record
 class AgentConfig:
     source: str = "embedded defaults"
@@ -297,6 +338,7 @@ class AgentConfig:
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     # [labels]: the operator's names for this node's place (cluster, partition, rack, ...).
     labels: dict[str, str] = field(default_factory=dict)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
     def check(self, name: str) -> CheckSettings:
         return self.checks.get(name, CheckSettings())
@@ -360,6 +402,21 @@ class AgentConfig:
         ]
         lines += ["", "[labels]"]
         lines += [f"{name} = {quoted(value)}" for name, value in sorted(self.labels.items())]
+        kube = self.kubernetes
+        lines += [
+            "",
+            "[kubernetes]",
+            f"enabled = {str(kube.enabled).lower()}",
+            f"taint = {str(kube.taint).lower()}",
+            f"events = {str(kube.events).lower()}",
+            f"node_name = {quoted(kube.node_name or '')}",
+            f"api_server = {quoted(kube.api_server or '')}",
+            f"token_file = {quoted(kube.token_file)}",
+            f"ca_file = {quoted(kube.ca_file)}",
+            f"resend_interval = {kube.resend_interval_s}",
+            f"timeout = {kube.timeout_s}",
+            f"token_reread = {kube.token_reread_s}",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -632,6 +689,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     benchmarks = root.take("benchmarks", dict, {})
     slurm = root.take("slurm", dict, {})
     labels = root.take("labels", dict, {})
+    kubernetes = root.take("kubernetes", dict, {})
     root.done()
 
     section = _Reader(path, text, ("agent",), agent)
@@ -741,7 +799,12 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     )
     bench.done()
     return replace(
-        _with_labels(_with_slurm(config, path, text, slurm), path, text, labels),
+        _with_kubernetes(
+            _with_labels(_with_slurm(config, path, text, slurm), path, text, labels),
+            path,
+            text,
+            kubernetes,
+        ),
         listen=listen,
         textfile_dir=textfile,
         expected_gpus=expected,
@@ -815,6 +878,54 @@ def _with_labels(config: AgentConfig, path: Path, text: str, values: dict[str, A
         labels[name] = table.take(name, str, "")
     table.done()
     return replace(config, labels=labels)
+
+
+def _with_kubernetes(
+    config: AgentConfig, path: Path, text: str, values: dict[str, Any]
+) -> AgentConfig:
+    table = _Reader(path, text, ("kubernetes",), values)
+    defaults = KubernetesSettings()
+    node_name = table.text_value("node_name", None) or None
+    if node_name is not None and not _NODE_NAME.fullmatch(node_name):
+        raise table.fail(
+            "node_name", f"not a Kubernetes node name (RFC 1123 subdomain): {_shown(node_name)}"
+        )
+    api_server = table.text_value("api_server", None) or None
+    if api_server is not None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(api_server)
+        try:
+            port_ok = parts.port is None or 0 < parts.port < 65536
+        except ValueError:
+            port_ok = False
+        if (
+            parts.scheme != "https"
+            or not parts.hostname
+            or not port_ok
+            or parts.path not in ("", "/")
+        ):
+            raise table.fail(
+                "api_server", f"expected https://host[:port], got {_shown(api_server)}"
+            )
+    settings = KubernetesSettings(
+        enabled=table.take("enabled", bool, defaults.enabled),
+        taint=table.take("taint", bool, defaults.taint),
+        events=table.take("events", bool, defaults.events),
+        node_name=node_name,
+        api_server=api_server,
+        token_file=table.path_value("token_file") or defaults.token_file,
+        ca_file=table.path_value("ca_file") or defaults.ca_file,
+        resend_interval_s=table.number(
+            "resend_interval", defaults.resend_interval_s, *KUBE_RESEND_RANGE_S
+        ),
+        timeout_s=table.number("timeout", defaults.timeout_s, *KUBE_TIMEOUT_RANGE_S),
+        token_reread_s=table.number(
+            "token_reread", defaults.token_reread_s, *KUBE_TOKEN_REREAD_RANGE_S
+        ),
+    )
+    table.done()
+    return replace(config, kubernetes=settings)
 
 
 def load_config(path: Path | None, known_checks: set[str]) -> AgentConfig:

@@ -12,6 +12,8 @@
   a restart (refused the same way).
 - An address it cannot listen on is a ListenError naming it (the command exits 2).
 - An NVML XID event re-runs gpu_xid at once instead of at the next poll.
+- With [kubernetes] enabled, the latest results go to the Kubernetes reporter after each
+  run once every enabled check has one (agent/kubernetes.py, on its own thread).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from nodecheck.agent.config import (
     AgentConfig,
@@ -62,6 +64,9 @@ from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
 from nodecheck.checks.registry import Check, load_benchmarks, load_checks
 from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun
+
+if TYPE_CHECKING:
+    from nodecheck.agent.kubernetes import KubernetesReporter
 
 log = logging.getLogger(__name__)
 TEXTFILE_EVERY_S = 15.0
@@ -194,6 +199,7 @@ class Agent:
         # One writer at a time: a slower one never replaces newer results with older.
         self._results_lock = threading.Lock()
         self._results_problem: str | None = None
+        self.kubernetes = self._kubernetes(self.config)
 
     # -- wiring ------------------------------------------------------------------
 
@@ -272,12 +278,26 @@ class Agent:
         summary = f"{worst.value}: {len(have)} checks" + (
             f", failing: {', '.join(failing)}" if failing else ""
         )
+        if self.kubernetes is not None and enabled <= have:
+            self.kubernetes.update(
+                [(s.run.check.name, findings_of(s.run.check.name, s.run.results)) for s in stored]
+            )
         if not self._ready and enabled <= have:
             self._ready = True
             notify(f"READY=1\nSTATUS={summary}")
             log.info("event=ready checks=%d", len(have))
         elif self._ready:
             notify(f"STATUS={summary}")
+
+    @staticmethod
+    def _kubernetes(config: AgentConfig) -> KubernetesReporter | None:
+        """The reporter when [kubernetes] is enabled; ConfigError when it cannot name the
+        node or the API server."""
+        if not config.kubernetes.enabled:
+            return None
+        from nodecheck.agent.kubernetes import KubernetesReporter
+
+        return KubernetesReporter.from_environment(config.kubernetes)
 
     def _write_results(self) -> list[StoredRun]:
         """The latest results, for `nodecheck slurm health-check`, whole or not at all
@@ -352,6 +372,8 @@ class Agent:
             notify("READY=1\nSTATUS=no checks enabled")
         self.listener = XidListener(self.nvml, self.xid_log, on_event=self._on_xid)
         self.listener.start()
+        if self.kubernetes is not None:
+            self.kubernetes.start()
         threading.Thread(target=self._background, name="agent-background", daemon=True).start()
 
     def _serve(self, config: AgentConfig) -> HttpServing:
@@ -457,6 +479,8 @@ class Agent:
                 "",
                 "listen, the TLS files' paths and turning basic auth on or off take a restart",
             )
+        if config.kubernetes != self.config.kubernetes:
+            raise ConfigError(config.source, None, "kubernetes", "changes take a restart")
         if self.server is not None and config.tls_cert_file is not None:
             # The same paths, perhaps new files (certbot, cert-manager): swapped in for new
             # connections, or ValueError naming the file and the old ones kept.
@@ -490,6 +514,8 @@ class Agent:
         notify("STOPPING=1")
         self._stop.set()
         self.scheduler.stop()
+        if self.kubernetes is not None:
+            self.kubernetes.stop()
         if self.listener is not None:
             self.listener.stop()
         if self.server is not None:

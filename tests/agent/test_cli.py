@@ -52,6 +52,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["config", "show"],
         ["config", "check"],
         ["slurm", "health-check"],
+        ["npd"],
     ],
 )
 def test_help_for_every_command(command: list[str]) -> None:
@@ -70,6 +71,7 @@ def test_only_commands_that_work_are_offered() -> None:
         "exec",
         "inventory",
         "mfu",
+        "npd",
         "slurm",
         "snapshot",
         "tune",

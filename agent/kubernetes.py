@@ -1,0 +1,580 @@
+"""The agent's Kubernetes reporter: node conditions, Events and an opt-in taint.
+
+After each run the daemon hands the reporter its latest results (`update`, which never
+blocks); the reporter's own thread talks to the API server, so a slow or hung API server
+never delays a check or a scrape.
+
+Conditions, one per class of fault (agent/fault_classes.py), `True` meaning a problem as
+node-problem-detector's are (its config/kernel-monitor.json; NVSentinel does the same):
+- `True` when a check of the class fails (reason `<Check>Failed`, or `SeveralChecksFailed`),
+- `Unknown` (reason `CouldNotDetermine`) when none fails but one could not determine
+  (`error`): an error must not read as healthy,
+- `False` (reason `NoFailingCheck`) otherwise; a warning is an Event, not a condition.
+The message lists the findings, at most 1,024 characters (NVSentinel's
+maxNodeConditionMessageLength). The three are sent by a strategic merge patch of
+nodes/status that names only their types, so other conditions are never touched
+(conditions merge by type: k8s.io/api core/v1 NodeStatus, +patchMergeKey=type); on
+change, and all three every `resend_interval` (node-problem-detector's heartbeat, 5 min,
+pkg/exporters/k8sexporter/condition/manager.go). The API server keeps what a patch
+leaves out and computes no transition time, so each condition carries
+lastTransitionTime: the node's own when the status is unchanged, now when it changed.
+The first report after a start sends all three, so a condition left `True` by an agent
+that stopped becomes `False` when the fault cleared meanwhile (a log-based NPD condition
+never clears: kubernetes/node-problem-detector#215).
+
+Events: a `Warning` Event on the Node, in namespace `default` as the kubelet's node
+events are, for each new warn or fail finding (by check, subject and status), again at
+most hourly while it stands; a finding that cleared and comes back is new again.
+
+The taint (`[kubernetes] taint = true`): `nodecheck.io/unhealthy=<class>:NoSchedule` while
+a check fails. Taints are replaced whole (NodeSpec.Taints is +listType=atomic), so each
+change is the node's own list read by a fresh GET plus or minus ours, sent with that
+GET's resourceVersion, and redone on a 409 Conflict. The annotation `nodecheck.io/taint`
+says nodecheck applied it and for which fault (a fingerprint of the failing findings):
+the taint is removed only when the annotation says it is nodecheck's; one an admin
+removed is not applied again until the fault changes (NVSentinel's manual-untaint rule,
+fault-quarantine; it once fought admins, NVIDIA/NVSentinel#1424). Other taints and
+`spec.unschedulable` (cordon) are never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from nodecheck.agent.config import ConfigError, KubernetesSettings
+from nodecheck.agent.fault_classes import FaultClass, UnclassifiedCheckError, class_of
+from nodecheck.agent.kube_api import KubeClient, Reply
+from nodecheck.agent.slurm_health import Finding
+from nodecheck.checks.record import record
+from nodecheck.checks.result import Status
+
+log = logging.getLogger(__name__)
+
+TAINT_KEY = "nodecheck.io/unhealthy"
+TAINT_EFFECT = "NoSchedule"
+OWNERSHIP_ANNOTATION = "nodecheck.io/taint"
+EVENTS_NAMESPACE = "default"
+MESSAGE_MAX = 1024
+EVENT_MESSAGE_MAX = 1024
+REANNOUNCE_S = 3600.0
+CONFLICT_RETRIES = 5
+EVENTS_PER_REPORT = 50  # a first report on a broken node: the rest at the next one
+RETRY_MAX_S = 60.0
+CONDITION_TYPES = {cls: cls.condition_type for cls in FaultClass}
+OUR_TYPES = frozenset(CONDITION_TYPES.values())
+
+
+def camel_case(name: str) -> str:
+    """ "gpu_xid" -> "GpuXid": a condition's or Event's reason is CamelCase."""
+    return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_"))
+
+
+def now_rfc3339(at: float) -> str:
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+CheckFindings = tuple[str, Sequence[Finding]]
+
+
+# -- conditions (pure) -------------------------------------------------------------------
+
+
+@record
+class ConditionState:
+    type: str
+    status: str  # "True" (a problem), "False", "Unknown"
+    reason: str
+    message: str
+
+
+def listed(parts: Sequence[str], limit: int = MESSAGE_MAX) -> str:
+    """The parts joined by "; ", at most `limit` characters: the parts that fit, then
+    "(+N more)" saying how many were left out (a first part too long alone is cut, "…")."""
+    kept: list[str] = []
+    for index, part in enumerate(parts):
+        rest = len(parts) - index - 1
+        tail = f"; (+{rest} more)" if rest else ""
+        if len("; ".join([*kept, part])) + len(tail) <= limit:
+            kept.append(part)
+            continue
+        if not kept:
+            more = f" (+{rest} more)" if rest else ""
+            return part[: limit - len(more) - 1] + "…" + more
+        # The previous round made room for exactly this tail.
+        return "; ".join(kept) + f"; (+{len(parts) - index} more)"
+    return "; ".join(kept)
+
+
+def _finding_text(finding: Finding) -> str:
+    return f"{finding.check} {finding.subject}: {finding.summary}"
+
+
+def judge_classes(checks: Iterable[CheckFindings]) -> list[ConditionState]:
+    """One condition per class from the checks' latest findings. A check with no class
+    is judged with the hardware one, never dropped (absence is never a pass)."""
+    by_class: dict[FaultClass, list[Finding]] = {cls: [] for cls in FaultClass}
+    ran: dict[FaultClass, list[str]] = {cls: [] for cls in FaultClass}
+    for check, findings in checks:
+        try:
+            cls = class_of(check)
+        except UnclassifiedCheckError:
+            cls = FaultClass.GPU_HARDWARE
+        by_class[cls] += findings
+        ran[cls].append(check)
+    states = []
+    for cls in FaultClass:
+        findings = by_class[cls]
+        fails = [f for f in findings if f.status is Status.FAIL]
+        errors = [f for f in findings if f.status is Status.ERROR]
+        warns = [f for f in findings if f.status is Status.WARN]
+        condition = CONDITION_TYPES[cls]
+        if fails:
+            failing = sorted({f.check for f in fails})
+            reason = (
+                f"{camel_case(failing[0])}Failed" if len(failing) == 1 else "SeveralChecksFailed"
+            )
+            texts = [_finding_text(f) for f in fails] + [_finding_text(f) for f in errors]
+            states.append(ConditionState(condition, "True", reason, listed(texts)))
+        elif errors or not ran[cls]:
+            texts = [_finding_text(f) for f in errors] or [f"no check of class {cls.value} ran"]
+            states.append(ConditionState(condition, "Unknown", "CouldNotDetermine", listed(texts)))
+        else:
+            names = ", ".join(sorted(ran[cls]))
+            note = f"; {len(warns)} warning(s), reported as events" if warns else ""
+            message = listed([f"no failing check ({names}){note}"])
+            states.append(ConditionState(condition, "False", "NoFailingCheck", message))
+    return states
+
+
+def condition_patch(
+    states: Sequence[ConditionState], on_node: Mapping[str, Mapping[str, Any]], now: str
+) -> dict[str, Any]:
+    """The strategic merge patch of nodes/status for `states`: only our types, each with
+    lastTransitionTime kept from the node's condition of that type when its status is
+    unchanged (`on_node`: type -> that condition as the node has it) and now otherwise."""
+    conditions = []
+    for state in states:
+        previous = on_node.get(state.type, {})
+        unchanged = previous.get("status") == state.status and previous.get("lastTransitionTime")
+        conditions.append(
+            {
+                "type": state.type,
+                "status": state.status,
+                "reason": state.reason,
+                "message": state.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": previous["lastTransitionTime"] if unchanged else now,
+            }
+        )
+    return {"status": {"conditions": conditions}}
+
+
+# -- the taint (pure) --------------------------------------------------------------------
+
+
+@record
+class Fault:
+    """The failing findings as the taint sees them: the class its value names (the first
+    failing one, in FaultClass order) and their fingerprint."""
+
+    fault_class: FaultClass
+    fingerprint: str
+
+
+def fault_of(checks: Iterable[CheckFindings]) -> Fault | None:
+    fails: list[tuple[FaultClass, str, str]] = []
+    for check, findings in checks:
+        try:
+            cls = class_of(check)
+        except UnclassifiedCheckError:
+            cls = FaultClass.GPU_HARDWARE
+        fails += [(cls, check, f.subject) for f in findings if f.status is Status.FAIL]
+    if not fails:
+        return None
+    order = list(FaultClass)
+    first = min(fails, key=lambda fail: order.index(fail[0]))[0]
+    digest = hashlib.sha256("\n".join(sorted(f"{c}\0{s}" for _, c, s in fails)).encode())
+    return Fault(first, digest.hexdigest()[:16])
+
+
+def undetermined(checks: Iterable[CheckFindings]) -> bool:
+    return any(f.status is Status.ERROR for _, findings in checks for f in findings)
+
+
+@record
+class TaintPlan:
+    """What to write to the node: its new taints (None: leave them), the ownership
+    annotation's new value (None: leave it; "" delete it), and why, for the log."""
+
+    taints: list[dict[str, Any]] | None
+    annotation: str | None
+    action: str  # applied, removed, left_alone, forgotten, nothing
+    why: str
+
+    @property
+    def writes(self) -> bool:
+        return self.taints is not None or self.annotation is not None
+
+
+def _ownership(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ownership annotation's record, or None (absent or not ours to read)."""
+    metadata = node.get("metadata") or {}
+    value = (metadata.get("annotations") or {}).get(OWNERSHIP_ANNOTATION)
+    if not isinstance(value, str):
+        return None
+    try:
+        owned = json.loads(value)
+    except ValueError:
+        return None
+    return owned if isinstance(owned, dict) and isinstance(owned.get("fingerprint"), str) else None
+
+
+def plan_taint(
+    node: Mapping[str, Any], fault: Fault | None, enabled: bool, unsure: bool, now: str
+) -> TaintPlan:
+    """The taint decision, a pure function of the node as just read, the current fault,
+    whether tainting is on and whether some check could not determine."""
+    spec = node.get("spec") or {}
+    taints = [t for t in (spec.get("taints") or []) if isinstance(t, dict)]
+    ours = [t for t in taints if t.get("key") == TAINT_KEY]
+    owned = _ownership(node)
+    if fault is None or not enabled:
+        if not ours or owned is None:
+            if owned is not None:  # ours was removed by someone: forget it
+                return TaintPlan(None, "", "forgotten", "no fault now; the taint was gone")
+            why = "a taint with nodecheck's key that nodecheck did not apply" if ours else ""
+            return TaintPlan(None, None, "left_alone" if ours else "nothing", why)
+        if fault is None and unsure:
+            return TaintPlan(None, None, "nothing", "no check fails, but one could not determine")
+        kept = [t for t in taints if t.get("key") != TAINT_KEY]
+        why = "the fault cleared" if fault is None else "tainting was turned off"
+        return TaintPlan(kept, "", "removed", why)
+    wanted = {"key": TAINT_KEY, "value": fault.fault_class.value, "effect": TAINT_EFFECT}
+    if ours:
+        if owned is None:
+            return TaintPlan(None, None, "left_alone", "someone else's taint with nodecheck's key")
+        if owned["fingerprint"] == fault.fingerprint and ours == [wanted]:
+            return TaintPlan(None, None, "nothing", "applied already")
+        kept = [t for t in taints if t.get("key") != TAINT_KEY]
+        record_ = _ownership_value(fault, now)
+        return TaintPlan([*kept, wanted], record_, "applied", "the fault changed")
+    if owned is not None and owned["fingerprint"] == fault.fingerprint:
+        return TaintPlan(
+            None, None, "left_alone", "removed by someone else for this fault: not applied again"
+        )
+    return TaintPlan([*taints, wanted], _ownership_value(fault, now), "applied", "a check fails")
+
+
+def _ownership_value(fault: Fault, now: str) -> str:
+    return json.dumps(
+        {"fingerprint": fault.fingerprint, "class": fault.fault_class.value, "applied_at": now},
+        separators=(",", ":"),
+    )
+
+
+def taint_patch(node: Mapping[str, Any], plan: TaintPlan) -> dict[str, Any]:
+    """A JSON merge patch of the node carrying its resourceVersion: the API server then
+    refuses it with 409 if the node changed since it was read."""
+    metadata: dict[str, Any] = {
+        "resourceVersion": (node.get("metadata") or {}).get("resourceVersion")
+    }
+    patch: dict[str, Any] = {"metadata": metadata}
+    if plan.annotation is not None:
+        metadata["annotations"] = {OWNERSHIP_ANNOTATION: plan.annotation or None}
+    if plan.taints is not None:
+        patch["spec"] = {"taints": plan.taints}
+    return patch
+
+
+# -- events (pure but for the clock given) -----------------------------------------------
+
+
+class EventMemory:
+    """Which warn and fail findings were announced, and when: one Event per new finding,
+    again at most every `reannounce_s` while it stands."""
+
+    def __init__(self, reannounce_s: float = REANNOUNCE_S) -> None:
+        self.reannounce_s = reannounce_s
+        self.announced: dict[tuple[str, str, str], float] = {}
+
+    def due(self, checks: Iterable[CheckFindings], now: float) -> list[Finding]:
+        current: dict[tuple[str, str, str], Finding] = {}
+        for _, findings in checks:
+            for finding in findings:
+                if finding.status in (Status.WARN, Status.FAIL):
+                    current.setdefault(
+                        (finding.check, finding.subject, finding.status.value), finding
+                    )
+        for key in set(self.announced) - set(current):
+            del self.announced[key]  # cleared: announced again if it comes back
+        return [
+            finding
+            for key, finding in sorted(current.items())
+            if now - self.announced.get(key, -self.reannounce_s - 1) >= self.reannounce_s
+        ]
+
+    def sent(self, finding: Finding, now: float) -> None:
+        self.announced[(finding.check, finding.subject, finding.status.value)] = now
+
+
+def event_body(finding: Finding, node: str, node_uid: str, now: str) -> dict[str, Any]:
+    """A core/v1 Event on the Node, as the kubelet writes node events (involvedObject of
+    kind Node, namespace default)."""
+    suffix = "Failed" if finding.status is Status.FAIL else "Warning"
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{node}.nodecheck.", "namespace": EVENTS_NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
+        "type": "Warning",
+        "reason": f"{camel_case(finding.check)}{suffix}",
+        "message": listed([_finding_text(finding)], EVENT_MESSAGE_MAX),
+        "source": {"component": "nodecheck", "host": node},
+        "reportingComponent": "nodecheck",
+        "reportingInstance": node,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+# -- the reporter ------------------------------------------------------------------------
+
+
+def api_server_of(settings: KubernetesSettings, environ: Mapping[str, str]) -> str | None:
+    if settings.api_server:
+        return settings.api_server
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+class KubernetesReporter:
+    """Reports the latest results to the API server from its own thread."""
+
+    def __init__(self, settings: KubernetesSettings, node: str, client: KubeClient) -> None:
+        self.settings, self.node, self.client = settings, node, client
+        self._lock = threading.Lock()
+        self._latest: Sequence[CheckFindings] | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sent: list[ConditionState] | None = None  # None: nothing sent since the start
+        self._sent_at = 0.0
+        self._sent_conditions: dict[str, dict[str, Any]] = {}
+        self._fault_seen: tuple[Fault | None, bool] | None = None
+        self._events = EventMemory()
+        self._node_uid = node
+        self._retry_at = 0.0
+        self._backoff = 1.0
+        self._problems: dict[str, str] = {}
+        self.reports = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: KubernetesSettings, environ: Mapping[str, str]
+    ) -> KubernetesReporter:
+        """ConfigError when the node or the API server cannot be named."""
+        node = settings.node_name or environ.get("NODE_NAME", "")
+        if not node:
+            raise ConfigError(
+                "[kubernetes]",
+                None,
+                "node_name",
+                "not set, and NODE_NAME is not in the "
+                "environment (the DaemonSet sets it from the downward API's spec.nodeName)",
+            )
+        server = api_server_of(settings, environ)
+        if server is None:
+            raise ConfigError(
+                "[kubernetes]",
+                None,
+                "api_server",
+                "not set, and KUBERNETES_SERVICE_HOST "
+                "and KUBERNETES_SERVICE_PORT are not in the environment (not in a pod?)",
+            )
+        client = KubeClient(
+            server,
+            settings.token_file,
+            settings.ca_file,
+            settings.timeout_s,
+            settings.token_reread_s,
+        )
+        return cls(settings, node, client)
+
+    @classmethod
+    def from_environment(cls, settings: KubernetesSettings) -> KubernetesReporter:
+        # NODE_NAME and the KUBERNETES_SERVICE_* variables are read, never logged (no log
+        # line names the node: the pod's log is the node's already).
+        return cls.from_settings(settings, os.environ)
+
+    # -- called by the daemon ------------------------------------------------------
+
+    def update(self, checks: Sequence[CheckFindings]) -> None:
+        """The latest findings of every enabled check; never blocks."""
+        with self._lock:
+            self._latest = checks
+        self._wake.set()
+
+    def start(self) -> None:
+        log.info("event=kubernetes_reporting taint=%s", self.settings.taint)
+        self._thread = threading.Thread(target=self._loop, name="kubernetes-reporter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    # -- the thread ------------------------------------------------------------------
+
+    def _wait(self) -> float | None:
+        """Seconds until the next report is due without news: None before the first
+        results; until the retry while calls fail; else until the heartbeat."""
+        with self._lock:
+            if self._latest is None:
+                return None
+        now = time.monotonic()
+        if self._retry_at:
+            return max(0.0, self._retry_at - now)
+        return max(0.0, self.settings.resend_interval_s - (now - self._sent_at))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._wait())
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._lock:
+                latest = self._latest
+            if latest is None or (self._retry_at and time.monotonic() < self._retry_at):
+                continue  # news while calls fail waits for the retry, which sends the latest
+            try:
+                complete = self._report(latest)
+            except Exception as err:  # this thread must outlive anything a report meets
+                log.error("event=kubernetes_report_failed error=%r", f"{type(err).__name__}: {err}")
+                complete = False
+            if complete:
+                self._retry_at, self._backoff = 0.0, 1.0
+            else:
+                self._retry_at = time.monotonic() + self._backoff
+                self._backoff = min(self._backoff * 2, RETRY_MAX_S)
+
+    def _report(self, checks: Sequence[CheckFindings]) -> bool:
+        """One report; True when every call it needed succeeded."""
+        states = judge_classes(checks)
+        fault, unsure = fault_of(checks), undetermined(checks)
+        heartbeat_due = time.monotonic() - self._sent_at >= self.settings.resend_interval_s
+        conditions_due = self._sent is None or states != self._sent or heartbeat_due
+        taint_due = (fault, unsure) != self._fault_seen or heartbeat_due
+        events = self._events.due(checks, time.time()) if self.settings.events else []
+        if not (conditions_due or taint_due or events):
+            return True
+        complete = True
+        reply = self.client.get_node(self.node)
+        node = reply.body if reply.ok else None
+        complete &= self._outcome("get_node", reply)
+        if node is not None:
+            self._node_uid = str((node.get("metadata") or {}).get("uid") or self.node)
+        if conditions_due:
+            sent, after = self._send_conditions(states, node)
+            complete &= sent
+            # The status patch bumped the node's resourceVersion: its answer is the node now.
+            node = after if after is not None else None
+        if taint_due:
+            done = self._taint(node, fault, unsure)
+            if done:
+                self._fault_seen = (fault, unsure)
+            complete &= done
+        for finding in events[:EVENTS_PER_REPORT]:
+            stamp = now_rfc3339(time.time())
+            reply = self.client.create_event(
+                EVENTS_NAMESPACE, event_body(finding, self.node, self._node_uid, stamp)
+            )
+            if self._outcome("create_event", reply):
+                self._events.sent(finding, time.time())
+            else:
+                complete = False
+                break
+        self.reports += 1
+        return complete
+
+    def _send_conditions(
+        self, states: list[ConditionState], node: dict[str, Any] | None
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Whether the patch was taken, and the node as it answered (None: read it again)."""
+        on_node: dict[str, dict[str, Any]] = {}
+        if node is not None:
+            for condition in (node.get("status") or {}).get("conditions") or []:
+                if isinstance(condition, dict) and condition.get("type") in OUR_TYPES:
+                    on_node[str(condition["type"])] = condition
+        else:
+            # No fresh read: what was sent last stands for the node's.
+            on_node = dict(self._sent_conditions)
+        patch = condition_patch(states, on_node, now_rfc3339(time.time()))
+        reply = self.client.patch_node_status(self.node, patch)
+        if not self._outcome("patch_node_status", reply):
+            return False, None
+        if self._sent != states:
+            log.info(
+                "event=kubernetes_conditions %s",
+                " ".join(f"{s.type}={s.status}:{s.reason}" for s in states),
+            )
+        self._sent, self._sent_at = states, time.monotonic()
+        self._sent_conditions = {c["type"]: c for c in patch["status"]["conditions"]}
+        return True, reply.body if reply.body and "metadata" in reply.body else None
+
+    def _taint(self, node: dict[str, Any] | None, fault: Fault | None, unsure: bool) -> bool:
+        """The taint and its annotation brought in line with the fault; read-modify-write
+        with the node's resourceVersion, again from a fresh read on 409."""
+        for attempt in range(CONFLICT_RETRIES):
+            if node is None:
+                reply = self.client.get_node(self.node)
+                if not self._outcome("get_node", reply):
+                    return False
+                node = reply.body or {}
+            plan = plan_taint(node, fault, self.settings.taint, unsure, now_rfc3339(time.time()))
+            if not plan.writes:
+                if plan.action == "left_alone":
+                    self._note("taint", f"left alone: {plan.why}", logging.INFO)
+                return True
+            reply = self.client.patch_node(self.node, taint_patch(node, plan))
+            if reply.status == 409:
+                log.info("event=kubernetes_conflict attempt=%d", attempt + 1)
+                node = None
+                continue
+            if not self._outcome("patch_node", reply):
+                return False
+            self._problems.pop("taint", None)
+            log.info(
+                "event=kubernetes_taint action=%s fault=%s why=%r",
+                plan.action,
+                fault.fault_class.value if fault else "none",
+                plan.why,
+            )
+            return True
+        self._note("patch_node", f"still conflicting after {CONFLICT_RETRIES} tries", logging.ERROR)
+        return False
+
+    def _outcome(self, call: str, reply: Reply) -> bool:
+        """Log a call's failure once while it lasts, and its recovery."""
+        if reply.ok:
+            if self._problems.pop(call, None) is not None:
+                log.info("event=kubernetes_call_recovered call=%s", call)
+            return True
+        self._note(call, reply.describe(), logging.ERROR)
+        return False
+
+    def _note(self, call: str, problem: str, level: int) -> None:
+        if self._problems.get(call) != problem:
+            self._problems[call] = problem
+            event = "kubernetes_call_failed" if level >= logging.ERROR else "kubernetes_note"
+            log.log(level, "event=%s call=%s error=%r", event, call, problem)

@@ -1,0 +1,280 @@
+"""The reporter's pure decisions on literal inputs: conditions from findings, the
+lastTransitionTime rule, the taint and its ownership, event deduplication, messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodecheck.agent.config import ConfigError, KubernetesSettings, parse_config
+from nodecheck.agent.fault_classes import FaultClass
+from nodecheck.agent.kubernetes import (
+    OWNERSHIP_ANNOTATION,
+    TAINT_KEY,
+    ConditionState,
+    EventMemory,
+    Fault,
+    KubernetesReporter,
+    camel_case,
+    condition_patch,
+    event_body,
+    fault_of,
+    judge_classes,
+    listed,
+    plan_taint,
+    taint_patch,
+)
+from nodecheck.agent.slurm_health import Finding
+from nodecheck.checks.result import Status
+
+NOW = "2026-12-01T10:00:00Z"
+EARLIER = "2026-11-30T08:00:00Z"
+
+
+def finding(check: str, status: str, subject: str = "node", summary: str = "text") -> Finding:
+    return Finding(check, Status(status), subject, summary)
+
+
+def by_type(states: list[ConditionState]) -> dict[str, tuple[str, str]]:
+    return {s.type: (s.status, s.reason) for s in states}
+
+
+def test_one_condition_per_class_true_unknown_false() -> None:
+    states = judge_classes(
+        [
+            ("gpu_xid", [finding("gpu_xid", "fail", "gpu 0000:bc:00.0", "XID 79")]),
+            ("gpu_count", [finding("gpu_count", "ok")]),
+            ("pcie_link", [finding("pcie_link", "error", "gpu 0000:18:00.0", "unreadable")]),
+            ("gpu_throttle", [finding("gpu_throttle", "warn")]),
+            ("numa", [finding("numa", "warn", "node", "balancing on")]),
+            ("cpu", [finding("cpu", "ok")]),
+        ]
+    )
+    assert by_type(states) == {
+        "NodecheckGpuHardware": ("True", "GpuXidFailed"),
+        "NodecheckGpuPerformance": ("Unknown", "CouldNotDetermine"),
+        "NodecheckNodeConfig": ("False", "NoFailingCheck"),
+    }
+    hardware, performance, config = states
+    assert hardware.message == "gpu_xid gpu 0000:bc:00.0: XID 79"
+    assert performance.message == "pcie_link gpu 0000:18:00.0: unreadable"
+    assert config.message == "no failing check (cpu, numa); 1 warning(s), reported as events"
+
+
+def test_several_failing_checks_and_a_class_that_did_not_run() -> None:
+    states = judge_classes(
+        [
+            ("gpu_xid", [finding("gpu_xid", "fail")]),
+            ("gpu_nvlink", [finding("gpu_nvlink", "fail"), finding("gpu_nvlink", "error")]),
+            ("cpu", [finding("cpu", "skip")]),
+        ]
+    )
+    assert by_type(states) == {
+        "NodecheckGpuHardware": ("True", "SeveralChecksFailed"),
+        # No check of the class ran: absence is never a pass.
+        "NodecheckGpuPerformance": ("Unknown", "CouldNotDetermine"),
+        "NodecheckNodeConfig": ("False", "NoFailingCheck"),
+    }
+    assert "no check of class gpu-performance ran" in states[1].message
+
+
+def test_a_check_without_a_class_still_counts() -> None:
+    states = judge_classes([("some_new_check", [finding("some_new_check", "fail")])])
+    assert states[0].status == "True" and states[0].reason == "SomeNewCheckFailed"
+
+
+def test_message_cut_to_1024_characters_saying_how_many_were_left_out() -> None:
+    parts = [f"gpu_xid gpu {index}: " + "x" * 100 for index in range(20)]
+    text = listed(parts)
+    assert len(text) <= 1024
+    assert text.startswith(parts[0] + "; " + parts[1])
+    kept = text.count("gpu_xid")
+    assert text.endswith(f"(+{20 - kept} more)")
+    one_long = listed(["y" * 5000])
+    assert len(one_long) == 1024 and one_long.endswith("y…")
+    cut_first = listed(["y" * 5000, "z"])
+    assert len(cut_first) <= 1024 and cut_first.endswith("… (+1 more)")
+    assert listed(["a", "b"]) == "a; b"
+
+
+def test_camel_case() -> None:
+    assert camel_case("gpu_memory_errors") == "GpuMemoryErrors"
+    assert camel_case("h2d") == "H2d"
+    assert camel_case("gpu-hardware") == "GpuHardware"
+
+
+def test_last_transition_time_kept_only_while_the_status_stands() -> None:
+    states = [
+        ConditionState("NodecheckGpuHardware", "True", "GpuXidFailed", "m"),
+        ConditionState("NodecheckGpuPerformance", "False", "NoFailingCheck", "m"),
+        ConditionState("NodecheckNodeConfig", "Unknown", "CouldNotDetermine", "m"),
+    ]
+    on_node: dict[str, dict[str, Any]] = {
+        "NodecheckGpuHardware": {"status": "True", "lastTransitionTime": EARLIER},
+        "NodecheckGpuPerformance": {"status": "True", "lastTransitionTime": EARLIER},
+    }
+    patch = condition_patch(states, on_node, NOW)
+    assert list(patch) == ["status"] and list(patch["status"]) == ["conditions"]
+    sent = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert sent["NodecheckGpuHardware"]["lastTransitionTime"] == EARLIER  # unchanged
+    assert sent["NodecheckGpuPerformance"]["lastTransitionTime"] == NOW  # True -> False
+    assert sent["NodecheckNodeConfig"]["lastTransitionTime"] == NOW  # new
+    assert all(c["lastHeartbeatTime"] == NOW for c in sent.values())
+
+
+FAULT = Fault(FaultClass.GPU_HARDWARE, "aaaa")
+ADMIN = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+OURS = {"key": TAINT_KEY, "value": "gpu-hardware", "effect": "NoSchedule"}
+
+
+def node(taints: list[dict[str, Any]], fingerprint: str | None = None) -> dict[str, Any]:
+    annotations = {"other": "x"}
+    if fingerprint is not None:
+        annotations[OWNERSHIP_ANNOTATION] = json.dumps({"fingerprint": fingerprint})
+    return {
+        "metadata": {"resourceVersion": "42", "annotations": annotations},
+        "spec": {"taints": taints, "unschedulable": True},
+    }
+
+
+def test_taint_applied_beside_the_admins_with_the_resource_version() -> None:
+    plan = plan_taint(node([ADMIN]), FAULT, True, False, NOW)
+    assert plan.action == "applied" and plan.taints == [ADMIN, OURS]
+    assert json.loads(plan.annotation or "")["fingerprint"] == "aaaa"
+    patch = taint_patch(node([ADMIN]), plan)
+    assert patch["metadata"]["resourceVersion"] == "42"
+    assert patch["spec"] == {"taints": [ADMIN, OURS]}  # no unschedulable: never cordons
+    assert set(patch["metadata"]["annotations"]) == {OWNERSHIP_ANNOTATION}
+
+
+def test_taint_the_admin_removed_is_not_applied_again_until_the_fault_changes() -> None:
+    removed = node([ADMIN], fingerprint="aaaa")
+    assert plan_taint(removed, FAULT, True, False, NOW).writes is False
+    changed = plan_taint(removed, Fault(FaultClass.GPU_HARDWARE, "bbbb"), True, False, NOW)
+    assert changed.action == "applied" and changed.taints == [ADMIN, OURS]
+
+
+def test_taint_removed_only_when_ours() -> None:
+    mine = plan_taint(node([ADMIN, OURS], fingerprint="aaaa"), None, True, False, NOW)
+    assert mine.action == "removed" and mine.taints == [ADMIN] and mine.annotation == ""
+    assert taint_patch(node([]), mine)["metadata"]["annotations"] == {OWNERSHIP_ANNOTATION: None}
+    # Our key without our annotation: someone else's, never removed or replaced.
+    foreign = plan_taint(node([ADMIN, OURS]), None, True, False, NOW)
+    assert foreign.writes is False and foreign.action == "left_alone"
+    assert plan_taint(node([OURS]), FAULT, True, False, NOW).writes is False
+    # Gone already: only the annotation is forgotten.
+    gone = plan_taint(node([ADMIN], fingerprint="aaaa"), None, True, False, NOW)
+    assert gone.taints is None and gone.annotation == ""
+
+
+def test_taint_kept_while_a_check_cannot_determine_and_removed_when_turned_off() -> None:
+    tainted = node([OURS], fingerprint="aaaa")
+    assert plan_taint(tainted, None, True, True, NOW).writes is False
+    off = plan_taint(tainted, FAULT, False, False, NOW)
+    assert off.action == "removed" and off.taints == []
+    assert plan_taint(node([]), FAULT, False, False, NOW).writes is False
+
+
+def test_taint_follows_a_changed_class() -> None:
+    plan = plan_taint(
+        node([OURS], fingerprint="aaaa"), Fault(FaultClass.NODE_CONFIG, "cccc"), True, False, NOW
+    )
+    assert plan.taints == [{**OURS, "value": "node-config"}]
+
+
+def test_fault_fingerprint_by_failing_findings() -> None:
+    one = [("pcie_link", [finding("pcie_link", "fail", "gpu a"), finding("pcie_link", "warn")])]
+    same = [("pcie_link", [finding("pcie_link", "fail", "gpu a", "other words")])]
+    two = [
+        (
+            "pcie_link",
+            [finding("pcie_link", "fail", "gpu a"), finding("pcie_link", "fail", "gpu b")],
+        )
+    ]
+    with_hw = [*one, ("gpu_xid", [finding("gpu_xid", "fail")])]
+    assert fault_of([("pcie_link", [finding("pcie_link", "warn")])]) is None
+    first = fault_of(one)
+    assert first is not None and first.fault_class is FaultClass.GPU_PERFORMANCE
+    assert first == fault_of(same)  # a summary's words are not the fault
+    assert fault_of(two) != first
+    hardware = fault_of(with_hw)
+    assert hardware is not None and hardware.fault_class is FaultClass.GPU_HARDWARE
+
+
+def test_events_once_per_finding_again_hourly_and_after_clearing() -> None:
+    memory = EventMemory(reannounce_s=3600)
+    warn = [("numa", [finding("numa", "warn", "node", "balancing"), finding("numa", "ok")])]
+    due = memory.due(warn, 1000.0)
+    assert [(f.check, f.status) for f in due] == [("numa", Status.WARN)]
+    memory.sent(due[0], 1000.0)
+    assert memory.due(warn, 1010.0) == []
+    assert len(memory.due(warn, 1000.0 + 3600)) == 1
+    assert memory.due([("numa", [finding("numa", "ok")])], 1020.0) == []
+    assert len(memory.due(warn, 1030.0)) == 1  # cleared, then back: new
+
+
+def test_event_body() -> None:
+    body = event_body(finding("gpu_xid", "fail", "gpu 1", "XID 79"), "n1", "uid-1", NOW)
+    assert body["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "n1",
+        "uid": "uid-1",
+    }
+    assert body["type"] == "Warning" and body["reason"] == "GpuXidFailed"
+    assert body["metadata"]["namespace"] == "default" and body["message"] == "gpu_xid gpu 1: XID 79"
+    warn = event_body(finding("numa", "warn"), "n1", "uid-1", NOW)
+    assert warn["reason"] == "NumaWarning"
+
+
+CONFIG = Path("/etc/nodecheck/agent.toml")
+
+
+def test_kubernetes_section_defaults_and_errors_name_file_line_key() -> None:
+    assert parse_config("", CONFIG, set()).kubernetes == KubernetesSettings()
+    assert KubernetesSettings().enabled is False and KubernetesSettings().taint is False
+    parsed = parse_config(
+        '[kubernetes]\nenabled = true\ntaint = true\nnode_name = "gpu-7"\n'
+        'api_server = "https://10.0.0.1:6443"\nresend_interval = 60\n',
+        CONFIG,
+        set(),
+    ).kubernetes
+    assert (parsed.enabled, parsed.taint, parsed.node_name, parsed.resend_interval_s) == (
+        True,
+        True,
+        "gpu-7",
+        60.0,
+    )
+    cases = [
+        ("[kubernetes]\n\ntoken_reread = 120\n", "agent.toml:3: kubernetes.token_reread"),
+        ("[kubernetes]\ntimeout = 0\n", "agent.toml:2: kubernetes.timeout"),
+        ('[kubernetes]\napi_server = "http://x:80"\n', "agent.toml:2: kubernetes.api_server"),
+        ('[kubernetes]\nnode_name = "Node_1"\n', "agent.toml:2: kubernetes.node_name"),
+        ('[kubernetes]\ntoken_file = "token"\n', "agent.toml:2: kubernetes.token_file"),
+        ("[kubernetes]\nenabled = 1\n", "agent.toml:2: kubernetes.enabled"),
+        ("[kubernetes]\ncordon = true\n", "agent.toml:2: kubernetes.cordon: unknown key"),
+    ]
+    for text, expected in cases:
+        with pytest.raises(ConfigError, match=expected):
+            parse_config(text, CONFIG, set())
+    shown = parse_config("[kubernetes]\nenabled = true\n", CONFIG, set()).show()
+    assert (
+        parse_config(shown, CONFIG, set()).kubernetes
+        == parse_config("[kubernetes]\nenabled = true\n", CONFIG, set()).kubernetes
+    )
+
+
+def test_reporter_needs_a_node_name_and_an_api_server() -> None:
+    settings = KubernetesSettings(enabled=True)
+    with pytest.raises(ConfigError, match="NODE_NAME"):
+        KubernetesReporter.from_settings(settings, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
+        KubernetesReporter.from_settings(settings, {"NODE_NAME": "n1"})
+    reporter = KubernetesReporter.from_settings(
+        settings,
+        {"NODE_NAME": "n1", "KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"},
+    )
+    assert reporter.node == "n1" and reporter.client.host == "fd00::1"
