@@ -54,13 +54,13 @@ ACTIVE = MetricSpec(
     LABELS,
 )
 RATE = MetricSpec(
-    "nodecheck_rdma_port_rate_bits_per_second",
+    "nodecheck_rdma_port_rate_bytes_per_second",
     "gauge",
-    "Live rate of the RDMA port in bits per second (ports/<n>/rate)",
+    "Live rate of the RDMA port in bytes per second (ports/<n>/rate, in Gb/s, over 8)",
     LABELS,
 )
 EXPECTED_RATE = MetricSpec(
-    "nodecheck_rdma_port_expected_rate_bits_per_second",
+    "nodecheck_rdma_port_expected_rate_bytes_per_second",
     "gauge",
     "Rate a compute RDMA port should run at: the fastest among the node's rail NICs",
     LABELS,
@@ -264,11 +264,11 @@ def judge_port(
     )
     verdict.samples.append(Sample(ACTIVE, 1 if port.state == "ACTIVE" else 0, labels))
     if port.rate_gbps is not None:
-        verdict.samples.append(Sample(RATE, port.rate_gbps * 1e9, labels))
+        verdict.samples.append(Sample(RATE, port.rate_gbps * 1e9 / 8, labels))
     if port.width is not None:
         verdict.samples.append(Sample(WIDTH, port.width, labels))
     if role is NicRole.COMPUTE and expected is not None:
-        verdict.samples.append(Sample(EXPECTED_RATE, expected * 1e9, labels))
+        verdict.samples.append(Sample(EXPECTED_RATE, expected * 1e9 / 8, labels))
     verdict.samples += [
         Sample(COUNTER_SPECS[name], counters.values[name], labels)
         for name in PORT_ERROR_COUNTERS

@@ -94,15 +94,15 @@ def test_healthy_dgx_every_port_active_at_its_rate_with_counters(dgx: Node) -> N
     assert {r.status for r in results.values()} == {Status.OK}
     rail = samples_of(results["rdma mlx5_0/1"])
     assert rail["nodecheck_rdma_port_active"] == 1
-    assert rail["nodecheck_rdma_port_rate_bits_per_second"] == 400e9
-    assert rail["nodecheck_rdma_port_expected_rate_bits_per_second"] == 400e9
+    assert rail["nodecheck_rdma_port_rate_bytes_per_second"] == 400e9 / 8
+    assert rail["nodecheck_rdma_port_expected_rate_bytes_per_second"] == 400e9 / 8
     assert rail["nodecheck_rdma_port_width"] == 4
     for counter in ("link_downed", "link_error_recovery", "symbol_errors", "receive_errors"):
         assert rail[f"nodecheck_rdma_port_{counter}_total"] == 0
     storage = results["rdma mlx5_8/1"]
     assert storage.details["role"] == "storage"
     # A storage port is not held to the rails' rate.
-    assert "nodecheck_rdma_port_expected_rate_bits_per_second" not in samples_of(storage)
+    assert "nodecheck_rdma_port_expected_rate_bytes_per_second" not in samples_of(storage)
 
 
 def test_a_rail_at_fewer_lanes_fails(build_spec: Callable[[NodeSpec], Node]) -> None:
