@@ -10,6 +10,7 @@ failing checks, and a job on GPU 3, so the gate never lets it benchmark).
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -179,4 +180,4 @@ def test_every_fleet_dashboard_panel_returns_data(fleet: Fleet) -> None:
     queries = fleet_dashboard_queries()
     assert queries
     for title, expr in queries:
-        wait_for(lambda expr=expr: fleet.query(expr), DEADLINE_S, f"data for panel {title!r}")
+        wait_for(functools.partial(fleet.query, expr), DEADLINE_S, f"data for panel {title!r}")
