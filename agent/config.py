@@ -40,6 +40,11 @@ file prints every default, and checks/config.py is where the checks' are declare
     undrain_after = 0            # or seconds healthy since the first of them; 0: runs only
     reboot_on_xid = false        # reboot-class XIDs: scontrol reboot ASAP nextstate=RESUME
 
+    [labels]                     # this node's place in the fleet, on nodecheck_node_info
+    cluster = "c1"               # any names (at most 16), string values of 1 to 128
+    partition = "gpu"            # printable characters; the fleet rules group by
+    rack = "r07"                 # cluster, partition and rack where they are set
+
 A bad file is refused whole, with the file, line and key named: the agent
 keeps running on what it had. Every way a file can be bad is a ConfigError:
 unreadable, not a regular file, over 1 MiB, not UTF-8, not TOML, nested too
@@ -91,6 +96,24 @@ DAY_S = 86400.0
 INTERVAL_RANGE_S = (1.0, 30 * DAY_S)
 CHECK_TIMEOUT_MAX_S = 3600.0
 MAX_EXPECTED_GPUS = 1024
+# [labels]: exported once, on nodecheck_node_info, and joined onto other series by the
+# fleet's rules (group_left): a bounded set of short values, as Prometheus's own
+# label_limit, label_name_length_limit and label_value_length_limit scrape options
+# bound them (prometheus docs/configuration/configuration.md).
+MAX_NODE_LABELS = 16
+MAX_NODE_LABEL_VALUE = 128
+NODE_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)  # Prometheus's label names
+# Names a join of nodecheck_node_info onto nodecheck's series (or an alert) would clash
+# with: Prometheus's target labels and histogram/summary labels, the labels its alerts
+# add, and every label of nodecheck's own series (tests/agent/test_node_labels.py checks
+# that this covers each MetricSpec's labels).
+RESERVED_NODE_LABELS = frozenset(
+    {"instance", "job", "le", "quantile", "alertname", "alertstate", "severity"}
+    | {"check", "subject", "status", "version", "python", "benchmark"}
+    | {"gpu", "bus_id", "model", "uuid", "vbios", "driver_version", "dtype", "shape"}
+    | {"payload_bytes", "algorithm", "ranks", "xid", "sxid", "action", "kind", "nvlink"}
+    | {"bridge", "device", "port", "link_layer", "role", "reason", "cause", "error"}
+)
 
 
 class ConfigError(Exception):
@@ -272,6 +295,8 @@ class AgentConfig:
     checks: dict[str, CheckSettings] = field(default_factory=dict)
     benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    # [labels]: the operator's names for this node's place (cluster, partition, rack, ...).
+    labels: dict[str, str] = field(default_factory=dict)
 
     def check(self, name: str) -> CheckSettings:
         return self.checks.get(name, CheckSettings())
@@ -333,6 +358,8 @@ class AgentConfig:
             f"undrain_after = {slurm.undrain_after_s}",
             f"reboot_on_xid = {str(slurm.reboot_on_xid).lower()}",
         ]
+        lines += ["", "[labels]"]
+        lines += [f"{name} = {quoted(value)}" for name, value in sorted(self.labels.items())]
         return "\n".join(lines) + "\n"
 
 
@@ -604,6 +631,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     checks = root.take("checks", dict, {})
     benchmarks = root.take("benchmarks", dict, {})
     slurm = root.take("slurm", dict, {})
+    labels = root.take("labels", dict, {})
     root.done()
 
     section = _Reader(path, text, ("agent",), agent)
@@ -713,7 +741,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     )
     bench.done()
     return replace(
-        _with_slurm(config, path, text, slurm),
+        _with_labels(_with_slurm(config, path, text, slurm), path, text, labels),
         listen=listen,
         textfile_dir=textfile,
         expected_gpus=expected,
@@ -754,6 +782,39 @@ def _with_slurm(config: AgentConfig, path: Path, text: str, values: dict[str, An
     )
     table.done()
     return replace(config, slurm=settings)
+
+
+def node_label_problem(name: str, value: object) -> str | None:
+    """Why `name = value` cannot be a label of nodecheck_node_info, or None."""
+    if not NODE_LABEL_NAME.fullmatch(name):
+        return "not a Prometheus label name (letters, digits and _, not starting with a digit)"
+    if name.startswith("__"):
+        return "names starting with __ are reserved for Prometheus's internal use"
+    if name in RESERVED_NODE_LABELS:
+        return f"{name!r} is a label nodecheck's series or Prometheus already use"
+    if not isinstance(value, str) or isinstance(value, bool):
+        return f"expected a string, got {_described(value)}"
+    if not value:
+        return "empty: leave the label out instead (an empty value is no label in Prometheus)"
+    if len(value) > MAX_NODE_LABEL_VALUE:
+        return f"at most {MAX_NODE_LABEL_VALUE} characters, got {len(value)}"
+    if not value.isprintable():
+        return f"only printable characters, got {_shown(value)}"
+    return None
+
+
+def _with_labels(config: AgentConfig, path: Path, text: str, values: dict[str, Any]) -> AgentConfig:
+    table = _Reader(path, text, ("labels",), values)
+    if len(values) > MAX_NODE_LABELS:
+        raise table.fail(None, f"at most {MAX_NODE_LABELS} labels, got {len(values)}")
+    labels: dict[str, str] = {}
+    for name, value in values.items():
+        problem = node_label_problem(name, value)
+        if problem is not None:
+            raise table.fail(name, problem)
+        labels[name] = table.take(name, str, "")
+    table.done()
+    return replace(config, labels=labels)
 
 
 def load_config(path: Path | None, known_checks: set[str]) -> AgentConfig:

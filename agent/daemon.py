@@ -184,7 +184,7 @@ class Agent:
         )
         self.hostname = hostname_shown(LiveFacts(NodeSources(fs=fs, environ={})))
         self.registry = make_registry(
-            ResultCollector(self.store, _version(), lambda: self.reload_ok)
+            ResultCollector(self.store, _version(), lambda: self.reload_ok, self._node_labels)
         )
         self.scheduler = self._scheduler()
         self.listener: XidListener | None = None
@@ -362,7 +362,9 @@ class Agent:
         try:
             server = serve(
                 config.listen,
-                CachedExposition(self.registry, self.store, lambda: self.reload_ok),
+                CachedExposition(
+                    self.registry, self.store, lambda: (self.reload_ok, self._node_labels())
+                ),
                 lambda: results_document(self.store, self.hostname),
                 self.healthy,
                 tls,
@@ -383,6 +385,10 @@ class Agent:
                 "(set tls_cert_file, tls_key_file and basic_auth_file, or listen on 127.0.0.1)",
             )
         return server
+
+    def _node_labels(self) -> dict[str, str]:
+        """[labels] of the configuration in force (a SIGHUP may change them)."""
+        return self.config.labels
 
     def healthy(self) -> bool:
         return self.scheduler.alive and time.monotonic() - self.scheduler.heartbeat < 10

@@ -66,6 +66,7 @@ OWN_FAMILIES = frozenset(
         "nodecheck_check_last_run_timestamp_seconds",
         "nodecheck_check_interval_seconds",
         "nodecheck_build_info",
+        "nodecheck_node_info",
         "nodecheck_config_last_reload_successful",
         "nodecheck_exposition_dropped_samples",
     }
@@ -219,10 +220,18 @@ def _label_value(text: str) -> str:
 
 
 class ResultCollector(Collector):
-    def __init__(self, store: ResultStore, version: str, reload_ok: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        version: str,
+        reload_ok: Callable[[], bool],
+        node_labels: Callable[[], Mapping[str, str]] = dict,
+    ) -> None:
+        """`node_labels`: the configuration's [labels] now (a reload changes them)."""
         self.store = store
         self.version = version
         self.reload_ok = reload_ok
+        self.node_labels = node_labels
         # (check, metric, reason) already logged: a bad sample comes back on every
         # render of the exposition, its log line once (bounded, for a sample whose
         # labels change every run).
@@ -296,6 +305,7 @@ class ResultCollector(Collector):
         )
         info.add_metric([self.version, platform.python_version()], 1)
         yield info
+        yield node_info(self.node_labels())
         reload_ok = GaugeMetricFamily(
             "nodecheck_config_last_reload_successful",
             "1 when the last configuration (re)load succeeded",
@@ -345,6 +355,22 @@ class ResultCollector(Collector):
                 )
                 return
         self._dropped(check, metric, problem, dropped)
+
+
+def node_info(labels: Mapping[str, str]) -> Metric:
+    """nodecheck_node_info{<[labels]>} 1: the node's place in the fleet, once per scrape
+    rather than on every sample (the info-metric pattern of Prometheus's instrumentation
+    practices: `* on(instance) group_left(rack) nodecheck_node_info` brings a label in).
+    Always present, without labels when none are configured, so a join never loses a node.
+    The configuration validated the names and values (agent/config.py)."""
+    names = sorted(labels)
+    family = GaugeMetricFamily(
+        "nodecheck_node_info",
+        "The operator's labels for this node ([labels] of the agent's configuration), value 1",
+        labels=names,
+    )
+    family.add_metric([_label_value(labels[name]) for name in names], 1)
+    return family
 
 
 def _family(spec: MetricSpec, values: dict[tuple[str, ...], float]) -> Metric:

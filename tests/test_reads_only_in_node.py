@@ -98,6 +98,10 @@ OWN_FILES = (
     Allowed("agent/cli.py", "*", "nvml", "closes the command's NVML session"),
     Allowed("checks/bench/state.py", "*", "read_text", "the benchmark state file"),
     Allowed("checks/bench/state.py", "*", "open", "the state directory's lock files"),
+    # The benchmark's own NCCL debug log, in the ranks' private temporary folder.
+    Allowed("checks/bench/nccl_log.py", "log_size", "stat", "its NCCL log's size"),
+    Allowed("checks/bench/nccl_log.py", "read_segment", "open", "its NCCL log"),
+    Allowed("checks/bench/nccl_log.py", "log_files", "listdir", "its NCCL log folder"),
 )
 
 

@@ -21,6 +21,7 @@ from nodecheck.checks.bench.driver import (
     run_benchmark,
     select_targets,
 )
+from nodecheck.checks.bench.nccl_log import UNKNOWN
 from nodecheck.checks.bench.state import BenchState
 from nodecheck.checks.config import BenchOptions
 from nodecheck.checks.context import CheckContext
@@ -28,7 +29,10 @@ from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
 from nodecheck.checks.rules.gpu_peaks import FLOOR_MIN_PAYLOAD, allreduce_floor
 
-LABELS = ("payload_bytes",)
+# A fleet compares busbw only between nodes of one GPU model and world size, at one
+# payload; the algorithm NCCL ran is shown beside it (a node that fell back from NVLS
+# to Ring is a straggler with a reason) but not compared by.
+LABELS = ("payload_bytes", "algorithm", "model", "ranks")
 BUSBW = MetricSpec(
     "nodecheck_bench_allreduce_bus_bandwidth_bytes_per_second",
     "gauge",
@@ -95,7 +99,13 @@ def judge_allreduce(
     )
     samples = []
     for row in rows:
-        labels = {"payload_bytes": str(row["bytes"])}
+        labels = {
+            "payload_bytes": str(row["bytes"]),
+            # A child that did not say (a test double, an older child): not a guess.
+            "algorithm": str(row.get("algorithm") or UNKNOWN),
+            "model": model,
+            "ranks": str(world),
+        }
         samples += [
             Sample(BUSBW, row["busbw_gbps"] * 1e9, labels),
             Sample(WORST, row["busbw_worst_gbps"] * 1e9, labels),
@@ -105,7 +115,9 @@ def judge_allreduce(
     details["floor_gbps"] = floor
     details["baseline_gbps"] = baseline
     remedy = REMEDY if status is not Status.OK else ""
-    judgement = Judgement([Result(status, NODE, summary, remedy, details, tuple(samples))])
+    judgement = Judgement(
+        [Result(status, NODE, summary, remedy, details, tuple(samples))], measured=bool(rows)
+    )
     if status is Status.OK:
         judgement.good_values = {keys[row["bytes"]]: float(row["busbw_gbps"]) for row in rows}
     return judgement

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import field
 from typing import Any
@@ -31,14 +32,23 @@ SKIPS = MetricSpec(
     "(gpu_busy, foreign_process, maintenance, busy_lock, nvml_unavailable, gpu_unhealthy)",
     ("reason",),
 )
+LAST_SUCCESS = MetricSpec(
+    "nodecheck_bench_last_success_timestamp_seconds",
+    "gauge",
+    "When the last run of this benchmark that measured ended (whatever its verdict); "
+    "a fleet leaves out results older than twice the interval",
+    ("benchmark",),
+)
 
 
 @record(frozen=False)
 class Judgement:
-    """What `judge` returns: the results, and good values to add to the baselines."""
+    """What `judge` returns: the results, good values to add to the baselines, and
+    whether anything was measured at all (a run where every GPU failed was not)."""
 
     results: list[Result]
     good_values: dict[str, float] = field(default_factory=dict)
+    measured: bool = True
 
 
 Judge = Callable[
@@ -169,10 +179,11 @@ def run_benchmark(
                 spec,
                 lambda result: judge(result, targets, state, options, host),
             )
-        if not any(result.status is Status.SKIP for result in results):
-            results = _with_skip_counts(state, results)
+        skipped = any(result.status is Status.SKIP for result in results)
+        results = _with_state_series(state, results, host, spec["benchmark"], skipped)
     except BenchBusyError as err:
         results = [_skip(state, Refusal("busy_lock", f"another benchmark is running ({err})"))]
+        results = _with_state_series(state, results, host, spec["benchmark"], True)
     except OSError as err:
         return [
             Result(
@@ -187,13 +198,28 @@ def run_benchmark(
     return results
 
 
-def _with_skip_counts(state: BenchState, results: list[Result]) -> list[Result]:
-    """The skip counters ride on every benchmark result, so the series never vanish
-    between runs that did not skip."""
-    counts = state.read()["skips"]
-    if not counts or not results:
+def last_success_key(host: str, benchmark: str) -> str:
+    # Per host: nodes may share a state directory (NFS).
+    return f"{host}/{benchmark}"
+
+
+def _with_state_series(
+    state: BenchState, results: list[Result], host: str, benchmark: str, skipped: bool
+) -> list[Result]:
+    """The skip counters (a skip carries its own) and the last success ride on every
+    benchmark result, so those series never vanish between runs: a run that failed or
+    was refused leaves the last success where it was."""
+    data = state.read()
+    samples: tuple[Sample, ...] = ()
+    if not skipped:
+        samples += tuple(
+            Sample(SKIPS, count, {"reason": reason}) for reason, count in data["skips"].items()
+        )
+    when = data["last_success"].get(last_success_key(host, benchmark))
+    if when is not None:
+        samples += (Sample(LAST_SUCCESS, float(when), {"benchmark": benchmark}),)
+    if not samples or not results:
         return results
-    samples = tuple(Sample(SKIPS, count, {"reason": reason}) for reason, count in counts.items())
     first = results[0]
     return [dataclasses.replace(first, samples=first.samples + samples), *results[1:]]
 
@@ -243,7 +269,10 @@ def _locked_run(
                 details={"cause": outcome.cause, "stderr": outcome.stderr_tail[-500:]},
             )
         ]
+    ended = time.time()
     judgement = judge(outcome.result)
+    if judgement.measured:
+        state.record_success(last_success_key(ctx.hostname, spec["benchmark"]), ended)
     if judgement.good_values:
         state.record(judgement.good_values, options.baseline_runs)
     return judgement.results

@@ -29,7 +29,9 @@ from nodecheck.checks.registry import register_benchmark
 from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
 from nodecheck.checks.rules.gpu_peaks import achievable_tflops, matmul_rates
 
-LABELS = (*GPU_LABELS, "dtype")
+# `shape`: the shapes the GPU ran, in order (the figure is the best of them, so only GPUs
+# that ran the same shapes compare: a memory cap that shrank them is another measurement).
+LABELS = (*GPU_LABELS, "dtype", "shape")
 FLOPS = MetricSpec(
     "nodecheck_bench_matmul_flops_per_second",
     "gauge",
@@ -54,13 +56,17 @@ REMEDY = (
 )
 
 
+def shapes_label(shapes: list[dict[str, Any]]) -> str:
+    """The shapes run, each MxNxK, joined with + in run order: "8192x8192x8192+4096x..."."""
+    return "+".join("x".join(map(str, shape["shape"])) for shape in shapes)
+
+
 def baseline_key(target: Target, dtype: str, shapes: list[dict[str, Any]], host: str) -> str:
     """Per GPU (its UUID; the host and device name where there is none, so a state
     directory shared between nodes never mixes them), dtype, and the shapes run: a
     memory cap that shrank them makes a different measurement."""
     identity = target.gpu.uuid if target.gpu and target.gpu.uuid else f"{host}/{target.name}"
-    shown = "+".join("x".join(map(str, shape["shape"])) for shape in shapes)
-    return f"matmul/{identity}/{dtype}/{shown}"
+    return f"matmul/{identity}/{dtype}/{shapes_label(shapes)}"
 
 
 def judge_matmul(
@@ -75,7 +81,7 @@ def judge_matmul(
     rates = {target.name: float(devices[target.name]["tflops"]) for target in measured}
     peers = statistics.median(rates.values()) if len(rates) > 1 else None
     dtype = options.dtype
-    judgement = Judgement([])
+    judgement = Judgement([], measured=bool(rates))
     for target in targets:
         subject = gpu_subject(target.gpu.bus_id) if target.gpu and target.gpu.bus_id else NODE
         if target.name not in rates:
@@ -111,6 +117,7 @@ def judge_matmul(
         labels = {
             **(target.gpu.labels() if target.gpu else {"gpu": "", "bus_id": "", "model": "cpu"}),
             "dtype": dtype,
+            "shape": shapes_label(devices[target.name]["shapes"]),
         }
         samples = [Sample(FLOPS, tflops * 1e12, labels)]
         if peers:

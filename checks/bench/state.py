@@ -7,6 +7,11 @@ decline. Writes are atomic (a temporary file in the same directory, fsync,
 rename, fsync of the directory): a process killed mid-write leaves the old
 file or the new one, never half of either. A file that does not parse is
 moved aside (`benchmarks.json.damaged-<time>`) and reported, never fatal.
+
+`last_success` holds, per host and benchmark, when the last run that measured
+ended (whatever its verdict): it survives an agent restart, so a node whose
+benchmarks are always refused (GPUs busy) shows its last measurement ageing
+rather than none at all.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from nodecheck.checks.node.fs import write_atomically
 STATE_FILE = "benchmarks.json"
 LOCK_FILE = "bench.lock"  # .<hostname>
 VERSION = 1
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": VERSION, "runs": {}, "skips": {}, "last_success": {}}
 
 
 class BenchBusyError(Exception):
@@ -50,6 +59,12 @@ def parse_state(text: str) -> dict[str, Any]:
             raise ValueError(f"runs[{key!r}] must be a list of {{time, value}} numbers")
     if not all(isinstance(count, int) for count in skips.values()):
         raise ValueError("skip counts must be integers")
+    # Absent from files written before it existed.
+    last = data.setdefault("last_success", {})
+    if not isinstance(last, dict) or not all(
+        isinstance(when, (int, float)) and not isinstance(when, bool) for when in last.values()
+    ):
+        raise ValueError("'last_success' must map names to times")
     return data
 
 
@@ -64,14 +79,14 @@ class BenchState:
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return {"version": VERSION, "runs": {}, "skips": {}}
+            return _empty()
         try:
             return parse_state(text)
         except ValueError as err:
             aside = self.path.with_name(f"{STATE_FILE}.damaged-{int(time.time())}")
             os.replace(self.path, aside)
             self.problem = f"{self.path} was damaged ({err}); moved to {aside.name}"
-            return {"version": VERSION, "runs": {}, "skips": {}}
+            return _empty()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -106,6 +121,19 @@ class BenchState:
                 del runs[:-keep]
 
         self._update(change)
+
+    def record_success(self, key: str, when: float) -> None:
+        """`key` (host/benchmark) measured, its run ending at `when` (wall clock)."""
+
+        def change(data: dict[str, Any]) -> None:
+            data["last_success"][key] = when
+
+        self._update(change)
+
+    def last_success(self, key: str) -> float | None:
+        """When `key` last measured, None before its first measurement."""
+        when = self.read()["last_success"].get(key)
+        return float(when) if when is not None else None
 
     def count_skip(self, reason: str) -> dict[str, int]:
         """Count a skip by its reason; every reason's count after it."""

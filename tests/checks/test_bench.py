@@ -69,8 +69,9 @@ def test_matmul_on_cpu(cpu_node: Node, tmp_path: Path) -> None:
     for shape in shapes:
         assert shape["iterations"] >= 3 and shape["median_tflops"] <= shape["max_tflops"]
     assert tflops == max(shape["median_tflops"] for shape in shapes)
+    ran = "+".join("x".join(map(str, shape["shape"])) for shape in shapes)
     assert sample_values(first, "nodecheck_bench_matmul_flops_per_second") == {
-        "bus_id=,dtype=fp32,gpu=,model=cpu": tflops * 1e12
+        f"bus_id=,dtype=fp32,gpu=,model=cpu,shape={ran}": tflops * 1e12
     }
     assert first.details["baseline_tflops"] is None  # a first run has none
     # The second run is judged against the first: the same machine, about the same rate.
@@ -96,7 +97,8 @@ def test_allreduce_with_gloo(cpu_node: Node, tmp_path: Path, processes: int) -> 
         assert 0 < row["busbw_worst_gbps"] <= row["busbw_gbps"]
         assert row["iterations"] >= 5 and row["busbw_cv"] >= 0
     busbw = sample_values(result, "nodecheck_bench_allreduce_bus_bandwidth_bytes_per_second")
-    assert busbw["payload_bytes=33554432"] == pytest.approx(rows[-1]["busbw_gbps"] * 1e9)
+    labels = f"algorithm=gloo,model=cpu,payload_bytes=33554432,ranks={processes}"
+    assert busbw[labels] == pytest.approx(rows[-1]["busbw_gbps"] * 1e9)
 
 
 def test_h2d_on_cpu(cpu_node: Node, tmp_path: Path) -> None:

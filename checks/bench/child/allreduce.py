@@ -21,16 +21,20 @@ import argparse
 import json
 import os
 import selectors
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from nodecheck.checks.bench import nccl_log
 from nodecheck.checks.bench.child.protocol import PARENT_VARIABLE, emit, parse_line, progress
 
 MIB = 1 << 20
@@ -40,6 +44,8 @@ GIB = 1 << 30
 LADDER = {"cuda": [64 * MIB, 256 * MIB, GIB, 4 * GIB], "cpu": [MIB, 8 * MIB, 32 * MIB]}
 WARMUP = 2
 MIN_TIMED = 5
+# Where launch() asks NCCL to write its tuning log (the ranks' own temporary folder).
+NCCL_LOG_VARIABLE = "NODECHECK_NCCL_LOG_DIR"
 
 
 def bus_factor(world_size: int) -> float:
@@ -53,22 +59,58 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def nccl_log_environment(directory: Path) -> dict[str, str]:
+    """The ranks' NCCL logging: the tuning subsystem at INFO, into `directory`, one file
+    per process (NCCL puts the host for %h and the pid for %p, src/debug.cc). These win
+    over the user's own NCCL_DEBUG settings, in the ranks only: a user's NCCL_DEBUG=WARN
+    would hide the algorithm, and NCCL_DEBUG_FILE elsewhere would lose it."""
+    return {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "TUNING",
+        "NCCL_DEBUG_FILE": f"{directory}/nccl.%h.%p",
+        NCCL_LOG_VARIABLE: str(directory),
+    }
+
+
 def launch(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one rank per local device; return rank 0's result.
 
     Ranks write their stderr straight into the child's (no pipe to fill and
     block on); the launcher watches them all, so a rank that dies at start
     fails the run at once with its exit status instead of leaving the others
-    waiting in init until the deadline.
+    waiting in init until the deadline. Under NCCL they log its tuning into a
+    private temporary folder, removed afterwards.
     """
     world = len(spec["gpus"]) if spec["device"] == "cuda" else spec["processes"]
     if world < 2:
         raise ValueError("all_reduce needs at least two ranks")
+    if spec["device"] != "cuda":
+        return _launch(spec, world, {})
+    logs = Path(tempfile.mkdtemp(prefix="nodecheck-nccl-"))
+    try:
+        return _launch(spec, world, nccl_log_environment(logs))
+    finally:
+        _relay_warnings(logs)
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def _relay_warnings(logs: Path) -> None:
+    """NCCL's warnings to stderr (the parent keeps its tail for the error it reports), as
+    they would have gone there without NCCL_DEBUG_FILE; the rest of the log goes."""
+    for path in nccl_log.log_files(logs):
+        size = nccl_log.log_size(path) or 0
+        tail = nccl_log.read_segment(path, max(size - nccl_log.MAX_SEGMENT_BYTES, 0))
+        for line in nccl_log.warnings_in(tail):
+            print(line, file=sys.stderr)
+
+
+def _launch(spec: dict[str, Any], world: int, logging_env: dict[str, str]) -> dict[str, Any]:
     port = _free_port()
     ranks = []
     for rank in range(world):
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != NCCL_LOG_VARIABLE},
+            **logging_env,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "RANK": str(rank),
@@ -152,9 +194,10 @@ def measure(spec: dict[str, Any], on_payload: Any = None) -> dict[str, Any]:
         limit = spec.get("max_bytes_per_rank")
         ladder = [size for size in ladder if limit is None or size <= limit] or ladder[:1]
         budget = spec["duration_s"] / len(ladder)
+        logs = os.environ.get(NCCL_LOG_VARIABLE) if cuda and rank == 0 else None
         rows = []
         for step, size in enumerate(ladder):
-            rows.append(_one_payload(size, device, world, budget, cuda))
+            rows.append(_one_payload(size, device, world, budget, cuda, logs))
             if on_payload is not None:
                 on_payload((step + 1) / len(ladder))
         return {"world_size": world, "backend": dist.get_backend(), "payloads": rows}
@@ -163,7 +206,7 @@ def measure(spec: dict[str, Any], on_payload: Any = None) -> dict[str, Any]:
 
 
 def _one_payload(
-    size: int, device: torch.device, world: int, budget: float, cuda: bool
+    size: int, device: torch.device, world: int, budget: float, cuda: bool, logs: str | None
 ) -> dict[str, Any]:
     tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
 
@@ -171,7 +214,19 @@ def _one_payload(
         if cuda:
             torch.cuda.synchronize(device)
 
-    for _ in range(WARMUP):
+    # NCCL chooses the algorithm as the collective is enqueued and logs it then: the
+    # lines written during the first warm-up all_reduce are this payload's (the
+    # barriers and broadcasts between timed iterations log lines of their own).
+    log_file = nccl_log.rank_log_file(Path(logs), os.getpid()) if logs else None
+    start = nccl_log.log_size(log_file) or 0
+    dist.all_reduce(tensor)
+    sync()
+    if logs:
+        log_file = nccl_log.rank_log_file(Path(logs), os.getpid())
+        algorithm = nccl_log.algorithm_label(nccl_log.read_segment(log_file, start), size)
+    else:
+        algorithm = nccl_log.GLOO if not cuda else nccl_log.UNKNOWN
+    for _ in range(WARMUP - 1):
         dist.all_reduce(tensor)
     sync()
     durations = []
@@ -199,6 +254,7 @@ def _one_payload(
     mean = statistics.fmean(busbw)
     return {
         "bytes": size,
+        "algorithm": algorithm,
         "iterations": len(busbw),
         "algbw_gbps": statistics.median(algbw),
         "busbw_gbps": statistics.median(busbw),

@@ -1,0 +1,84 @@
+"""nodecheck_bench_last_success_timestamp_seconds on real benchmark runs (real torch on the
+CPU, the gate against the fake NVML): absent before the first measurement, the end of
+every run that measured, left where it was by runs that failed or were refused."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from nodecheck.checks.bench.driver import last_success_key
+from nodecheck.checks.bench.state import BenchState, parse_state
+from nodecheck.checks.result import Result, Status
+from tests.checks.test_bench import bench
+from tests.conftest import Node
+
+METRIC = "nodecheck_bench_last_success_timestamp_seconds"
+
+
+def last_success(results: list[Result]) -> dict[str, float]:
+    return {
+        sample.labels["benchmark"]: sample.value
+        for result in results
+        for sample in result.samples
+        if sample.metric.name == METRIC
+    }
+
+
+def test_the_last_success_of_matmul(dgx: Node, tmp_path: Path) -> None:
+    """GPU 0 of the healthy DGX runs a job: the gate refuses unless forced; --device cpu
+    measures the CPU while the fake NVML plays the GPUs."""
+    options = {"device": "cpu", "dtype": "fp32"}
+    [refused] = bench(dgx, "matmul", tmp_path, **options)
+    assert refused.status is Status.SKIP and refused.details["cause"] == "gpu_busy"
+    assert last_success([refused]) == {}  # nothing measured yet
+
+    before = time.time()
+    measured = bench(dgx, "matmul", tmp_path, force=True, **options)
+    after = time.time()
+    assert measured[0].status in (Status.OK, Status.WARN, Status.FAIL)
+    stamp = last_success(measured)["matmul"]
+    assert before < stamp < after
+    assert list(last_success(measured)) == ["matmul"]
+
+    # Refused again, then a run that fails: the timestamp stays that of the measurement.
+    [refused] = bench(dgx, "matmul", tmp_path, **options)
+    assert refused.status is Status.SKIP and last_success([refused]) == {"matmul": stamp}
+    [failed] = bench(dgx, "matmul", tmp_path, force=True, duration_s=60, timeout_s=3.0, **options)
+    assert failed.status is Status.ERROR and failed.details["cause"] == "timeout"
+    assert last_success([failed]) == {"matmul": stamp}
+
+    # Kept in the state directory, per host and benchmark: an agent restarted finds it.
+    state, host = BenchState(tmp_path / "state"), dgx.context().hostname
+    assert state.last_success(last_success_key(host, "matmul")) == stamp
+    assert state.last_success(last_success_key(host, "h2d")) is None
+    [h2d] = bench(dgx, "h2d", tmp_path, **options)  # refused: h2d never measured
+    assert h2d.status is Status.SKIP and last_success([h2d]) == {}
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")
+def test_a_run_where_every_gpu_failed_measured_nothing(dgx: Node, tmp_path: Path) -> None:
+    """--device cuda where torch has no GPU: every GPU's result is an error."""
+    results = bench(dgx, "matmul", tmp_path, device="cuda", gpus=(1, 2), force=True)
+    assert {result.status for result in results} == {Status.ERROR}
+    assert last_success(results) == {}
+    host = dgx.context().hostname
+    assert BenchState(tmp_path / "state").last_success(last_success_key(host, "matmul")) is None
+
+
+def test_the_state_file_s_last_success_on_literals() -> None:
+    """Files written before it existed have none; a damaged one is damage (moved aside)."""
+    old = parse_state('{"version": 1, "runs": {}, "skips": {}}')
+    assert old["last_success"] == {}
+    good = parse_state('{"version": 1, "runs": {}, "skips": {}, "last_success": {"h/matmul": 5}}')
+    assert good["last_success"] == {"h/matmul": 5}
+    for bad in ('"yesterday"', "true", "[1]"):
+        text = (
+            f'{{"version": 1, "runs": {{}}, "skips": {{}}, "last_success": {{"h/matmul": {bad}}}}}'
+        )
+        with pytest.raises(ValueError, match="last_success"):
+            parse_state(text)
+    with pytest.raises(ValueError, match="last_success"):
+        parse_state('{"version": 1, "runs": {}, "skips": {}, "last_success": [5]}')
