@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -277,8 +278,6 @@ DASHBOARD = ROOT / "monitoring" / "grafana" / "nodecheck.json"
 
 def panel_exprs(title_start: str) -> list[str]:
     """The queries of the dashboard panel whose title starts so, for one instance."""
-    import json
-
     [panel] = [
         p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"].startswith(title_start)
     ]
@@ -342,3 +341,60 @@ def test_memory_errors_panel_keeps_the_count_and_the_flag_apart(tmp_path: Path) 
     ):
         done = eval_with_promtool(tmp_path, series, expr, {f"{name}{{{labels}}}": value})
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+FLEET_DASHBOARD = ROOT / "monitoring" / "grafana" / "nodecheck-fleet.json"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# A query filters by the selected clusters and partitions through the operator labels of
+# the node's info series (or the rules' copy of it that remembers the past day).
+THROUGH_NODE_INFO = re.compile(
+    r'(nodecheck_node_info|nodecheck:node_info:last_over_time_1d)\{cluster=~"\$cluster", '
+    r'partition=~"\$partition"\}'
+)
+
+
+def test_fleet_dashboard_is_a_grafana_dashboard() -> None:
+    dashboard = json.loads(FLEET_DASHBOARD.read_text())
+    assert dashboard["uid"] == "nodecheck-fleet" and dashboard["title"]
+    assert isinstance(dashboard["schemaVersion"], int) and dashboard["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("cluster", "partition"):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["datasource"] == DATASOURCE
+        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+        assert variable["definition"].startswith("label_values(nodecheck_node_info")
+        assert variable["definition"].endswith(f", {name})")
+    panels = dashboard["panels"]
+    assert len(panels) >= 8 and len({p["id"] for p in panels}) == len(panels)
+    titles = " ".join(p["title"] for p in panels)
+    for about in ("Worst nodes", "TFLOPS per GPU model", "by rack", "XIDs by kind", "median"):
+        assert about in titles, about
+    for panel in panels:
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        assert {"h", "w", "x", "y"} <= set(panel["gridPos"]), panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == DATASOURCE, panel["title"]
+            assert THROUGH_NODE_INFO.search(target["expr"]), panel["title"]
+
+
+def test_fleet_dashboard_queries_parse_and_use_what_exists(tmp_path: Path) -> None:
+    """Every query, with the variables as "All", is PromQL promtool accepts (each written
+    as a recording rule and checked), reading only exported or recorded series."""
+    from tests.fixtures.dashboards import fleet_dashboard_queries
+
+    queries = fleet_dashboard_queries(FLEET_DASHBOARD)
+    assert len(queries) >= 10
+    lines = ["groups:", "  - name: fleet-dashboard", "    rules:"]
+    for number, (title, expr) in enumerate(queries):
+        assert "$" not in expr, title
+        lines += [f"      - record: panel:query:{number}", f"        expr: {json.dumps(expr)}"]
+        used = set(re.findall(r"\bnodecheck_[a-z0-9_]+", RECORDED_NAME.sub("", expr)))
+        assert used - exported_metrics() - FLEET_AGENT_METRICS == set(), title
+        assert set(RECORDED_NAME.findall(expr)) <= recorded_names(), title
+    rules = tmp_path / "panels.yml"
+    rules.write_text("\n".join(lines) + "\n")
+    done = promtool("check", "rules", str(rules))
+    assert done.returncode == 0, done.stdout + done.stderr
