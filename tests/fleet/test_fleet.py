@@ -121,6 +121,28 @@ def test_the_info_series_carries_each_nodes_labels(fleet: Fleet) -> None:
         assert {k: labels.get(k) for k in ("cluster", "partition", "rack")} == labels_of(index)
 
 
+def test_the_benchmark_series_carry_what_makes_them_comparable(fleet: Fleet) -> None:
+    """The class labels reach Prometheus; the operator's labels ride only on the info series."""
+
+    def every_gpu() -> list[dict[str, Any]]:
+        series = fleet.query("nodecheck_bench_matmul_flops_per_second")
+        return series if len(series) == 8 * len(fleet.benchmarking) else []
+
+    matmul = wait_for(every_gpu, DEADLINE_S, "matmul series from every benchmarking node")
+    shapes = {s["metric"]["shape"] for s in matmul}
+    assert shapes == {"8192x8192x8192+12288x12288x12288"}  # the child's shapes, in run order
+    assert {(s["metric"]["model"], s["metric"]["dtype"]) for s in matmul} == {
+        ("NVIDIA H100 80GB HBM3", "bf16")
+    }
+    allreduce = wait_for(
+        lambda: fleet.query("nodecheck_bench_allreduce_bus_bandwidth_bytes_per_second"),
+        DEADLINE_S,
+        "all_reduce series",
+    )
+    assert {(s["metric"]["algorithm"], s["metric"]["ranks"]) for s in allreduce} == {("nvls", "8")}
+    assert not fleet.query('{__name__=~"nodecheck_bench_.*", rack!=""}')
+
+
 def test_each_node_is_scored_against_the_fleet(fleet: Fleet) -> None:
     """The planted node's matmul score is its slowdown; every other score is about 1."""
     found = wait_for(lambda: every_score(fleet), DEADLINE_S, "a score for every node")
