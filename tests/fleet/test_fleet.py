@@ -25,6 +25,7 @@ from tests.fixtures.fleet import (
     HEALTHY_RATES,
     FleetAgent,
     FleetNode,
+    RunningPrometheus,
     firing_alerts,
     query,
     rule_files,
@@ -50,12 +51,19 @@ DEADLINE_S = 240
 
 @dataclass
 class Fleet:
-    prometheus: str
+    server: RunningPrometheus
     agents: list[FleetAgent]
 
-    def instance(self, name: str) -> str:
+    @property
+    def prometheus(self) -> str:
+        return self.server.url
+
+    def member(self, name: str) -> FleetAgent:
         [member] = [m for m in self.agents if m.spec.name == name]
-        return member.instance
+        return member
+
+    def instance(self, name: str) -> str:
+        return self.member(name).instance
 
     @property
     def benchmarking(self) -> set[str]:
@@ -89,8 +97,8 @@ def fleet(build: Callable[..., Node]) -> Iterator[Fleet]:
         with running_fleet(specs, work / "agents") as agents:
             targets = [member.instance for member in agents]
             rules = rule_files(work / "rules")
-            with running_prometheus(targets, rules, work / "prometheus") as prometheus:
-                yield Fleet(prometheus, agents)
+            with running_prometheus(targets, rules, work / "prometheus") as server:
+                yield Fleet(server, agents)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -203,3 +211,46 @@ def test_every_fleet_dashboard_panel_returns_data(fleet: Fleet) -> None:
     assert queries
     for title, expr in queries:
         wait_for(functools.partial(fleet.query, expr), DEADLINE_S, f"data for panel {title!r}")
+
+
+# The two tests below change the fleet (an agent killed, a target dropped): they run last,
+# in file order, after every test above has judged the whole fleet.
+
+SECOND_IN_RACK = "n08"  # rack r02, beside the faulty n07
+DROPPED = "n01"
+
+
+def test_a_second_failing_node_in_a_rack_is_a_shared_fault(fleet: Fleet) -> None:
+    """The faulty node alone is one of four in rack r02 (not more than 0.25); its agent's
+    neighbour going down makes two of four, a shared fault of that rack and of no other
+    rack or partition (two of eight in the partition)."""
+    assert not firing_alerts(fleet.prometheus, "NodecheckSharedFault")
+    victim = fleet.member(SECOND_IN_RACK)
+    victim.agent.process.kill()
+    victim.agent.process.wait()
+
+    [alert] = wait_for(
+        lambda: firing_alerts(fleet.prometheus, "NodecheckSharedFault"),
+        DEADLINE_S,
+        "NodecheckSharedFault for rack r02",
+    )
+    assert (alert["labels"].get("cluster"), alert["labels"].get("rack")) == ("c1", "r02")
+    assert "partition" not in alert["labels"]
+    # The description names both failing nodes, the downed one by the rack it last had.
+    description = alert["annotations"]["description"]
+    assert victim.instance in description and fleet.instance(FAULTY) in description
+    assert fleet.instance(PLANTED) not in description
+
+
+def test_a_node_dropped_from_the_scrape_stopped_reporting(fleet: Fleet) -> None:
+    dropped = fleet.instance(DROPPED)
+    kept = [m.instance for m in fleet.agents if m.instance != dropped]
+    fleet.server.scrape(kept)
+    wait_for(lambda: fleet.server.targets() == set(kept), DEADLINE_S, "the reload")
+
+    def stopped() -> set[str]:
+        alerts = firing_alerts(fleet.prometheus, "NodecheckNodeStoppedReporting")
+        return {a["labels"]["instance"] for a in alerts}
+
+    # Only the dropped node: the agent that is down is still a target (NodecheckAgentDown's).
+    assert wait_for(stopped, DEADLINE_S, "NodecheckNodeStoppedReporting") == {dropped}
