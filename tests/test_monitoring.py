@@ -144,19 +144,63 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         # A class of 7 GPUs would get a median.
         (FLEET_RULES, (") >= 8", ") >= 7"), "fleet_median"),
         # Stale results would vote.
-        (FLEET_RULES, ("< on(instance)\n            2 *", "< on(instance)\n            200 *"), "fresh"),
+        (
+            FLEET_RULES,
+            ("< on(instance)\n            2 *", "< on(instance)\n            200 *"),
+            "fresh",
+        ),
         # The algorithm would split an all_reduce class: the node that fell back to ring
         # would have no median of its own to be compared with.
-        (FLEET_RULES, ("by (model, ranks, payload_bytes) (0.5", "by (model, ranks, payload_bytes, algorithm) (0.5"), "allreduce"),
+        (
+            FLEET_RULES,
+            (
+                "by (model, ranks, payload_bytes) (0.5",
+                "by (model, ranks, payload_bytes, algorithm) (0.5",
+            ),
+            "allreduce",
+        ),
         # A node would be scored by its fastest GPU.
-        (FLEET_RULES, ("min by (instance) (nodecheck:bench_matmul", "max by (instance) (nodecheck:bench_matmul"), "node_fleet_ratio"),
+        (
+            FLEET_RULES,
+            (
+                "min by (instance) (nodecheck:bench_matmul",
+                "max by (instance) (nodecheck:bench_matmul",
+            ),
+            "node_fleet_ratio",
+        ),
         # A node that is down would not count as failing.
-        (FLEET_RULES, ("(up{job=\"nodecheck\"} == bool 0)", "(up{job=\"nodecheck\"} == bool 2)"), "node_failing"),
-        (FLEET_ALERTS, ("nodecheck:node_fleet_ratio:min < 0.9", "nodecheck:node_fleet_ratio:min < 0.8"), "NodecheckFleetStraggler"),
+        (
+            FLEET_RULES,
+            ('(up{job="nodecheck"} == bool 0)', '(up{job="nodecheck"} == bool 2)'),
+            "node_failing",
+        ),
+        (
+            FLEET_ALERTS,
+            ("nodecheck:node_fleet_ratio:min < 0.9", "nodecheck:node_fleet_ratio:min < 0.8"),
+            "NodecheckFleetStraggler",
+        ),
         (FLEET_ALERTS, ("for: 30m", "for: 20m"), "NodecheckFleetStraggler"),
-        (FLEET_ALERTS, ("[7d]) < 0.95,\n            \"benchmark\", \"matmul\"", "[7d]) < 0.97,\n            \"benchmark\", \"matmul\""), "NodecheckFleetRegression"),
-        (FLEET_ALERTS, ("cluster_rack:nodecheck_node_failing:ratio > 0.25", "cluster_rack:nodecheck_node_failing:ratio >= 0.25"), "NodecheckSharedFault"),
-        (FLEET_ALERTS, ("unless on(instance) up{job=\"nodecheck\"}\n", "\n"), "NodecheckNodeStoppedReporting"),
+        (
+            FLEET_ALERTS,
+            (
+                '[7d]) < 0.95,\n            "benchmark", "matmul"',
+                '[7d]) < 0.97,\n            "benchmark", "matmul"',
+            ),
+            "NodecheckFleetRegression",
+        ),
+        (
+            FLEET_ALERTS,
+            (
+                "cluster_rack:nodecheck_node_failing:ratio > 0.25",
+                "cluster_rack:nodecheck_node_failing:ratio >= 0.25",
+            ),
+            "NodecheckSharedFault",
+        ),
+        (
+            FLEET_ALERTS,
+            ('unless on(instance) up{job="nodecheck"}\n', "\n"),
+            "NodecheckNodeStoppedReporting",
+        ),
     ],
 )
 def test_a_broken_fleet_rule_fails_its_test(
