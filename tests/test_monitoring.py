@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -17,12 +18,27 @@ from nodecheck.checks.result import MetricSpec
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "monitoring" / "alerts.yml"
 RULE_TESTS = ROOT / "tests" / "monitoring" / "alerts_test.yml"
+# The fleet view: recording rules, the alerts built on them, and their unit tests (the
+# regression's 7 days of history in a file of its own, at 5-minute steps).
+FLEET_RULES = ROOT / "monitoring" / "fleet_rules.yml"
+FLEET_ALERTS = ROOT / "monitoring" / "fleet_alerts.yml"
+FLEET_TESTS = (
+    ROOT / "tests" / "monitoring" / "fleet_test.yml",
+    ROOT / "tests" / "monitoring" / "fleet_regression_test.yml",
+)
 pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool (Debian's prometheus; make test installs it)"
 )
 # Families the exporter builds itself (agent/exporter.py), besides the checks' samples.
 # The families the exporter writes itself, besides the checks' own.
 EXPORTER_METRICS = OWN_FAMILIES
+# The series of issue 16's fleet view that the fleet rules join on: the operator's labels
+# (the config's [labels]) and each benchmark's last success. They are the agent's own
+# families, named here until the exporter declares them; a name that differs from what it
+# exports makes test_alerts_use_metrics_that_exist fail once it does.
+FLEET_AGENT_METRICS = frozenset(
+    {"nodecheck_node_info", "nodecheck_bench_last_success_timestamp_seconds"}
+)
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,13 +54,159 @@ def test_rules_are_valid() -> None:
     assert alerts >= 15 and f"SUCCESS: {alerts} rules found" in done.stdout
 
 
+def test_fleet_rules_are_valid() -> None:
+    done = promtool("check", "rules", str(FLEET_RULES), str(FLEET_ALERTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = len(re.findall(r"^\s*- record: ", FLEET_RULES.read_text(), re.MULTILINE))
+    alerts = len(re.findall(r"^\s*- alert: ", FLEET_ALERTS.read_text(), re.MULTILINE))
+    assert records >= 15 and f"SUCCESS: {records} rules found" in done.stdout
+    assert alerts == 4 and f"SUCCESS: {alerts} rules found" in done.stdout
+
+
+def alerts_of(path: Path) -> set[str]:
+    return set(re.findall(r"^\s*- alert: (\w+)", path.read_text(), re.MULTILINE))
+
+
+def alerts_tested_in(path: Path) -> set[str]:
+    """The alerts a promtool test file expects to fire at some evaluation time (an
+    `exp_alerts: []` alone does not count as testing an alert)."""
+    return set(re.findall(r"alertname: (\w+)\n\s+exp_alerts:\n", path.read_text()))
+
+
 def test_every_alert_is_unit_tested() -> None:
-    alerts = set(re.findall(r"^\s*- alert: (\w+)", RULES.read_text(), re.MULTILINE))
-    tests = RULE_TESTS.read_text()
-    tested = set(re.findall(r"alertname: (\w+)\n\s+exp_alerts:\n", tests))
+    alerts = alerts_of(RULES)
+    tested = alerts_tested_in(RULE_TESTS)
     assert alerts and alerts == tested
     done = promtool("test", "rules", RULE_TESTS.name)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_fleet_alert_is_unit_tested() -> None:
+    alerts = alerts_of(FLEET_ALERTS)
+    tested = set().union(*(alerts_tested_in(path) for path in FLEET_TESTS))
+    assert alerts == {
+        "NodecheckFleetStraggler",
+        "NodecheckFleetRegression",
+        "NodecheckSharedFault",
+        "NodecheckNodeStoppedReporting",
+    }
+    assert alerts == tested
+    done = promtool("test", "rules", *(path.name for path in FLEET_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# A recorded series' name, level:metric[:operations] (Prometheus' naming practice for
+# recording rules, https://prometheus.io/docs/practices/rules/).
+RECORDED_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+(?::[a-z0-9_]+)?\b")
+
+
+def recorded_names() -> set[str]:
+    return set(re.findall(r"^\s*- record: (\S+)", FLEET_RULES.read_text(), re.MULTILINE))
+
+
+def test_every_recording_rule_is_unit_tested() -> None:
+    """Each recorded series is the subject of a promql_expr_test: its exact samples (labels
+    and values) at one evaluation time, not merely used by an alert."""
+    tested = set()
+    for path in FLEET_TESTS:
+        for expr in re.findall(r"^\s*- expr: (.+)$", path.read_text(), re.MULTILINE):
+            tested |= set(RECORDED_NAME.findall(expr))
+    assert recorded_names() and recorded_names() <= tested
+
+
+def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) -> str:
+    """promtool's verdict on the fleet tests with one change made to one rule file (the
+    regression's file only for a change to the regression alert: it is the slow one)."""
+    text = rules.read_text()
+    assert replace[0] in text, replace
+    changed = tmp_path / rules.name
+    changed.write_text(text.replace(*replace))
+    other = FLEET_ALERTS if rules == FLEET_RULES else FLEET_RULES
+    tests = []
+    for path in FLEET_TESTS[1:] if "[7d]" in replace[0] else FLEET_TESTS[:1]:
+        test = tmp_path / path.name
+        test.write_text(
+            path.read_text()
+            .replace(f"../../monitoring/{rules.name}", str(changed))
+            .replace(f"../../monitoring/{other.name}", str(other))
+        )
+        tests.append(str(test))
+    done = subprocess.run(
+        ["promtool", "test", "rules", *tests], capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0, f"the fleet tests pass with {replace} in {rules.name}"
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("rules", "replace", "noticed"),
+    [
+        # A class of 7 GPUs would get a median.
+        (FLEET_RULES, (") >= 8", ") >= 7"), "fleet_median"),
+        # Stale results would vote.
+        (
+            FLEET_RULES,
+            ("< on(instance)\n            2 *", "< on(instance)\n            200 *"),
+            "fresh",
+        ),
+        # The algorithm would split an all_reduce class: the node that fell back to ring
+        # would have no median of its own to be compared with.
+        (
+            FLEET_RULES,
+            (
+                "by (model, ranks, payload_bytes) (0.5",
+                "by (model, ranks, payload_bytes, algorithm) (0.5",
+            ),
+            "allreduce",
+        ),
+        # A node would be scored by its fastest GPU.
+        (
+            FLEET_RULES,
+            (
+                "min by (instance) (nodecheck:bench_matmul",
+                "max by (instance) (nodecheck:bench_matmul",
+            ),
+            "node_fleet_ratio",
+        ),
+        # A node that is down would not count as failing.
+        (
+            FLEET_RULES,
+            ('(up{job="nodecheck"} == bool 0)', '(up{job="nodecheck"} == bool 2)'),
+            "node_failing",
+        ),
+        (
+            FLEET_ALERTS,
+            ("nodecheck:node_fleet_ratio:min < 0.9", "nodecheck:node_fleet_ratio:min < 0.8"),
+            "NodecheckFleetStraggler",
+        ),
+        (FLEET_ALERTS, ("for: 30m", "for: 20m"), "NodecheckFleetStraggler"),
+        (
+            FLEET_ALERTS,
+            (
+                '[7d]) < 0.95,\n            "benchmark", "matmul"',
+                '[7d]) < 0.97,\n            "benchmark", "matmul"',
+            ),
+            "NodecheckFleetRegression",
+        ),
+        (
+            FLEET_ALERTS,
+            (
+                "cluster_rack:nodecheck_node_failing:ratio > 0.25",
+                "cluster_rack:nodecheck_node_failing:ratio >= 0.25",
+            ),
+            "NodecheckSharedFault",
+        ),
+        (
+            FLEET_ALERTS,
+            ('unless on(instance) up{job="nodecheck"}\n', "\n"),
+            "NodecheckNodeStoppedReporting",
+        ),
+    ],
+)
+def test_a_broken_fleet_rule_fails_its_test(
+    tmp_path: Path, rules: Path, replace: tuple[str, str], noticed: str
+) -> None:
+    assert noticed in promtool_test_with(tmp_path, rules, replace)
 
 
 def test_a_broken_alert_fails_its_test(tmp_path: Path) -> None:
@@ -107,9 +269,15 @@ def test_metric_names_follow_the_conventions() -> None:
 
 
 def test_alerts_use_metrics_that_exist() -> None:
-    used = set(re.findall(r"\bnodecheck_[a-z_]+", RULES.read_text()))
-    missing = used - exported_metrics()
-    assert used and missing == set()
+    """Every nodecheck_* series the rules read is one the agent exports, and every recorded
+    series (level:metric:operations) the fleet alerts read is one fleet_rules.yml records."""
+    for path in (RULES, FLEET_RULES, FLEET_ALERTS):
+        text = path.read_text()
+        records = set(re.findall(r"^\s*- record: (\S+)", text, re.MULTILINE))
+        used = set(re.findall(r"\bnodecheck_[a-z0-9_]+", RECORDED_NAME.sub("", text)))
+        missing = used - exported_metrics() - FLEET_AGENT_METRICS
+        assert used and missing == set(), path.name
+        assert set(RECORDED_NAME.findall(text)) - records <= recorded_names(), path.name
 
 
 def alert_block(name: str) -> str:
@@ -154,8 +322,6 @@ DASHBOARD = ROOT / "monitoring" / "grafana" / "nodecheck.json"
 
 def panel_exprs(title_start: str) -> list[str]:
     """The queries of the dashboard panel whose title starts so, for one instance."""
-    import json
-
     [panel] = [
         p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"].startswith(title_start)
     ]
@@ -219,3 +385,60 @@ def test_memory_errors_panel_keeps_the_count_and_the_flag_apart(tmp_path: Path) 
     ):
         done = eval_with_promtool(tmp_path, series, expr, {f"{name}{{{labels}}}": value})
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+FLEET_DASHBOARD = ROOT / "monitoring" / "grafana" / "nodecheck-fleet.json"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# A query filters by the selected clusters and partitions through the operator labels of
+# the node's info series (or the rules' copy of it that remembers the past day).
+THROUGH_NODE_INFO = re.compile(
+    r'(nodecheck_node_info|nodecheck:node_info:last_over_time_1d)\{cluster=~"\$cluster", '
+    r'partition=~"\$partition"\}'
+)
+
+
+def test_fleet_dashboard_is_a_grafana_dashboard() -> None:
+    dashboard = json.loads(FLEET_DASHBOARD.read_text())
+    assert dashboard["uid"] == "nodecheck-fleet" and dashboard["title"]
+    assert isinstance(dashboard["schemaVersion"], int) and dashboard["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("cluster", "partition"):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["datasource"] == DATASOURCE
+        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+        assert variable["definition"].startswith("label_values(nodecheck_node_info")
+        assert variable["definition"].endswith(f", {name})")
+    panels = dashboard["panels"]
+    assert len(panels) >= 8 and len({p["id"] for p in panels}) == len(panels)
+    titles = " ".join(p["title"] for p in panels)
+    for about in ("Worst nodes", "TFLOPS per GPU model", "by rack", "XIDs by kind", "median"):
+        assert about in titles, about
+    for panel in panels:
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        assert {"h", "w", "x", "y"} <= set(panel["gridPos"]), panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == DATASOURCE, panel["title"]
+            assert THROUGH_NODE_INFO.search(target["expr"]), panel["title"]
+
+
+def test_fleet_dashboard_queries_parse_and_use_what_exists(tmp_path: Path) -> None:
+    """Every query, with the variables as "All", is PromQL promtool accepts (each written
+    as a recording rule and checked), reading only exported or recorded series."""
+    from tests.fixtures.dashboards import fleet_dashboard_queries
+
+    queries = fleet_dashboard_queries(FLEET_DASHBOARD)
+    assert len(queries) >= 10
+    lines = ["groups:", "  - name: fleet-dashboard", "    rules:"]
+    for number, (title, expr) in enumerate(queries):
+        assert "$" not in expr, title
+        lines += [f"      - record: panel:query:{number}", f"        expr: {json.dumps(expr)}"]
+        used = set(re.findall(r"\bnodecheck_[a-z0-9_]+", RECORDED_NAME.sub("", expr)))
+        assert used - exported_metrics() - FLEET_AGENT_METRICS == set(), title
+        assert set(RECORDED_NAME.findall(expr)) <= recorded_names(), title
+    rules = tmp_path / "panels.yml"
+    rules.write_text("\n".join(lines) + "\n")
+    done = promtool("check", "rules", str(rules))
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -25,10 +27,18 @@ from typing import Any
 from nodecheck.checks.record import record
 
 CHILD_MODULE = "nodecheck.checks.bench.child"
+# The benchmark's test double, as LD_LIBRARY_PATH is the fake NVML's: the module run in
+# the child's place (tests/fixtures/fake_bench_child.py speaks the same protocol with
+# configured rates, so a fleet of agents on machines without GPUs reports measurements).
+# Everything around the measurement (gate, watch, deadline, judging, export) stays real.
+CHILD_MODULE_VARIABLE = "NODECHECK_BENCH_CHILD_MODULE"
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # Must match child/protocol.py (the child package imports torch: not imported here).
 PARENT_VARIABLE = "NODECHECK_BENCH_PARENT"
 REAP_TIMEOUT_S = 10.0
 STDERR_TAIL = 2000
+
+log = logging.getLogger(__name__)
 
 
 @record(frozen=False)
@@ -51,6 +61,23 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def child_module() -> str:
+    """The module `python -m` runs as the child: the double named by the environment, when
+    it is a dotted module name, else the real child. Anything else is ignored, said once per
+    run (the variable is set by whoever starts the agent, never by a job)."""
+    named = os.environ.get(CHILD_MODULE_VARIABLE)
+    if named is None:
+        return CHILD_MODULE
+    if MODULE_NAME.fullmatch(named) is None:
+        log.warning(
+            "event=bad_child_module variable=%s reason=%r",
+            CHILD_MODULE_VARIABLE,
+            "not a dotted module name; the real benchmark child runs",
+        )
+        return CHILD_MODULE
+    return named
+
+
 def _kill(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -69,7 +96,7 @@ def run_child(
     outcome = ChildOutcome()
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", CHILD_MODULE, json.dumps(spec)],
+            [sys.executable, "-m", child_module(), json.dumps(spec)],
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=_child_env(),
