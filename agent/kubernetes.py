@@ -8,33 +8,46 @@ Conditions, one per class of fault (agent/fault_classes.py), `True` meaning a pr
 node-problem-detector's are (its config/kernel-monitor.json; NVSentinel does the same):
 - `True` when a check of the class fails (reason `<Check>Failed`, or `SeveralChecksFailed`),
 - `Unknown` (reason `CouldNotDetermine`) when none fails but one could not determine
-  (`error`): an error must not read as healthy,
+  (`error`), or nothing was judged (no check ran, or all skipped): an error must not
+  read as healthy, and absence is no pass (agent/fault_classes.py, class_verdict, the
+  verdict `nodecheck npd` gives too),
 - `False` (reason `NoFailingCheck`) otherwise; a warning is an Event, not a condition.
 The message lists the findings, at most 1,024 characters (NVSentinel's
 maxNodeConditionMessageLength). The three are sent by a strategic merge patch of
 nodes/status that names only their types, so other conditions are never touched
-(conditions merge by type: k8s.io/api core/v1 NodeStatus, +patchMergeKey=type); on
-change, and all three every `resend_interval` (node-problem-detector's heartbeat, 5 min,
-pkg/exporters/k8sexporter/condition/manager.go). The API server keeps what a patch
-leaves out and computes no transition time, so each condition carries
-lastTransitionTime: the node's own when the status is unchanged, now when it changed.
-The first report after a start sends all three, so a condition left `True` by an agent
-that stopped becomes `False` when the fault cleared meanwhile (a log-based NPD condition
-never clears: kubernetes/node-problem-detector#215).
+(conditions merge by type: k8s.io/api core/v1 NodeStatus, +patchMergeKey=type); when a
+status or reason changes (a message alone, with its per-run numbers, waits), and all
+three every `resend_interval` with the current message (node-problem-detector's
+heartbeat, 5 min, pkg/exporters/k8sexporter/condition/manager.go). The API server keeps
+what a patch leaves out and computes no transition time, so each condition carries
+lastTransitionTime: the node's own when the status is unchanged, now when it changed;
+hence no status patch before the node was read once since the start. The first report
+after a start sends all three, so a condition left `True` by an agent that stopped
+becomes `False` when the fault cleared meanwhile (a log-based NPD condition never
+clears: kubernetes/node-problem-detector#215).
 
 Events: a `Warning` Event on the Node, in namespace `default` as the kubelet's node
 events are, for each new warn or fail finding (by check, subject and status), again at
-most hourly while it stands; a finding that cleared and comes back is new again.
+most hourly while it stands (a new Event each time: the RBAC allows create only); a
+finding that cleared and comes back is new again. involvedObject.uid is the node's name,
+what `kubectl describe node` searches by. A refused Event backs off on its own and
+delays neither the conditions nor the taint.
 
 The taint (`[kubernetes] taint = true`): `nodecheck.io/unhealthy=<class>:NoSchedule` while
 a check fails. Taints are replaced whole (NodeSpec.Taints is +listType=atomic), so each
 change is the node's own list read by a fresh GET plus or minus ours, sent with that
-GET's resourceVersion, and redone on a 409 Conflict. The annotation `nodecheck.io/taint`
-says nodecheck applied it and for which fault (a fingerprint of the failing findings):
-the taint is removed only when the annotation says it is nodecheck's; one an admin
-removed is not applied again until the fault changes (NVSentinel's manual-untaint rule,
-fault-quarantine; it once fought admins, NVIDIA/NVSentinel#1424). Other taints and
-`spec.unschedulable` (cordon) are never touched.
+GET's resourceVersion, and redone on a 409 Conflict. A taint is its key AND effect (the
+API server's identity of one): nodecheck owns `nodecheck.io/unhealthy:NoSchedule` only,
+and one with the key and another effect (an admin's NoExecute) is never touched. The
+annotation `nodecheck.io/taint` says nodecheck applied it, for which fault (a
+fingerprint of the failing findings, and their checks) and which taint it owns: the
+taint is removed only when the annotation says it is nodecheck's, and kept while a check
+of that fault could not determine (a check of another class that always errors says
+nothing of it); it is not rewritten while the fault is the same (an admin's edit of it
+stays); one an admin removed is not applied again until the fault changes, and an
+`error` run does not forget that (NVSentinel's manual-untaint rule, fault-quarantine; it
+once fought admins, NVIDIA/NVSentinel#1424). Other taints and `spec.unschedulable`
+(cordon) are never touched.
 """
 
 from __future__ import annotations
