@@ -25,6 +25,9 @@ or another detector's.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
+
+from nodecheck.checks.result import Status
 
 
 class FaultClass(str, enum.Enum):
@@ -88,3 +91,24 @@ def class_of(check: str) -> FaultClass:
 def checks_of(fault_class: FaultClass) -> tuple[str, ...]:
     """The checks and benchmarks of a class, sorted by name."""
     return tuple(sorted(name for name, cls in CLASS_OF_CHECK.items() if cls is fault_class))
+
+
+class ClassVerdict(str, enum.Enum):
+    """A class's verdict from its checks' findings, the same for the agent's condition
+    (True, Unknown, False) and `nodecheck npd`'s exit status (1, 2, 0)."""
+
+    FAILING = "failing"
+    UNDETERMINED = "undetermined"
+    HEALTHY = "healthy"
+
+
+def class_verdict(statuses: Iterable[Status]) -> ClassVerdict:
+    """FAILING when a finding fails; else UNDETERMINED when one could not determine
+    (`error`) or nothing was judged (no finding, or only `skip`: absence is never a
+    pass); else HEALTHY (a warning is not a fault of the class)."""
+    seen = set(statuses)
+    if Status.FAIL in seen:
+        return ClassVerdict.FAILING
+    if Status.ERROR in seen or not seen - {Status.SKIP}:
+        return ClassVerdict.UNDETERMINED
+    return ClassVerdict.HEALTHY

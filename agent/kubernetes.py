@@ -8,33 +8,46 @@ Conditions, one per class of fault (agent/fault_classes.py), `True` meaning a pr
 node-problem-detector's are (its config/kernel-monitor.json; NVSentinel does the same):
 - `True` when a check of the class fails (reason `<Check>Failed`, or `SeveralChecksFailed`),
 - `Unknown` (reason `CouldNotDetermine`) when none fails but one could not determine
-  (`error`): an error must not read as healthy,
+  (`error`), or nothing was judged (no check ran, or all skipped): an error must not
+  read as healthy, and absence is no pass (agent/fault_classes.py, class_verdict, the
+  verdict `nodecheck npd` gives too),
 - `False` (reason `NoFailingCheck`) otherwise; a warning is an Event, not a condition.
 The message lists the findings, at most 1,024 characters (NVSentinel's
 maxNodeConditionMessageLength). The three are sent by a strategic merge patch of
 nodes/status that names only their types, so other conditions are never touched
-(conditions merge by type: k8s.io/api core/v1 NodeStatus, +patchMergeKey=type); on
-change, and all three every `resend_interval` (node-problem-detector's heartbeat, 5 min,
-pkg/exporters/k8sexporter/condition/manager.go). The API server keeps what a patch
-leaves out and computes no transition time, so each condition carries
-lastTransitionTime: the node's own when the status is unchanged, now when it changed.
-The first report after a start sends all three, so a condition left `True` by an agent
-that stopped becomes `False` when the fault cleared meanwhile (a log-based NPD condition
-never clears: kubernetes/node-problem-detector#215).
+(conditions merge by type: k8s.io/api core/v1 NodeStatus, +patchMergeKey=type); when a
+status or reason changes (a message alone, with its per-run numbers, waits), and all
+three every `resend_interval` with the current message (node-problem-detector's
+heartbeat, 5 min, pkg/exporters/k8sexporter/condition/manager.go). The API server keeps
+what a patch leaves out and computes no transition time, so each condition carries
+lastTransitionTime: the node's own when the status is unchanged, now when it changed;
+hence no status patch before the node was read once since the start. The first report
+after a start sends all three, so a condition left `True` by an agent that stopped
+becomes `False` when the fault cleared meanwhile (a log-based NPD condition never
+clears: kubernetes/node-problem-detector#215).
 
 Events: a `Warning` Event on the Node, in namespace `default` as the kubelet's node
 events are, for each new warn or fail finding (by check, subject and status), again at
-most hourly while it stands; a finding that cleared and comes back is new again.
+most hourly while it stands (a new Event each time: the RBAC allows create only); a
+finding that cleared and comes back is new again. involvedObject.uid is the node's name,
+what `kubectl describe node` searches by. A refused Event backs off on its own and
+delays neither the conditions nor the taint.
 
 The taint (`[kubernetes] taint = true`): `nodecheck.io/unhealthy=<class>:NoSchedule` while
 a check fails. Taints are replaced whole (NodeSpec.Taints is +listType=atomic), so each
 change is the node's own list read by a fresh GET plus or minus ours, sent with that
-GET's resourceVersion, and redone on a 409 Conflict. The annotation `nodecheck.io/taint`
-says nodecheck applied it and for which fault (a fingerprint of the failing findings):
-the taint is removed only when the annotation says it is nodecheck's; one an admin
-removed is not applied again until the fault changes (NVSentinel's manual-untaint rule,
-fault-quarantine; it once fought admins, NVIDIA/NVSentinel#1424). Other taints and
-`spec.unschedulable` (cordon) are never touched.
+GET's resourceVersion, and redone on a 409 Conflict. A taint is its key AND effect (the
+API server's identity of one): nodecheck owns `nodecheck.io/unhealthy:NoSchedule` only,
+and one with the key and another effect (an admin's NoExecute) is never touched. The
+annotation `nodecheck.io/taint` says nodecheck applied it, for which fault (a
+fingerprint of the failing findings, and their checks) and which taint it owns: the
+taint is removed only when the annotation says it is nodecheck's, and kept while a check
+of that fault could not determine (a check of another class that always errors says
+nothing of it); it is not rewritten while the fault is the same (an admin's edit of it
+stays); one an admin removed is not applied again until the fault changes, and an
+`error` run does not forget that (NVSentinel's manual-untaint rule, fault-quarantine; it
+once fought admins, NVIDIA/NVSentinel#1424). Other taints and `spec.unschedulable`
+(cordon) are never touched.
 """
 
 from __future__ import annotations
@@ -50,7 +63,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings
-from nodecheck.agent.fault_classes import FaultClass, UnclassifiedCheckError, class_of
+from nodecheck.agent.fault_classes import (
+    ClassVerdict,
+    FaultClass,
+    UnclassifiedCheckError,
+    checks_of,
+    class_of,
+    class_verdict,
+)
 from nodecheck.agent.kube_api import KubeClient, Reply
 from nodecheck.agent.slurm_health import Finding
 from nodecheck.checks.record import record
@@ -60,6 +80,7 @@ log = logging.getLogger(__name__)
 
 TAINT_KEY = "nodecheck.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
+OWNED_TAINT = f"{TAINT_KEY}:{TAINT_EFFECT}"  # what the annotation says nodecheck owns
 OWNERSHIP_ANNOTATION = "nodecheck.io/taint"
 EVENTS_NAMESPACE = "default"
 MESSAGE_MAX = 1024
@@ -136,15 +157,21 @@ def judge_classes(checks: Iterable[CheckFindings]) -> list[ConditionState]:
         errors = [f for f in findings if f.status is Status.ERROR]
         warns = [f for f in findings if f.status is Status.WARN]
         condition = CONDITION_TYPES[cls]
-        if fails:
+        # The verdict `nodecheck npd` gives the class too (agent/fault_classes.py).
+        verdict = class_verdict(f.status for f in findings)
+        if verdict is ClassVerdict.FAILING:
             failing = sorted({f.check for f in fails})
             reason = (
                 f"{camel_case(failing[0])}Failed" if len(failing) == 1 else "SeveralChecksFailed"
             )
             texts = [_finding_text(f) for f in fails] + [_finding_text(f) for f in errors]
             states.append(ConditionState(condition, "True", reason, listed(texts)))
-        elif errors or not ran[cls]:
-            texts = [_finding_text(f) for f in errors] or [f"no check of class {cls.value} ran"]
+        elif verdict is ClassVerdict.UNDETERMINED:
+            names = ", ".join(sorted(ran[cls]))
+            nothing = f"nothing judged: {names} skipped" if ran[cls] else ""
+            texts = [_finding_text(f) for f in errors] or [
+                nothing or f"no check of class {cls.value} ran"
+            ]
             states.append(ConditionState(condition, "Unknown", "CouldNotDetermine", listed(texts)))
         else:
             names = ", ".join(sorted(ran[cls]))
@@ -183,10 +210,11 @@ def condition_patch(
 @record
 class Fault:
     """The failing findings as the taint sees them: the class its value names (the first
-    failing one, in FaultClass order) and their fingerprint."""
+    failing one, in FaultClass order), their fingerprint and the checks they are of."""
 
     fault_class: FaultClass
     fingerprint: str
+    checks: tuple[str, ...] = ()
 
 
 def fault_of(checks: Iterable[CheckFindings]) -> Fault | None:
@@ -202,11 +230,14 @@ def fault_of(checks: Iterable[CheckFindings]) -> Fault | None:
     order = list(FaultClass)
     first = min(fails, key=lambda fail: order.index(fail[0]))[0]
     digest = hashlib.sha256("\n".join(sorted(f"{c}\0{s}" for _, c, s in fails)).encode())
-    return Fault(first, digest.hexdigest()[:16])
+    return Fault(first, digest.hexdigest()[:16], tuple(sorted({c for _, c, _ in fails})))
 
 
-def undetermined(checks: Iterable[CheckFindings]) -> bool:
-    return any(f.status is Status.ERROR for _, findings in checks for f in findings)
+def undetermined_checks(checks: Iterable[CheckFindings]) -> frozenset[str]:
+    """The checks that could not determine (an `error` finding) in this run."""
+    return frozenset(
+        check for check, findings in checks if any(f.status is Status.ERROR for f in findings)
+    )
 
 
 @record
@@ -237,35 +268,68 @@ def _ownership(node: Mapping[str, Any]) -> dict[str, Any] | None:
     return owned if isinstance(owned, dict) and isinstance(owned.get("fingerprint"), str) else None
 
 
+def is_owned_taint(taint: Mapping[str, Any]) -> bool:
+    """The taint nodecheck owns: its key with effect NoSchedule. A taint with the key and
+    another effect (an admin's NoExecute) is never nodecheck's: left as it is."""
+    return taint.get("key") == TAINT_KEY and taint.get("effect") == TAINT_EFFECT
+
+
+def _blocking_checks(owned: Mapping[str, Any]) -> frozenset[str] | None:
+    """The checks whose `error` keeps nodecheck's taint: those of the tainted fault, as
+    the annotation names them, else those of its class; None when it names neither."""
+    checks = owned.get("checks")
+    if isinstance(checks, list) and checks and all(isinstance(c, str) for c in checks):
+        return frozenset(checks)
+    try:
+        return frozenset(checks_of(FaultClass(owned.get("class"))))
+    except ValueError:
+        return None
+
+
+def _unsure_of(owned: Mapping[str, Any], undetermined: frozenset[str]) -> bool:
+    """Whether the tainted fault may still stand: one of its checks could not determine.
+    A check of another class that always errors (pcie_acs unprivileged, behind a PCIe
+    switch) says nothing of it, and must not keep the taint forever."""
+    blocking = _blocking_checks(owned)
+    return bool(undetermined) if blocking is None else bool(blocking & undetermined)
+
+
 def plan_taint(
-    node: Mapping[str, Any], fault: Fault | None, enabled: bool, unsure: bool, now: str
+    node: Mapping[str, Any],
+    fault: Fault | None,
+    enabled: bool,
+    undetermined: frozenset[str],
+    now: str,
 ) -> TaintPlan:
     """The taint decision, a pure function of the node as just read, the current fault,
-    whether tainting is on and whether some check could not determine."""
+    whether tainting is on and which checks could not determine in this run."""
     spec = node.get("spec") or {}
     taints = [t for t in (spec.get("taints") or []) if isinstance(t, dict)]
-    ours = [t for t in taints if t.get("key") == TAINT_KEY]
+    ours = [t for t in taints if is_owned_taint(t)]
+    others = [t for t in taints if not is_owned_taint(t)]
     owned = _ownership(node)
     if fault is None or not enabled:
-        if not ours or owned is None:
-            if owned is not None:  # ours was removed by someone: forget it
-                return TaintPlan(None, "", "forgotten", "no fault now; the taint was gone")
+        if owned is None:
             why = "a taint with nodecheck's key that nodecheck did not apply" if ours else ""
             return TaintPlan(None, None, "left_alone" if ours else "nothing", why)
-        if fault is None and unsure:
-            return TaintPlan(None, None, "nothing", "no check fails, but one could not determine")
-        kept = [t for t in taints if t.get("key") != TAINT_KEY]
+        if fault is None and _unsure_of(owned, undetermined):
+            # Kept, and so is the annotation when an admin removed the taint: forgetting
+            # it on one `error` run would apply the taint again at the next `fail`.
+            why = "no check fails, but one of the tainted fault's could not determine"
+            return TaintPlan(None, None, "nothing", why)
+        if not ours:  # ours was removed by someone: forget it
+            return TaintPlan(None, "", "forgotten", "no fault now; the taint was gone")
         why = "the fault cleared" if fault is None else "tainting was turned off"
-        return TaintPlan(kept, "", "removed", why)
+        return TaintPlan(others, "", "removed", why)
     wanted = {"key": TAINT_KEY, "value": fault.fault_class.value, "effect": TAINT_EFFECT}
     if ours:
         if owned is None:
             return TaintPlan(None, None, "left_alone", "someone else's taint with nodecheck's key")
-        if owned["fingerprint"] == fault.fingerprint and ours == [wanted]:
+        if owned["fingerprint"] == fault.fingerprint:
+            # As it stands on the node: an admin's edit of it (its value) is not reverted.
             return TaintPlan(None, None, "nothing", "applied already")
-        kept = [t for t in taints if t.get("key") != TAINT_KEY]
         record_ = _ownership_value(fault, now)
-        return TaintPlan([*kept, wanted], record_, "applied", "the fault changed")
+        return TaintPlan([*others, wanted], record_, "applied", "the fault changed")
     if owned is not None and owned["fingerprint"] == fault.fingerprint:
         return TaintPlan(
             None, None, "left_alone", "removed by someone else for this fault: not applied again"
@@ -275,7 +339,13 @@ def plan_taint(
 
 def _ownership_value(fault: Fault, now: str) -> str:
     return json.dumps(
-        {"fingerprint": fault.fingerprint, "class": fault.fault_class.value, "applied_at": now},
+        {
+            "fingerprint": fault.fingerprint,
+            "class": fault.fault_class.value,
+            "checks": list(fault.checks),
+            "taint": OWNED_TAINT,
+            "applied_at": now,
+        },
         separators=(",", ":"),
     )
 
@@ -325,15 +395,18 @@ class EventMemory:
         self.announced[(finding.check, finding.subject, finding.status.value)] = now
 
 
-def event_body(finding: Finding, node: str, node_uid: str, now: str) -> dict[str, Any]:
-    """A core/v1 Event on the Node, as the kubelet writes node events (involvedObject of
-    kind Node, namespace default)."""
+def event_body(finding: Finding, node: str, now: str) -> dict[str, Any]:
+    """A core/v1 Event on the Node, as the kubelet writes node events: involvedObject of
+    kind Node whose uid is the node's NAME, in namespace default. `kubectl describe node`
+    looks its events up by that uid (kubectl pkg/describe/describe.go, NodeDescriber:
+    `ref.UID = types.UID(ref.Name)`), and the kubelet's and node-problem-detector's node
+    recorders write it so; an Event with the Node's real uid is never shown there."""
     suffix = "Failed" if finding.status is Status.FAIL else "Warning"
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{node}.nodecheck.", "namespace": EVENTS_NAMESPACE},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
         "type": "Warning",
         "reason": f"{camel_case(finding.check)}{suffix}",
         "message": listed([_finding_text(finding)], EVENT_MESSAGE_MAX),
@@ -347,6 +420,11 @@ def event_body(finding: Finding, node: str, node_uid: str, now: str) -> dict[str
 
 
 # -- the reporter ------------------------------------------------------------------------
+
+
+def _verdicts(states: Sequence[ConditionState]) -> list[tuple[str, str, str]]:
+    """What a condition says, its message aside: a change of it is a report."""
+    return [(state.type, state.status, state.reason) for state in states]
 
 
 def api_server_of(settings: KubernetesSettings, environ: Mapping[str, str]) -> str | None:
@@ -371,11 +449,14 @@ class KubernetesReporter:
         self._sent: list[ConditionState] | None = None  # None: nothing sent since the start
         self._sent_at = 0.0
         self._sent_conditions: dict[str, dict[str, Any]] = {}
-        self._fault_seen: tuple[Fault | None, bool] | None = None
+        self._fault_seen: tuple[Fault | None, frozenset[str]] | None = None
         self._events = EventMemory()
-        self._node_uid = node
         self._retry_at = 0.0
         self._backoff = 1.0
+        # Events back off on their own: a refused Event (403 when the RBAC lacks it)
+        # delays neither the conditions nor the taint, and re-reads no node.
+        self._events_retry_at = 0.0
+        self._events_backoff = 1.0
         self._problems: dict[str, str] = {}
         self.reports = 0
 
@@ -458,7 +539,7 @@ class KubernetesReporter:
             if latest is None or (self._retry_at and time.monotonic() < self._retry_at):
                 continue  # news while calls fail waits for the retry, which sends the latest
             try:
-                complete = self._report(latest)
+                complete = self.report_once(latest)
             except Exception as err:  # this thread must outlive anything a report meets
                 log.error("event=kubernetes_report_failed error=%r", f"{type(err).__name__}: {err}")
                 complete = False
@@ -468,44 +549,55 @@ class KubernetesReporter:
                 self._retry_at = time.monotonic() + self._backoff
                 self._backoff = min(self._backoff * 2, RETRY_MAX_S)
 
-    def _report(self, checks: Sequence[CheckFindings]) -> bool:
-        """One report; True when every call it needed succeeded."""
+    def report_once(self, checks: Sequence[CheckFindings]) -> bool:
+        """One report; True when every call it needed for the conditions and the taint
+        succeeded (an Event refused is retried on its own, later)."""
         states = judge_classes(checks)
-        fault, unsure = fault_of(checks), undetermined(checks)
+        fault, unsure = fault_of(checks), undetermined_checks(checks)
         heartbeat_due = time.monotonic() - self._sent_at >= self.settings.resend_interval_s
-        conditions_due = self._sent is None or states != self._sent or heartbeat_due
+        # On a change of status or reason: a message with per-run numbers in it would
+        # patch a standing condition every run. The heartbeat sends the current message.
+        conditions_due = (
+            self._sent is None or _verdicts(states) != _verdicts(self._sent) or heartbeat_due
+        )
         taint_due = (fault, unsure) != self._fault_seen or heartbeat_due
-        events = self._events.due(checks, time.time()) if self.settings.events else []
-        if not (conditions_due or taint_due or events):
-            return True
         complete = True
-        reply = self.client.get_node(self.node)
-        node = reply.body if reply.ok else None
-        complete &= self._outcome("get_node", reply)
-        if node is not None:
-            self._node_uid = str((node.get("metadata") or {}).get("uid") or self.node)
-        if conditions_due:
-            sent, after = self._send_conditions(states, node)
-            complete &= sent
-            # The status patch bumped the node's resourceVersion: its answer is the node now.
-            node = after if after is not None else None
-        if taint_due:
-            done = self._taint(node, fault, unsure)
-            if done:
-                self._fault_seen = (fault, unsure)
-            complete &= done
-        for finding in events[:EVENTS_PER_REPORT]:
-            stamp = now_rfc3339(time.time())
-            reply = self.client.create_event(
-                EVENTS_NAMESPACE, event_body(finding, self.node, self._node_uid, stamp)
-            )
-            if self._outcome("create_event", reply):
-                self._events.sent(finding, time.time())
-            else:
+        if conditions_due or taint_due:
+            reply = self.client.get_node(self.node)
+            node = reply.body if reply.ok else None
+            complete &= self._outcome("get_node", reply)
+            if conditions_due and node is None and not self._sent_conditions:
+                # Neither the node read nor anything sent since the start: a patch now
+                # would carry lastTransitionTime = now for every condition, a transition
+                # that never happened. Wait for a read.
                 complete = False
-                break
+            elif conditions_due:
+                sent, after = self._send_conditions(states, node)
+                complete &= sent
+                # The status patch bumped the node's resourceVersion: its answer is the node now.
+                node = after if after is not None else None
+            if taint_due:
+                done = self._taint(node, fault, unsure)
+                if done:
+                    self._fault_seen = (fault, unsure)
+                complete &= done
+        if self.settings.events and time.monotonic() >= self._events_retry_at:
+            self._send_events(checks)
         self.reports += 1
         return complete
+
+    def _send_events(self, checks: Sequence[CheckFindings]) -> None:
+        for finding in self._events.due(checks, time.time())[:EVENTS_PER_REPORT]:
+            stamp = now_rfc3339(time.time())
+            reply = self.client.create_event(
+                EVENTS_NAMESPACE, event_body(finding, self.node, stamp)
+            )
+            if not self._outcome("create_event", reply):
+                self._events_retry_at = time.monotonic() + self._events_backoff
+                self._events_backoff = min(self._events_backoff * 2, RETRY_MAX_S)
+                return
+            self._events.sent(finding, time.time())
+        self._events_backoff = 1.0
 
     def _send_conditions(
         self, states: list[ConditionState], node: dict[str, Any] | None
@@ -523,7 +615,7 @@ class KubernetesReporter:
         reply = self.client.patch_node_status(self.node, patch)
         if not self._outcome("patch_node_status", reply):
             return False, None
-        if self._sent != states:
+        if self._sent is None or _verdicts(self._sent) != _verdicts(states):
             log.info(
                 "event=kubernetes_conditions %s",
                 " ".join(f"{s.type}={s.status}:{s.reason}" for s in states),
@@ -532,7 +624,9 @@ class KubernetesReporter:
         self._sent_conditions = {c["type"]: c for c in patch["status"]["conditions"]}
         return True, reply.body if reply.body and "metadata" in reply.body else None
 
-    def _taint(self, node: dict[str, Any] | None, fault: Fault | None, unsure: bool) -> bool:
+    def _taint(
+        self, node: dict[str, Any] | None, fault: Fault | None, unsure: frozenset[str]
+    ) -> bool:
         """The taint and its annotation brought in line with the fault; read-modify-write
         with the node's resourceVersion, again from a fresh read on 409."""
         for attempt in range(CONFLICT_RETRIES):

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.fault_classes import FaultClass, class_of
+from nodecheck.agent.fault_classes import ClassVerdict, FaultClass, class_of, class_verdict
 from nodecheck.agent.slurm_health import (
     Finding,
     ResultsUnusableError,
@@ -80,17 +80,19 @@ def judge(fault_class: FaultClass, findings: Sequence[Finding], source: str) -> 
         by_status[Status.WARN],
     )
     judged = [f for f in mine if f.status is not Status.SKIP]
+    # The agent's reporter judges its conditions with the same function.
+    verdict = class_verdict(f.status for f in mine)
 
     def more(of: list[Finding], what: str) -> str:
         return f" (+{len(of) - 1} more {what})" if len(of) > 1 else ""
 
-    if failing:
+    if verdict is ClassVerdict.FAILING:
         message = f"{fault_class.value} fail: {_said(failing[0])}{more(failing, 'failing')}"
         return Verdict(EXIT_PROBLEM, f"{message}; {source}")
     if errors:
         message = f"{fault_class.value} unknown: {_said(errors[0])}{more(errors, 'undetermined')}"
         return Verdict(EXIT_UNKNOWN, f"{message}; {source}")
-    if not judged:  # absence is never a pass
+    if verdict is ClassVerdict.UNDETERMINED:  # nothing judged: absence is never a pass
         checks = sorted({f.check for f in mine})
         what = f"only skipped: {', '.join(checks)}" if checks else "no check of it ran"
         return Verdict(EXIT_UNKNOWN, f"{fault_class.value} unknown: {what}; {source}")

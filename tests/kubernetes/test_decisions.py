@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings, parse_config
-from nodecheck.agent.fault_classes import FaultClass
+from nodecheck.agent.fault_classes import FaultClass, class_verdict
 from nodecheck.agent.kubernetes import (
     OWNERSHIP_ANNOTATION,
     TAINT_KEY,
@@ -27,6 +27,7 @@ from nodecheck.agent.kubernetes import (
     plan_taint,
     taint_patch,
 )
+from nodecheck.agent.npd import judge
 from nodecheck.agent.slurm_health import Finding
 from nodecheck.checks.result import Status
 
@@ -76,9 +77,11 @@ def test_several_failing_checks_and_a_class_that_did_not_run() -> None:
         "NodecheckGpuHardware": ("True", "SeveralChecksFailed"),
         # No check of the class ran: absence is never a pass.
         "NodecheckGpuPerformance": ("Unknown", "CouldNotDetermine"),
-        "NodecheckNodeConfig": ("False", "NoFailingCheck"),
+        # Only skipped: nothing judged, Unknown as `nodecheck npd` says (exit 2).
+        "NodecheckNodeConfig": ("Unknown", "CouldNotDetermine"),
     }
     assert "no check of class gpu-performance ran" in states[1].message
+    assert states[2].message == "nothing judged: cpu skipped"
 
 
 def test_a_check_without_a_class_still_counts() -> None:
@@ -126,6 +129,7 @@ def test_last_transition_time_kept_only_while_the_status_stands() -> None:
 
 
 FAULT = Fault(FaultClass.GPU_HARDWARE, "aaaa")
+NONE: frozenset[str] = frozenset()  # no check could not determine
 ADMIN = {"key": "example.com/maintenance", "effect": "NoSchedule"}
 OURS = {"key": TAINT_KEY, "value": "gpu-hardware", "effect": "NoSchedule"}
 
@@ -141,7 +145,7 @@ def node(taints: list[dict[str, Any]], fingerprint: str | None = None) -> dict[s
 
 
 def test_taint_applied_beside_the_admins_with_the_resource_version() -> None:
-    plan = plan_taint(node([ADMIN]), FAULT, True, False, NOW)
+    plan = plan_taint(node([ADMIN]), FAULT, True, NONE, NOW)
     assert plan.action == "applied" and plan.taints == [ADMIN, OURS]
     assert json.loads(plan.annotation or "")["fingerprint"] == "aaaa"
     patch = taint_patch(node([ADMIN]), plan)
@@ -152,35 +156,35 @@ def test_taint_applied_beside_the_admins_with_the_resource_version() -> None:
 
 def test_taint_the_admin_removed_is_not_applied_again_until_the_fault_changes() -> None:
     removed = node([ADMIN], fingerprint="aaaa")
-    assert plan_taint(removed, FAULT, True, False, NOW).writes is False
-    changed = plan_taint(removed, Fault(FaultClass.GPU_HARDWARE, "bbbb"), True, False, NOW)
+    assert plan_taint(removed, FAULT, True, NONE, NOW).writes is False
+    changed = plan_taint(removed, Fault(FaultClass.GPU_HARDWARE, "bbbb"), True, NONE, NOW)
     assert changed.action == "applied" and changed.taints == [ADMIN, OURS]
 
 
 def test_taint_removed_only_when_ours() -> None:
-    mine = plan_taint(node([ADMIN, OURS], fingerprint="aaaa"), None, True, False, NOW)
+    mine = plan_taint(node([ADMIN, OURS], fingerprint="aaaa"), None, True, NONE, NOW)
     assert mine.action == "removed" and mine.taints == [ADMIN] and mine.annotation == ""
     assert taint_patch(node([]), mine)["metadata"]["annotations"] == {OWNERSHIP_ANNOTATION: None}
     # Our key without our annotation: someone else's, never removed or replaced.
-    foreign = plan_taint(node([ADMIN, OURS]), None, True, False, NOW)
+    foreign = plan_taint(node([ADMIN, OURS]), None, True, NONE, NOW)
     assert foreign.writes is False and foreign.action == "left_alone"
-    assert plan_taint(node([OURS]), FAULT, True, False, NOW).writes is False
+    assert plan_taint(node([OURS]), FAULT, True, NONE, NOW).writes is False
     # Gone already: only the annotation is forgotten.
-    gone = plan_taint(node([ADMIN], fingerprint="aaaa"), None, True, False, NOW)
+    gone = plan_taint(node([ADMIN], fingerprint="aaaa"), None, True, NONE, NOW)
     assert gone.taints is None and gone.annotation == ""
 
 
 def test_taint_kept_while_a_check_cannot_determine_and_removed_when_turned_off() -> None:
     tainted = node([OURS], fingerprint="aaaa")
-    assert plan_taint(tainted, None, True, True, NOW).writes is False
-    off = plan_taint(tainted, FAULT, False, False, NOW)
+    assert plan_taint(tainted, None, True, frozenset({"gpu_xid"}), NOW).writes is False
+    off = plan_taint(tainted, FAULT, False, NONE, NOW)
     assert off.action == "removed" and off.taints == []
-    assert plan_taint(node([]), FAULT, False, False, NOW).writes is False
+    assert plan_taint(node([]), FAULT, False, NONE, NOW).writes is False
 
 
 def test_taint_follows_a_changed_class() -> None:
     plan = plan_taint(
-        node([OURS], fingerprint="aaaa"), Fault(FaultClass.NODE_CONFIG, "cccc"), True, False, NOW
+        node([OURS], fingerprint="aaaa"), Fault(FaultClass.NODE_CONFIG, "cccc"), True, NONE, NOW
     )
     assert plan.taints == [{**OURS, "value": "node-config"}]
 
@@ -217,16 +221,17 @@ def test_events_once_per_finding_again_hourly_and_after_clearing() -> None:
 
 
 def test_event_body() -> None:
-    body = event_body(finding("gpu_xid", "fail", "gpu 1", "XID 79"), "n1", "uid-1", NOW)
+    body = event_body(finding("gpu_xid", "fail", "gpu 1", "XID 79"), "n1", NOW)
+    # uid = the node's name: what `kubectl describe node` searches events by.
     assert body["involvedObject"] == {
         "apiVersion": "v1",
         "kind": "Node",
         "name": "n1",
-        "uid": "uid-1",
+        "uid": "n1",
     }
     assert body["type"] == "Warning" and body["reason"] == "GpuXidFailed"
     assert body["metadata"]["namespace"] == "default" and body["message"] == "gpu_xid gpu 1: XID 79"
-    warn = event_body(finding("numa", "warn"), "n1", "uid-1", NOW)
+    warn = event_body(finding("numa", "warn"), "n1", NOW)
     assert warn["reason"] == "NumaWarning"
 
 
@@ -278,3 +283,65 @@ def test_reporter_needs_a_node_name_and_an_api_server() -> None:
         {"NODE_NAME": "n1", "KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"},
     )
     assert reporter.node == "n1" and reporter.client.host == "fd00::1"
+
+
+@pytest.mark.parametrize(
+    ("statuses", "condition", "exit_status"),
+    [
+        (["skip", "skip"], "Unknown", 2),  # only skipped: absence is never a pass
+        (["ok", "skip"], "False", 0),
+        (["warn"], "False", 0),
+        (["ok", "error"], "Unknown", 2),
+        (["error", "fail"], "True", 1),
+    ],
+)
+def test_the_agent_and_npd_give_a_class_the_same_verdict(
+    statuses: list[str], condition: str, exit_status: int
+) -> None:
+    findings = [finding("cpu", status, f"cpu {index}") for index, status in enumerate(statuses)]
+    assert (
+        class_verdict(f.status for f in findings).value
+        == {
+            "True": "failing",
+            "Unknown": "undetermined",
+            "False": "healthy",
+        }[condition]
+    )
+    [_, _, config] = judge_classes([("cpu", findings)])
+    assert config.status == condition
+    assert judge(FaultClass.NODE_CONFIG, findings, "agent results").exit_status == exit_status
+
+
+def test_an_admins_noexecute_with_our_key_is_never_ours() -> None:
+    evict = {"key": TAINT_KEY, "value": "rma", "effect": "NoExecute"}
+    # Without the annotation, with it, the fault standing or gone: never written.
+    assert plan_taint(node([evict]), None, True, NONE, NOW).writes is False
+    assert plan_taint(node([evict], fingerprint="aaaa"), FAULT, True, NONE, NOW).writes is False
+    removed = plan_taint(node([evict, OURS], fingerprint="aaaa"), None, True, NONE, NOW)
+    assert removed.action == "removed" and removed.taints == [evict]
+    applied = plan_taint(node([evict]), FAULT, True, NONE, NOW)
+    assert applied.taints == [evict, OURS]
+    recorded = json.loads(applied.annotation or "")
+    assert recorded["taint"] == "nodecheck.io/unhealthy:NoSchedule"
+
+
+def test_only_an_error_of_the_tainted_faults_checks_keeps_the_taint() -> None:
+    fault = fault_of([("pcie_link", [finding("pcie_link", "fail", "gpu a")])])
+    assert fault is not None and fault.checks == ("pcie_link",)
+    applied = plan_taint(node([]), fault, True, NONE, NOW)
+    tainted = node([{**OURS, "value": "gpu-performance"}])
+    tainted["metadata"]["annotations"][OWNERSHIP_ANNOTATION] = applied.annotation
+    assert plan_taint(tainted, None, True, frozenset({"pcie_acs"}), NOW).action == "removed"
+    assert plan_taint(tainted, None, True, frozenset({"pcie_link"}), NOW).writes is False
+    # An annotation naming only the class (no checks): the class's checks keep it.
+    by_class = node([OURS])
+    by_class["metadata"]["annotations"][OWNERSHIP_ANNOTATION] = json.dumps(
+        {"fingerprint": "aaaa", "class": "gpu-hardware"}
+    )
+    assert plan_taint(by_class, None, True, frozenset({"gpu_xid"}), NOW).writes is False
+    assert plan_taint(by_class, None, True, frozenset({"pcie_acs"}), NOW).action == "removed"
+    # The admin removed it: an error of the fault's check keeps the annotation too.
+    untainted = node([])
+    untainted["metadata"]["annotations"][OWNERSHIP_ANNOTATION] = applied.annotation
+    assert plan_taint(untainted, None, True, frozenset({"pcie_link"}), NOW).writes is False
+    assert plan_taint(untainted, None, True, frozenset({"pcie_acs"}), NOW).action == "forgotten"

@@ -151,7 +151,8 @@ def test_the_kustomization_lists_every_manifest_but_the_monitors() -> None:
     kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     present = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == present - MONITOR_FILES
+    # The admission policy is opt-in: it locks the agent out of clusters before 1.30.
+    assert listed == present - MONITOR_FILES - {"admission-policy.yaml"}
     assert all((KUBE / name).is_file() for name in listed)
 
 
@@ -584,3 +585,199 @@ def test_npd_daemonset_patch_mounts_what_the_rules_name() -> None:
     for root in (args[args.index("--sysfs-root") + 1], args[args.index("--procfs-root") + 1]):
         assert by_path[root]["readOnly"] is True
     assert "/run/nodecheck/agent" in by_path  # the agent's results, when it runs too
+
+
+# -- the admission policy ------------------------------------------------------------
+
+SERVICE_ACCOUNT_USER = "system:serviceaccount:nodecheck:nodecheck"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+OUR_CONDITIONS = ("NodecheckGpuHardware", "NodecheckGpuPerformance", "NodecheckNodeConfig")
+
+
+def admission_policy() -> dict[str, Any]:
+    [policy] = [
+        d
+        for d in documents(KUBE / "admission-policy.yaml")
+        if d["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    return policy
+
+
+def denials(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    *,
+    status: bool = False,
+    token_node: str | None = "gpu-1",
+    user: str = SERVICE_ACCOUNT_USER,
+) -> list[str] | None:
+    """The policy's verdict on an update of `old` to `new` as the API server evaluates it
+    (matchConditions, then the variables in order, then each validation): None when it
+    does not apply, else the messages of the validations that deny (an evaluation error
+    denies too, failurePolicy Fail). The CEL is evaluated by cel-python."""
+    celpy = importlib.import_module("celpy")
+    spec = admission_policy()["spec"]
+    environment = celpy.Environment()
+    extra = {NODE_NAME_EXTRA: [token_node]} if token_node else {}
+    request = {
+        "userInfo": {"username": user, "extra": extra},
+        "subResource": "status" if status else "",
+        "operation": "UPDATE",
+    }
+    activation: dict[str, Any] = {
+        "request": celpy.json_to_cel(request),
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "variables": celpy.celtypes.MapType({}),
+    }
+
+    def evaluate(expression: str) -> Any:
+        program = environment.program(environment.compile(expression))
+        return program.evaluate(activation)
+
+    for condition in spec["matchConditions"]:
+        if evaluate(condition["expression"]) != celpy.celtypes.BoolType(True):
+            return None
+    for variable in spec["variables"]:
+        value = evaluate(variable["expression"])
+        variables = dict(activation["variables"])
+        variables[celpy.celtypes.StringType(variable["name"])] = value
+        activation["variables"] = celpy.celtypes.MapType(variables)
+    denied = []
+    for validation in spec["validations"]:
+        try:
+            allowed = evaluate(validation["expression"]) == celpy.celtypes.BoolType(True)
+        except Exception:  # an error in evaluation: the API server denies
+            allowed = False
+        if not allowed:
+            denied.append(" ".join(validation["message"].split()))
+    return denied
+
+
+def a_node(name: str = "gpu-1") -> dict[str, Any]:
+    """A node as the API server holds it (the fields the policy reads, and more)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "resourceVersion": "7",
+            "labels": {"kubernetes.io/hostname": name},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {
+            "podCIDRs": ["10.0.1.0/24"],
+            "providerID": "metal://gpu-1",
+            "unschedulable": True,
+            "taints": [
+                {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+                {"key": TAINT_KEY, "value": "rma", "effect": "NoExecute"},  # an admin's
+            ],
+        },
+        "status": {
+            "capacity": {"nvidia.com/gpu": "8", "cpu": "224"},
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "220"},
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+                {"type": "NodecheckGpuHardware", "status": "False", "reason": "NoFailingCheck"},
+            ],
+        },
+    }
+
+
+def changed(node: dict[str, Any], change: Any) -> dict[str, Any]:
+    new = copy.deepcopy(node)
+    change(new)
+    return new
+
+
+def test_the_admission_policy_lets_the_agent_write_only_its_own_nodes_taint_and_conditions() -> (
+    None
+):
+    node = a_node()
+    ours = {"key": TAINT_KEY, "value": "gpu-hardware", "effect": "NoSchedule"}
+
+    def taint(new: dict[str, Any]) -> None:
+        new["spec"]["taints"].append(ours)
+        new["metadata"]["annotations"]["nodecheck.io/taint"] = '{"fingerprint":"a"}'
+
+    def condition(new: dict[str, Any]) -> None:
+        new["status"]["conditions"][1].update(status="True", reason="GpuXidFailed")
+        new["status"]["conditions"].append({"type": "NodecheckNodeConfig", "status": "False"})
+
+    # What the agent does, on its node: allowed (the test can pass, not only deny).
+    assert denials(node, changed(node, taint)) == []
+    tainted = changed(node, taint)
+    untaint = changed(tainted, lambda n: n["spec"]["taints"].remove(ours))
+    assert denials(tainted, untaint) == []
+    assert denials(node, changed(node, condition), status=True) == []
+    # Someone else's update: the policy does not apply.
+    assert denials(node, changed(node, lambda n: n["spec"].pop("unschedulable")), user="x") is None
+
+    def denied(new: dict[str, Any], words: str, **how: Any) -> None:
+        messages = denials(node, new, **how)
+        assert messages and any(words in m for m in messages), messages
+
+    other = a_node("gpu-2")
+    denied(changed(other, taint), "only write the node its pod runs on", token_node="gpu-1")
+    denials_other = denials(other, changed(other, taint))
+    assert denials_other and "only write the node its pod runs on" in denials_other[0]
+    denied(changed(node, taint), "names no node", token_node=None)
+    denied(changed(node, lambda n: n["spec"]["taints"].pop(0)), "only its taint")
+    denied(changed(node, lambda n: n["spec"]["taints"].pop(1)), "only its taint")  # NoExecute
+    denied(changed(node, lambda n: n["spec"].pop("unschedulable")), "only its taint")
+    denied(changed(node, lambda n: n["spec"].update(providerID="x")), "only its taint")
+    denied(
+        changed(node, lambda n: n["metadata"]["annotations"].update(x="1")), "only its annotation"
+    )
+    denied(changed(node, lambda n: n["metadata"]["annotations"].clear()), "only its annotation")
+    denied(changed(node, lambda n: n["metadata"]["labels"].update(x="1")), "labels")
+    denied(
+        changed(node, lambda n: n["status"]["conditions"][0].update(status="False")),
+        "only its conditions",
+        status=True,
+    )
+    denied(
+        changed(node, lambda n: n["status"]["capacity"].update({"nvidia.com/gpu": "16"})),
+        "only its conditions",
+        status=True,
+    )
+    denied(
+        changed(node, lambda n: n["status"]["addresses"].clear()),
+        "only its conditions",
+        status=True,
+    )
+
+
+def test_the_admission_policy_matches_what_the_rbac_grants() -> None:
+    policy = admission_policy()
+    [binding] = [
+        d
+        for d in documents(KUBE / "admission-policy.yaml")
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    cluster_role = the("ClusterRole", "nodecheck-agent")
+    patched = {r for rule_ in cluster_role["rules"] for r in rule_["resources"]}
+    assert set(rule["resources"]) == patched and rule["operations"] == ["UPDATE"]
+    [account] = [d for d in documents(KUBE / "rbac.yaml") if d["kind"] == "ServiceAccount"]
+    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    assert user == SERVICE_ACCOUNT_USER
+    assert f'"{user}"' in spec["matchConditions"][0]["expression"]
+    text = json.dumps(spec)
+    assert all(kind in text for kind in OUR_CONDITIONS)
+    from nodecheck.agent.fault_classes import CONDITION_TYPES
+    from nodecheck.agent.kubernetes import OWNERSHIP_ANNOTATION, TAINT_EFFECT
+    from nodecheck.agent.kubernetes import TAINT_KEY as AGENTS_TAINT_KEY
+
+    assert set(CONDITION_TYPES.values()) == set(OUR_CONDITIONS)
+    assert AGENTS_TAINT_KEY in text and OWNERSHIP_ANNOTATION in text
+    assert f"t.effect == '{TAINT_EFFECT}'" in text

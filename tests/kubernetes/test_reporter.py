@@ -34,6 +34,9 @@ HARDWARE, PERFORMANCE, CONFIG = (
     "NodecheckNodeConfig",
 )
 ADMIN_TAINT = {"key": "example.com/maintenance", "value": "disk", "effect": "NoSchedule"}
+# What a cordon is on a real cluster: spec.unschedulable, and the taint the node lifecycle
+# controller adds for it (kubernetes pkg/controller/nodelifecycle, UnschedulableTaint).
+CORDON_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 GPU_A, GPU_B = "0000:18:00.0", "0000:1a:00.0"
 # The agent's first pass on the 8-GPU replica takes seconds; a loaded 2-core machine many more.
 DEADLINE_S = 120
@@ -179,12 +182,12 @@ def others_untouched(api: KubeApiDouble, before: dict[str, Any]) -> None:
     for kind in ("Ready", "MemoryPressure", "KernelDeadlock"):
         assert conditions[kind] == before[kind]
     assert node["spec"]["unschedulable"] is True
-    assert ADMIN_TAINT in node["spec"]["taints"]
+    assert ADMIN_TAINT in node["spec"]["taints"] and CORDON_TAINT in node["spec"]["taints"]
 
 
 def cordon_and_taint(node: dict[str, Any]) -> None:
     node["spec"]["unschedulable"] = True
-    node["spec"]["taints"] = [{**ADMIN_TAINT}]
+    node["spec"]["taints"] = [{**CORDON_TAINT}, {**ADMIN_TAINT}]
 
 
 @pytest.fixture
@@ -301,9 +304,9 @@ def test_conditions_events_and_taint_follow_the_fault(
             "the annotation removed",
         )
         others_untouched(double, theirs)
+        # True -> False: a transition (heartbeats of seconds lie between the two).
         assert (
-            condition(double, PERFORMANCE)["lastTransitionTime"]
-            >= performance["lastTransitionTime"]
+            condition(double, PERFORMANCE)["lastTransitionTime"] > performance["lastTransitionTime"]
         )
     assert double.violations == []
 
