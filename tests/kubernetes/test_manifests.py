@@ -781,3 +781,34 @@ def test_the_admission_policy_matches_what_the_rbac_grants() -> None:
     assert set(CONDITION_TYPES.values()) == set(OUR_CONDITIONS)
     assert AGENTS_TAINT_KEY in text and OWNERSHIP_ANNOTATION in text
     assert f"t.effect == '{TAINT_EFFECT}'" in text
+
+
+# -- the fleet rules' view of the agents ----------------------------------------------
+
+
+def rule_jobs() -> set[str]:
+    """Every job="..." the shipped alert and recording rules match on."""
+    found: set[str] = set()
+    for path in sorted((ROOT / "monitoring").glob("*.yml")):
+        found |= set(re.findall(r'job="([^"]+)"', path.read_text()))
+    return found
+
+
+@pytest.mark.parametrize(("kind", "target"), [("ServiceMonitor", "Service"), ("PodMonitor", None)])
+def test_the_monitors_give_the_job_the_rules_expect(kind: str, target: str | None) -> None:
+    # The Operator names the job after the Service (or namespace/PodMonitor) unless
+    # jobLabel names a label of the Service (or Pod) whose value becomes the job.
+    monitor = the(kind, "nodecheck-agent")
+    label = monitor["spec"]["jobLabel"]
+    if target is not None:
+        labels = the(target, "nodecheck-agent")["metadata"]["labels"]
+    else:
+        labels = daemonset()["spec"]["template"]["metadata"]["labels"]
+    assert rule_jobs() == {labels[label]}
+
+
+def test_the_agent_keeps_one_instance_per_node_across_pod_restarts() -> None:
+    # The fleet rules know a node by `instance`: a pod IP changes at every rollout.
+    spec = daemonset()["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
