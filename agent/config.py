@@ -118,9 +118,14 @@ NODE_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)  # Prometheus'
 # Names a join of nodecheck_node_info onto nodecheck's series (or an alert) would clash
 # with: Prometheus's target labels and histogram/summary labels, the labels its alerts
 # add, and every label of nodecheck's own series (tests/agent/test_node_labels.py checks
-# that this covers each MetricSpec's labels).
+# that this covers each MetricSpec's labels). Scraped through a Prometheus Operator
+# ServiceMonitor or PodMonitor, the target also gets namespace, service, pod, container
+# and endpoint, and node where the endpoint's address targets a Node (the relabelings
+# prometheus-operator's pkg/prometheus/promcfg.go generates): an exported label of such
+# a name would come out renamed exported_<name> (honor_labels: false).
 RESERVED_NODE_LABELS = frozenset(
     {"instance", "job", "le", "quantile", "alertname", "alertstate", "severity"}
+    | {"namespace", "pod", "container", "service", "endpoint", "node"}
     | {"check", "subject", "status", "version", "python", "benchmark"}
     | {"gpu", "bus_id", "model", "uuid", "vbios", "driver_version", "dtype", "shape"}
     | {"payload_bytes", "algorithm", "ranks", "xid", "sxid", "action", "kind", "nvlink"}

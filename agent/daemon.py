@@ -167,6 +167,7 @@ class Agent:
         overrides: dict[str, object] | None = None,
     ) -> None:
         self.fs = fs
+        self.started_at = time.time()  # nodecheck_agent_start_time_seconds
         self.config_path = config_path
         self.nvml_library = nvml_library
         # Command-line settings over the file's, kept across reloads.
@@ -189,7 +190,13 @@ class Agent:
         )
         self.hostname = hostname_shown(LiveFacts(NodeSources(fs=fs, environ={})))
         self.registry = make_registry(
-            ResultCollector(self.store, _version(), lambda: self.reload_ok, self._node_labels)
+            ResultCollector(
+                self.store,
+                _version(),
+                lambda: self.reload_ok,
+                self._node_labels,
+                started_at=self.started_at,
+            )
         )
         self.scheduler = self._scheduler()
         self.listener: XidListener | None = None

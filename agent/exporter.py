@@ -69,6 +69,8 @@ OWN_FAMILIES = frozenset(
         "nodecheck_node_info",
         "nodecheck_config_last_reload_successful",
         "nodecheck_exposition_dropped_samples",
+        "nodecheck_checks_failing",
+        "nodecheck_agent_start_time_seconds",
     }
 )
 METRIC_NAME = re.compile(r"nodecheck_[a-z0-9_]+")  # the project's convention, a subset of
@@ -226,12 +228,15 @@ class ResultCollector(Collector):
         version: str,
         reload_ok: Callable[[], bool],
         node_labels: Callable[[], Mapping[str, str]] = dict,
+        started_at: float | None = None,
     ) -> None:
-        """`node_labels`: the configuration's [labels] now (a reload changes them)."""
+        """`node_labels`: the configuration's [labels] now (a reload changes them);
+        `started_at`: when the agent started (wall clock), else when this was made."""
         self.store = store
         self.version = version
         self.reload_ok = reload_ok
         self.node_labels = node_labels
+        self.started_at = time.time() if started_at is None else started_at
         # (check, metric, reason) already logged: a bad sample comes back on every
         # render of the exposition, its log line once (bounded, for a sample whose
         # labels change every run).
@@ -277,10 +282,12 @@ class ResultCollector(Collector):
         # dropped (two HELP/TYPE blocks would fail the whole scrape).
         families: dict[str, tuple[MetricSpec, dict[tuple[str, ...], float]]] = {}
         dropped: dict[str, int] = {}
+        failing_checks = 0
         for stored in runs:
             run = stored.run
             name = run.check.name
             dropped[name] = 0
+            failing_checks += any(result.status is Status.FAIL for result in run.results)
             success.add_metric([name], 1 if run.completed else 0)
             duration.add_metric([name], run.duration_s)
             last.add_metric([name], stored.finished_at)
@@ -298,6 +305,22 @@ class ResultCollector(Collector):
                 for value in STATUSES:
                     status.add_metric([name, subject, value], int(current.value == value))
         yield from (status, success, duration, last, interval)
+        # One series a node for the fleet's "is it failing": a rule that reads it need not
+        # reduce the node's ~117 status series (nodecheck:node_failing).
+        failing = GaugeMetricFamily(
+            "nodecheck_checks_failing",
+            "How many checks have fail as the status of at least one subject in their latest "
+            "result",
+        )
+        failing.add_metric([], failing_checks)
+        yield failing
+        started = GaugeMetricFamily(
+            "nodecheck_agent_start_time_seconds",
+            "When the agent started (Unix time): with the benchmarks' last success, tells a "
+            "node never measured since it started from one measured long ago",
+        )
+        started.add_metric([], self.started_at)
+        yield started
         for spec, values in families.values():
             yield _family(spec, values)
         info = GaugeMetricFamily(

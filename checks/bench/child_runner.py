@@ -32,7 +32,10 @@ CHILD_MODULE = "nodecheck.checks.bench.child"
 # configured rates, so a fleet of agents on machines without GPUs reports measurements).
 # Everything around the measurement (gate, watch, deadline, judging, export) stays real.
 CHILD_MODULE_VARIABLE = "NODECHECK_BENCH_CHILD_MODULE"
-MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Only the test tree's modules may stand in for the child: a double in production would
+# export configured rates as a node's measurements.
+DOUBLE_PACKAGE = "tests."
 # Must match child/protocol.py (the child package imports torch: not imported here).
 PARENT_VARIABLE = "NODECHECK_BENCH_PARENT"
 REAP_TIMEOUT_S = 10.0
@@ -63,18 +66,26 @@ def _child_env() -> dict[str, str]:
 
 def child_module() -> str:
     """The module `python -m` runs as the child: the double named by the environment, when
-    it is a dotted module name, else the real child. Anything else is ignored, said once per
-    run (the variable is set by whoever starts the agent, never by a job)."""
+    it is a dotted module name under `tests.` (where the doubles live), else the real child.
+    Anything else is ignored, said once per run (the variable is set by whoever starts the
+    agent, never by a job), so no setting runs foreign code as the benchmark. A run with a
+    double says so, every time: its figures are configured rates, not measurements."""
     named = os.environ.get(CHILD_MODULE_VARIABLE)
     if named is None:
         return CHILD_MODULE
-    if MODULE_NAME.fullmatch(named) is None:
+    if MODULE_NAME.fullmatch(named) is None or not named.startswith(DOUBLE_PACKAGE):
         log.warning(
             "event=bad_child_module variable=%s reason=%r",
             CHILD_MODULE_VARIABLE,
-            "not a dotted module name; the real benchmark child runs",
+            "not the dotted name of a test double's module; the real benchmark child runs",
         )
         return CHILD_MODULE
+    # The name is logged: checked above to be a test double's module, never anything else.
+    log.warning(
+        "event=bench_child_double module=%s reason=%r",
+        named,
+        "a test double runs in place of the benchmark: its figures are not measurements",
+    )
     return named
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.bench.child_runner import run_child
@@ -39,6 +40,30 @@ LAST_SUCCESS = MetricSpec(
     "a fleet leaves out results older than twice the interval",
     ("benchmark",),
 )
+
+
+class LastMeasurements:
+    """The samples of each benchmark's last run that measured (the run whose end is its
+    last success), kept in memory by (state directory, host/benchmark) and put back on
+    every result of a run that was refused or failed: a node whose GPUs are busy keeps
+    exporting its last figures beside their last-success time, so a fleet sees them age
+    out by its freshness filter instead of vanishing at the first refusal. An agent that
+    restarts has none until it measures again (its last success, on disk, stays)."""
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[str, str], tuple[Sample, ...]] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, state_dir: Path, key: str, samples: tuple[Sample, ...]) -> None:
+        with self._lock:
+            self._samples[(str(state_dir), key)] = samples
+
+    def last(self, state_dir: Path, key: str) -> tuple[Sample, ...]:
+        with self._lock:
+            return self._samples.get((str(state_dir), key), ())
+
+
+LAST_MEASUREMENTS = LastMeasurements()
 
 
 @record(frozen=False)
@@ -170,19 +195,23 @@ def run_benchmark(
                 "pip install 'nodecheck[bench]' (or the CUDA build of torch your site uses)",
             )
         ]
+    key = last_success_key(host, spec["benchmark"])
     try:
         with state.exclusive_run(host):
-            results = _locked_run(
+            results, measured = _locked_run(
                 ctx,
                 options,
                 state,
                 spec,
                 lambda result: judge(result, targets, state, options, host),
             )
+        if not measured:
+            results = _with_samples(results, LAST_MEASUREMENTS.last(options.state_dir, key))
         skipped = any(result.status is Status.SKIP for result in results)
         results = _with_state_series(state, results, host, spec["benchmark"], skipped)
     except BenchBusyError as err:
         results = [_skip(state, Refusal("busy_lock", f"another benchmark is running ({err})"))]
+        results = _with_samples(results, LAST_MEASUREMENTS.last(options.state_dir, key))
         results = _with_state_series(state, results, host, spec["benchmark"], True)
     except OSError as err:
         return [
@@ -218,6 +247,11 @@ def _with_state_series(
     when = data["last_success"].get(last_success_key(host, benchmark))
     if when is not None:
         samples += (Sample(LAST_SUCCESS, float(when), {"benchmark": benchmark}),)
+    return _with_samples(results, samples)
+
+
+def _with_samples(results: list[Result], samples: tuple[Sample, ...]) -> list[Result]:
+    """`samples` added to the first result's."""
     if not samples or not results:
         return results
     first = results[0]
@@ -230,11 +264,12 @@ def _locked_run(
     state: BenchState,
     spec: dict[str, Any],
     judge: Callable[[dict[str, Any]], Judgement],
-) -> list[Result]:
+) -> tuple[list[Result], bool]:
+    """The run's results, and whether it measured."""
     if not options.force:
         refusal = check_gate(ctx, options)
         if refusal is not None:
-            return [_skip(state, refusal)]
+            return [_skip(state, refusal)], False
     stop = threading.Event()
     stopped: list[Refusal] = []
 
@@ -259,7 +294,7 @@ def _locked_run(
     finally:
         watch.close()
     if stopped:
-        return [_skip(state, stopped[0])]
+        return [_skip(state, stopped[0])], False
     if outcome.result is None:
         return [
             Result(
@@ -268,11 +303,14 @@ def _locked_run(
                 f"{spec['benchmark']} failed: {outcome.error}",
                 details={"cause": outcome.cause, "stderr": outcome.stderr_tail[-500:]},
             )
-        ]
+        ], False
     ended = time.time()
     judgement = judge(outcome.result)
     if judgement.measured:
-        state.record_success(last_success_key(ctx.hostname, spec["benchmark"]), ended)
+        key = last_success_key(ctx.hostname, spec["benchmark"])
+        state.record_success(key, ended)
+        measured = tuple(sample for result in judgement.results for sample in result.samples)
+        LAST_MEASUREMENTS.keep(options.state_dir, key, measured)
     if judgement.good_values:
         state.record(judgement.good_values, options.baseline_runs)
-    return judgement.results
+    return judgement.results, judgement.measured

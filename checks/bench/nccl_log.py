@@ -3,23 +3,31 @@
 A node whose NCCL fell back from NVLS to Ring runs at three quarters of its peers'
 bus bandwidth with nothing wrong in any counter (hardware.md's figures: 480 against
 368 GB/s on 8x H100): the algorithm belongs beside every busbw figure. NCCL says
-which it chose in its tuning log (NVIDIA/nccl src/enqueue.cc), written with
-NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=TUNING to NCCL_DEBUG_FILE, one line per
-collective, each prefixed by `host:pid:tid [dev] NCCL INFO ` (src/debug.cc), in
-one of two forms:
+which it chose in its tuning log, written with NCCL_DEBUG=INFO and
+NCCL_DEBUG_SUBSYS=TUNING to NCCL_DEBUG_FILE, by rank 0 only, one line per collective,
+each prefixed by `host:pid:tid [cudaDev] NCCL INFO ` (NVIDIA/nccl src/debug.cc). The
+line's form depends on the release (NVIDIA/nccl src/enqueue.cc at each tag):
 
-- releases 2.1x-2.2x, on rank 0 only:
-  `%ld Bytes -> Algo %d proto %d time %f`, the algorithm a number
-  (src/include/device.h: NCCL_ALGO_TREE 0, RING 1, COLLNET_DIRECT 2,
-  COLLNET_CHAIN 3, NVLS 4, NVLS_TREE 5, PAT 6);
-- newer ones, on every rank:
-  `Best tuning, algorithm, %s, protocol, %s`, the name from ncclAlgoStr
-  ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"),
-  without the size: the caller reads only the part of the file written while the
-  payload's all_reduce was enqueued (`read_segment`).
+- before 2.20 the INFO line is commented out (only a TRACE line, in debug builds):
+  nothing to read, the algorithm is `unknown`;
+- 2.20-2.22: `%ld Bytes -> Algo %d proto %d time %f`, the algorithm a number
+  (src/include/nccl_common.h: NCCL_ALGO_TREE 0, RING 1, COLLNET_DIRECT 2,
+  COLLNET_CHAIN 3, NVLS 4, NVLS_TREE 5, PAT 6 from 2.23);
+- 2.23: the collective first, `%s: %ld Bytes -> Algo %d proto %d time %f`
+  (`AllReduce: 1048576 Bytes -> Algo 1 proto 2 time ...`, ncclFuncToString in
+  src/collectives.cc);
+- 2.24 onwards: `%s: %ld Bytes -> Algo %s proto %s channel{Lo..Hi}={%d..%d}`, the
+  algorithm by ncclAlgoToString (src/collectives.cc: TREE, RING, COLLNET_DIRECT,
+  COLLNET_CHAIN, NVLS, NVLS_TREE, PAT).
 
-Debug output goes through a line-buffered FILE (src/debug.cc: setlinebuf), so the
-file's size after a collective returns covers that collective's lines.
+One pattern reads them all: an optional `Func: `, the bytes, the algorithm by number
+or by name, lower-cased as the metric's label (`nvls_tree`). A line counts when its
+size is the payload's and, where the collective is named, it is an AllReduce (a
+barrier's one-element all_reduce has another size; a broadcast is not ours). The
+caller reads only the part of the file written while the payload's first all_reduce
+was enqueued (`read_segment`): debug output goes through an unbuffered (to 2.26:
+setbuf(file, nullptr)) or line-buffered (2.27 on: setlinebuf) FILE in src/debug.cc,
+so the file's size after a collective returns covers that collective's line.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ GLOO = "gloo"
 # The part of a log read for one payload: a handful of lines is what one collective
 # writes; anything beyond this is another program's output, not read.
 MAX_SEGMENT_BYTES = 64 * 1024
-# src/include/device.h, in NCCL_ALGO_* order.
+# src/include/nccl_common.h, in NCCL_ALGO_* order; also the lower-cased names
+# ncclAlgoToString gives (src/collectives.cc).
 ALGORITHMS_BY_NUMBER = (
     "tree",
     "ring",
@@ -43,39 +52,40 @@ ALGORITHMS_BY_NUMBER = (
     "nvls_tree",
     "pat",
 )
-# ncclAlgoStr (src/enqueue.cc, later src/include/device.h), lower-cased as the metric's label.
-ALGORITHMS_BY_NAME = {
-    "tree": "tree",
-    "ring": "ring",
-    "collnetdirect": "collnet_direct",
-    "collnetchain": "collnet_chain",
-    "nvls": "nvls",
-    "nvlstree": "nvls_tree",
-    "pat": "pat",
-}
-_PREFIX = r"NCCL INFO\s+"
-_OLD_FORM = re.compile(_PREFIX + r"(?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto \d+ time ")
-_NEW_FORM = re.compile(_PREFIX + r"Best tuning, algorithm, (?P<name>[A-Za-z]+), protocol, ")
+ALL_REDUCE = "allreduce"  # ncclFuncToString(ncclFuncAllReduce), lower-cased
+_TUNING_LINE = re.compile(
+    r"NCCL INFO\s+(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> "
+    r"Algo (?P<algo>\d+|[A-Za-z_]+) proto "
+)
+
+
+def _algorithm_name(algo: str) -> str | None:
+    """A number of nccl_common.h or a name of ncclAlgoToString, as the label; None for
+    anything else ("Unknown", a number past PAT)."""
+    if algo.isdigit():
+        number = int(algo)
+        return ALGORITHMS_BY_NUMBER[number] if number < len(ALGORITHMS_BY_NUMBER) else None
+    name = algo.lower()
+    return name if name in ALGORITHMS_BY_NUMBER else None
 
 
 def algorithms_in(text: str, payload_bytes: int | None = None) -> list[str]:
     """The algorithms NCCL's tuning lines in `text` name, each once, in order of first
-    appearance. Lines of the old form that give another size than `payload_bytes` are
-    another collective's (a barrier's one-element all_reduce) and left out; the new form
-    has no size and counts wherever it is. Anything else is not a tuning line."""
+    appearance. A line that gives another size than `payload_bytes` is another
+    collective's (a barrier's one-element all_reduce), and one that names another
+    collective than AllReduce is not ours: both are left out. Anything else is not a
+    tuning line."""
     found: list[str] = []
     for line in text.splitlines():
-        name: str | None = None
-        old = _OLD_FORM.search(line)
-        if old is not None:
-            if payload_bytes is not None and int(old.group("bytes")) != payload_bytes:
-                continue
-            number = int(old.group("algo"))
-            name = ALGORITHMS_BY_NUMBER[number] if number < len(ALGORITHMS_BY_NUMBER) else None
-        else:
-            new = _NEW_FORM.search(line)
-            if new is not None:
-                name = ALGORITHMS_BY_NAME.get(new.group("name").lower())
+        match = _TUNING_LINE.search(line)
+        if match is None:
+            continue
+        func = match.group("func")
+        if func is not None and func.lower() != ALL_REDUCE:
+            continue
+        if payload_bytes is not None and int(match.group("bytes")) != payload_bytes:
+            continue
+        name = _algorithm_name(match.group("algo"))
         if name is not None and name not in found:
             found.append(name)
     return found
@@ -141,3 +151,17 @@ def warnings_in(text: str) -> list[str]:
     """NCCL's WARN lines in `text`, the first MAX_WARNINGS, each cut to MAX_WARNING_CHARS."""
     found = [line for line in text.splitlines() if " NCCL WARN " in line]
     return [line[:MAX_WARNING_CHARS] for line in found[:MAX_WARNINGS]]
+
+
+def warnings_in_file(path: Path) -> list[str]:
+    """NCCL's WARN lines in the log at `path`: those of its first MAX_SEGMENT_BYTES
+    (init: a transport that could not connect, a bad NCCL_* setting) and of its last
+    (why a rank failed at the end), a long log's middle left out; [] when unreadable."""
+    size = log_size(path) or 0
+    if size <= 2 * MAX_SEGMENT_BYTES:
+        return warnings_in(read_segment(path, 0, 2 * MAX_SEGMENT_BYTES))
+    head = read_segment(path, 0)
+    tail = read_segment(path, size - MAX_SEGMENT_BYTES)
+    # The tail starts mid-line: its first, partial line is left out.
+    tail = tail.partition("\n")[2]
+    return warnings_in(head) + warnings_in(tail)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from nodecheck.checks.registry import load_benchmarks, load_checks
 from nodecheck.checks.result import MetricSpec
 from tests.agent.test_daemon import RunningAgent, running_agent, wait_for
 from tests.conftest import Node
-from tests.fixtures.nvml_scenarios import dgx_healthy
+from tests.fixtures.nvml_scenarios import dgx_faulty, dgx_healthy
 
 CHECKS = set(load_checks())
 GOOD = """\
@@ -72,6 +73,11 @@ def test_labels_read_and_shown(tmp_path: Path) -> None:
         ('[labels]\ninstance = "n1"\n', "c.toml:2: labels.instance: 'instance' is a label"),
         ('\n[labels]\njob = "n1"\n', "c.toml:3: labels.job: 'job' is a label"),
         ('[labels]\ngpu = "0"\n', "c.toml:2: labels.gpu: 'gpu' is a label nodecheck's series"),
+        # Prometheus Operator's target labels (a ServiceMonitor's, a PodMonitor's).
+        *[
+            (f'[labels]\n{name} = "x"\n', f"c.toml:2: labels.{name}: '{name}' is a label")
+            for name in ("namespace", "pod", "container", "service", "endpoint", "node")
+        ],
         ("[labels]\nrack = 7\n", "c.toml:2: labels.rack: expected a string, got an integer 7"),
         ("[labels]\nrack = true\n", "c.toml:2: labels.rack: expected a string, got true"),
         ('[labels]\nrack = ["a"]\n', "c.toml:2: labels.rack: expected a string, got an array"),
@@ -176,3 +182,53 @@ def test_a_real_agent_exports_its_labels_and_a_reload_changes_them(agent: Runnin
         lambda: "nodecheck_config_last_reload_successful 0.0" in agent.metrics(), 60, "refusal"
     )
     assert info_series(agent.metrics()) == moved
+
+
+def gauge(metrics: str, name: str) -> float:
+    [value] = re.findall(rf"^{name} (\S+)$", metrics, re.MULTILINE)
+    return float(value)
+
+
+def failing_by_status(metrics: str) -> set[str]:
+    """The checks with a fail status series at 1 on some subject, in the same scrape
+    (prometheus_client writes the labels sorted: check, status, subject)."""
+    pattern = r'^nodecheck_check_status\{check="([^"]+)",status="fail",subject="[^"]*"\} 1\.0$'
+    return set(re.findall(pattern, metrics, re.MULTILINE))
+
+
+def ready(agent: RunningAgent) -> bool:
+    return any("READY=1" in note for note in agent.notifications)
+
+
+def test_the_failing_checks_and_the_start_time_of_a_faulty_agent(
+    build: Callable[..., Node],
+) -> None:
+    """The faulty DGX fails several checks: nodecheck_checks_failing counts them, one per
+    check however many subjects fail, as the status series of the same scrape say; the
+    start time is the agent's, between its launch and its first answer, and stays put."""
+    work = Path(tempfile.mkdtemp(prefix="nodecheck-failing-"))
+    node = build("dgx-h100-faulty").with_scenario(dgx_faulty(), work / "scenario.json")
+    try:
+        launched = time.time()
+        with running_agent(node, work / "agent", benchmarks=False) as running:
+            wait_for(lambda: ready(running), 120, "the agent's first pass")
+            answered = time.time()
+            metrics = running.metrics()
+            failing = failing_by_status(metrics)
+            assert {"pcie_acs", "gpu_memory_errors", "gpu_xid"} <= failing, failing
+            assert gauge(metrics, "nodecheck_checks_failing") == len(failing)
+            started = gauge(metrics, "nodecheck_agent_start_time_seconds")
+            assert launched <= started <= answered
+            assert "# TYPE nodecheck_checks_failing gauge" in metrics
+            assert "# TYPE nodecheck_agent_start_time_seconds gauge" in metrics
+            later = running.metrics()
+            assert gauge(later, "nodecheck_agent_start_time_seconds") == started
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_healthy_agent_fails_no_check(agent: RunningAgent) -> None:
+    """0, not absent, when nothing fails: the fleet rule reads one series per node."""
+    wait_for(lambda: ready(agent), 120, "the agent's first pass")
+    metrics = agent.metrics()
+    assert gauge(metrics, "nodecheck_checks_failing") == len(failing_by_status(metrics)) == 0

@@ -115,7 +115,22 @@ def test_without_rates_the_double_fails_as_the_child_does(monkeypatch: pytest.Mo
     assert outcome.error == f"RuntimeError: {RATES_VARIABLE} names no rates file"
 
 
-@pytest.mark.parametrize("named", ["", "../x", "tests.fixtures.fake_bench_child; rm", "1abc"])
+@pytest.mark.parametrize(
+    "named",
+    [
+        "",
+        "../x",
+        "tests.fixtures.fake_bench_child; rm",
+        "1abc",
+        # Dotted module names, but not a test double's: a double never runs in production.
+        "os",
+        "http.server",
+        "nodecheck.checks.bench.child",
+        "testsuite.fake",
+        "tests",
+        "tests..x",
+    ],
+)
 def test_a_bad_module_name_is_ignored_with_a_warning(
     named: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -132,3 +147,24 @@ def test_the_variable_names_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
     assert child_module() == CHILD_MODULE
     monkeypatch.setenv(CHILD_MODULE_VARIABLE, DOUBLE)
     assert child_module() == DOUBLE
+
+
+def test_every_run_with_the_double_says_so(
+    rates_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two runs of the double, two warning lines naming it; the real child, none."""
+    monkeypatch.setenv(CHILD_MODULE_VARIABLE, DOUBLE)
+    with caplog.at_level(logging.WARNING, logger="nodecheck.checks.bench.child_runner"):
+        for _ in range(2):
+            outcome = run_child(SPECS["h2d"], 60)
+            assert outcome.result is not None, outcome.error
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [f"event=bench_child_double module={DOUBLE} reason={DOUBLE_REASON!r}"] * 2
+    caplog.clear()
+    monkeypatch.delenv(CHILD_MODULE_VARIABLE)
+    with caplog.at_level(logging.WARNING, logger="nodecheck.checks.bench.child_runner"):
+        assert run_child(SPECS["h2d"], 120).result is not None
+    assert caplog.records == []
+
+
+DOUBLE_REASON = "a test double runs in place of the benchmark: its figures are not measurements"

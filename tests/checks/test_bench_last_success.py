@@ -82,3 +82,48 @@ def test_the_state_file_s_last_success_on_literals() -> None:
             parse_state(text)
     with pytest.raises(ValueError, match="last_success"):
         parse_state('{"version": 1, "runs": {}, "skips": {}, "last_success": [5]}')
+
+
+def measurements(results: list[Result]) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+    """The figures the results export: every sample but the state series (skip counts and
+    the last success, which ride on every result)."""
+    return sorted(
+        (sample.metric.name, tuple(sorted(sample.labels.items())), sample.value)
+        for result in results
+        for sample in result.samples
+        if sample.metric.name not in (METRIC, "nodecheck_bench_skips_total")
+    )
+
+
+def test_a_refused_or_failed_run_keeps_exporting_the_last_measurement(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """The fleet's freshness filter ages a node's figures by their last success: a run
+    refused (GPUs busy) or failed carries the last measured samples, equal, beside an
+    unchanged last success; the next measurement replaces them."""
+    options = {"device": "cpu", "dtype": "fp32"}
+    [refused] = bench(dgx, "matmul", tmp_path, **options)
+    assert refused.status is Status.SKIP and measurements([refused]) == []  # none yet
+
+    first = bench(dgx, "matmul", tmp_path, force=True, **options)
+    figures = measurements(first)
+    assert "nodecheck_bench_matmul_flops_per_second" in {name for name, _, _ in figures}
+    stamp = last_success(first)["matmul"]
+
+    [refused] = bench(dgx, "matmul", tmp_path, **options)
+    assert refused.status is Status.SKIP and refused.details["cause"] == "gpu_busy"
+    assert measurements([refused]) == figures
+    assert last_success([refused]) == {"matmul": stamp}
+    [failed] = bench(dgx, "matmul", tmp_path, force=True, duration_s=60, timeout_s=3.0, **options)
+    assert failed.status is Status.ERROR and failed.details["cause"] == "timeout"
+    assert measurements([failed]) == figures
+    assert last_success([failed]) == {"matmul": stamp}
+
+    second = bench(dgx, "matmul", tmp_path, force=True, **options)
+    assert last_success(second)["matmul"] > stamp
+    [refused] = bench(dgx, "matmul", tmp_path, **options)
+    assert measurements([refused]) == measurements(second)
+    assert last_success([refused]) == last_success(second)
+    # Per benchmark: h2d never measured, so its refusal carries nothing of matmul's.
+    [h2d] = bench(dgx, "h2d", tmp_path, **options)
+    assert h2d.status is Status.SKIP and measurements([h2d]) == []

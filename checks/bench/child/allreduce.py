@@ -13,6 +13,12 @@ Two ways in:
 - `worker()`: a rank process, also what runs under torchrun or srun across
   nodes when RANK and WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) are set:
   `torchrun --nproc_per_node=8 -m nodecheck.checks.bench.child allreduce`.
+
+Under `launch` on GPUs, the ranks' NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE are
+overridden (`nccl_log_environment`: INFO, TUNING, a private folder), whatever the user
+set: NCCL's tuning line is how each payload's algorithm is known. NCCL's warnings from
+that log are relayed to stderr. The user's settings apply again outside the benchmark
+ranks, and under torchrun or srun nothing is overridden (the algorithm is `unknown`).
 """
 
 from __future__ import annotations
@@ -96,11 +102,10 @@ def launch(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _relay_warnings(logs: Path) -> None:
     """NCCL's warnings to stderr (the parent keeps its tail for the error it reports), as
-    they would have gone there without NCCL_DEBUG_FILE; the rest of the log goes."""
+    they would have gone there without NCCL_DEBUG_FILE (the init-time ones at the head of
+    the file and the last ones at its tail); the rest of the log goes."""
     for path in nccl_log.log_files(logs):
-        size = nccl_log.log_size(path) or 0
-        tail = nccl_log.read_segment(path, max(size - nccl_log.MAX_SEGMENT_BYTES, 0))
-        for line in nccl_log.warnings_in(tail):
+        for line in nccl_log.warnings_in_file(path):
             print(line, file=sys.stderr)
 
 
