@@ -8,7 +8,9 @@ Starts `nodecheck agent` on the 8-GPU replica with the fake NVML once and takes 
 then adds what the replica cannot measure: the operator's labels (nodecheck_node_info:
 cluster, partition, rack of 16 nodes), the benchmark series (matmul per GPU, all_reduce on
 the agent's four payloads, h2d/d2h per GPU, with a 1.5 % spread), their last success and
-interval. Planted: a few nodes with one GPU at 0.85 of the fleet (matmul), one at 0.8
+interval, and the agent's own nodecheck_checks_failing (counted from the exposition's
+statuses) and nodecheck_agent_start_time_seconds where the replica's agent does not export
+them yet (their values replaced where it does). Planted: a few nodes with one GPU at 0.85 of the fleet (matmul), one at 0.8
 (h2d), an NCCL that fell back to ring at 0.8 (all_reduce); stale nodes whose slow results
 are older than twice the interval (they must be left out); one rack with a third of its
 nodes failing a check; XIDs on a few GPUs. One HTTP server serves every node's exposition;
@@ -61,6 +63,7 @@ MATMUL_FLOPS = 720e12
 ALLREDUCE_BUSBW = {64 << 20: 250e9, 256 << 20: 360e9, 1 << 30: 440e9, 4 << 30: 480e9}
 H2D_BYTES_PER_S = 55e9
 SPREAD = 0.015
+AGENT_UPTIME_S = 2 * 86400
 
 
 def free_port() -> int:
@@ -130,6 +133,17 @@ def replica_exposition(work: Path) -> str:
     finally:
         agent.terminate()
         agent.wait(10)
+
+
+def with_gauge(exposition: str, name: str, value: float) -> str:
+    """`exposition` with the unlabelled gauge `name` at `value`: its sample replaced where
+    the agent exports it, else a family of its own added."""
+    lines = exposition.split("\n")
+    for number, line in enumerate(lines):
+        if line.startswith(f"{name} "):
+            lines[number] = f"{name} {value:.6f}"
+            return "\n".join(lines)
+    return with_family(exposition, name, [f"{name} {value:.6f}"])
 
 
 def labels_text(labels: dict[str, str]) -> str:
@@ -303,6 +317,15 @@ def node_exposition(
         if ok not in text or fail not in text:
             raise SystemExit("the replica's exposition has no gpu_count status to flip")
         text = text.replace(ok, ok[:-3] + "0.0").replace(fail, fail[:-3] + "1.0")
+    failing_checks = {
+        line[line.index('check="') :].split('"', 2)[1]
+        for line in text.splitlines()
+        if line.startswith("nodecheck_check_status{")
+        and 'status="fail"' in line
+        and float(line.rsplit(" ", 1)[1]) == 1
+    }
+    text = with_gauge(text, "nodecheck_checks_failing", len(failing_checks))
+    text = with_gauge(text, "nodecheck_agent_start_time_seconds", now - AGENT_UPTIME_S)
     if node % 50 == 7:  # an XID 13 (graphics engine exception) and a 31 on one GPU
         gpu = gpus[node % len(gpus)]
         labels = {"gpu": gpu.index, "bus_id": gpu.bus_id, "model": model}
@@ -563,6 +586,9 @@ def check(args: argparse.Namespace, api: Api, plan: Plan, panels: list[tuple[str
     }
     if alerting != plan.stragglers:  # pending: the alert fires after 30 minutes
         problems.append(f"NodecheckFleetStraggler for {sorted(alerting)}")
+    failing = {r["metric"]["instance"] for r in api.query("nodecheck:node_failing == 1")}
+    if failing != plan.failing:
+        problems.append(f"failing nodes {sorted(failing)}, planted {sorted(plan.failing)}")
     left_in = {
         r["metric"]["instance"] for r in api.query("nodecheck:bench_matmul_flops_per_second:fresh")
     } & plan.stale

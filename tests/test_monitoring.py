@@ -194,8 +194,8 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         (
             FLEET_RULES,
             (
-                "topk by (instance) (1, last_over_time(nodecheck:node_info:last_seen",
-                "bottomk by (instance) (1, last_over_time(nodecheck:node_info:last_seen",
+                "topk by (instance) (1,\n            timestamp(nodecheck_node_info)",
+                "bottomk by (instance) (1,\n            timestamp(nodecheck_node_info)",
             ),
             "last_over_time_1d",
         ),
