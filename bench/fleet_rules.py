@@ -10,16 +10,18 @@ cluster, partition, rack of 16 nodes), the benchmark series (matmul per GPU, all
 the agent's four payloads, h2d/d2h per GPU, with a 1.5 % spread), their last success and
 interval, and the agent's own nodecheck_checks_failing (counted from the exposition's
 statuses) and nodecheck_agent_start_time_seconds where the replica's agent does not export
-them yet (their values replaced where it does). Planted: a few nodes with one GPU at 0.85 of the fleet (matmul), one at 0.8
-(h2d), an NCCL that fell back to ring at 0.8 (all_reduce); stale nodes whose slow results
-are older than twice the interval (they must be left out); one rack with a third of its
-nodes failing a check; XIDs on a few GPUs. One HTTP server serves every node's exposition;
-Prometheus (Debian's) scrapes it as one target per node (`?node=`, relabelled to the
-instance), evaluating monitoring/fleet_rules.yml and fleet_alerts.yml every --interval.
+them yet (their values replaced where it does). Planted: a few nodes with one GPU at 0.85
+of the fleet (matmul), one at 0.8 (h2d), an NCCL that fell back to ring at 0.8
+(all_reduce); stale nodes whose slow results are older than twice the interval (they must
+be left out); one rack with a third of its nodes failing a check; XIDs on a few GPUs. One
+HTTP server serves every node's exposition; Prometheus (Debian's) scrapes it as one target
+per node (`?node=`, relabelled to the instance), evaluating monitoring/fleet_rules.yml and
+fleet_alerts.yml every --interval.
 
-With --history-hours, the day of nodecheck_node_info the rules' last_over_time reads is
-backfilled first (promtool tsdb create-blocks-from openmetrics), so the evaluation time is
-that of a Prometheus that has run for a day, not of a fresh one.
+With --history-hours, the day of nodecheck_node_info the rules read (a node's newest label
+set: a subquery over the day of its timestamps) is backfilled first (promtool tsdb
+create-blocks-from openmetrics), so the evaluation time is that of a Prometheus that has
+run for a day, not of a fresh one.
 
 Prints, per rule group, the evaluation time (/api/v1/rules `evaluationTime` over the
 evaluations, and prometheus_rule_group_last_duration_seconds), its slowest rules, the series

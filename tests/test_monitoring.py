@@ -241,7 +241,10 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         # A node that never measured would not be reported, or one that measured would be.
         (
             FLEET_ALERTS,
-            ("> on(instance) group_right\n              3 *", "> on(instance) group_right\n              30 *"),
+            (
+                "> on(instance) group_right\n              3 *",
+                "> on(instance) group_right\n              30 *",
+            ),
             "NodecheckNodeStoppedReporting",
         ),
         (
@@ -507,10 +510,10 @@ def fleet_panel_expr(title: str) -> str:
 def test_failing_nodes_by_rack_leaves_out_nodes_without_a_rack(tmp_path: Path) -> None:
     """Two failing nodes, one in rack r1 and one without a rack label: the panel has one
     series, r1's, and no rackless line summing the nodes that are in no rack."""
-    info = "nodecheck:node_info:last_over_time_1d"
+    info = 'nodecheck:node_info:last_over_time_1d{job="nodecheck",cluster="c1",partition="gpu"'
     series = {
-        f'{info}{{instance="g01:19410",job="nodecheck",cluster="c1",partition="gpu",rack="r1"}}': "1x2",
-        f'{info}{{instance="g02:19410",job="nodecheck",cluster="c1",partition="gpu"}}': "1x2",
+        f'{info},instance="g01:19410",rack="r1"}}': "1x2",
+        f'{info},instance="g02:19410"}}': "1x2",
         'nodecheck:node_failing{instance="g01:19410"}': "1x2",
         'nodecheck:node_failing{instance="g02:19410"}': "1x2",
     }
