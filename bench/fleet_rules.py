@@ -8,16 +8,23 @@ Starts `nodecheck agent` on the 8-GPU replica with the fake NVML once and takes 
 then adds what the replica cannot measure: the operator's labels (nodecheck_node_info:
 cluster, partition, rack of 16 nodes), the benchmark series (matmul per GPU, all_reduce on
 the agent's four payloads, h2d/d2h per GPU, with a 1.5 % spread), their last success and
-interval. Planted: a few nodes with one GPU at 0.85 of the fleet (matmul), one at 0.8
-(h2d), an NCCL that fell back to ring at 0.8 (all_reduce); stale nodes whose slow results
-are older than twice the interval (they must be left out); one rack with a third of its
-nodes failing a check; XIDs on a few GPUs. One HTTP server serves every node's exposition;
-Prometheus (Debian's) scrapes it as one target per node (`?node=`, relabelled to the
-instance), evaluating monitoring/fleet_rules.yml and fleet_alerts.yml every --interval.
+interval, and the agent's own nodecheck_checks_failing (counted from the exposition's
+statuses) and nodecheck_agent_start_time_seconds where the replica's agent does not export
+them yet (their values replaced where it does). Planted: a few nodes with one GPU at 0.85
+of the fleet (matmul), one at 0.8 (h2d), an NCCL that fell back to ring at 0.8
+(all_reduce); stale nodes whose slow results are older than twice the interval (they must
+be left out); one rack with a third of its nodes failing a check; XIDs on a few GPUs. One
+HTTP server serves every node's exposition; Prometheus (Debian's) scrapes it as one target
+per node (`?node=`, relabelled to the instance), evaluating monitoring/fleet_rules.yml and
+fleet_alerts.yml every --interval.
 
-With --history-hours, the day of nodecheck_node_info the rules' last_over_time reads is
-backfilled first (promtool tsdb create-blocks-from openmetrics), so the evaluation time is
-that of a Prometheus that has run for a day, not of a fresh one.
+With --history-hours, the day the rules read is backfilled first (promtool tsdb
+create-blocks-from openmetrics): nodecheck_node_info at the scrape interval and the rules'
+record of when each label set was last seen
+(nodecheck:node_info:last_seen_timestamp_seconds) at its group's 5 minutes, so the
+evaluation time is that of a Prometheus that has run for a day, not of a fresh one. The
+bench evaluates that 5-minute group every --interval like the others (a copy of the rules
+with its interval changed), to measure it as many times; one evaluation costs the same.
 
 Prints, per rule group, the evaluation time (/api/v1/rules `evaluationTime` over the
 evaluations, and prometheus_rule_group_last_duration_seconds), its slowest rules, the series
@@ -50,7 +57,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = (ROOT / "monitoring" / "fleet_rules.yml", ROOT / "monitoring" / "fleet_alerts.yml")
-RULE_GROUPS = ("nodecheck-fleet", "nodecheck-fleet-nodes", "nodecheck-fleet-alerts")
+RULE_GROUPS = (
+    "nodecheck-fleet",
+    "nodecheck-fleet-node-info",
+    "nodecheck-fleet-nodes",
+    "nodecheck-fleet-alerts",
+)
+NODE_INFO_GROUP_INTERVAL = "interval: 5m"
+LAST_SEEN_STEP_S = 300
 BENCHMARK_INTERVAL_S = 86400
 RACK_SIZE = 16
 SHAPE = "8192x8192x8192+12288x12288x12288"
@@ -61,6 +75,7 @@ MATMUL_FLOPS = 720e12
 ALLREDUCE_BUSBW = {64 << 20: 250e9, 256 << 20: 360e9, 1 << 30: 440e9, 4 << 30: 480e9}
 H2D_BYTES_PER_S = 55e9
 SPREAD = 0.015
+AGENT_UPTIME_S = 2 * 86400
 
 
 def free_port() -> int:
@@ -130,6 +145,17 @@ def replica_exposition(work: Path) -> str:
     finally:
         agent.terminate()
         agent.wait(10)
+
+
+def with_gauge(exposition: str, name: str, value: float) -> str:
+    """`exposition` with the unlabelled gauge `name` at `value`: its sample replaced where
+    the agent exports it, else a family of its own added."""
+    lines = exposition.split("\n")
+    for number, line in enumerate(lines):
+        if line.startswith(f"{name} "):
+            lines[number] = f"{name} {value:.6f}"
+            return "\n".join(lines)
+    return with_family(exposition, name, [f"{name} {value:.6f}"])
 
 
 def labels_text(labels: dict[str, str]) -> str:
@@ -303,6 +329,15 @@ def node_exposition(
         if ok not in text or fail not in text:
             raise SystemExit("the replica's exposition has no gpu_count status to flip")
         text = text.replace(ok, ok[:-3] + "0.0").replace(fail, fail[:-3] + "1.0")
+    failing_checks = {
+        line[line.index('check="') :].split('"', 2)[1]
+        for line in text.splitlines()
+        if line.startswith("nodecheck_check_status{")
+        and 'status="fail"' in line
+        and float(line.rsplit(" ", 1)[1]) == 1
+    }
+    text = with_gauge(text, "nodecheck_checks_failing", len(failing_checks))
+    text = with_gauge(text, "nodecheck_agent_start_time_seconds", now - AGENT_UPTIME_S)
     if node % 50 == 7:  # an XID 13 (graphics engine exception) and a 31 on one GPU
         gpu = gpus[node % len(gpus)]
         labels = {"gpu": gpu.index, "bus_id": gpu.bus_id, "model": model}
@@ -345,22 +380,30 @@ class FleetHandler(http.server.BaseHTTPRequestHandler):
 
 
 def backfill_node_info(work: Path, nodes: int, hours: float, interval: int, end: float) -> Path:
-    """A day (or `hours`) of every node's nodecheck_node_info before `end`, as TSDB blocks."""
+    """A day (or `hours`) before `end` of every node's nodecheck_node_info (every `interval`)
+    and of the rules' record of when it was last seen (every 5 minutes), as TSDB blocks."""
     source = work / "history.om"
-    steps = int(hours * 3600 / interval)
     with source.open("w") as out:
-        out.write("# HELP nodecheck_node_info simulated\n# TYPE nodecheck_node_info gauge\n")
-        for node in range(nodes):
-            info = {
-                "cluster": "c1",
-                "instance": instance_of(node),
-                "job": "nodecheck",
-                "partition": "gpu" if node % 10 else "debug",
-                "rack": rack_of(node),
-            }
-            series = f"nodecheck_node_info{{{labels_text(info)}}} 1 "
-            start = end - steps * interval
-            out.writelines(f"{series}{start + step * interval:.0f}\n" for step in range(steps))
+        for name, step_s, value_is_time in (
+            ("nodecheck_node_info", interval, False),
+            ("nodecheck:node_info:last_seen_timestamp_seconds", LAST_SEEN_STEP_S, True),
+        ):
+            steps = int(hours * 3600 / step_s)
+            start = end - steps * step_s
+            out.write(f"# HELP {name} simulated\n# TYPE {name} gauge\n")
+            for node in range(nodes):
+                info = {
+                    "cluster": "c1",
+                    "instance": instance_of(node),
+                    "job": "nodecheck",
+                    "partition": "gpu" if node % 10 else "debug",
+                    "rack": rack_of(node),
+                }
+                series = f"{name}{{{labels_text(info)}}} "
+                out.writelines(
+                    f"{series}{at if value_is_time else 1:.0f} {at:.0f}\n"
+                    for at in (start + step * step_s for step in range(steps))
+                )
         out.write("# EOF\n")
     data = work / "data"
     subprocess.run(
@@ -376,7 +419,12 @@ def start_prometheus(
     work: Path, port: int, fleet_port: int, args: argparse.Namespace
 ) -> subprocess.Popen[bytes]:
     nodes, interval, scrape = args.nodes, args.interval, args.scrape_interval
-    rule_files = (args.rules or RULE_FILES[0], RULE_FILES[1])
+    rules = (args.rules or RULE_FILES[0]).read_text()
+    if NODE_INFO_GROUP_INTERVAL not in rules:
+        raise SystemExit(f"the fleet rules have no group with {NODE_INFO_GROUP_INTERVAL!r}")
+    every_interval = work / "fleet_rules.yml"
+    every_interval.write_text(rules.replace(NODE_INFO_GROUP_INTERVAL, f"interval: {interval}s"))
+    rule_files = (every_interval, RULE_FILES[1])
     targets = ", ".join(f"'{instance_of(n)}'" for n in range(nodes))
     config = work / "prometheus.yml"
     config.write_text(
@@ -563,6 +611,9 @@ def check(args: argparse.Namespace, api: Api, plan: Plan, panels: list[tuple[str
     }
     if alerting != plan.stragglers:  # pending: the alert fires after 30 minutes
         problems.append(f"NodecheckFleetStraggler for {sorted(alerting)}")
+    failing = {r["metric"]["instance"] for r in api.query("nodecheck:node_failing == 1")}
+    if failing != plan.failing:
+        problems.append(f"failing nodes {sorted(failing)}, planted {sorted(plan.failing)}")
     left_in = {
         r["metric"]["instance"] for r in api.query("nodecheck:bench_matmul_flops_per_second:fresh")
     } & plan.stale

@@ -33,11 +33,17 @@ pytestmark = pytest.mark.skipif(
 # The families the exporter writes itself, besides the checks' own.
 EXPORTER_METRICS = OWN_FAMILIES
 # The series of issue 16's fleet view that the fleet rules join on: the operator's labels
-# (the config's [labels]) and each benchmark's last success. They are the agent's own
-# families, named here until the exporter declares them; a name that differs from what it
-# exports makes test_alerts_use_metrics_that_exist fail once it does.
+# (the config's [labels]), each benchmark's last success, the number of checks failing and
+# when the agent started. They are the agent's own families, named here until the exporter
+# declares them; a name that differs from what it exports makes
+# test_alerts_use_metrics_that_exist fail once it does.
 FLEET_AGENT_METRICS = frozenset(
-    {"nodecheck_node_info", "nodecheck_bench_last_success_timestamp_seconds"}
+    {
+        "nodecheck_node_info",
+        "nodecheck_bench_last_success_timestamp_seconds",
+        "nodecheck_checks_failing",
+        "nodecheck_agent_start_time_seconds",
+    }
 )
 
 
@@ -116,14 +122,16 @@ def test_every_recording_rule_is_unit_tested() -> None:
 
 def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) -> str:
     """promtool's verdict on the fleet tests with one change made to one rule file (the
-    regression's file only for a change to the regression alert: it is the slow one)."""
+    regression's file only for a change to the regression alert, which alone reads 7 days:
+    it is the slow one)."""
     text = rules.read_text()
     assert replace[0] in text, replace
     changed = tmp_path / rules.name
     changed.write_text(text.replace(*replace))
     other = FLEET_ALERTS if rules == FLEET_RULES else FLEET_RULES
     tests = []
-    for path in FLEET_TESTS[1:] if "[7d]" in replace[0] else FLEET_TESTS[:1]:
+    regression = "[7d]" in replace[0] or "quantile_over_time" in replace[0]
+    for path in FLEET_TESTS[1:] if regression else FLEET_TESTS[:1]:
         test = tmp_path / path.name
         test.write_text(
             path.read_text()
@@ -142,7 +150,9 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
     ("rules", "replace", "noticed"),
     [
         # A class of 7 GPUs would get a median.
-        (FLEET_RULES, (") >= 8", ") >= 7"), "fleet_median"),
+        (FLEET_RULES, ("fleet_gpus >= 8", "fleet_gpus >= 7"), "fleet_median"),
+        # A class of 2 nodes would get a median (matmul and h2d).
+        (FLEET_RULES, ("fleet_nodes >= 3)", "fleet_nodes >= 2)"), "fleet_median"),
         # Stale results would vote.
         (
             FLEET_RULES,
@@ -174,6 +184,21 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
             ('(up{job="nodecheck"} == bool 0)', '(up{job="nodecheck"} == bool 2)'),
             "node_failing",
         ),
+        # A node with one failing check would not count as failing.
+        (
+            FLEET_RULES,
+            ("(nodecheck_checks_failing > bool 0)", "(nodecheck_checks_failing > bool 1)"),
+            "node_failing",
+        ),
+        # A node that went down would keep whichever of its racks sorts first, not its last.
+        (
+            FLEET_RULES,
+            (
+                "topk by (instance) (1,\n            timestamp(nodecheck_node_info)",
+                "bottomk by (instance) (1,\n            timestamp(nodecheck_node_info)",
+            ),
+            "last_over_time_1d",
+        ),
         (
             FLEET_ALERTS,
             ("nodecheck:node_fleet_ratio:min < 0.9", "nodecheck:node_fleet_ratio:min < 0.8"),
@@ -183,8 +208,20 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         (
             FLEET_ALERTS,
             (
-                '[7d]) < 0.95,\n            "benchmark", "matmul"',
-                '[7d]) < 0.97,\n            "benchmark", "matmul"',
+                "flops_per_second:fleet_median[7d]) < 0.95",
+                "flops_per_second:fleet_median[7d]) < 0.97",
+            ),
+            "NodecheckFleetRegression",
+        ),
+        # A baseline over more than the past 7 days.
+        (FLEET_ALERTS, ("fleet_median[7d])", "fleet_median[8d])"), "NodecheckFleetRegression"),
+        # Without its guard on the class's members, the regression alert would fire when
+        # the fast half of a class stops reporting.
+        (
+            FLEET_ALERTS,
+            (
+                ">= 0.8 * quantile_over_time(0.5, nodecheck:bench_matmul",
+                ">= 0 * quantile_over_time(0.5, nodecheck:bench_matmul",
             ),
             "NodecheckFleetRegression",
         ),
@@ -199,6 +236,23 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         (
             FLEET_ALERTS,
             ('unless on(instance) up{job="nodecheck"}\n', "\n"),
+            "NodecheckNodeStoppedReporting",
+        ),
+        # A node that never measured would not be reported, or one that measured would be.
+        (
+            FLEET_ALERTS,
+            (
+                "> on(instance) group_right\n              3 *",
+                "> on(instance) group_right\n              30 *",
+            ),
+            "NodecheckNodeStoppedReporting",
+        ),
+        (
+            FLEET_ALERTS,
+            (
+                "unless on(instance, benchmark)\n            nodecheck_bench_last_success",
+                "unless on(instance, benchmark)\n            nodecheck_bench_last_successes",
+            ),
             "NodecheckNodeStoppedReporting",
         ),
     ],
@@ -393,7 +447,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # the node's info series (or the rules' copy of it that remembers the past day).
 THROUGH_NODE_INFO = re.compile(
     r'(nodecheck_node_info|nodecheck:node_info:last_over_time_1d)\{cluster=~"\$cluster", '
-    r'partition=~"\$partition"\}'
+    r'partition=~"\$partition"(, [a-z_]+!?=~?"[^"]*")*\}'
 )
 
 
@@ -441,4 +495,28 @@ def test_fleet_dashboard_queries_parse_and_use_what_exists(tmp_path: Path) -> No
     rules = tmp_path / "panels.yml"
     rules.write_text("\n".join(lines) + "\n")
     done = promtool("check", "rules", str(rules))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def fleet_panel_expr(title: str) -> str:
+    """The one query of the fleet dashboard's panel `title`, with every cluster and
+    partition selected."""
+    from tests.fixtures.dashboards import fleet_dashboard_queries
+
+    [expr] = [expr for panel, expr in fleet_dashboard_queries(FLEET_DASHBOARD) if panel == title]
+    return expr
+
+
+def test_failing_nodes_by_rack_leaves_out_nodes_without_a_rack(tmp_path: Path) -> None:
+    """Two failing nodes, one in rack r1 and one without a rack label: the panel has one
+    series, r1's, and no rackless line summing the nodes that are in no rack."""
+    info = 'nodecheck:node_info:last_over_time_1d{job="nodecheck",cluster="c1",partition="gpu"'
+    series = {
+        f'{info},instance="g01:19410",rack="r1"}}': "1x2",
+        f'{info},instance="g02:19410"}}': "1x2",
+        'nodecheck:node_failing{instance="g01:19410"}': "1x2",
+        'nodecheck:node_failing{instance="g02:19410"}': "1x2",
+    }
+    expr = fleet_panel_expr("Failing nodes by rack")
+    done = eval_with_promtool(tmp_path, series, expr, {'{cluster="c1",rack="r1"}': 1})
     assert done.returncode == 0, done.stdout + done.stderr
