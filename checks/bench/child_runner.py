@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.record import record
@@ -36,6 +37,9 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Only the test tree's modules may stand in for the child: a double in production would
 # export configured rates as a node's measurements.
 DOUBLE_PACKAGE = "tests."
+# The checkout this module runs from (checks/bench/ -> the repository root): a test double
+# runs only from its tests/ folder, which an installed nodecheck does not have.
+CHECKOUT = Path(__file__).resolve().parents[2]
 # Must match child/protocol.py (the child package imports torch: not imported here).
 PARENT_VARIABLE = "NODECHECK_BENCH_PARENT"
 REAP_TIMEOUT_S = 10.0
@@ -80,6 +84,18 @@ def child_module() -> str:
             "not the dotted name of a test double's module; the real benchmark child runs",
         )
         return CHILD_MODULE
+    # The name alone is not enough: `python -m` looks in its working directory and on
+    # PYTHONPATH first, where any tests/ folder may be. The module must be a file of this
+    # checkout's tests/, and the child runs from the checkout (double_directory) so that
+    # is the one it imports.
+    source = CHECKOUT.joinpath(*named.split(".")).with_suffix(".py")
+    if not (CHECKOUT / "tests" / "__init__.py").is_file() or not source.is_file():
+        log.warning(
+            "event=bad_child_module variable=%s reason=%r",
+            CHILD_MODULE_VARIABLE,
+            "no such test double in this nodecheck's own tests; the real benchmark child runs",
+        )
+        return CHILD_MODULE
     # The name is logged: checked above to be a test double's module, never anything else.
     log.warning(
         "event=bench_child_double module=%s reason=%r",
@@ -105,9 +121,11 @@ def run_child(
     """Run the child to its end, its deadline, or `stop`; `on_start` gets its process group."""
     began = time.monotonic()
     outcome = ChildOutcome()
+    module = child_module()
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", child_module(), json.dumps(spec)],
+            [sys.executable, "-m", module, json.dumps(spec)],
+            cwd=CHECKOUT if module != CHILD_MODULE else None,
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=_child_env(),

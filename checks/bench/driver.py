@@ -36,8 +36,8 @@ SKIPS = MetricSpec(
 LAST_SUCCESS = MetricSpec(
     "nodecheck_bench_last_success_timestamp_seconds",
     "gauge",
-    "When the last run of this benchmark that measured ended (whatever its verdict); "
-    "a fleet leaves out results older than twice the interval",
+    "When the last run of this benchmark that measured ended (whatever its verdict); 0: "
+    "it has never measured here; a fleet leaves out results older than twice the interval",
     ("benchmark",),
 )
 
@@ -48,19 +48,31 @@ class LastMeasurements:
     every result of a run that was refused or failed: a node whose GPUs are busy keeps
     exporting its last figures beside their last-success time, so a fleet sees them age
     out by its freshness filter instead of vanishing at the first refusal. An agent that
-    restarts has none until it measures again (its last success, on disk, stays)."""
+    restarts has none until it measures again (its last success, on disk, stays).
+
+    Only the measured rates are carried (the `*_per_second` families), never the verdicts
+    derived from them (peer and baseline ratios, the variation): a node alert on a ratio
+    would otherwise keep firing on a days-old run while the check says skip. And only for
+    GPUs still among the run's targets: a GPU gone from the bus is not reported measured."""
 
     def __init__(self) -> None:
         self._samples: dict[tuple[str, str], tuple[Sample, ...]] = {}
         self._lock = threading.Lock()
 
     def keep(self, state_dir: Path, key: str, samples: tuple[Sample, ...]) -> None:
+        rates = tuple(sample for sample in samples if sample.metric.name.endswith("_per_second"))
         with self._lock:
-            self._samples[(str(state_dir), key)] = samples
+            self._samples[(str(state_dir), key)] = rates
 
-    def last(self, state_dir: Path, key: str) -> tuple[Sample, ...]:
+    def last(self, state_dir: Path, key: str, targets: list[Target]) -> tuple[Sample, ...]:
+        present = {target.gpu.bus_id for target in targets if target.gpu}
         with self._lock:
-            return self._samples.get((str(state_dir), key), ())
+            kept = self._samples.get((str(state_dir), key), ())
+        return tuple(
+            sample
+            for sample in kept
+            if not sample.labels.get("bus_id") or sample.labels["bus_id"] in present
+        )
 
 
 LAST_MEASUREMENTS = LastMeasurements()
@@ -187,14 +199,14 @@ def run_benchmark(
     host = ctx.hostname
     state = BenchState(options.state_dir)
     if importlib.util.find_spec("torch") is None:
-        return [
-            Result(
-                Status.ERROR,
-                NODE,
-                "torch is not installed, and the benchmarks run on it",
-                "pip install 'nodecheck[bench]' (or the CUDA build of torch your site uses)",
-            )
-        ]
+        missing = Result(
+            Status.ERROR,
+            NODE,
+            "torch is not installed, and the benchmarks run on it",
+            "pip install 'nodecheck[bench]' (or the CUDA build of torch your site uses)",
+        )
+        # With its last success (0: never), so a fleet sees a node that cannot measure.
+        return _with_state_series(state, [missing], host, spec["benchmark"], False)
     key = last_success_key(host, spec["benchmark"])
     try:
         with state.exclusive_run(host):
@@ -206,12 +218,14 @@ def run_benchmark(
                 lambda result: judge(result, targets, state, options, host),
             )
         if not measured:
-            results = _with_samples(results, LAST_MEASUREMENTS.last(options.state_dir, key))
+            results = _with_samples(
+                results, LAST_MEASUREMENTS.last(options.state_dir, key, targets)
+            )
         skipped = any(result.status is Status.SKIP for result in results)
         results = _with_state_series(state, results, host, spec["benchmark"], skipped)
     except BenchBusyError as err:
         results = [_skip(state, Refusal("busy_lock", f"another benchmark is running ({err})"))]
-        results = _with_samples(results, LAST_MEASUREMENTS.last(options.state_dir, key))
+        results = _with_samples(results, LAST_MEASUREMENTS.last(options.state_dir, key, targets))
         results = _with_state_series(state, results, host, spec["benchmark"], True)
     except OSError as err:
         return [
@@ -244,9 +258,12 @@ def _with_state_series(
         samples += tuple(
             Sample(SKIPS, count, {"reason": reason}) for reason, count in data["skips"].items()
         )
+    # 0 until the first measurement: "never" is a value (the fleet reports an agent that
+    # has run a benchmark for 3 intervals without measuring once), while a benchmark that
+    # does not apply here (all_reduce on one GPU, no GPU at all) never gets this far and
+    # exports no last success.
     when = data["last_success"].get(last_success_key(host, benchmark))
-    if when is not None:
-        samples += (Sample(LAST_SUCCESS, float(when), {"benchmark": benchmark}),)
+    samples += (Sample(LAST_SUCCESS, float(when or 0.0), {"benchmark": benchmark}),)
     return _with_samples(results, samples)
 
 

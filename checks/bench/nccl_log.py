@@ -18,7 +18,9 @@ line's form depends on the release (NVIDIA/nccl src/enqueue.cc at each tag):
   src/collectives.cc);
 - 2.24 onwards: `%s: %ld Bytes -> Algo %s proto %s channel{Lo..Hi}={%d..%d}`, the
   algorithm by ncclAlgoToString (src/collectives.cc: TREE, RING, COLLNET_DIRECT,
-  COLLNET_CHAIN, NVLS, NVLS_TREE, PAT).
+  COLLNET_CHAIN, NVLS, NVLS_TREE, PAT). Collectives NCCL runs with its symmetric-memory
+  kernels (2.27 on: `AllReduce [Symmetric]: ... -> Kernel ...`) or the copy engines
+  name no algorithm of this list: they read as `unknown`.
 
 One pattern reads them all: an optional `Func: `, the bytes, the algorithm by number
 or by name, lower-cased as the metric's label (`nvls_tree`). A line counts when its

@@ -129,6 +129,8 @@ def test_without_rates_the_double_fails_as_the_child_does(monkeypatch: pytest.Mo
         "testsuite.fake",
         "tests",
         "tests..x",
+        # Under tests., but no double of this checkout's.
+        "tests.fixtures.no_such_double",
     ],
 )
 def test_a_bad_module_name_is_ignored_with_a_warning(
@@ -168,3 +170,18 @@ def test_every_run_with_the_double_says_so(
 
 
 DOUBLE_REASON = "a test double runs in place of the benchmark: its figures are not measurements"
+
+
+def test_a_tests_folder_in_the_working_directory_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`python -m` would import tests.evil from the working directory: the double must be
+    a file of nodecheck's own checkout, and the child runs from there."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "evil.py").write_text("raise SystemExit('foreign code ran')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(CHILD_MODULE_VARIABLE, "tests.evil")
+    with caplog.at_level(logging.WARNING):
+        assert child_module() == CHILD_MODULE
+    assert "event=bad_child_module" in caplog.text

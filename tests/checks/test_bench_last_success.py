@@ -1,5 +1,5 @@
 """nodecheck_bench_last_success_timestamp_seconds on real benchmark runs (real torch on the
-CPU, the gate against the fake NVML): absent before the first measurement, the end of
+CPU, the gate against the fake NVML): 0 before the first measurement (never), the end of
 every run that measured, left where it was by runs that failed or were refused."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_the_last_success_of_matmul(dgx: Node, tmp_path: Path) -> None:
     options = {"device": "cpu", "dtype": "fp32"}
     [refused] = bench(dgx, "matmul", tmp_path, **options)
     assert refused.status is Status.SKIP and refused.details["cause"] == "gpu_busy"
-    assert last_success([refused]) == {}  # nothing measured yet
+    assert last_success([refused]) == {"matmul": 0.0}  # nothing measured yet: never
 
     before = time.time()
     measured = bench(dgx, "matmul", tmp_path, force=True, **options)
@@ -55,7 +55,7 @@ def test_the_last_success_of_matmul(dgx: Node, tmp_path: Path) -> None:
     assert state.last_success(last_success_key(host, "matmul")) == stamp
     assert state.last_success(last_success_key(host, "h2d")) is None
     [h2d] = bench(dgx, "h2d", tmp_path, **options)  # refused: h2d never measured
-    assert h2d.status is Status.SKIP and last_success([h2d]) == {}
+    assert h2d.status is Status.SKIP and last_success([h2d]) == {"h2d": 0.0}
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")
@@ -63,7 +63,7 @@ def test_a_run_where_every_gpu_failed_measured_nothing(dgx: Node, tmp_path: Path
     """--device cuda where torch has no GPU: every GPU's result is an error."""
     results = bench(dgx, "matmul", tmp_path, device="cuda", gpus=(1, 2), force=True)
     assert {result.status for result in results} == {Status.ERROR}
-    assert last_success(results) == {}
+    assert last_success(results) == {"matmul": 0.0}
     host = dgx.context().hostname
     assert BenchState(tmp_path / "state").last_success(last_success_key(host, "matmul")) is None
 
@@ -95,12 +95,20 @@ def measurements(results: list[Result]) -> list[tuple[str, tuple[tuple[str, str]
     )
 
 
+Figure = tuple[str, tuple[tuple[str, str], ...], float]
+
+
+def rates(figures: list[Figure]) -> list[Figure]:
+    return [figure for figure in figures if figure[0].endswith("_per_second")]
+
+
 def test_a_refused_or_failed_run_keeps_exporting_the_last_measurement(
     dgx: Node, tmp_path: Path
 ) -> None:
     """The fleet's freshness filter ages a node's figures by their last success: a run
-    refused (GPUs busy) or failed carries the last measured samples, equal, beside an
-    unchanged last success; the next measurement replaces them."""
+    refused (GPUs busy) or failed carries the last measured rates, equal, beside an
+    unchanged last success (never the ratios judged from them); the next measurement
+    replaces them."""
     options = {"device": "cpu", "dtype": "fp32"}
     [refused] = bench(dgx, "matmul", tmp_path, **options)
     assert refused.status is Status.SKIP and measurements([refused]) == []  # none yet
@@ -112,18 +120,48 @@ def test_a_refused_or_failed_run_keeps_exporting_the_last_measurement(
 
     [refused] = bench(dgx, "matmul", tmp_path, **options)
     assert refused.status is Status.SKIP and refused.details["cause"] == "gpu_busy"
-    assert measurements([refused]) == figures
+    assert measurements([refused]) == rates(figures)
     assert last_success([refused]) == {"matmul": stamp}
     [failed] = bench(dgx, "matmul", tmp_path, force=True, duration_s=60, timeout_s=3.0, **options)
     assert failed.status is Status.ERROR and failed.details["cause"] == "timeout"
-    assert measurements([failed]) == figures
+    assert measurements([failed]) == rates(figures)
     assert last_success([failed]) == {"matmul": stamp}
 
     second = bench(dgx, "matmul", tmp_path, force=True, **options)
     assert last_success(second)["matmul"] > stamp
     [refused] = bench(dgx, "matmul", tmp_path, **options)
-    assert measurements([refused]) == measurements(second)
+    assert measurements([refused]) == rates(measurements(second))
+    assert rates(measurements(second)) != measurements(second)  # a baseline ratio too
     assert last_success([refused]) == last_success(second)
     # Per benchmark: h2d never measured, so its refusal carries nothing of matmul's.
     [h2d] = bench(dgx, "h2d", tmp_path, **options)
     assert h2d.status is Status.SKIP and measurements([h2d]) == []
+
+
+def test_a_benchmark_that_does_not_apply_exports_no_last_success(
+    workstation: Node, tmp_path: Path
+) -> None:
+    """all_reduce on a one-GPU node never runs: no last success, not even 0, so a fleet
+    does not report it as a benchmark that never measured."""
+    results = bench(workstation, "allreduce", tmp_path, device="cuda")
+    assert {result.status for result in results} == {Status.SKIP}
+    assert last_success(results) == {}
+
+
+def test_carried_samples_are_the_rates_of_gpus_still_targeted() -> None:
+    from nodecheck.checks.bench.driver import LastMeasurements, Target
+    from nodecheck.checks.bench.matmul import FLOPS, PEER_RATIO
+    from nodecheck.checks.result import Sample
+
+    kept = LastMeasurements()
+    gpu = {"gpu": "0", "bus_id": "00000000:18:00.0", "model": "H100", "dtype": "bf16"}
+    gone = {**gpu, "gpu": "1", "bus_id": "00000000:2A:00.0"}
+    samples = (Sample(FLOPS, 7e14, gpu), Sample(PEER_RATIO, 0.8, gpu), Sample(FLOPS, 7e14, gone))
+    kept.keep(Path("/state"), "n1/matmul", samples)
+
+    class Gpu:
+        bus_id = "00000000:18:00.0"
+
+    target = Target("0", Gpu())  # type: ignore[arg-type]
+    assert kept.last(Path("/state"), "n1/matmul", [target]) == (Sample(FLOPS, 7e14, gpu),)
+    assert kept.last(Path("/state"), "n2/matmul", [target]) == ()

@@ -807,8 +807,14 @@ def test_the_monitors_give_the_job_the_rules_expect(kind: str, target: str | Non
     assert rule_jobs() == {labels[label]}
 
 
-def test_the_agent_keeps_one_instance_per_node_across_pod_restarts() -> None:
-    # The fleet rules know a node by `instance`: a pod IP changes at every rollout.
-    spec = daemonset()["spec"]["template"]["spec"]
-    assert spec["hostNetwork"] is True
-    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+@pytest.mark.parametrize("kind", ["ServiceMonitor", "PodMonitor"])
+def test_the_monitors_keep_one_instance_per_node_across_pod_restarts(kind: str) -> None:
+    # The fleet rules know a node by `instance`: a pod's IP:port changes at every
+    # rollout, its node's name does not. (No hostNetwork for it: that would put the
+    # unauthenticated endpoints on the node's network, where no NetworkPolicy applies.)
+    monitor = the(kind, "nodecheck-agent")
+    endpoints = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+    [endpoint] = endpoints
+    relabelings = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert relabelings["instance"] == ["__meta_kubernetes_pod_node_name"]
+    assert "hostNetwork" not in daemonset()["spec"]["template"]["spec"]
