@@ -18,6 +18,7 @@ import pytest
 
 from tests.agent.test_daemon import free_port
 from tests.conftest import Node
+from tests.fixtures.certificates import make_certificate
 
 
 def fetch(url: str, context: ssl.SSLContext, user: str | None = None, password: str = "") -> int:
@@ -34,29 +35,7 @@ def fetch(url: str, context: ssl.SSLContext, user: str | None = None, password: 
 
 def test_https_with_basic_auth(build: Callable[..., Node], tmp_path: Path) -> None:
     node = build("cpu-only")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = make_certificate(tmp_path, "localhost")
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     users = tmp_path / "users"
     users.write_text(f"# scrapers\nprometheus:{hashed}\n")

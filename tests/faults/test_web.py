@@ -27,36 +27,10 @@ import pytest
 from nodecheck.agent.exporter import parse_basic_auth, serve, tls_context
 from tests.agent.test_daemon import free_port, wait_for
 from tests.conftest import Node
+from tests.fixtures.certificates import make_certificate
 
 PASSWORD = b"s3cret"
 COST = 10  # about 50-100 ms a check: wrong passwords are measurably slow
-
-
-def make_certificate(directory: Path, name: str) -> tuple[Path, Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            f"/CN={name}",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 @dataclass

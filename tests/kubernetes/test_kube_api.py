@@ -10,7 +10,8 @@ import pytest
 
 from nodecheck.agent.kube_api import KubeClient
 from tests.agent.test_daemon import free_port
-from tests.fixtures.kube_api import KubeApiDouble, make_certificate
+from tests.fixtures.certificates import make_certificate
+from tests.fixtures.kube_api import KubeApiDouble
 
 RBAC = Path(__file__).resolve().parent.parent.parent / "deploy" / "kubernetes" / "rbac.yaml"
 
@@ -63,7 +64,7 @@ def test_no_answer_wrong_ca_and_a_hung_server(double: KubeApiDouble, tmp_path: P
     refused = client(f"https://127.0.0.1:{free_port()}", tmp_path, double.cert).get_node("n1")
     assert refused.status == 0 and "Connection refused" in (refused.error or "")
     (tmp_path / "other").mkdir()
-    other_ca, _ = make_certificate(tmp_path / "other")
+    other_ca, _ = make_certificate(tmp_path / "other", "kube-apiserver")
     untrusted = client(double.url, tmp_path, other_ca).get_node("n1")
     assert untrusted.status == 0 and "CERTIFICATE_VERIFY_FAILED" in (untrusted.error or "")
     kube = client(double.url, tmp_path, double.cert, timeout_s=0.5)
