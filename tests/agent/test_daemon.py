@@ -11,7 +11,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,6 +28,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
 from tests.conftest import Node
+from tests.fixtures.agent_process import start_agent
 from tests.fixtures.nvml_scenarios import dgx_healthy, modified
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -129,20 +129,7 @@ def running_agent(node: Node, work: Path, benchmarks: bool) -> Iterator[RunningA
     env = {**os.environ, **node.env, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "2000000"}
     # Its log goes to a file: a pipe nobody reads would block the agent once it filled.
     log = work / "agent.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nodecheck.agent",
-                *node.cli_args,
-                "agent",
-                "--config",
-                str(config),
-            ],
-            env=env,
-            stderr=sink,
-        )
+    process = start_agent(node.cli_args, config, env, log)
     running = RunningAgent(process, port, config, textfile)
 
     def collect() -> None:

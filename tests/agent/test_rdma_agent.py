@@ -4,8 +4,6 @@ same counters that one reading only exports warn once they rise between two read
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 from nodecheck.checks.registry import load_checks
 from tests.agent.test_daemon import RunningAgent, free_port, get, wait_for
 from tests.conftest import Node
+from tests.fixtures.agent_process import start_agent
 
 COUNTERS = "sys/class/infiniband/mlx5_2/ports/1/counters"
 
@@ -42,20 +41,7 @@ def test_the_agent_warns_on_rising_port_counters(
         f"{others}\n[benchmarks]\nenabled = false\n"
     )
     log = tmp_path / "agent.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nodecheck.agent",
-                *node.cli_args,
-                "agent",
-                "--config",
-                str(config),
-            ],
-            env={**node.env, "PATH": "/usr/bin:/bin"},
-            stderr=sink,
-        )
+    process = start_agent(node.cli_args, config, {**node.env, "PATH": "/usr/bin:/bin"}, log)
     agent = RunningAgent(process, port, config, textfile)
     try:
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import yaml
 
 from tests.agent.test_daemon import free_port, get, wait_for
 from tests.conftest import Node
+from tests.fixtures.agent_process import start_agent
 from tests.fixtures.kube_api import KubeApiDouble
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -112,20 +112,7 @@ def kube_agent(
     )
     log = work / f"agent-{time.monotonic_ns()}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nodecheck.agent",
-                *node.cli_args,
-                "agent",
-                "--config",
-                str(config),
-            ],
-            env={**env, **node.env},
-            stderr=sink,
-        )
+    process = start_agent(node.cli_args, config, {**env, **node.env}, log)
     agent = KubeAgent(process, port, log)
     try:
 
