@@ -102,6 +102,8 @@ OWN_FILES = (
     Allowed("checks/bench/nccl_log.py", "log_size", "stat", "its NCCL log's size"),
     Allowed("checks/bench/nccl_log.py", "read_segment", "open", "its NCCL log"),
     Allowed("checks/bench/nccl_log.py", "log_files", "listdir", "its NCCL log folder"),
+    Allowed("checks/bench/child_runner.py", "<module>", "resolve", "its own checkout's path"),
+    Allowed("checks/bench/child_runner.py", "child_module", "is_file", "a test double's file"),
 )
 
 
