@@ -30,14 +30,13 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# 20 nodes, scraped and evaluated every 2 s: correctness only, never timing.
+SMALL_FLEET = ("--nodes", "20", "--interval", "2", "--scrape-interval", "2")
+
+
 def test_the_rules_find_exactly_the_planted_stragglers() -> None:
     done = run_bench(
-        "--nodes",
-        "20",
-        "--interval",
-        "2",
-        "--scrape-interval",
-        "2",
+        *SMALL_FLEET,
         "--evaluations",
         "2",
         "--history-hours",
@@ -62,12 +61,7 @@ def test_a_rule_that_misses_the_planted_straggler_is_noticed(tmp_path: Path) -> 
     assert score in text
     rules.write_text(text.replace(score, f"{score} * 1.1"))
     done = run_bench(
-        "--nodes",
-        "20",
-        "--interval",
-        "2",
-        "--scrape-interval",
-        "2",
+        *SMALL_FLEET,
         "--evaluations",
         "1",
         "--history-hours",
