@@ -13,13 +13,27 @@ TORCH_VERSION = 2.13.0
 DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl numactl \
   slurmctld slurmd slurm-client munge
 
-.PHONY: run demo test lint typecheck unit system-packages clean gpu
+.PHONY: run demo test lint typecheck unit system-packages venv-package clean gpu
 
+# Debian and Ubuntu ship `python3 -m venv` apart, in python3-venv (without it venv stops
+# with "ensurepip is not available" and leaves a venv without pip): when venv fails, the
+# half-made venv is removed and the missing package installed (or named), then it is retried.
 $(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(MAKE) --no-print-directory venv-package && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
+
+venv-package:
+	@version=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	missing=$$(for p in python3-venv python$$version-venv; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then \
+	  echo "$(PYTHON) -m venv failed (its message is above), although python3-venv and python$$version-venv are installed" >&2; exit 1; \
+	fi; \
+	echo "$(PYTHON) -m venv needs Debian's $$missing: installing it" >&2; \
+	sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
+	  || { echo "could not install $$missing: run apt-get install $$missing as root" >&2; exit 1; }
 
 system-packages:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -40,9 +54,10 @@ run: $(BIN)/.installed
 	$(BIN)/nodecheck agent
 
 # The README's example: `nodecheck check` on the faulty 8-GPU replica and the fake NVML
-# (needs gcc and libc6-dev for the fake libnvidia-ml.so.1).
+# (needs gcc and libc6-dev for the fake libnvidia-ml.so.1). The check exits 1 on that node
+# by design, which the demo expects; the replica is built in a temporary folder and removed.
 demo: $(BIN)/.installed
-	$(BIN)/python -m tests.fixtures.demo
+	$(BIN)/python -m tests.fixtures.demo --expect-status 1
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
