@@ -39,7 +39,7 @@ $(BIN)/.torch: $(BIN)/.installed
 run: $(BIN)/.installed
 	$(BIN)/nodecheck agent
 
-# The README's example: `nodecheck check` on the faulty 8-GPU replica and the fake NVML
+# docs/checks.md's example: `nodecheck check` on the faulty 8-GPU replica and the fake NVML
 # (needs gcc and libc6-dev for the fake libnvidia-ml.so.1).
 demo: $(BIN)/.installed
 	$(BIN)/python -m tests.fixtures.demo
