@@ -53,7 +53,7 @@ $(BIN)/.torch: $(BIN)/.installed
 run: $(BIN)/.installed
 	$(BIN)/nodecheck agent
 
-# The README's example: `nodecheck check` on the faulty 8-GPU replica and the fake NVML
+# docs/checks.md's example: `nodecheck check` on the faulty 8-GPU replica and the fake NVML
 # (needs gcc and libc6-dev for the fake libnvidia-ml.so.1). The check exits 1 on that node
 # by design, which the demo expects; the replica is built in a temporary folder and removed.
 demo: $(BIN)/.installed

@@ -21,7 +21,7 @@ STATUS_COLOURS = {
     Status.SKIP: "bright_black",
 }
 
-# Exit status of `nodecheck check` (README "Exit status").
+# Exit status of `nodecheck check` (docs/checks.md, "Exit status").
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2

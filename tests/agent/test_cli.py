@@ -386,14 +386,14 @@ def test_bench_that_measured_nothing_is_undetermined(dgx: Node, tmp_path: Path) 
     assert "not run: GPU 0 (0000:18:00.0) is in use by pid 5151 (python3)" in done.stdout
 
 
-def test_the_readme_example_is_what_the_demo_prints(tmp_path: Path) -> None:
-    """README.md's example block comes from `python -m tests.fixtures.demo --readme` (make
-    demo): the commands it shows reproduce it."""
-    from tests.fixtures.demo import readme_excerpt, run_demo
+def test_the_checks_doc_example_is_what_the_demo_prints(tmp_path: Path) -> None:
+    """docs/checks.md's example block comes from `python -m tests.fixtures.demo --excerpt`
+    (make demo): the commands it shows reproduce it."""
+    from tests.fixtures.demo import example_excerpt, run_demo
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Example: the faulty 8-GPU replica node", 1)[1]
-    shown = section.split("--readme` prints it", 1)[1].split("```\n", 2)[1]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "checks.md").read_text()
+    section = doc.split("## Example: the faulty 8-GPU replica node", 1)[1]
+    shown = section.split("--excerpt` prints it", 1)[1].split("```\n", 2)[1]
     done = run_demo(tmp_path, [], capture=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert readme_excerpt(done.stdout) == shown
+    assert example_excerpt(done.stdout) == shown

@@ -361,7 +361,7 @@ def test_reload_keeps_the_old_config_when_the_new_one_is_bad(agent: RunningAgent
 
 
 def test_sigterm_stops_it_promptly(agent: RunningAgent) -> None:
-    """Last in this module: it ends the agent. The README promises 2 s; the bound asserted
+    """Last in this module: it ends the agent. docs/agent.md promises 2 s; the bound asserted
     is generous, since on a loaded machine the interpreter's exit alone can take seconds
     (an exit that hangs on a thread still fails it)."""
     started = time.monotonic()

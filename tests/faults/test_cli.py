@@ -154,7 +154,7 @@ def test_python_dash_m_nodecheck_runs_the_command() -> None:
     ],
 )
 def test_config_commands_take_the_global_options(tmp_path: Path, argv: list[str]) -> None:
-    """The README says every command takes --log-level; today config show|check refuse it."""
+    """docs/commands.md says every command takes --log-level; today config show|check refuse it."""
     config = tmp_path / "c.toml"
     config.write_text("[agent]\nexpected_gpus = 8\n")
     done = run(*[str(config) if arg == "CONFIG" else arg for arg in argv])

@@ -1,8 +1,8 @@
-"""The issue's test: the all_reduce benchmark child under srun, as the README says.
+"""The issue's test: the all_reduce benchmark child under srun, as docs/benchmarks.md says.
 
 Two tasks on the one node, gloo on the CPU: srun starts the ranks (SLURM_PROCID,
-SLURM_NTASKS), MASTER_ADDR/MASTER_PORT come from the caller's environment as the
-README's recipe exports them, and rank 0 alone prints the busbw table.
+SLURM_NTASKS), MASTER_ADDR/MASTER_PORT come from the caller's environment as
+docs/benchmarks.md's recipe exports them, and rank 0 alone prints the busbw table.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 
 def test_allreduce_child_runs_under_srun(slurm_cluster: SlurmCluster) -> None:
-    # The README: export MASTER_ADDR=$(scontrol show hostnames | head -n1) MASTER_PORT=...
+    # docs/benchmarks.md: export MASTER_ADDR=$(scontrol show hostnames | head -n1) MASTER_PORT=...
     hosts = slurm_cluster.run("scontrol", "show", "hostnames", slurm_cluster.node).stdout
     master = hosts.split()[0]
     ran = slurm_cluster.run(
