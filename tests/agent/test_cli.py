@@ -27,7 +27,7 @@ NODECHECK = [sys.executable, "-m", "nodecheck.agent"]
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed command, as a user runs it (stdout is a pipe, not a terminal)."""
-    environ = dict(CLEAN_ENVIRON, PATH=os.environ["PATH"], **(env or {}))
+    environ = {**CLEAN_ENVIRON, "PATH": os.environ["PATH"], **(env or {})}  # env may set PATH
     if "PYTHONPATH" in os.environ:  # a checkout used without installing it
         environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run(
