@@ -523,7 +523,8 @@ def _snapshot(ctx: click.Context, param: click.Parameter, value: Path | None) ->
     default=None,
     metavar="HOST:PORT",
     callback=_listen,
-    help="Override the configured listen address (:PORT for every interface, [IPv6]:PORT).",
+    help="Override the configured listen address (:PORT for every interface, [IPv6]:PORT; "
+    '"" for no server: the checks run, nothing is served).',
 )
 @click.option(
     "--snapshot",
