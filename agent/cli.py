@@ -682,9 +682,16 @@ def config() -> None:
 @global_options
 @click.pass_context
 def config_show(ctx: click.Context, config_path: Path | None) -> None:
-    """Print the effective configuration (the file over the embedded defaults)."""
+    """Print the effective configuration: the file over the embedded defaults.
+
+    Every key the file may set, with its value, each check's interval and timeout
+    included; a key with no default is a comment saying what unset means. The output
+    is itself a configuration (`config check` accepts it).
+    """
     configure_logging(settings(ctx)["log_level"])
-    click.echo(_config_or_exit(config_path).show(), nl=False)
+    from nodecheck.checks.registry import load_checks
+
+    click.echo(_config_or_exit(config_path).show(load_checks()), nl=False)
 
 
 @config.command("check")
