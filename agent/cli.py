@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from nodecheck.agent.fault_classes import FaultClass
+from nodecheck.agent.interruption import Interrupted, raise_on_stop_signals
 from nodecheck.agent.logs import LEVELS, configure_logging
 from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
@@ -386,7 +387,8 @@ def check(
     """Run the health checks and print a verdict (of this node, or of a capture).
 
     Exit status: 0 no failure (warnings allowed), 1 a check failed, 2 usage or
-    configuration error, 3 no failure but something could not be determined.
+    configuration error, 3 no failure but something could not be determined; 130
+    (143) when Ctrl-C (SIGTERM) stopped it.
     """
     if facts_path is not None and kernel_log is not None:
         fail_usage("--kernel-log reads this node; a capture (--facts) holds its own")
@@ -549,6 +551,18 @@ def agent(
     cannot listen on.
     """
     long_lived()
+    try:
+        _run_agent(ctx, config_path, listen, snapshot_path)
+    except Interrupted:
+        # Stopped while it was starting, before its own handlers were in place: a stop
+        # like any other (systemd's stop sends SIGTERM), exit 0 as documented.
+        log.info("event=stopping")
+        ctx.exit(0)
+
+
+def _run_agent(
+    ctx: click.Context, config_path: Path | None, listen: str | None, snapshot_path: Path | None
+) -> None:
     fs = node_fs(ctx, log_level=AGENT_LOG_LEVEL)
     from nodecheck.agent.config import DEFAULT_PATH, ConfigError
     from nodecheck.agent.daemon import Agent, ListenError
@@ -1530,6 +1544,7 @@ def main() -> None:
     # twentieth of `check --facts`, bench/cli_latency.py). The long-lived commands (the
     # agent, the benchmarks) turn it back on: long_lived().
     gc.disable()
+    raise_on_stop_signals()
     try:
         cli.main(prog_name="nodecheck", standalone_mode=True)
         status = 0
@@ -1537,8 +1552,12 @@ def main() -> None:
         if gc.isenabled():  # a long-lived command
             raise
         status = _exit_status(done.code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except Interrupted as stop:
+        # Threads still at work (a check stuck in NVML, a benchmark's) are left behind,
+        # long-lived command or not; the benchmark child dies with this process (it asked
+        # for PR_SET_PDEATHSIG).
+        click.echo(f"nodecheck: interrupted by {stop}", err=True)
+        _leave(stop.exit_status)
     except Exception as err:
         log.debug("event=internal_error", exc_info=err)
         click.echo(f"nodecheck: internal error: {type(err).__name__}: {err}", err=True)
