@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from nodecheck.agent.fault_classes import FaultClass
+from nodecheck.agent.interruption import Interrupted, raise_on_stop_signals
 from nodecheck.agent.logs import LEVELS, configure_logging
 from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
@@ -333,13 +334,41 @@ def load_facts(ctx: click.Context, path: Path) -> NodeFacts:
         fail_usage(f"--facts {path}: {err.strerror or err}")
 
 
-@cli.command()
-@click.option(
-    "--only", "only", multiple=True, metavar="NAME", help="Run only this check (repeatable)."
-)
-@click.option(
-    "--skip", "skip", multiple=True, metavar="NAME", help="Do not run this check (repeatable)."
-)
+def _check_names(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+    """`--only cpu,numa` as `--only cpu --only numa`; repeats and commas mix. An empty
+    name (`--only ""`, `cpu,,numa`) names no check: refused, never taken as "all"."""
+    names = tuple(name.strip() for given_value in value for name in given_value.split(","))
+    if any(not name for name in names):
+        raise click.BadParameter(f"{','.join(value)!r}: an empty check name")
+    return names
+
+
+class CheckCommand(click.Command):
+    """`check --help` ends with the registered checks' names, read from the registry when
+    the help is shown (importing every check module costs every other command nothing)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from nodecheck.checks.registry import load_checks
+
+        formatter.write_paragraph()
+        formatter.write_text(f"Checks (for --only and --skip): {', '.join(load_checks())}.")
+        super().format_epilog(ctx, formatter)
+
+
+def check_selection_option(flag: str, help_text: str) -> Callable[[F], F]:
+    return click.option(
+        flag,
+        flag.removeprefix("--"),
+        multiple=True,
+        metavar="NAME[,NAME...]",
+        callback=_check_names,
+        help=f"{help_text} (repeatable; commas separate names).",
+    )
+
+
+@cli.command(cls=CheckCommand)
+@check_selection_option("--only", "Run only these checks")
+@check_selection_option("--skip", "Do not run these checks")
 @click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
 @expected_gpus_option("fails gpu_count")
 @kernel_log_option
@@ -358,7 +387,8 @@ def check(
     """Run the health checks and print a verdict (of this node, or of a capture).
 
     Exit status: 0 no failure (warnings allowed), 1 a check failed, 2 usage or
-    configuration error, 3 no failure but something could not be determined.
+    configuration error, 3 no failure but something could not be determined; 130
+    (143) when Ctrl-C (SIGTERM) stopped it.
     """
     if facts_path is not None and kernel_log is not None:
         fail_usage("--kernel-log reads this node; a capture (--facts) holds its own")
@@ -367,16 +397,23 @@ def check(
     from nodecheck.agent.report import exit_code, render_json, render_table
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.facts import hostname_shown
-    from nodecheck.checks.registry import load_checks
+    from nodecheck.checks.registry import (
+        NothingSelectedError,
+        UnknownCheckError,
+        load_checks,
+        select_checks,
+    )
     from nodecheck.checks.runner import run_checks
 
-    available = load_checks()
-    unknown = sorted((set(only) | set(skip)) - set(available))
-    if unknown:
-        fail_usage(f"unknown check {', '.join(unknown)} (checks: {', '.join(available)})")
-    selected = [
-        c for name, c in available.items() if (not only or name in only) and name not in skip
-    ]
+    try:
+        selected = select_checks(load_checks(), only, skip)
+    except UnknownCheckError as err:
+        fail_usage(str(err))
+    except NothingSelectedError:
+        given_options = " ".join(
+            [*(f"--only {name}" for name in only), *(f"--skip {name}" for name in skip)]
+        )
+        fail_usage(f"{given_options}: no check left to run")
     config = check_config(ctx, expected_gpus=expected_gpus)
     if facts is not None:
         context = CheckContext(facts=facts, config=config)
@@ -488,7 +525,8 @@ def _snapshot(ctx: click.Context, param: click.Parameter, value: Path | None) ->
     default=None,
     metavar="HOST:PORT",
     callback=_listen,
-    help="Override the configured listen address (:PORT for every interface, [IPv6]:PORT).",
+    help="Override the configured listen address (:PORT for every interface, [IPv6]:PORT; "
+    '"" for no server: the checks run, nothing is served).',
 )
 @click.option(
     "--snapshot",
@@ -513,6 +551,18 @@ def agent(
     cannot listen on.
     """
     long_lived()
+    try:
+        _run_agent(ctx, config_path, listen, snapshot_path)
+    except Interrupted:
+        # Stopped while it was starting, before its own handlers were in place: a stop
+        # like any other (systemd's stop sends SIGTERM), exit 0 as documented.
+        log.info("event=stopping")
+        ctx.exit(0)
+
+
+def _run_agent(
+    ctx: click.Context, config_path: Path | None, listen: str | None, snapshot_path: Path | None
+) -> None:
     fs = node_fs(ctx, log_level=AGENT_LOG_LEVEL)
     from nodecheck.agent.config import DEFAULT_PATH, ConfigError
     from nodecheck.agent.daemon import Agent, ListenError
@@ -646,9 +696,16 @@ def config() -> None:
 @global_options
 @click.pass_context
 def config_show(ctx: click.Context, config_path: Path | None) -> None:
-    """Print the effective configuration (the file over the embedded defaults)."""
+    """Print the effective configuration: the file over the embedded defaults.
+
+    Every key the file may set, with its value, each check's interval and timeout
+    included; a key with no default is a comment saying what unset means. The output
+    is itself a configuration (`config check` accepts it).
+    """
     configure_logging(settings(ctx)["log_level"])
-    click.echo(_config_or_exit(config_path).show(), nl=False)
+    from nodecheck.checks.registry import load_checks
+
+    click.echo(_config_or_exit(config_path).show(load_checks()), nl=False)
 
 
 @config.command("check")
@@ -700,7 +757,8 @@ def config_check(ctx: click.Context, path: Path) -> None:
     "--gpu-model",
     default=None,
     metavar="NAME",
-    help="H100-SXM, A100-PCIe, ... [default: this node's GPU, through NVML]",
+    help="H100-SXM, A100-PCIe, ... (one the peak-rate table knows; exit 2 for another). "
+    "[default: this node's GPU, through NVML]",
 )
 @click.option(
     "--dtype",
@@ -729,13 +787,18 @@ def mfu(
     By the estimate in Stas Bekman's Machine Learning Engineering book
     (github.com/stas00/ml-engineering, training/performance, "TFLOPS as a
     performance metric"), shown with the figures. Exit status: 0; 1 when the MFU
-    is above 100 % (impossible: the inputs are wrong); 2 usage error.
+    is above 100 % (impossible: the inputs are wrong); 2 usage error (a --gpu-model
+    with no known peak, or none for --dtype, included).
     """
     import json
 
-    from nodecheck.tuning.mfu import compute_mfu
+    from nodecheck.tuning.mfu import compute_mfu, named_model_problem
 
-    if gpu_model is None:
+    if gpu_model is not None:
+        problem = named_model_problem(gpu_model, dtype)
+        if problem is not None:
+            fail_usage(f"{problem[0]} {problem[1]}")
+    else:
         from nodecheck.checks.context import CheckContext
 
         context = CheckContext(fs=node_fs(ctx), nvml=nvml_session(ctx), config=check_config(ctx))
@@ -1481,6 +1544,7 @@ def main() -> None:
     # twentieth of `check --facts`, bench/cli_latency.py). The long-lived commands (the
     # agent, the benchmarks) turn it back on: long_lived().
     gc.disable()
+    raise_on_stop_signals()
     try:
         cli.main(prog_name="nodecheck", standalone_mode=True)
         status = 0
@@ -1488,8 +1552,12 @@ def main() -> None:
         if gc.isenabled():  # a long-lived command
             raise
         status = _exit_status(done.code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except Interrupted as stop:
+        # Threads still at work (a check stuck in NVML, a benchmark's) are left behind,
+        # long-lived command or not; the benchmark child dies with this process (it asked
+        # for PR_SET_PDEATHSIG).
+        click.echo(f"nodecheck: interrupted by {stop}", err=True)
+        _leave(stop.exit_status)
     except Exception as err:
         log.debug("event=internal_error", exc_info=err)
         click.echo(f"nodecheck: internal error: {type(err).__name__}: {err}", err=True)

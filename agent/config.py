@@ -73,9 +73,10 @@ import os
 import re
 import stat
 import sys
+from collections.abc import Mapping
 from dataclasses import field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodecheck.checks.config import (
     AGENT_IDLE_WINDOW_S,
@@ -94,6 +95,9 @@ from nodecheck.checks.node.fs import (
     read_regular_file,
 )
 from nodecheck.checks.record import record
+
+if TYPE_CHECKING:
+    from nodecheck.checks.registry import Check
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -348,38 +352,69 @@ class AgentConfig:
     def check(self, name: str) -> CheckSettings:
         return self.checks.get(name, CheckSettings())
 
-    def show(self) -> str:
-        """The effective configuration, as TOML (strings quoted as TOML basic strings)."""
+    def show(self, registered: Mapping[str, Check] | None = None) -> str:
+        """The effective configuration as TOML (strings quoted as TOML basic strings):
+        every key the file may set, with its value. A key with no default (unset means
+        something else, such as "the GPUs on the PCI bus") is a comment saying so, so the
+        text is still a configuration that reads back to this one. `registered`: the
+        registered checks, each shown under [checks.NAME] with its own interval and
+        timeout where the file leaves them; None shows only the checks the file names."""
 
         def quoted(value: object) -> str:
             return json.dumps(str(value), ensure_ascii=False)
 
-        lines = [f"# effective configuration ({self.source})", "[agent]"]
+        def unset(key: str, meaning: str) -> str:
+            return f"# {key} = ...  (no default: {meaning})"
+
+        def optional(key: str, value: object, meaning: str) -> str:
+            if value is None:
+                return unset(key, meaning)
+            return f"{key} = {value if isinstance(value, int) else quoted(value)}"
+
+        lines = [
+            f"# effective configuration ({self.source}); a key commented out has no default",
+            "[agent]",
+        ]
         lines.append(f"listen = {quoted(self.listen)}")
         lines.append(f"textfile_dir = {quoted(self.textfile_dir or '')}")
-        if self.expected_gpus is not None:
-            lines.append(f"expected_gpus = {self.expected_gpus}")
-        if self.kernel_log is not None:
-            lines.append(f"kernel_log = {quoted(self.kernel_log)}")
-        lines.append(f"nvml_timeout = {self.nvml_timeout_s}")
-        if self.state_dir is not None:
-            lines.append(f"state_dir = {quoted(self.state_dir)}")
-        if self.snapshot is not None:
-            lines.append(f"snapshot = {quoted(self.snapshot)}")
-        lines.append(f"results_file = {quoted(self.results_file or '')}")
-        for key, value in (
-            ("tls_cert_file", self.tls_cert_file),
-            ("tls_key_file", self.tls_key_file),
-            ("basic_auth_file", self.basic_auth_file),
-        ):
-            if value is not None:
-                lines.append(f"{key} = {quoted(value)}")
-        for name, settings in sorted(self.checks.items()):
+        lines += [
+            optional("expected_gpus", self.expected_gpus, "the GPUs on the PCI bus; 0 to 1024"),
+            optional("kernel_log", self.kernel_log, "/dev/kmsg under --rootfs"),
+            f"nvml_timeout = {self.nvml_timeout_s}",
+            optional(
+                "state_dir",
+                self.state_dir,
+                "/var/lib/nodecheck as root, else $XDG_STATE_HOME/nodecheck",
+            ),
+            optional(
+                "snapshot",
+                self.snapshot,
+                "none; the root-only checks read the node as the agent's user",
+            ),
+            f"results_file = {quoted(self.results_file or '')}",
+            optional(
+                "tls_cert_file", self.tls_cert_file, "none; HTTPS when both TLS files are set"
+            ),
+            optional("tls_key_file", self.tls_key_file, "none; HTTPS when both TLS files are set"),
+            optional("basic_auth_file", self.basic_auth_file, "none; no authentication"),
+        ]
+        names = sorted(set(self.checks) | set(registered or {}))
+        for name in names:
+            settings = self.check(name)
+            declared = (registered or {}).get(name)
+            interval = settings.interval_s or (declared.interval_s if declared else None)
+            timeout = settings.timeout_s or (declared.timeout_s if declared else None)
             lines += ["", f"[checks.{name}]", f"enabled = {str(settings.enabled).lower()}"]
-            if settings.interval_s is not None:
-                lines.append(f"interval = {settings.interval_s}")
-            if settings.timeout_s is not None:
-                lines.append(f"timeout = {settings.timeout_s}")
+            lines.append(
+                unset("interval", "the check's own")
+                if interval is None
+                else f"interval = {float(interval)}"
+            )
+            lines.append(
+                unset("timeout", "the check's own")
+                if timeout is None
+                else f"timeout = {float(timeout)}"
+            )
         bench = self.benchmarks
         lines += [
             "",
@@ -407,6 +442,8 @@ class AgentConfig:
         ]
         lines += ["", "[labels]"]
         lines += [f"{name} = {quoted(value)}" for name, value in sorted(self.labels.items())]
+        if not self.labels:
+            lines.append(unset("NAME", 'no labels; any names, cluster = "c1" for one'))
         kube = self.kubernetes
         lines += [
             "",

@@ -373,6 +373,12 @@ class Agent:
         )
         if config.listen:
             self.server = self._serve(config)
+        else:
+            log.info(
+                "event=no_server reason=%r",
+                'listen is "": no /metrics, /healthz or /results; the results go to '
+                "results_file, textfile_dir and Kubernetes where configured",
+            )
         self.scheduler.start()
         if not self._fast_checks(self.config):
             self._ready = True  # nothing to wait for

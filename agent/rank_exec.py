@@ -137,12 +137,45 @@ def applied_environment(
     return env, changed, removed, kept
 
 
+def _not_runnable(path: str) -> str | None:
+    """Why the file at `path` cannot be executed, or None when it can (as far as stat
+    and access(2) say: execve may still refuse it, a noexec mount for one)."""
+    if os.path.isdir(path):
+        return "a directory"
+    if not os.access(path, os.X_OK):
+        return "no execute permission"
+    return None
+
+
+def check_command(name: str, search_path: str) -> None:
+    """ExecError unless `name` can be run, with the POSIX shell's statuses (Shell Command
+    Language, 2.8.2 "Exit Status for Commands"): 127 when it is not found, 126 when it is
+    found but cannot be run. A name with a slash is that file; a bare name is looked up in
+    `search_path` as execvp(3) does, where a directory is passed over and a file found
+    without the execute bit is what is reported (bash says "Permission denied")."""
+    quoted = shlex.quote(name)
+    if "/" in name:
+        if not os.path.exists(name):
+            raise ExecError(f"{quoted}: command not found (no such file)", EXIT_NOT_FOUND)
+        why = _not_runnable(name)
+        if why is not None:
+            raise ExecError(f"{quoted}: cannot be run: {why}", EXIT_NOT_EXECUTABLE)
+        return
+    if shutil.which(name, path=search_path) is not None:
+        return
+    for directory in search_path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate):
+            why = _not_runnable(candidate)
+            raise ExecError(f"{quoted}: cannot be run: {candidate}: {why}", EXIT_NOT_EXECUTABLE)
+    raise ExecError(f"{quoted}: command not found", EXIT_NOT_FOUND)
+
+
 def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str, str]) -> Launch:
     """The command line, environment and affinity that apply `rank` to `command` (one
     word at least)."""
     path = environ.get("PATH", os.defpath)
-    if shutil.which(command[0], path=path) is None:
-        raise ExecError(f"{command[0]}: command not found", EXIT_NOT_FOUND)
+    check_command(command[0], path)
     env, changed, removed, kept = applied_environment(plan, rank, environ)
     binding = rank.binding
     where = (
@@ -236,7 +269,10 @@ def replace_process(launch: Launch, quiet: bool, here: NodeFS | None = None) -> 
         raise ExecError(f"{launch.argv[0]}: command not found", EXIT_NOT_FOUND) from err
     except PermissionError as err:
         raise ExecError(
-            f"{shlex.quote(launch.argv[0])}: permission denied", EXIT_NOT_EXECUTABLE
+            f"{shlex.quote(launch.argv[0])}: cannot be run: permission denied",
+            EXIT_NOT_EXECUTABLE,
         ) from err
     except OSError as err:
-        raise ExecError(f"{launch.argv[0]}: {err.strerror}", EXIT_NOT_EXECUTABLE) from err
+        raise ExecError(
+            f"{shlex.quote(launch.argv[0])}: cannot be run: {err.strerror}", EXIT_NOT_EXECUTABLE
+        ) from err

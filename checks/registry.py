@@ -136,3 +136,35 @@ def checks_in(package: str) -> dict[str, Check]:
         for name, check in load_checks().items()
         if check.run.__module__.startswith(package + ".")
     }
+
+
+class UnknownCheckError(ValueError):
+    """Names that are no registered check."""
+
+    def __init__(self, unknown: list[str], known: list[str]) -> None:
+        super().__init__(f"unknown check {', '.join(unknown)} (checks: {', '.join(known)})")
+        self.unknown = unknown
+
+
+class NothingSelectedError(ValueError):
+    """A selection that leaves no check to run: nothing judged is no verdict."""
+
+
+def select_checks(
+    available: dict[str, Check], only: Iterable[str], skip: Iterable[str]
+) -> list[Check]:
+    """The checks of `available` that `only` (all when empty) keeps and `skip` leaves out,
+    in registry order. UnknownCheckError for a name that is no check; NothingSelectedError
+    when none is left (absence is never a pass)."""
+    wanted, unwanted = set(only), set(skip)
+    unknown = sorted((wanted | unwanted) - set(available))
+    if unknown:
+        raise UnknownCheckError(unknown, list(available))
+    selected = [
+        check
+        for name, check in available.items()
+        if (not wanted or name in wanted) and name not in unwanted
+    ]
+    if not selected:
+        raise NothingSelectedError("no check left to run")
+    return selected

@@ -104,6 +104,12 @@ OWN_FILES = (
     Allowed("checks/bench/nccl_log.py", "log_files", "listdir", "its NCCL log folder"),
     Allowed("checks/bench/child_runner.py", "<module>", "resolve", "its own checkout's path"),
     Allowed("checks/bench/child_runner.py", "child_module", "is_file", "a test double's file"),
+    # `nodecheck exec -- CMD`: whether CMD is there and can be run (126 or 127), as execvp
+    # would find it; the job's command, no file of the node judged.
+    Allowed("agent/rank_exec.py", "_not_runnable", "isdir", "exec: CMD is a directory?"),
+    Allowed("agent/rank_exec.py", "_not_runnable", "access", "exec: CMD executable?"),
+    Allowed("agent/rank_exec.py", "check_command", "exists", "exec: CMD there?"),
+    Allowed("agent/rank_exec.py", "check_command", "isfile", "exec: CMD on PATH, not runnable"),
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from nodecheck.checks.record import record
-from nodecheck.checks.rules.gpu_peaks import matmul_rates
+from nodecheck.checks.rules.gpu_peaks import MatmulRates, known_models, matmul_rates
 
 
 @record
@@ -62,6 +62,24 @@ class Mfu:
         )
 
 
+def _rates_of(gpu_model: str) -> MatmulRates | None:
+    """The table's rates for a model as NVML names it or as a user types it (H100-SXM)."""
+    return matmul_rates(gpu_model.replace("-", " "))
+
+
+def named_model_problem(gpu_model: str, dtype: str) -> tuple[str, str] | None:
+    """(the option at fault, why) when a model the user named has no dense peak for
+    `dtype`: an MFU against it would be "unknown", which answers nothing."""
+    rates = _rates_of(gpu_model)
+    if rates is None:
+        known = ", ".join(model.replace(" ", "-") for model in known_models())
+        return "--gpu-model", f"{gpu_model}: no peak rate known for this model (known: {known})"
+    if dtype not in rates.peak_tflops:
+        has = ", ".join(rates.peak_tflops)
+        return "--dtype", f"{dtype}: the {rates.model} has no dense {dtype} peak (it has {has})"
+    return None
+
+
 def compute_mfu(
     params: float,
     seqlen: int,
@@ -80,7 +98,7 @@ def compute_mfu(
     tflops = params * 2 * seqlen * global_batch * factor / (iter_time_s * gpus) / 1e12
     if not math.isfinite(tflops):
         raise ValueError("the figures overflow: check their magnitudes")
-    rates = matmul_rates(gpu_model.replace("-", " ")) if gpu_model else None
+    rates = _rates_of(gpu_model) if gpu_model else None
     peak = rates.peak_tflops.get(dtype) if rates else None
     return Mfu(
         params,

@@ -48,6 +48,11 @@ def matmul_rates(model: str) -> MatmulRates | None:
     return None
 
 
+def known_models() -> list[str]:
+    """The models the table has figures for, by the names matmul_rates() matches."""
+    return [rates.model for _, rates in _MATMUL if rates is not None]
+
+
 def achievable_tflops(model: str, dtype: str) -> float | None:
     """The rate a healthy GPU of this model reaches (fp16 runs at bf16's rate on tensor cores)."""
     rates = matmul_rates(model)

@@ -27,7 +27,7 @@ NODECHECK = [sys.executable, "-m", "nodecheck.agent"]
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed command, as a user runs it (stdout is a pipe, not a terminal)."""
-    environ = dict(CLEAN_ENVIRON, PATH=os.environ["PATH"], **(env or {}))
+    environ = {**CLEAN_ENVIRON, "PATH": os.environ["PATH"], **(env or {})}  # env may set PATH
     if "PYTHONPATH" in os.environ:  # a checkout used without installing it
         environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run(
@@ -149,6 +149,25 @@ def test_only_and_skip(dgx_faulty: Node) -> None:
     checks = {r["check"] for r in json.loads(skipped.stdout)["results"]}
     assert "pcie_acs" not in checks and "pcie_link" not in checks
     assert {"cpu", "nccl_env", "numa", "torch_alloc", "gpu_count", "gpu_xid"} <= checks
+
+
+def test_only_and_skip_take_commas_and_repeats(dgx_faulty: Node) -> None:
+    """`--only cpu,numa` was refused as one unknown name; commas and repeats now mix."""
+    args = ["check", "--json", "--only", "cpu,numa", "--only", "gpu_count", "--skip", "numa"]
+    done = run(*dgx_faulty.cli_args, *args, env=dgx_faulty.env)
+    assert done.returncode in (0, 1, 3), done.stderr
+    assert {r["check"] for r in json.loads(done.stdout)["results"]} == {"cpu", "gpu_count"}
+
+
+def test_check_help_lists_every_registered_check() -> None:
+    """The names --only and --skip take, from the registry, in the help's wrapped text."""
+    from nodecheck.checks.registry import load_checks
+
+    done = run("check", "--help")
+    assert done.returncode == 0, done.stderr
+    assert all(len(line) <= 80 for line in done.stdout.splitlines())
+    listed = " ".join(done.stdout.split("Checks (for --only and --skip):", 1)[1].split())
+    assert listed == ", ".join(load_checks()) + "."
 
 
 def test_root_options_after_the_command(dgx: Node) -> None:

@@ -4,7 +4,9 @@ configuration and `nodecheck config show` all start from CheckConfig's."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import click
 import pytest
 
 from nodecheck.agent import cli as cli_module
+from nodecheck.agent import config as config_module
 from nodecheck.agent.cli import cli
 from nodecheck.agent.config import AgentConfig, load_config
 from nodecheck.agent.daemon import Agent
@@ -102,6 +105,59 @@ def test_config_show_on_an_empty_file_prints_the_check_configs_defaults(
     assert benchmarks["fail_below"] == options.thresholds.fail
     assert benchmarks["memory_fraction"] == options.memory_fraction
     assert benchmarks["idle_window"] == AGENT_IDLE_WINDOW_S
+
+
+def _keys_shown(text: str) -> dict[str, set[str]]:
+    """The keys of each table of `config show`'s text, set or commented out as having no
+    default (`# key = ...  (no default: ...)`)."""
+    keys: dict[str, set[str]] = {}
+    table = ""
+    for line in text.splitlines():
+        header = re.fullmatch(r"\[([a-z_.]+)\]", line)
+        if header:
+            table = header.group(1)
+            keys.setdefault(table, set())
+            continue
+        key = re.match(r"(?:# )?([A-Za-z_]+) = ", line)
+        if key and table:
+            keys[table].add(key.group(1))
+    return keys
+
+
+def test_config_show_prints_every_key_and_reads_back(tmp_path: Path) -> None:
+    """`config show` on an empty file: every key agent/config.py's example documents
+    (checks.pcie_acs standing for each registered check), each check with its own interval
+    and timeout, and keys with no default commented out as such; its output is itself a
+    configuration `config check` accepts, and shows the same again. It left out the checks,
+    expected_gpus, kernel_log, state_dir, snapshot and the TLS and users files."""
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    done = run("config", "show", "--config", str(empty))
+    assert done.returncode == 0, done.stderr
+    example = config_module.__doc__.split("\n\n", 2)[2].split("\n\nA bad file", 1)[0]
+    documented = tomllib.loads(textwrap.dedent(example))
+    shown = _keys_shown(done.stdout)
+    checks = load_checks()
+    for table, keys in documented.items():
+        if table == "checks":  # [checks.pcie_acs]: what every check's table takes
+            for name in checks:
+                assert set(keys["pcie_acs"]) <= shown[f"checks.{name}"], name
+        elif table == "labels":  # any names: shown as NAME when there are none
+            assert shown[table] == {"NAME"}
+        else:
+            assert set(keys) <= shown[table], (table, set(keys) - shown[table])
+    settings = tomllib.loads(done.stdout)["checks"]
+    assert settings == {
+        name: {"enabled": True, "interval": check.interval_s, "timeout": check.timeout_s}
+        for name, check in checks.items()
+    }
+    assert "# expected_gpus = ...  (no default: the GPUs on the PCI bus" in done.stdout
+    again = tmp_path / "shown.toml"
+    again.write_text(done.stdout)
+    checked = run("config", "check", str(again))
+    assert checked.returncode == 0 and checked.stdout == f"{again}: ok\n", checked.stderr
+    reshown = run("config", "show", "--config", str(again))
+    assert reshown.stdout.split("\n", 1)[1] == done.stdout.split("\n", 1)[1]
 
 
 def _mentions_nvml_timeout(name: str | None) -> bool:

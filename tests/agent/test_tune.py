@@ -358,6 +358,36 @@ def test_exec_errors(
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("kind", ["file without the execute bit", "directory"])
+@pytest.mark.parametrize("named", ["by path", "on PATH"])
+def test_exec_of_something_that_cannot_be_run_is_126(
+    box: Node, tmp_path: Path, kind: str, named: str
+) -> None:
+    """Found but not runnable: 126 "cannot be run: <why>", as the help promises and a shell
+    says; it was 127 "command not found". A directory on PATH is passed over, as execvp
+    does: still 127 there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    target = bin_dir / "train"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        target.write_text("#!/bin/sh\necho should not run\n")
+        target.chmod(0o644)
+    command = str(target) if named == "by path" else "train"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = run(*box.cli_args, "exec", "--local-rank", "0", "--", command, env=env)
+    why = "a directory" if kind == "directory" else "no execute permission"
+    if named == "on PATH" and kind == "directory":
+        assert done.returncode == 127, done.stderr
+        assert done.stderr == "nodecheck exec: train: command not found\n"
+        return
+    assert done.returncode == 126, done.stderr
+    shown = f"{target}: {why}" if named == "on PATH" else why
+    assert done.stderr == f"nodecheck exec: {command}: cannot be run: {shown}\n"
+    assert done.stdout == ""
+
+
 def test_exec_on_a_node_without_gpus(build: Callable[..., Node]) -> None:
     done = run(*build("cpu-only").cli_args, "exec", "--local-rank", "0", "--", "true")
     assert done.returncode == 2

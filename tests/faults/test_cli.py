@@ -4,17 +4,23 @@ invocation is a usage error (exit 2) naming the option or the file."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agent.test_cli import run
-from tests.conftest import Node
+from tests.agent.test_cli import NODECHECK, run
+from tests.checks.test_bench import pid_alive, wait_for_child
+from tests.conftest import CLEAN_ENVIRON, SCENARIO_VARIABLE, Node
+from tests.fixtures.agent_process import start_agent
 
 MFU = ["mfu", "--seqlen", "4096", "--global-batch", "1024", "--gpu-model", "H100-SXM"]
 MFU_OK = ["--params", "70e9", "--iter-time", "12.5", "--gpus", "512"]
@@ -44,6 +50,14 @@ BAD_INVOCATIONS: list[tuple[list[str], str]] = [
     (["check", "--kernel-log", "@FIFO@"], "@FIFO@: a FIFO, not a log file or /dev/kmsg"),
     (["check", "--kernel-log", "/"], "--kernel-log"),
     (["check", "--only", "nope"], "unknown check nope"),
+    (["check", "--only", "cpu,nope"], "unknown check nope (checks: cpu, gpu_count"),
+    (["check", "--only", ""], "--only"),
+    (["check", "--skip", "cpu,,numa"], "--skip"),
+    (
+        ["check", "--only", "gpu_count", "--skip", "gpu_count"],
+        "--only gpu_count --skip gpu_count: no check left to run",
+    ),
+    (["check", "--only", "cpu,numa", "--skip", "numa", "--skip", "cpu"], "no check left to run"),
     (mfu(params="nan"), "--params"),
     (mfu(params="inf"), "--params"),
     (mfu(params="1e999"), "--params"),
@@ -55,6 +69,11 @@ BAD_INVOCATIONS: list[tuple[list[str], str]] = [
     (mfu(gpus="99999999999999"), "--gpus"),
     ([*mfu(), "--seqlen", "99999999999999999999"], "--seqlen"),
     ([*mfu(), "--global-batch", "0"], "--global-batch"),
+    (
+        [*mfu(), "--gpu-model", "H999"],
+        "--gpu-model H999: no peak rate known for this model (known: GH200, H100-PCIe, H100-SXM",
+    ),
+    ([*mfu(), "--gpu-model", "V100"], "--dtype bf16: the V100 has no dense bf16 peak"),
     (["bench", "matmul", "--duration", "nan"], "--duration"),
     (["bench", "matmul", "--duration", "inf"], "--duration"),
     (["bench", "matmul", "--idle-window", "nan"], "--idle-window"),
@@ -217,3 +236,126 @@ def test_an_exception_in_the_log_stays_on_one_line() -> None:
     assert "error='disk\\non fire' at=<string>:5:<module>" in lines[0]
     assert lines[1].startswith("level=error logger=nodecheck event=thread_crashed thread=worker")
     assert "exception=ValueError error='in a thread'" in lines[1]
+
+
+@contextlib.contextmanager
+def inside_nvml_init(node: Node, argv: list[str], work: Path) -> Iterator[subprocess.Popen[str]]:
+    """`nodecheck ARGV` on `node`, yielded once it is inside nvmlInit, mid-run: its NVML
+    scenario is a FIFO, which the fake NVML opens at init; the open returns when this end
+    opens it for writing (a non-blocking open for writing fails with ENXIO until a reader
+    has it open, fifo(7)), and the read then blocks while this end stays open and silent.
+    An honest "the command is running its checks", with no guess at the machine's speed;
+    the NVML deadline (8 s, the most) bounds how long the command would wait there."""
+    fifo = work / "scenario.fifo"
+    os.mkfifo(fifo)
+    process = subprocess.Popen(
+        [*NODECHECK, *node.cli_args, *argv, "--nvml-timeout", "8"],
+        env={**CLEAN_ENVIRON, "PATH": os.environ["PATH"], SCENARIO_VARIABLE: str(fifo)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    writer = None
+    try:
+        deadline = time.monotonic() + 60
+        while writer is None:
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as err:
+                if err.errno != errno.ENXIO:
+                    raise
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the command never initialised NVML"
+                time.sleep(0.02)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=60)
+        if writer is not None:
+            os.close(writer)
+
+
+@pytest.mark.parametrize(
+    ("stop", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_a_stopped_check_exits_128_plus_the_signal(
+    build: Callable[..., Node], tmp_path: Path, stop: signal.Signals, status: int
+) -> None:
+    """Ctrl-C in the middle of `nodecheck check` was "Aborted!" and exit 1, the status of
+    an unhealthy node. Now 130 (143 for SIGTERM), one line, no traceback."""
+    with inside_nvml_init(build("workstation"), ["check"], tmp_path) as process:
+        process.send_signal(stop)
+        stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == status, stderr
+    assert stderr == f"nodecheck: interrupted by {stop.name}\n"
+    assert stdout == ""
+
+
+def test_an_interrupted_capture_leaves_no_file(build: Callable[..., Node], tmp_path: Path) -> None:
+    """`capture -o FILE` interrupted while reading NVML: exit 130, and neither FILE nor a
+    temporary file beside it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["capture", "-o", str(out / "node.json")]
+    with inside_nvml_init(build("workstation"), argv, tmp_path) as process:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr == "nodecheck: interrupted by SIGINT\n"
+    assert list(out.iterdir()) == []
+
+
+def test_an_interrupted_bench_exits_130_and_takes_its_child(
+    build: Callable[..., Node], tmp_path: Path
+) -> None:
+    """Ctrl-C while the benchmark child runs (it is there: found in /proc): exit 130 with
+    one line, the child gone with it, nothing recorded in the state directory."""
+    node = build("cpu-only")
+    state = tmp_path / "state"
+    argv = ["bench", "matmul", "--device", "cpu", "--duration", "60", "--state-dir", str(state)]
+    process = subprocess.Popen(
+        [*NODECHECK, *node.cli_args, *argv],
+        env={**os.environ, **node.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = wait_for_child(process.pid)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while pid_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == "nodecheck: interrupted by SIGINT"
+    assert "Traceback" not in stderr and stdout == ""
+    assert not pid_alive(child)
+    assert not [path.name for path in state.iterdir() if path.name.startswith(".")]
+    assert not (state / "benchmarks.json").exists()
+
+
+def test_ctrl_c_stops_the_agent_cleanly(build: Callable[..., Node], tmp_path: Path) -> None:
+    """SIGINT to a running agent is a stop like SIGTERM: exit 0 (a guard: it was)."""
+    node = build("cpu-only")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[agent]\nlisten = ""\nresults_file = "{tmp_path / "results.json"}"\n')
+    log = tmp_path / "agent.log"
+    process = start_agent(node.cli_args, config, {**os.environ, **node.env}, log)
+    try:
+        deadline = time.monotonic() + 60
+        while "event=ready" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "event=stopping" in log.read_text() and "Traceback" not in log.read_text()

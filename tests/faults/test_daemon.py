@@ -421,6 +421,32 @@ def test_the_agent_says_where_it_listens_and_that_it_is_open(
     assert not [line for line in lines if "Traceback" in line or not line.startswith("level=")]
 
 
+def test_an_empty_listen_says_that_no_server_runs(cpu_only: Node, tmp_path: Path) -> None:
+    """`--listen ""` (as `listen = ""`) runs the checks and serves nothing: it said
+    `event=ready` and nothing else, as if it served. Now `event=no_server` says so."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'[agent]\nresults_file = "{tmp_path / "results.json"}"\n')
+    log = tmp_path / "agent.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*AGENT, *cpu_only.cli_args, "agent", "--config", str(config), "--listen", ""],
+            env={**os.environ, **cpu_only.env},
+            stdin=subprocess.DEVNULL,
+            stderr=sink,
+        )
+    try:
+        wait_for(lambda: "event=ready" in log.read_text(), 60, "the agent to be ready")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    lines = log.read_text().splitlines()
+    [no_server] = [line for line in lines if "event=no_server" in line]
+    assert no_server.startswith("level=info logger=nodecheck.agent.daemon event=no_server")
+    assert not [line for line in lines if "event=listening" in line or "Traceback" in line]
+    shown = subprocess.run([*AGENT, "agent", "--help"], capture_output=True, text=True, check=True)
+    assert '"" for no server' in " ".join(shown.stdout.split())
+
+
 def _connects(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2):
