@@ -135,6 +135,21 @@ def test_no_rank_fails_and_no_gpu_for_it_sets_nothing(dgx: Node, tmp_path: Path)
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
 
 
+def test_the_help_says_the_exit_status_a_task_gets(dgx: Node, dgx_faulty: Node) -> None:
+    """--help tells the exit status as the command gives it (and the README): 2 for a
+    rank that must not run, 0 for a task beyond the node's GPUs. It once said 2 for both."""
+    shown = " ".join(run("slurm", "task-prolog", "--help").stdout.split())
+    assert "Exit status 2, with nothing exported, for a rank that must not run here" in shown
+    assert (
+        "a task beyond the node's GPUs, or on a node without GPUs, gets nothing set and "
+        "exit status 0" in shown
+    )
+    lost = run(*dgx_faulty.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "7"})
+    beyond = run(*dgx.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "8"})
+    assert (lost.returncode, beyond.returncode) == (2, 0), lost.stdout + beyond.stdout
+    assert "export " not in lost.stdout + beyond.stdout
+
+
 def test_export_lines_carry_values_literally() -> None:
     line = export_line("NCCL_IB_HCA", "=mlx5_0:1, 'quoted' $HOME")
     assert line == "export NCCL_IB_HCA==mlx5_0:1, 'quoted' $HOME"
