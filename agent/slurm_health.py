@@ -556,11 +556,12 @@ def _judge_and_act(
         # before this failure: the count is removed instead (unlink needs no free space).
         try:
             forget_hysteresis(hysteresis_file)
-            problem += "; removed it instead, so no healthy run is counted"
+            problem += f"; removed {hysteresis_file.name} instead: no healthy run is counted"
         except OSError as err:
             problem += (
-                f"; cannot remove it either ({err.strerror or err}): the count from before "
-                f"this failure stays in it; remove {hysteresis_file} once it can be"
+                f"; cannot remove {hysteresis_file.name} either ({err.strerror or err}): the "
+                f"count from before this failure stays in it; remove {hysteresis_file} once "
+                "it can be"
             )
     state: SlurmNodeState | None = None
     state_problem = ""

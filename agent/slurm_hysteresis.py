@@ -136,8 +136,9 @@ def save_hysteresis(path: Path, state: Hysteresis, boot_id: str) -> None:
 
 
 def forget_hysteresis(path: Path) -> None:
-    """Remove the saved state (no healthy run yet); OSError when it cannot be removed."""
-    with contextlib.suppress(FileNotFoundError):
+    """Remove the saved state (no healthy run yet); OSError when it cannot be removed.
+    Nothing to remove is no error (the file, or its folder, missing or not a folder)."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         path.unlink()
 
 

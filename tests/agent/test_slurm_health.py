@@ -699,3 +699,29 @@ def test_a_run_that_cannot_tell_its_boot_never_undrains(tmp_path: Path) -> None:
     run, acted = healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
     assert acted == [] and run.decision.exit_status == EXIT_UNDETERMINED
     assert "cannot tell this boot from another" in run.problem and "not a boot id" in run.problem
+
+
+def test_a_failure_still_drains_where_nothing_can_be_saved(tmp_path: Path) -> None:
+    """No lock and no state (the folder a regular file): a node in service that fails is
+    drained all the same; the count it could not reset was never there to remove."""
+    (tmp_path / "state").write_text("not a folder\n")
+    acted: list[tuple[Action, str]] = []
+
+    def act(action: Action, reason: str) -> tuple[bool, str]:
+        acted.append((action, reason))
+        return True, ""
+
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "state" / "h.json",
+        settings=SETTINGS,
+        own_user="root",
+        run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
+        read_state=state,
+        act=act,
+        read_clock=this_boot(tmp_path / "proc"),
+    )
+    assert acted == [(Action.DRAIN, "nodecheck: gpu_count node: 7 of 8")]
+    assert run.decision.exit_status == EXIT_UNHEALTHY
+    assert run.problem.endswith("; removed h.json instead: no healthy run is counted")

@@ -465,7 +465,7 @@ def test_a_full_state_folder_cannot_lose_a_failure(
         filler = fill(state)
         failing = health_check(dgx_faulty, slurm, tmp_path, config=config)
         assert failing.returncode == 1, failing.stderr
-        assert "No space left on device; removed it instead" in line_of(failing)
+        assert "No space left on device; removed slurm_health.json instead" in line_of(failing)
         filler.unlink()
         healthy = health_check(dgx, slurm, tmp_path, config=config)
         assert healthy.returncode == 0, healthy.stderr
@@ -487,7 +487,9 @@ def test_a_read_only_state_folder_never_undrains(
         try:
             failing = health_check(dgx_faulty, slurm, tmp_path, config=config)
             assert failing.returncode == 1, failing.stderr
-            assert "Read-only file system; cannot remove it either" in line_of(failing)
+            assert "Read-only file system; cannot remove slurm_health.json either" in line_of(
+                failing
+            )
             assert f"remove {state / 'slurm_health.json'} once it can be" in line_of(failing)
             for _ in range(2):
                 healthy = health_check(dgx, slurm, tmp_path, config=config)
