@@ -1351,7 +1351,9 @@ def slurm_task_prolog(
     Prints the export NAME=value and unset NAME lines slurmstepd applies to the task
     (its local rank from SLURM_LOCALID, its GPU from CUDA_VISIBLE_DEVICES or
     SLURM_STEP_GPUS), and print lines for what the user should see. Exit status 2, with
-    nothing exported, for a rank that must not run or has no GPU here.
+    nothing exported, for a rank that must not run here (its GPU lost) or no local rank
+    at all; a task beyond the node's GPUs, or on a node without GPUs, gets nothing set
+    and exit status 0.
     """
     from nodecheck.agent.slurm_task import (
         EXIT_MUST_NOT_RUN,

@@ -3,9 +3,9 @@ operator can trust.
 
 Each run: the node's health (the agent's latest results when fresh, else the quick checks
 run here under a hard budget, never the benchmarks), the node's Slurm state (scontrol show
-node, bounded), the hysteresis state (healthy runs in a row, since when), then one action
-decided by `decide`, a pure function: drain, undrain, reboot or nothing, with why. One log
-line says what it did and why.
+node, bounded), the hysteresis state (healthy runs in a row, since when: slurm_hysteresis,
+whose lock the whole run holds), then one action decided by `decide`, a pure function:
+drain, undrain, reboot or nothing, with why. One log line says what it did and why.
 
 The rules, against NHC's failures (mej/nhc #134, #95, #161):
 - a state that cannot be read (scontrol fails, hangs, answers nonsense) changes nothing;
@@ -14,13 +14,15 @@ The rules, against NHC's failures (mej/nhc #134, #95, #161):
 - `fail` drains with "nodecheck: <check> <subject>: <summary>"; `error` does not unless
   configured; a reboot-class XID may ask for `scontrol reboot ASAP` (off by default);
 - UNDRAIN (never RESUME, which also clears DOWN) only a node nodecheck drained, after N
-  healthy runs in a row or M seconds healthy: one healthy run between failing ones never
-  returns the node to service.
+  healthy runs in a row or M seconds healthy (on this boot's clock, which no one can
+  step): one healthy run between failing ones never returns the node to service, and a
+  run that cannot save its count never undrains on it.
 
 Exit status (slurmd only logs a HealthCheckProgram's non-zero exit with its output: "Any
 action to be taken must be explicitly performed by the program", slurm.conf.5): 0 healthy,
 1 unhealthy (whatever was done about it), 3 could not determine (the state unreadable, an
-scontrol action failed, the results undetermined).
+scontrol action failed, the results undetermined, a healthy run it could not save, another
+run holding the lock past the budget).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.slurm_hysteresis import Hysteresis
+from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Result, Status
@@ -44,7 +48,6 @@ log = logging.getLogger(__name__)
 
 RESULTS_SCHEMA = "nodecheck.results/v1"
 RESULTS_LIMIT = 8 << 20  # bytes; an 8-GPU node's results are tens of kB
-HYSTERESIS_FILE = "slurm_health.json"
 REASON_PREFIX = "nodecheck:"
 # Slurm's accounting keeps a node event's reason as a MySQL tinytext, 255 bytes
 # (SchedMD/slurm src/plugins/accounting_storage/mysql/accounting_storage_mysql.c,
@@ -192,10 +195,26 @@ def parse_results(text: str) -> tuple[float, list[StoredCheck]]:
     return written_at, checks
 
 
+@record
+class FreshResults:
+    """The agent's results file as judged: when the agent wrote it (its `written_at`,
+    which tells one version of the file from the next) and the quick checks' findings."""
+
+    written_at: float
+    findings: tuple[Finding, ...]
+
+
 def fresh_findings(
     path: Path, now: float, max_age_s: float, expected: Collection[str] = ()
 ) -> list[Finding]:
-    """The findings of the agent's results file when it is fresh: written within
+    """fresh_results' findings."""
+    return list(fresh_results(path, now, max_age_s, expected).findings)
+
+
+def fresh_results(
+    path: Path, now: float, max_age_s: float, expected: Collection[str] = ()
+) -> FreshResults:
+    """The agent's results file when it is fresh: written within
     max_age_s, and each check run within its interval plus max_age_s (a check stuck for
     longer is stale, not healthy); ResultsUnusableError saying why not otherwise. Only the quick
     checks are judged, as when health-check runs them itself: not the benchmarks'. Every
@@ -229,56 +248,7 @@ def fresh_findings(
                 f"{stored.check}'s result in {path} is {check_age:.0f} s old "
                 f"(it runs every {stored.interval_s:g} s)"
             )
-    return [f for stored in chosen for f in stored.findings]
-
-
-# -- the hysteresis --------------------------------------------------------------------
-
-
-@record
-class Hysteresis:
-    """Healthy runs in a row, and when the first of them was (None: the last run was not
-    healthy)."""
-
-    healthy_runs: int = 0
-    healthy_since: float | None = None
-
-
-def next_hysteresis(previous: Hysteresis, healthy: bool, now: float) -> Hysteresis:
-    if not healthy:
-        return Hysteresis()
-    since = previous.healthy_since if previous.healthy_since is not None else now
-    return Hysteresis(previous.healthy_runs + 1, since)
-
-
-def load_hysteresis(path: Path) -> Hysteresis:
-    """The saved state; a missing or damaged file is no healthy run yet (the safe side:
-    it only delays an undrain)."""
-    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
-
-    try:
-        document = json.loads(read_regular_file(path, 4096).decode("utf-8"))
-        runs = document["healthy_runs"]
-        since = document["healthy_since"]
-        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
-            return Hysteresis()
-        if since is not None and (
-            isinstance(since, bool)
-            or not isinstance(since, (int, float))
-            or not math.isfinite(since)
-        ):
-            return Hysteresis()
-        return Hysteresis(runs, None if since is None else float(since))
-    except (OSError, NotRegularFileError, ValueError, KeyError, TypeError, RecursionError):
-        return Hysteresis()
-
-
-def save_hysteresis(path: Path, state: Hysteresis) -> None:
-    from nodecheck.checks.node.fs import write_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"healthy_runs": state.healthy_runs, "healthy_since": state.healthy_since})
-    write_atomically(path, text + "\n", mode=0o600)
+    return FreshResults(written_at, tuple(f for stored in chosen for f in stored.findings))
 
 
 # -- the decision ------------------------------------------------------------------------
@@ -344,6 +314,17 @@ def _with_status(findings: Sequence[Finding], status: Status) -> list[Finding]:
     return [f for f in findings if f.status is status]
 
 
+def _since(hysteresis: Hysteresis) -> str:
+    """When the streak began by the wall clock, for the log line (never for the interval)."""
+    if hysteresis.healthy_since_wall is None:
+        return ""
+    try:
+        moment = time.localtime(hysteresis.healthy_since_wall)
+    except (OverflowError, OSError, ValueError):  # a saved time past what C's time_t holds
+        return ""
+    return f" (since {time.strftime('%Y-%m-%dT%H:%M:%S%z', moment)})"
+
+
 def decide(
     state: SlurmNodeState | None,
     state_problem: str,
@@ -352,15 +333,20 @@ def decide(
     settings: SlurmSettings,
     own_user: str,
     now: float,
+    unkept: str = "",
 ) -> Decision:
     """The one action for this run. `state` None: it could not be read (state_problem
-    says why). `hysteresis` already counts this run."""
+    says why). `hysteresis` already counts this run; `now` and its times are on this
+    boot's clock. `unkept`: why this healthy run could not be saved ("" when it was):
+    it never undrains on a count it could not keep, and it cannot determine (exit 3)."""
     failing = _with_status(findings, Status.FAIL)
     errors = _with_status(findings, Status.ERROR)
     if not findings:  # absence is never a pass
         errors = [Finding("health-check", Status.ERROR, "node", "no result at all")]
     unhealthy = bool(failing) or (settings.drain_on_error and bool(errors))
     exit_status = EXIT_UNHEALTHY if failing else EXIT_UNDETERMINED if errors else EXIT_HEALTHY
+    if unkept and exit_status == EXIT_HEALTHY:
+        exit_status = EXIT_UNDETERMINED
     culprit = (failing or errors)[0] if failing or errors else None
     health = "healthy"
     if culprit is not None:
@@ -388,6 +374,11 @@ def decide(
             return nothing(f"drained for another reason ({state.reason!r}{by}): not touching it")
         if failing or errors:
             return nothing("drained by nodecheck, still not healthy")
+        if unkept:
+            return nothing(
+                f"drained by nodecheck; this healthy run could not be saved ({unkept}): "
+                "not undraining on a count it cannot keep"
+            )
         runs_due = hysteresis.healthy_runs >= settings.undrain_after_runs
         since = hysteresis.healthy_since
         time_due = (
@@ -406,7 +397,7 @@ def decide(
             )
         return nothing(
             f"drained by nodecheck, healthy {hysteresis.healthy_runs} of "
-            f"{settings.undrain_after_runs} runs in a row before undraining"
+            f"{settings.undrain_after_runs} runs in a row{_since(hysteresis)} before undraining"
         )
     if not unhealthy or culprit is None:
         return nothing("in service, nothing to do")
@@ -449,37 +440,151 @@ def health_check(
     run_quick_checks: Callable[[float], list[tuple[str, list[Result]]]],
     read_state: Callable[[], SlurmNodeState],
     act: Callable[[Action, str], tuple[bool, str]],
+    read_clock: Callable[[], BootMoment],
     now: Callable[[], float] = time.time,
     expected: Collection[str] = (),
 ) -> HealthCheckRun:
-    """One HealthCheckProgram run. The callables are the node's side (the checks, scontrol)
-    so that the whole run is exercised with real files and a stand-in scontrol."""
-    from nodecheck.checks.node.slurm_state import SlurmStateError
+    """One HealthCheckProgram run, whole under the hysteresis lock (slurm_hysteresis),
+    waited for within [slurm] budget: another run holding it longer changes nothing
+    here. The callables are the node's side (the checks, scontrol, this boot's clock)
+    so that the whole run is exercised with real files and a stand-in scontrol; `now`
+    is the wall clock, for the results' age and the log, never for an interval."""
+    from nodecheck.agent.slurm_hysteresis import HysteresisBusyError, HysteresisLock, lock_path
 
-    started = now()
+    lock: HysteresisLock | None = None
+    unlocked = ""
+    try:
+        lock = HysteresisLock(hysteresis_file, settings.budget_s)
+    except HysteresisBusyError as busy:
+        decision = Decision(
+            Action.NOTHING, f"{busy}: changing nothing", exit_status=EXIT_UNDETERMINED
+        )
+        return HealthCheckRun("not judged", decision, True, str(busy))
+    except OSError as err:
+        # No lock, so no count may be saved: the node is still judged, and a failure
+        # still drains it, but nothing rests on the count.
+        unlocked = f"cannot lock {lock_path(hysteresis_file)}: {err.strerror or err}"
+    # The wait for the lock is part of the run's budget.
+    budget_s = settings.budget_s - (lock.waited_s if lock is not None else 0.0)
+    try:
+        findings, source, results_at = findings_and_source(
+            results_file, settings, expected, run_quick_checks, budget_s, now()
+        )
+        return _judge_and_act(
+            findings,
+            source,
+            results_at,
+            unlocked,
+            hysteresis_file=hysteresis_file,
+            settings=settings,
+            own_user=own_user,
+            read_state=read_state,
+            act=act,
+            read_clock=read_clock,
+            now=now,
+        )
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def findings_and_source(
+    results_file: Path | None,
+    settings: SlurmSettings,
+    expected: Collection[str],
+    run_quick_checks: Callable[[float], list[tuple[str, list[Result]]]],
+    budget_s: float,
+    now: float,
+) -> tuple[list[Finding], str, float | None]:
+    """What this run judges: the agent's results when fresh, else the quick checks run
+    here within `budget_s`; where they came from; the results' written_at (None: own run)."""
     try:
         if results_file is None:
             raise ResultsUnusableError("no results file configured")
-        findings = fresh_findings(results_file, started, settings.results_max_age_s, expected)
-        source = "agent results"
+        fresh = fresh_results(results_file, now, settings.results_max_age_s, expected)
+        return list(fresh.findings), "agent results", fresh.written_at
     except ResultsUnusableError as why:
-        findings = own_findings(run_quick_checks, settings.budget_s)
-        source = f"own run ({why})"
+        return own_findings(run_quick_checks, budget_s), f"own run ({why})", None
+
+
+def _judge_and_act(
+    findings: list[Finding],
+    source: str,
+    results_at: float | None,
+    unkept: str,
+    *,
+    hysteresis_file: Path,
+    settings: SlurmSettings,
+    own_user: str,
+    read_state: Callable[[], SlurmNodeState],
+    act: Callable[[Action, str], tuple[bool, str]],
+    read_clock: Callable[[], BootMoment],
+    now: Callable[[], float],
+) -> HealthCheckRun:
+    """Count this run (or reset the count), read the Slurm state, decide and act.
+    `unkept`: why nothing may be saved ("" when it may)."""
+    from nodecheck.agent.slurm_hysteresis import (
+        Hysteresis,
+        Observation,
+        already_counted,
+        forget_hysteresis,
+        load_hysteresis,
+        next_hysteresis,
+        save_hysteresis,
+    )
+    from nodecheck.checks.node.fs import ReadError
+    from nodecheck.checks.node.slurm_state import SlurmStateError
+
     healthy = bool(findings) and not any(f.status in (Status.FAIL, Status.ERROR) for f in findings)
-    hysteresis = next_hysteresis(load_hysteresis(hysteresis_file), healthy, now())
-    problem = ""
+    boot_id, at = "", 0.0
     try:
-        save_hysteresis(hysteresis_file, hysteresis)
-    except OSError as err:
-        # Unsaved, the count restarts next run: an undrain is delayed, never hastened.
-        problem = f"cannot save {hysteresis_file}: {err.strerror or err}"
+        moment = read_clock()
+        boot_id, at = moment.boot_id, moment.seconds
+    except ReadError as err:
+        unkept = unkept or f"cannot tell this boot from another: {err}"
+    previous = load_hysteresis(hysteresis_file, boot_id) if boot_id else Hysteresis()
+    observation = Observation(healthy, at, now(), results_at)
+    hysteresis = next_hysteresis(previous, observation)
+    if not unkept:
+        try:
+            save_hysteresis(hysteresis_file, hysteresis, boot_id)
+        except OSError as err:
+            unkept = f"cannot save {hysteresis_file}: {err.strerror or err}"
+    problem = unkept
+    if unkept and not healthy:
+        # The reset must not be lost, or the next healthy run would add to the count from
+        # before this failure: the count is removed instead (unlink needs no free space).
+        try:
+            forget_hysteresis(hysteresis_file)
+            problem += f"; removed {hysteresis_file.name} instead: no healthy run is counted"
+        except OSError as err:
+            problem += (
+                f"; cannot remove {hysteresis_file.name} either ({err.strerror or err}): the "
+                f"count from before this failure stays in it; remove {hysteresis_file} once "
+                "it can be"
+            )
     state: SlurmNodeState | None = None
     state_problem = ""
     try:
         state = read_state()
     except SlurmStateError as err:
         state_problem = str(err)
-    decision = decide(state, state_problem, findings, hysteresis, settings, own_user, now())
+    decision = decide(
+        state,
+        state_problem,
+        findings,
+        hysteresis,
+        settings,
+        own_user,
+        at,
+        unkept=unkept if healthy else "",
+    )
+    if already_counted(previous, observation):
+        decision = replace(
+            decision,
+            why=f"{decision.why}; the same agent results as the last counted run: "
+            "not counted again",
+        )
     if decision.action is Action.NOTHING:
         return HealthCheckRun(source, decision, True, problem)
     done, action_problem = act(decision.action, decision.reason)
@@ -496,7 +601,9 @@ def health_check(
         )
     if not done:
         decision = replace(decision, exit_status=EXIT_UNDETERMINED)
-    return HealthCheckRun(source, decision, done, action_problem or problem)
+    return HealthCheckRun(
+        source, decision, done, "; ".join(p for p in (action_problem, problem) if p)
+    )
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -551,9 +658,10 @@ def run_health_check(
     scontrol: str,
 ) -> int:
     """`nodecheck slurm health-check` on this node; its exit status."""
-    from nodecheck.agent import slurm_actions
+    from nodecheck.agent import slurm_actions, slurm_hysteresis
     from nodecheck.checks.config import BenchOptions, CheckConfig
     from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.boot import read_boot_moment
     from nodecheck.checks.node.slurm_state import read_slurm_node
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
@@ -589,12 +697,13 @@ def run_health_check(
     run = health_check(
         node=node,
         results_file=config.results_file,
-        hysteresis_file=Path(state_dir) / HYSTERESIS_FILE,
+        hysteresis_file=Path(state_dir) / slurm_hysteresis.HYSTERESIS_FILE,
         settings=settings,
         own_user=own_user_name(),
         run_quick_checks=run_quick_checks,
         read_state=lambda: read_slurm_node(node, scontrol, settings.scontrol_timeout_s),
         act=act,
+        read_clock=lambda: read_boot_moment(fs),
         expected=enabled,
     )
     log_run(node, run)

@@ -89,7 +89,11 @@ OWN_FILES = (
     Allowed("agent/config.py", "snapshot_problem", "stat", "the root snapshot's path"),
     Allowed("agent/exporter.py", "_read_pem", "read_regular_file", "TLS certificate and key"),
     Allowed("agent/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
-    Allowed("agent/slurm_health.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
+    Allowed("agent/slurm_hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
+    Allowed("agent/slurm_hysteresis.py", "__init__", "open", "its hysteresis lock file"),
+    # slurm health-check acts on this node's Slurm state now: its intervals are on this
+    # boot's clock, keyed by its boot id (checks/node/boot.py), which no capture holds.
+    Allowed("agent/slurm_health.py", "run_health_check", "read_boot_moment", "its boot clock"),
     Allowed("agent/cli.py", "*", "load", "a capture named by --facts FILE"),
     Allowed("agent/cli.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
     Allowed("agent/cli.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,18 +20,24 @@ from nodecheck.agent.slurm_health import (
     REASON_MAX_BYTES,
     Action,
     Finding,
-    Hysteresis,
+    HealthCheckRun,
     ResultsUnusableError,
     StoredCheck,
     decide,
     fresh_findings,
     health_check,
-    load_hysteresis,
-    next_hysteresis,
     results_text,
-    save_hysteresis,
     slurm_reason,
 )
+from nodecheck.agent.slurm_hysteresis import (
+    Hysteresis,
+    Observation,
+    load_hysteresis,
+    next_hysteresis,
+    save_hysteresis,
+)
+from nodecheck.checks.node.boot import BootMoment, read_boot_moment
+from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.slurm_state import (
     SlurmNodeState,
     SlurmStateError,
@@ -76,6 +83,16 @@ NodeName=gpu01 CoresPerSocket=56
 
 SETTINGS = SlurmSettings()
 NOW = 1_800_000_000.0
+BOOT = "0d3e5c1a-7b2f-4e8d-9c6a-5f4b3a2e1d0c"
+
+
+def this_boot(procfs: Path, boot_id: str = BOOT) -> Callable[[], BootMoment]:
+    """This boot's clock, as health-check reads it, under a procfs root whose boot_id is
+    `boot_id` (written again on each call, so a test can give the node a new boot)."""
+    path = procfs / "sys" / "kernel" / "random" / "boot_id"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(boot_id + "\n")
+    return lambda: read_boot_moment(NodeFS(procfs=procfs))
 
 
 def state(
@@ -275,11 +292,11 @@ def test_alternate_runs_never_resume() -> None:
     actions = []
     for findings in [[OK], [FAIL], [OK], [ERROR], [OK], [OK], [FAIL], [OK], []] * 3:
         healthy = bool(findings) and all(f.status is Status.OK for f in findings)
-        hysteresis = next_hysteresis(hysteresis, healthy, NOW)
+        hysteresis = next_hysteresis(hysteresis, Observation(healthy, NOW, NOW))
         actions.append(decide(OURS, "", findings, hysteresis, SETTINGS, "root", NOW).action)
     assert Action.UNDRAIN not in actions
     for _ in range(3):  # and three in a row do
-        hysteresis = next_hysteresis(hysteresis, True, NOW)
+        hysteresis = next_hysteresis(hysteresis, Observation(True, NOW, NOW))
     assert decide(OURS, "", [OK], hysteresis, SETTINGS, "root", NOW).action is Action.UNDRAIN
 
 
@@ -388,14 +405,19 @@ def test_missing_or_damaged_results_are_refused(tmp_path: Path) -> None:
 
 def test_hysteresis_survives_runs_and_damage_resets_it(tmp_path: Path) -> None:
     path = tmp_path / "state" / "slurm_health.json"
-    assert load_hysteresis(path) == Hysteresis()
-    save_hysteresis(path, Hysteresis(2, NOW - 60))
-    assert load_hysteresis(path) == Hysteresis(2, NOW - 60)
-    assert next_hysteresis(load_hysteresis(path), True, NOW) == Hysteresis(3, NOW - 60)
-    assert next_hysteresis(load_hysteresis(path), False, NOW) == Hysteresis()
+    assert load_hysteresis(path, BOOT) == Hysteresis()
+    save_hysteresis(path, Hysteresis(2, 400.0, NOW - 60), BOOT)
+    assert load_hysteresis(path, BOOT) == Hysteresis(2, 400.0, NOW - 60)
+    healthy, failing = Observation(True, 460.0, NOW), Observation(False, 460.0, NOW)
+    assert next_hysteresis(load_hysteresis(path, BOOT), healthy) == Hysteresis(
+        2 + 1, 400.0, NOW - 60
+    )
+    assert next_hysteresis(load_hysteresis(path, BOOT), failing) == Hysteresis()
+    # Another boot's clock readings mean nothing on this one: its streak is not carried.
+    assert load_hysteresis(path, BOOT.replace("0d3e", "9f9f")) == Hysteresis()
     for text in ("{", '{"healthy_runs": -1, "healthy_since": null}', '{"healthy_runs": true}'):
         path.write_text(text)
-        assert load_hysteresis(path) == Hysteresis()
+        assert load_hysteresis(path, BOOT) == Hysteresis()
 
 
 # -- scontrol, bounded ----------------------------------------------------------------
@@ -463,12 +485,13 @@ def test_a_run_without_fresh_results_runs_the_checks_and_acts(tmp_path: Path) ->
         run_quick_checks=checks,
         read_state=state,
         act=act,
+        read_clock=this_boot(tmp_path / "proc"),
     )
-    assert budgets == [7]
+    assert budgets == [7]  # no other run held the lock: none of it was spent waiting
     assert run.source.startswith("own run (no results file")
     assert acted == [(Action.DRAIN, "nodecheck: gpu_count node: 7 of 8 GPUs")]
     assert run.decision.exit_status == EXIT_UNHEALTHY
-    assert load_hysteresis(tmp_path / "h.json") == Hysteresis()
+    assert load_hysteresis(tmp_path / "h.json", BOOT) == Hysteresis()
 
 
 def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
@@ -482,6 +505,7 @@ def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
         run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
         read_state=state,
         act=lambda action, reason: (False, "scontrol exited 1"),
+        read_clock=this_boot(tmp_path / "proc"),
     )
     assert run.source == "agent results"
     assert run.decision.action is Action.DRAIN and not run.done
@@ -563,6 +587,7 @@ def test_a_reboot_slurm_will_not_do_drains_instead(tmp_path: Path) -> None:
         run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
         read_state=state,
         act=act,
+        read_clock=this_boot(tmp_path / "proc"),
     )
     assert acted == [Action.REBOOT, Action.DRAIN]
     assert run.decision.action is Action.DRAIN and run.done
@@ -578,3 +603,125 @@ def test_results_without_every_quick_check_are_no_healthy_run(tmp_path: Path) ->
     assert fresh == [OK]
     with pytest.raises(ResultsUnusableError, match="has no result of gpu_xid yet"):
         fresh_findings(tmp_path / "r.json", time.time(), 300, expected={"cpu", "gpu_xid"})
+
+
+# -- the hysteresis's clock and memory, over whole runs ---------------------------------
+
+HEALTHY_CHECKS: list[tuple[str, list[Result]]] = [("cpu", [Result(Status.OK, "node", "fine")])]
+
+
+def healthy_run(
+    tmp_path: Path,
+    settings: SlurmSettings,
+    read_clock: Callable[[], BootMoment],
+    wall: float,
+    hysteresis_file: Path | None = None,
+) -> tuple[HealthCheckRun, list[Action]]:
+    """One run on a node nodecheck drained, its checks healthy; what it decided and did."""
+    acted: list[Action] = []
+
+    def act(action: Action, reason: str) -> tuple[bool, str]:
+        acted.append(action)
+        return True, ""
+
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=hysteresis_file or tmp_path / "state" / "h.json",
+        settings=settings,
+        own_user="root",
+        run_quick_checks=lambda budget: HEALTHY_CHECKS,
+        read_state=lambda: OURS,
+        act=act,
+        read_clock=read_clock,
+        now=lambda: wall,
+    )
+    return run, acted
+
+
+def test_a_wall_clock_step_does_not_shorten_undrain_after(tmp_path: Path) -> None:
+    """Two healthy runs, the wall clock stepped an hour on between them (date -s, an NTP
+    step): undrain_after = 600 is measured on this boot's clock, which did not move."""
+    timed = SlurmSettings(undrain_after_runs=1000, undrain_after_s=600)
+    clock = this_boot(tmp_path / "proc")
+    first, acted = healthy_run(tmp_path, timed, clock, wall=NOW)
+    assert first.decision.action is Action.NOTHING and acted == []
+    second, acted = healthy_run(tmp_path, timed, clock, wall=NOW + 3600 + 2)
+    assert second.decision.action is Action.NOTHING and acted == []
+    assert "healthy 2 of 1000 runs in a row (since " in second.decision.why
+    saved = json.loads((tmp_path / "state" / "h.json").read_text())
+    assert saved["boot_id"] == BOOT and saved["healthy_since_wall"] == NOW  # for the log
+
+
+def test_undrain_after_counts_on_the_boot_clock_and_restarts_on_a_new_boot(
+    tmp_path: Path,
+) -> None:
+    timed = SlurmSettings(undrain_after_runs=1000, undrain_after_s=0.2)
+    first, _ = healthy_run(tmp_path, timed, this_boot(tmp_path / "proc"), wall=NOW)
+    assert first.decision.action is Action.NOTHING
+    started = time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def boot_clock_past(seconds: float) -> None:
+        deadline = time.monotonic() + 60
+        while time.clock_gettime(time.CLOCK_BOOTTIME) < started + seconds:
+            assert time.monotonic() < deadline, "CLOCK_BOOTTIME did not advance"
+            time.sleep(0.05)
+
+    boot_clock_past(0.3)
+    # The node rebooted meanwhile: the streak's time on the old boot's clock means nothing.
+    rebooted = this_boot(tmp_path / "proc", BOOT.replace("0d3e", "77aa"))
+    second, acted = healthy_run(tmp_path, timed, rebooted, wall=NOW + 1)
+    assert second.decision.action is Action.NOTHING and acted == []
+    assert "healthy 1 of 1000 runs in a row" in second.decision.why
+    started = time.clock_gettime(time.CLOCK_BOOTTIME)
+    boot_clock_past(0.3)
+    third, acted = healthy_run(tmp_path, timed, rebooted, wall=NOW + 2)
+    assert acted == [Action.UNDRAIN], third.decision.why
+    assert third.decision.why.startswith("healthy: healthy for ")
+
+
+def test_a_run_that_cannot_save_its_count_never_undrains_on_it(tmp_path: Path) -> None:
+    """undrain_after_runs = 1, but the state's folder is a regular file: the healthy run
+    is counted nowhere, so it undrains nothing, says why, and could not determine."""
+    (tmp_path / "state").write_text("not a folder\n")
+    clock = this_boot(tmp_path / "proc")
+    run, acted = healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
+    assert acted == []
+    assert run.decision.action is Action.NOTHING
+    assert run.decision.exit_status == EXIT_UNDETERMINED
+    assert "this healthy run could not be saved (cannot lock " in run.decision.why
+    assert "not undraining on a count it cannot keep" in run.decision.why
+    assert run.problem.startswith(f"cannot lock {tmp_path / 'state' / 'h.json.lock'}: ")
+
+
+def test_a_run_that_cannot_tell_its_boot_never_undrains(tmp_path: Path) -> None:
+    clock = this_boot(tmp_path / "proc", "not a uuid")
+    run, acted = healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
+    assert acted == [] and run.decision.exit_status == EXIT_UNDETERMINED
+    assert "cannot tell this boot from another" in run.problem and "not a boot id" in run.problem
+
+
+def test_a_failure_still_drains_where_nothing_can_be_saved(tmp_path: Path) -> None:
+    """No lock and no state (the folder a regular file): a node in service that fails is
+    drained all the same; the count it could not reset was never there to remove."""
+    (tmp_path / "state").write_text("not a folder\n")
+    acted: list[tuple[Action, str]] = []
+
+    def act(action: Action, reason: str) -> tuple[bool, str]:
+        acted.append((action, reason))
+        return True, ""
+
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "state" / "h.json",
+        settings=SETTINGS,
+        own_user="root",
+        run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
+        read_state=state,
+        act=act,
+        read_clock=this_boot(tmp_path / "proc"),
+    )
+    assert acted == [(Action.DRAIN, "nodecheck: gpu_count node: 7 of 8")]
+    assert run.decision.exit_status == EXIT_UNHEALTHY
+    assert run.problem.endswith("; removed h.json instead: no healthy run is counted")

@@ -5,13 +5,20 @@ from a state file, as Slurm 22.05 prints it, and applies and records `update` an
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from nodecheck.agent.slurm_health import RESULTS_SCHEMA, StoredCheck, findings_of, results_text
 from nodecheck.checks.result import Result, Status
@@ -85,9 +92,11 @@ class Slurm:
         return [call for call in calls if call[:1] != ["show"]]
 
 
-def health_check(
+def health_check_command(
     node: Node, slurm: Slurm, tmp_path: Path, *extra: str, config: str = ""
-) -> subprocess.CompletedProcess[str]:
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of `nodecheck slurm health-check` as slurmd runs it on
+    `node`, with its state in tmp_path/state and the agent's results in tmp_path."""
     config_file = tmp_path / "config.toml"
     config_file.write_text(
         "[agent]\n"
@@ -100,24 +109,25 @@ def health_check(
         "PATH": f"{slurm.folder}:{CLEAN_ENVIRON['PATH']}",
         "SLURMD_NODENAME": "gpu01",
     }
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nodecheck",
-            *node.cli_args,
-            *extra,
-            "slurm",
-            "health-check",
-            "--config",
-            str(config_file),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "nodecheck",
+        *node.cli_args,
+        *extra,
+        "slurm",
+        "health-check",
+        "--config",
+        str(config_file),
+    ]
+    return argv, env
+
+
+def health_check(
+    node: Node, slurm: Slurm, tmp_path: Path, *extra: str, config: str = ""
+) -> subprocess.CompletedProcess[str]:
+    argv, env = health_check_command(node, slurm, tmp_path, *extra, config=config)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def line_of(done: subprocess.CompletedProcess[str]) -> str:
@@ -308,3 +318,183 @@ def test_an_agent_without_the_results_folder_says_so_once_and_runs_on(
     failures = [line for line in seen if "event=results_write_failed" in line]
     assert len(failures) == 1 and failures[0].startswith("level=info"), seen
     assert any("event=ready" in line for line in seen)
+
+
+# -- runs at once, and a state that cannot be saved -----------------------------------------
+
+
+def drained_by_nodecheck(slurm: Slurm) -> None:
+    slurm.set_state(
+        "IDLE",
+        "DRAIN",
+        reason="nodecheck: gpu_count node: 7 of 8 GPUs",
+        user=pwd.getpwuid(os.geteuid()).pw_name,
+    )
+
+
+def saved_runs(tmp_path: Path) -> int:
+    """The healthy runs in a row health-check saved."""
+    saved: dict[str, Any] = json.loads((tmp_path / "state" / "slurm_health.json").read_text())
+    runs: int = saved["healthy_runs"]
+    return runs
+
+
+def undrains(slurm: Slurm) -> list[list[str]]:
+    return [update for update in slurm.updates() if update[-1] == "State=UNDRAIN"]
+
+
+def at_once(
+    count: int, node: Node, slurm: Slurm, tmp_path: Path, config: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """`count` health-checks started together, as slurmd's and operators' runs may be."""
+    argv, env = health_check_command(node, slurm, tmp_path, config=config)
+    started = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(count)
+    ]
+    finished = []
+    for process in started:
+        out, err = process.communicate(timeout=300)
+        finished.append(subprocess.CompletedProcess(argv, process.returncode, out, err))
+    return finished
+
+
+def test_runs_at_once_on_the_same_agent_results_are_one_healthy_run(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """Ten runs judging one version of the agent's results are one observation: the
+    first counts it, the others say they do not, and none undrains at 2 runs in a row.
+    The agent's next results are the second."""
+    slurm = Slurm(tmp_path / "slurm")
+    drained_by_nodecheck(slurm)
+    fine = Result(Status.OK, "node", "8 of 8 GPUs")
+    write_agent_results(tmp_path / "results.json", fine)
+    config = "[slurm]\nundrain_after_runs = 2\n"
+    runs = at_once(10, dgx, slurm, tmp_path, config)
+    assert [done.returncode for done in runs] == [0] * 10, [d.stderr for d in runs]
+    assert all("source='agent results'" in line_of(done) for done in runs)
+    repeated = [done for done in runs if "not counted again" in line_of(done)]
+    assert len(repeated) == 9
+    assert undrains(slurm) == [] and saved_runs(tmp_path) == 1
+    write_agent_results(tmp_path / "results.json", fine)  # a new written_at
+    done = health_check(dgx, slurm, tmp_path, config=config)
+    assert done.returncode == 0 and "action=undrain done=true" in line_of(done)
+
+
+def test_runs_at_once_take_turns_and_lose_no_count(dgx: Node, tmp_path: Path) -> None:
+    """Ten runs of the quick checks at once: each holds the lock for its whole run, so
+    every run judged is counted (none lost) and exactly one undrains, at the fifth. A
+    run that waited past the budget changed nothing and said so."""
+    slurm = Slurm(tmp_path / "slurm")
+    drained_by_nodecheck(slurm)
+    runs = at_once(10, dgx, slurm, tmp_path, "[slurm]\nundrain_after_runs = 5\nbudget = 55\n")
+    judged = [done for done in runs if done.returncode == 0]
+    waited = [done for done in runs if done.returncode != 0]
+    assert all(
+        done.returncode == 3 and "another slurm health-check has held" in line_of(done)
+        for done in waited
+    ), [done.stderr for done in waited]
+    assert judged and saved_runs(tmp_path) == len(judged)
+    assert len(undrains(slurm)) == (1 if len(judged) >= 5 else 0)
+
+
+def test_a_run_waits_on_the_lock_within_its_budget_then_changes_nothing(
+    dgx_faulty: Node, tmp_path: Path
+) -> None:
+    slurm = Slurm(tmp_path / "slurm")
+    (tmp_path / "state").mkdir()
+    with open(tmp_path / "state" / "slurm_health.json.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another run, in the middle of its own
+        done = health_check(dgx_faulty, slurm, tmp_path, config="[slurm]\nbudget = 1\n")
+    assert done.returncode == 3
+    assert "another slurm health-check has held" in line_of(done)
+    assert "for over 1 s: changing nothing" in line_of(done)
+    assert not (slurm.folder / "calls.log").exists()  # not even scontrol show node
+    done = health_check(dgx_faulty, slurm, tmp_path)  # the other run is over
+    assert done.returncode == 1 and "action=drain done=true" in line_of(done)
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs mounted at `path` for the test (root only), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "nodecheck-test", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], check=False).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """Fill `folder`'s filesystem to the last block; the filler file."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as file, pytest.raises(OSError) as full:
+        while True:
+            file.write(b"\0" * 65536)
+    assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+def four_healthy_runs(dgx: Node, slurm: Slurm, tmp_path: Path, config: str) -> None:
+    drained_by_nodecheck(slurm)
+    for run in range(1, 5):
+        done = health_check(dgx, slurm, tmp_path, config=config)
+        assert f"healthy {run} of 5 runs in a row" in line_of(done), done.stderr
+
+
+def test_a_full_state_folder_cannot_lose_a_failure(
+    dgx: Node, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """Four healthy runs of five; the state's filesystem fills up; a failure whose reset
+    cannot be saved removes the count instead (unlink needs no space); room again, the
+    next healthy run is the first in a row, not the fifth."""
+    slurm = Slurm(tmp_path / "slurm")
+    config = "[slurm]\nundrain_after_runs = 5\n"
+    with small_filesystem(tmp_path / "state") as state:
+        four_healthy_runs(dgx, slurm, tmp_path, config)
+        filler = fill(state)
+        failing = health_check(dgx_faulty, slurm, tmp_path, config=config)
+        assert failing.returncode == 1, failing.stderr
+        assert "No space left on device; removed slurm_health.json instead" in line_of(failing)
+        filler.unlink()
+        healthy = health_check(dgx, slurm, tmp_path, config=config)
+        assert healthy.returncode == 0, healthy.stderr
+        assert "healthy 1 of 5 runs in a row" in line_of(healthy)
+    assert undrains(slurm) == [] and slurm.state()["flags"] == ["DRAIN"]
+
+
+def test_a_read_only_state_folder_never_undrains(
+    dgx: Node, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """Four healthy runs of five; the state's filesystem goes read-only: the failure's
+    reset can be neither saved nor removed (said, with what to do), and no healthy run
+    undrains while it cannot save its count."""
+    slurm = Slurm(tmp_path / "slurm")
+    config = "[slurm]\nundrain_after_runs = 5\n"
+    with small_filesystem(tmp_path / "state") as state:
+        four_healthy_runs(dgx, slurm, tmp_path, config)
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        try:
+            failing = health_check(dgx_faulty, slurm, tmp_path, config=config)
+            assert failing.returncode == 1, failing.stderr
+            assert "Read-only file system; cannot remove slurm_health.json either" in line_of(
+                failing
+            )
+            assert f"remove {state / 'slurm_health.json'} once it can be" in line_of(failing)
+            for _ in range(2):
+                healthy = health_check(dgx, slurm, tmp_path, config=config)
+                assert healthy.returncode == 3, healthy.stderr
+                assert "this healthy run could not be saved" in line_of(healthy)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+    assert undrains(slurm) == [] and slurm.state()["flags"] == ["DRAIN"]

@@ -5,7 +5,10 @@ option `tune` prints binds each task to its numactl CPUs."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from nodecheck.agent.slurm_task import MAX_LINE, export_line
 from nodecheck.agent.tune_view import cpus_of_cpu_bind, render_shell, render_text, srun_binding
 from nodecheck.checks.node.cpulist import parse_cpulist
 from nodecheck.tuning.plan import TuneOptions, make_plan
-from tests.agent.test_cli import run
+from tests.agent.test_cli import NODECHECK, run
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
@@ -133,6 +136,128 @@ def test_no_rank_fails_and_no_gpu_for_it_sets_nothing(dgx: Node, tmp_path: Path)
     node = Node(cpu_only)
     done = run(*node.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "0"})
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+def test_the_help_says_the_exit_status_a_task_gets(dgx: Node, dgx_faulty: Node) -> None:
+    """--help tells the exit status as the command gives it (and docs/slurm.md): 2 for a
+    rank that must not run, 0 for a task beyond the node's GPUs. It once said 2 for both."""
+    shown = " ".join(run("slurm", "task-prolog", "--help").stdout.split())
+    assert "Exit status 2, with nothing exported, for a rank that must not run here" in shown
+    assert (
+        "a task beyond the node's GPUs, or on a node without GPUs, gets nothing set and "
+        "exit status 0" in shown
+    )
+    lost = run(*dgx_faulty.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "7"})
+    beyond = run(*dgx.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "8"})
+    assert (lost.returncode, beyond.returncode) == (2, 0), lost.stdout + beyond.stdout
+    assert "export " not in lost.stdout + beyond.stdout
+
+
+HOOK = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "nodecheck-slurm-hook"
+
+
+def installed_hook(folder: Path, name: str) -> Path:
+    """The shipped hook installed as docs/slurm.md says: under `name`, its PYTHON= line set
+    to the interpreter of nodecheck's virtualenv (this one)."""
+    text = HOOK.read_text()
+    [line] = [line for line in text.splitlines() if line.startswith("PYTHON=")]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text.replace(line, f"PYTHON={shlex.quote(sys.executable)}"))
+    path.chmod(0o755)
+    return path
+
+
+def hostile_job(folder: Path) -> dict[str, str]:
+    """A job's environment and working directory (`folder`) that break any Python started
+    in them: a click.py that exits first on its PYTHONPATH, in its working directory and
+    in its user site, and a PYTHONHOME with no Python in it."""
+    planted = 'raise SystemExit("the job\'s click.py was imported")\n'
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    user_site = folder / "userbase" / "lib" / version / "site-packages"
+    for where in (folder / "pythonpath", folder, user_site):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "click.py").write_text(planted)
+    return {
+        "PYTHONPATH": str(folder / "pythonpath"),
+        "PYTHONHOME": str(folder / "no-python-here"),
+        "PYTHONUSERBASE": str(folder / "userbase"),
+    }
+
+
+def run_hook(
+    hook: Path, node: Node, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """The hook as Slurm runs it (no arguments: the node's roots are this test's)."""
+    return subprocess.run(
+        [str(hook), *node.cli_args],
+        cwd=cwd,
+        env={**CLEAN_ENVIRON, "PATH": os.environ["PATH"], **node.env, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_task_prolog_hook_runs_isolated_from_the_job_s_python(
+    dgx: Node, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """slurmstepd runs TaskProlog in the job's environment: the shipped hook's lines and
+    exit status are those of a clean run, whatever the job's PYTHONPATH, PYTHONHOME, user
+    site and working directory hold, and the job's own variables still count."""
+    job = tmp_path / "job"
+    python = hostile_job(job)
+    broken = subprocess.run(
+        [*NODECHECK, "--help"],
+        cwd=job,
+        env={**CLEAN_ENVIRON, **python},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert broken.returncode != 0  # the environment does break an unisolated Python
+    hook = installed_hook(tmp_path / "sbin", "nodecheck-task-prolog")
+    task = {"SLURM_LOCALID": "3", "NCCL_P2P_DISABLE": "1"}
+    done = run_hook(hook, dgx, job, {**python, **task})
+    clean = run(*dgx.cli_args, "slurm", "task-prolog", env=task)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == clean.stdout and "unset NCCL_P2P_DISABLE" in done.stdout
+    lost = run_hook(hook, dgx_faulty, job, {**python, "SLURM_LOCALID": "7"})
+    assert lost.returncode == 2, lost.stdout + lost.stderr
+    assert lost.stdout.startswith("print nodecheck task-prolog: must not run here: local rank 7")
+
+
+def test_the_root_hooks_run_isolated_too(dgx_faulty: Node, tmp_path: Path) -> None:
+    """The same file as Prolog and Epilog (slurmd's, as root): judged as a clean run
+    judges, with the same hostile environment; under a name it does not know, it says so."""
+    job = tmp_path / "job"
+    python = hostile_job(job)
+    for name, hook in (("prolog", "nodecheck-prolog"), ("epilog", "nodecheck-epilog")):
+        done = run_hook(installed_hook(tmp_path / "sbin", hook), dgx_faulty, job, python)
+        assert done.returncode == 1, done.stderr
+        assert f"nodecheck {name}: node unusable: gpu_count " in done.stderr
+        assert "click.py" not in done.stderr
+    unknown = run_hook(installed_hook(tmp_path / "sbin", "nodecheck"), dgx_faulty, job, {})
+    assert unknown.returncode == 2
+    assert "install it as nodecheck-health-check, nodecheck-prolog," in unknown.stderr
+
+
+def test_the_documented_slurm_conf_names_the_hooks_it_installs(tmp_path: Path) -> None:
+    """Each program the slurm.conf lines of docs/slurm.md name is the shipped hook under
+    that name, and runs the subcommand the line's comment says."""
+    readme = (HOOK.parents[2] / "docs" / "slurm.md").read_text()
+    lines = re.findall(
+        r"^\w+=/usr/local/sbin/(nodecheck-[\w-]+) +# (nodecheck slurm [\w-]+)$", readme, re.M
+    )
+    assert len(lines) == 4, lines
+    for name, command in lines:
+        hook = installed_hook(tmp_path, name)
+        shown = subprocess.run(
+            [str(hook), "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith(f"Usage: {command} "), shown.stdout
 
 
 def test_export_lines_carry_values_literally() -> None:

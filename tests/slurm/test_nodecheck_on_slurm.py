@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.test_slurm_task import hostile_job, installed_hook
 from tests.conftest import Node
 from tests.fixtures.slurm_cluster import SlurmCluster
 
@@ -143,21 +144,34 @@ def _exports(lines: str) -> tuple[dict[str, str], list[str]]:
     return exported, unset
 
 
+@pytest.mark.parametrize("how", ["nodecheck", "shipped hook, hostile job"])
 def test_the_task_prologs_environment_reaches_the_task(
-    slurm_cluster: SlurmCluster, dgx: Node
+    slurm_cluster: SlurmCluster, dgx: Node, tmp_path: Path, how: str
 ) -> None:
-    """srun's task gets tune's exports for its local rank, and the unset takes effect."""
+    """srun's task gets tune's exports for its local rank, and the unset takes effect;
+    through the shipped hook also when the job's PYTHONPATH, PYTHONHOME, user site and
+    working directory would break a Python started in them (slurmstepd gives TaskProlog
+    the job's environment)."""
     args = [*dgx.cli_args, "slurm", "task-prolog"]
     expected = slurm_cluster.run(
         NODECHECK, *args, env={"SLURM_LOCALID": "0", "NCCL_P2P_DISABLE": "1"}
     ).stdout
     exported, unset = _exports(expected)
     assert exported and "NCCL_P2P_DISABLE" in unset
-    program = slurm_cluster.program("task-prolog", NODECHECK, *args, env=dgx.env)
+    job = ["--export=ALL,NCCL_P2P_DISABLE=1"]
+    if how == "nodecheck":
+        program = slurm_cluster.program("task-prolog", NODECHECK, *args, env=dgx.env)
+    else:
+        tmp_path.chmod(0o755)
+        hook = installed_hook(tmp_path / "sbin", "nodecheck-task-prolog")
+        program = slurm_cluster.program("task-prolog", str(hook), *dgx.cli_args, env=dgx.env)
+        python = hostile_job(tmp_path / "job")
+        job = [
+            "--export=ALL,NCCL_P2P_DISABLE=1," + ",".join(f"{k}={v}" for k, v in python.items()),
+            f"--chdir={tmp_path / 'job'}",
+        ]
     slurm_cluster.reconfigure(TaskProlog=str(program))
-    done = slurm_cluster.run(
-        "srun", "-N1", "-n1", "--export=ALL,NCCL_P2P_DISABLE=1", "env", timeout=120
-    )
+    done = slurm_cluster.run("srun", "-N1", "-n1", *job, "env", timeout=120)
     task = dict(line.partition("=")[::2] for line in done.stdout.splitlines() if "=" in line)
     for name, value in exported.items():
         assert task.get(name) == value, name
