@@ -89,6 +89,7 @@ def health_check(
     node: Node, slurm: Slurm, tmp_path: Path, *extra: str, config: str = ""
 ) -> subprocess.CompletedProcess[str]:
     config_file = tmp_path / "config.toml"
+    (tmp_path / "state").mkdir(exist_ok=True)  # a state directory it is given must exist
     config_file.write_text(
         "[agent]\n"
         f'state_dir = "{tmp_path / "state"}"\n'
