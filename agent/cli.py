@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from nodecheck.checks.node.facts import NodeFacts
     from nodecheck.checks.node.fs import NodeFS
     from nodecheck.checks.node.nvml import NvmlSession
+    from nodecheck.checks.node.output import Written
     from nodecheck.tuning.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,6 +114,20 @@ def _remember_regular_file(ctx: click.Context, param: click.Parameter, value: An
 
             raise click.BadParameter(f"{value}: {file_kind(mode)}, not a regular file")
     return _remember(ctx, param, value)
+
+
+def _state_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """--state-dir: a directory this user can write in. nodecheck creates only its own
+    default one: mkdir of a path someone typed, as root, makes folders anywhere."""
+    from nodecheck.checks.config import is_default_state_dir
+    from nodecheck.checks.node.output import output_directory_problem
+
+    if value is None or is_default_state_dir(value):
+        return value
+    problem = output_directory_problem(value, writable=True)
+    if problem:
+        raise click.BadParameter(f"{value}: {problem}")
+    return value
 
 
 def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -591,7 +606,9 @@ def _run_agent(
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path("/run/nodecheck/snapshot.json"),
     show_default=True,
-    help="Where to write the snapshot (atomically).",
+    help="Where to write the snapshot: replaced atomically (its folder must exist; only "
+    "the default's is created), as capture -o writes (a device or FIFO written through, "
+    "a symlink's target replaced).",
 )
 @global_options
 @click.pass_context
@@ -614,13 +631,27 @@ def snapshot(ctx: click.Context, output: Path) -> None:
         facts = take_snapshot(sources, checks)
     finally:
         sources.session().close()
-    try:
-        write_snapshot(output, facts)
-    except OSError as err:
-        fail_usage(f"cannot write {output}: {err.strerror or err}")
+    written = _written_or_exit("snapshot", output, lambda: write_snapshot(output, facts))
     _say_unread("nodecheck snapshot", facts)
     names = ", ".join(check.name for check in checks)
-    click.echo(f"{output}: {len(facts.parts)} parts, for {names}")
+    # Written through (`--output /dev/stdout`), stdout may be the document itself.
+    click.echo(f"{output}: {len(facts.parts)} parts, for {names}", err=written.through)
+
+
+def _written_or_exit(command: str, output: Path, write: Callable[[], Written]) -> Written:
+    """`write()`'s destination, saying on stderr when it was a symlink's target; exit 2
+    naming the path when it cannot write there (the rule of checks/node/output.py)."""
+    try:
+        written = write()
+    except OSError as err:
+        fail_usage(f"cannot write {output}: {err.strerror or err}")
+    if written.path != output:
+        click.echo(
+            f"nodecheck {command}: {output} is a symlink: replaced its target "
+            f"{written.path} atomically (the symlink stays)",
+            err=True,
+        )
+    return written
 
 
 def _say_unread(command: str, facts: NodeFacts) -> None:
@@ -640,7 +671,10 @@ def _say_unread(command: str, facts: NodeFacts) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     metavar="FILE",
-    help="Write the capture to FILE (atomically, mode 0600) instead of stdout.",
+    help="Write the capture to FILE instead of stdout: replaced atomically, mode 0600 (its "
+    "folder must exist). A character device or FIFO is written through (-o /dev/stdout); "
+    "a symlink is never replaced: its target file is, or the device it leads to written "
+    "through.",
 )
 @kernel_log_option
 @global_options
@@ -658,7 +692,7 @@ def capture(ctx: click.Context, output: Path | None, kernel_log: Path | None) ->
 
     fs = node_fs(ctx)
     from nodecheck.checks.node.facts import LiveFacts, NodeSources, dumps
-    from nodecheck.checks.node.fs import write_atomically
+    from nodecheck.checks.node.output import write_output
 
     sources = NodeSources(
         fs=fs,
@@ -674,15 +708,13 @@ def capture(ctx: click.Context, output: Path | None, kernel_log: Path | None) ->
     text = dumps(facts)
     if output is None:
         click.echo(text, nl=False)
-    else:
-        try:
-            # A support bundle: readable by its owner only, whole or not at all.
-            write_atomically(output, text, mode=0o600)
-        except OSError as err:
-            fail_usage(f"cannot write {output}: {err.strerror or err}")
+        _say_unread("nodecheck capture", facts)
+        return
+    # A support bundle: readable by its owner only, whole or not at all.
+    written = _written_or_exit("capture", output, lambda: write_output(output, text, 0o600))
     _say_unread("nodecheck capture", facts)
-    if output is not None:
-        click.echo(f"{output}: {len(facts.parts)} parts")
+    # Written through (`-o /dev/stdout`), stdout may be the document itself.
+    click.echo(f"{output}: {len(facts.parts)} parts", err=written.through)
 
 
 @cli.group()
@@ -1108,8 +1140,10 @@ class _ProgressBar:
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where results and baselines are kept. "
-    "[default: /var/lib/nodecheck as root, else ~/.local/state/nodecheck]",
+    callback=_state_dir,
+    help="Where results and baselines are kept: a directory that exists (only the "
+    "default is created). [default: /var/lib/nodecheck as root, else "
+    "~/.local/state/nodecheck]",
 )
 @click.option(
     "--idle-window",

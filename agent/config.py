@@ -88,12 +88,14 @@ from nodecheck.checks.config import (
     BenchOptions,
     CheckConfig,
     Thresholds,
+    is_default_state_dir,
 )
 from nodecheck.checks.node.fs import (
     NotRegularFileError,
     file_kind,
     read_regular_file,
 )
+from nodecheck.checks.node.output import NO_SUCH_DIRECTORY, output_directory_problem
 from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
@@ -591,21 +593,6 @@ def _named_file_problem(key: str, path: Path) -> str | None:
     return None
 
 
-def _directory_problem(path: Path, *, must_exist: bool, writable: bool) -> str | None:
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return f"{path}: no such directory" if must_exist else None
-    except OSError as err:
-        return f"{path}: {err.strerror or err}"
-    if not stat.S_ISDIR(mode):
-        kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
-        return f"{path}: {kind}, not a directory"
-    if writable and not os.access(path, os.W_OK | os.X_OK):
-        return f"{path}: not writable by this user (uid {os.geteuid()})"
-    return None
-
-
 # The kmsg device: character major 1, minor 11 (the kernel's
 # Documentation/admin-guide/devices.txt); any other device is no kernel log.
 KMSG_DEVICE = (1, 11)
@@ -743,9 +730,9 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
             raise section.fail("listen", str(err)) from None
     textfile = section.path_value("textfile_dir")
     if textfile is not None:
-        problem = _directory_problem(textfile, must_exist=True, writable=True)
+        problem = output_directory_problem(textfile, writable=True)
         if problem:
-            raise section.fail("textfile_dir", problem)
+            raise section.fail("textfile_dir", f"{textfile}: {problem}")
     expected = section.take("expected_gpus", int, None)
     if expected is not None and not 0 <= expected <= MAX_EXPECTED_GPUS:
         raise section.fail(
@@ -758,10 +745,12 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
             raise section.fail("kernel_log", problem)
     timeout = section.number("nvml_timeout", config.nvml_timeout_s, *NVML_TIMEOUT_RANGE_S)
     state_dir = section.path_value("state_dir")
+    # A folder it is given must exist, as every folder nodecheck writes in; only its own
+    # default one is created (and not yet when the configuration is checked).
     if state_dir is not None:
-        problem = _directory_problem(state_dir, must_exist=False, writable=False)
-        if problem:
-            raise section.fail("state_dir", problem)
+        problem = output_directory_problem(state_dir)
+        if problem and not (problem == NO_SUCH_DIRECTORY and is_default_state_dir(state_dir)):
+            raise section.fail("state_dir", f"{state_dir}: {problem}")
     snapshot = section.path_value("snapshot")
     if snapshot is not None:
         problem = snapshot_problem(snapshot)

@@ -56,10 +56,11 @@ from nodecheck.agent.snapshot import from_snapshot
 from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
-from nodecheck.checks.node.fs import NodeFS, write_atomically
+from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.net import PortCounterHistory
 from nodecheck.checks.node.nvml import NvmlSession
+from nodecheck.checks.node.output import OutputPathError, write_output
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
 from nodecheck.checks.registry import Check, load_benchmarks, load_checks
 from nodecheck.checks.result import Status
@@ -308,9 +309,10 @@ class Agent:
 
     def _write_results(self) -> list[StoredRun]:
         """The latest results, for `nodecheck slurm health-check`, whole or not at all
-        (write_atomically); the stored runs it wrote (read under the lock: the file holds
-        at least what they hold once this returns). A failure is logged when it starts
-        and when it ends, never raised: the scheduler's thread goes on."""
+        (write_output, the rule of every output path); the stored runs it wrote (read
+        under the lock: the file holds at least what they hold once this returns). A
+        failure is logged when it starts and when it ends, never raised: the scheduler's
+        thread goes on."""
         path = self.config.results_file
         with self._results_lock:
             stored = self.store.all()
@@ -327,12 +329,12 @@ class Agent:
                 for s in stored
             ]
             try:
-                write_atomically(path, results_text(self.hostname, checks, time.time()))
+                write_output(path, results_text(self.hostname, checks, time.time()), 0o600)
             except OSError as err:
                 problem = f"{err.strerror or err}"
                 if problem != self._results_problem:
                     # No folder: not installed as a service (`make run`); said once, quietly.
-                    missing = isinstance(err, FileNotFoundError)  # mkstemp: no folder
+                    missing = isinstance(err, OutputPathError) and err.missing_folder
                     log.log(
                         logging.INFO if missing else logging.ERROR,
                         "event=results_write_failed path=%s error=%r",

@@ -45,7 +45,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from nodecheck.agent.report import check_document
 from nodecheck.agent.scheduler import ResultStore
-from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file, write_atomically
+from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
+from nodecheck.checks.node.output import write_output
 from nodecheck.checks.record import record
 from nodecheck.checks.result import MetricSpec, Sample, Status, worst
 
@@ -441,8 +442,9 @@ class CachedExposition:
 
 def write_textfile(directory: Path, registry: CollectorRegistry) -> None:
     """node_exporter's textfile collector reads *.prom: replaced atomically, so it never
-    reads half a file; world-readable, as node_exporter runs as another user."""
-    write_atomically(directory / TEXTFILE_NAME, exposition(registry).decode(), mode=0o644)
+    reads half a file; world-readable, as node_exporter runs as another user. By the rule
+    of every output path (checks/node/output.py): the folder must exist."""
+    write_output(directory / TEXTFILE_NAME, exposition(registry).decode(), 0o644)
 
 
 def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:

@@ -34,11 +34,13 @@ from nodecheck.checks.node.facts import (
     dumps,
     loads,
 )
-from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file, write_atomically
+from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
+from nodecheck.checks.node.output import Written, write_output
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.runner import unjudged
 
+DEFAULT_SNAPSHOT_PATH = Path("/run/nodecheck/snapshot.json")
 STALE_AFTER_S = 900.0  # three missed runs of the 5-minute timer
 SNAPSHOT_LIMIT = 16 << 20  # bytes; a real snapshot is a few hundred kB
 FUTURE_SLACK_S = 300.0  # one clock, but NTP may step it back after the snapshot
@@ -63,11 +65,15 @@ def take_snapshot(sources: NodeSources, checks: Iterable[Check]) -> NodeFacts:
     return LiveFacts(sources).capture(snapshot_parts(checks))
 
 
-def write_snapshot(path: Path, facts: NodeFacts) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_snapshot(path: Path, facts: NodeFacts) -> Written:
+    """The snapshot at `path`, by the rule of every output path (checks/node/output.py);
+    where it went. Only the default's folder, /run/nodecheck, is created when missing
+    (nodecheck-snapshot.service's RuntimeDirectory= makes it under the timer)."""
+    if path == DEFAULT_SNAPSHOT_PATH:
+        path.parent.mkdir(mode=0o755, exist_ok=True)
     # World-readable: the agent reading it runs as another (transient) user. It holds no
     # secret: variables are filtered to the audited names as they are read.
-    write_atomically(path, dumps(facts), mode=0o644)
+    return write_output(path, dumps(facts), mode=0o644)
 
 
 class SnapshotError(ValueError):

@@ -90,6 +90,7 @@ def main() -> None:
         stored = agent_results(node, library, scenario)
         results = root / "results.json"
         config = root / "config.toml"
+        (root / "state").mkdir()  # a state directory it is given must exist
         config.write_text(f'[agent]\nstate_dir = "{root / "state"}"\nresults_file = "{results}"\n')
         command = [
             nodecheck_command(),

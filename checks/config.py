@@ -18,13 +18,23 @@ from pathlib import Path
 
 from nodecheck.checks.record import record
 
+# The agent's, as root (nodecheck.service's StateDirectory=nodecheck makes it too).
+ROOT_STATE_DIR = Path("/var/lib/nodecheck")
+
 
 def default_state_dir() -> Path:
     """/var/lib/nodecheck for root (the agent), else $XDG_STATE_HOME/nodecheck."""
     if os.geteuid() == 0:
-        return Path("/var/lib/nodecheck")
+        return ROOT_STATE_DIR
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "nodecheck"
+
+
+def is_default_state_dir(path: Path) -> bool:
+    """Whether `path` is nodecheck's own state directory (root's, or this user's
+    default): the one benchmark folder nodecheck creates when it is missing. A state
+    directory it is given must exist, as every folder it is told to write in."""
+    return path in (ROOT_STATE_DIR, default_state_dir())
 
 
 # NVML calls are answered in milliseconds; past this a call is hung (a GPU off the bus can

@@ -80,8 +80,6 @@ class Allowed:
 # options that name the roots and the NVML library. None is a file of the node judged.
 OWN_FILES = (
     Allowed("agent/config.py", "read_text_file", "read_regular_file", "the agent's TOML file"),
-    Allowed("agent/config.py", "_directory_problem", "stat", "state/textfile dir is one"),
-    Allowed("agent/config.py", "_directory_problem", "access", "state/textfile dir writable"),
     # `config check` says whether the configured kernel log can be read at all; its lines
     # are read by the kernel_log part.
     Allowed("agent/config.py", "kernel_log_problem", "stat", "config check: the log's kind"),
@@ -149,8 +147,9 @@ NVML_CALLS = {"call", "run", "run_many", "module"}
 # Modules whose functions share a name with a reader of checks/node (json.load, not
 # facts.load); their own file access is judged by the rules above.
 NOT_OURS = {"os", "os.path", "json", "tomllib", "pickle", "shutil", "importlib", "metadata"}
-# Functions of checks/node that write (nodecheck's own files), not read the node.
-WRITERS = {"write_atomically"}
+# Functions of checks/node that write (nodecheck's own files), or look at where they will
+# be written (checks/node/output.py: the rule of every output path), not read the node.
+WRITERS = {"write_atomically", "write_output", "output_directory_problem"}
 
 
 def product_modules(*, node: bool) -> list[Path]:

@@ -5,7 +5,9 @@ payload), the recent *good* results; a baseline is their rolling median, so a
 GPU that degrades is compared with what it did when healthy, not with its own
 decline. Writes are atomic (a temporary file in the same directory, fsync,
 rename, fsync of the directory): a process killed mid-write leaves the old
-file or the new one, never half of either. A file that does not parse is
+file or the new one, never half of either, and the next write removes the
+temporary it left. The directory is created only when it is nodecheck's own
+default; one it is given must exist. A file that does not parse is
 moved aside (`benchmarks.json.damaged-<time>`) and reported, never fatal.
 
 `last_success` holds, per host and benchmark, when the last run that measured
@@ -26,7 +28,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nodecheck.checks.config import is_default_state_dir
 from nodecheck.checks.node.fs import write_atomically
+from nodecheck.checks.node.output import OutputPathError, output_directory_problem
 
 STATE_FILE = "benchmarks.json"
 LOCK_FILE = "bench.lock"  # .<hostname>
@@ -88,9 +92,19 @@ class BenchState:
             self.problem = f"{self.path} was damaged ({err}); moved to {aside.name}"
             return _empty()
 
+    def _ensure_directory(self) -> None:
+        """Create nodecheck's own default state directory when missing; one it was given
+        must exist (OutputPathError naming what it is instead)."""
+        if is_default_state_dir(self.directory):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            return
+        problem = output_directory_problem(self.directory)
+        if problem is not None:
+            raise OutputPathError(problem)
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_directory()
         with open(self.directory / f"{STATE_FILE}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
@@ -150,7 +164,7 @@ class BenchState:
     def exclusive_run(self, host: str) -> Iterator[None]:
         """Hold this host's run lock: two benchmarks at once would measure each other.
         Named after the host, so nodes sharing a state directory (NFS) do not queue."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_directory()
         with open(self.directory / f"{LOCK_FILE}.{host}", "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import posixpath
 import re
@@ -356,11 +357,96 @@ def resolve_inside(root: Path, absolute: str) -> Path:
     return root.joinpath(*resolved)
 
 
+# write_atomically's temporaries: ".<name>.<writer>.<pid>.<random>.tmp", beside the file.
+# <writer> tells whose pid it is: this boot of this host (the kernel's random boot_id,
+# Documentation/admin-guide/sysctl/kernel.rst "random") and this PID namespace
+# (/proc/self/ns/pid's inode, namespaces(7)), hashed to 12 hex digits. A pid means
+# nothing on another node sharing the folder (a state directory on NFS), after a reboot
+# or in another container, so only a temporary of this writer identity whose pid is gone
+# is known to be abandoned; any other is abandoned once it is older than
+# ABANDONED_TEMPORARY_S (a write takes milliseconds; an hour is beyond any live writer).
+ABANDONED_TEMPORARY_S = 3600.0
+_TEMPORARY_SUFFIX = ".tmp"
+# pid_max is at most PID_MAX_LIMIT, 4194304 (include/linux/threads.h): seven digits, and
+# never 0 (os.kill(0, ...) would signal our whole process group).
+_TEMPORARY_TAIL = re.compile(r"\.([0-9a-f]{12})\.([1-9][0-9]{0,6})\.[a-z0-9_]+\.tmp")
+
+
+@functools.lru_cache(maxsize=1)
+def _writer_identity() -> str | None:
+    """This process's boot and PID namespace, as 12 hex digits; None when /proc cannot
+    say (then no temporary is judged by its pid, only by its age)."""
+    import hashlib
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            boot = file.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return hashlib.blake2b(f"{boot} {namespace}".encode(), digest_size=6).hexdigest()
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists (kill(2))
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def _abandoned(name: str, prefix: str, info: os.stat_result, writer: str | None) -> bool:
+    """Whether `name` in the folder is a temporary of `prefix`'s file that no live writer
+    will rename: older than ABANDONED_TEMPORARY_S, or this writer identity's with a pid
+    that no longer exists. Never a live writer's (the pid exists, or it is another host's
+    or namespace's and recent)."""
+    found = _TEMPORARY_TAIL.fullmatch(name, len(prefix) - 1)
+    if found is None or not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        return False  # not one of ours: another program's file, or another user's
+    if time.time() - info.st_mtime > ABANDONED_TEMPORARY_S:
+        return True
+    return found.group(1) == writer and not _process_exists(int(found.group(2)))
+
+
+def _remove_abandoned_temporaries(path: Path) -> None:
+    """Remove the temporaries of `path` that writers killed mid-write left beside it (kill
+    -9 never runs their cleanup); a folder that cannot be listed is left to the write to
+    report."""
+    prefix = f".{path.name}."
+    writer = _writer_identity()
+    try:
+        with os.scandir(path.parent) as entries:
+            candidates = [
+                entry
+                for entry in entries
+                if entry.name.startswith(prefix) and entry.name.endswith(_TEMPORARY_SUFFIX)
+            ]
+            for entry in candidates:
+                with contextlib.suppress(OSError):  # gone meanwhile (another writer's cleanup)
+                    if _abandoned(entry.name, prefix, entry.stat(follow_symlinks=False), writer):
+                        os.unlink(entry.path)
+    except OSError:
+        pass
+
+
 def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole."""
+    """Replace `path` with `text` so that a reader (or a crash) sees old or new, whole.
+
+    A temporary beside it, fsync, rename(2) over it, fsync of the folder. The temporary is
+    named for this writer (".<name>.<writer>.<pid>.<random>.tmp"), and the ones writers
+    killed mid-write left are removed first (_remove_abandoned_temporaries). The folder
+    must exist: nothing is created but the temporary.
+    """
     import tempfile  # only writers need it: not every read of the node
 
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    _remove_abandoned_temporaries(path)
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.{_writer_identity() or '0' * 12}.{os.getpid()}.",
+        suffix=_TEMPORARY_SUFFIX,
+        dir=path.parent,
+    )
     try:
         with os.fdopen(handle, "w") as file:
             file.write(text)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import stat
+import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -218,6 +222,105 @@ def test_capture_cannot_write_is_a_usage_error(dgx: Node, tmp_path: Path) -> Non
     assert done.returncode == 2
     assert done.stderr.startswith(f"nodecheck: cannot write {target}: ")
     assert "Traceback" not in done.stderr
+
+
+def test_capture_writes_through_a_character_device_and_leaves_it_one(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """-o a device node: written through, never replaced by a 0600 file (as root, `-o
+    /dev/null` turned /dev/null into a root-only file). A node of /dev/null's numbers
+    (1:3, the kernel's Documentation/admin-guide/devices.txt) made here: the shared
+    /dev/null is left alone."""
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.chmod(device, 0o666)  # past the umask
+        with open(device, "wb"):
+            pass
+    except PermissionError:
+        pytest.skip("making and opening a device node needs root (CAP_MKNOD, the cgroup's)")
+    before = os.lstat(device)
+    done = run(*dgx.cli_args, "capture", "-o", str(device), env=dgx.env)
+    assert done.returncode == 0, done.stderr
+    after = os.lstat(device)
+    assert stat.S_ISCHR(after.st_mode) and stat.S_IMODE(after.st_mode) == 0o666
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temporary beside it
+    # The summary goes to stderr when written through: stdout may be the device itself.
+    assert done.stdout == "" and done.stderr.startswith(f"{device}: ") and "parts" in done.stderr
+
+
+def test_capture_to_dev_stdout_is_the_document_on_stdout(dgx: Node) -> None:
+    """-o /dev/stdout, a symlink to /proc/self/fd/1 (a pipe here): the document is written
+    into the pipe, the symlink left as it is, the summary on stderr."""
+    if not os.path.islink("/dev/stdout"):
+        pytest.skip("/dev/stdout is no symlink here")
+    done = run(*dgx.cli_args, "capture", "-o", "/dev/stdout", env=dgx.env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["schema"] == SCHEMA
+    assert done.stderr.startswith("/dev/stdout: ") and done.stderr.count("\n") == 1
+    assert os.path.islink("/dev/stdout")
+
+
+def test_capture_through_a_symlink_replaces_its_target_and_keeps_the_link(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """-o a symlink to a file: the symlink stays, the file it names is replaced atomically
+    (mode 0600), and stderr says so."""
+    target = tmp_path / "bundles" / "today.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    target.chmod(0o644)
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    done = run(*dgx.cli_args, "capture", "-o", str(link), env=dgx.env)
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert load(target).get("hostname") == "dgx-h100-01"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert f"{link} is a symlink: replaced its target {target} atomically" in done.stderr
+    assert done.stdout.startswith(f"{link}: ")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["bundles", "latest.json", "today.json"]
+
+
+def read_fifo_while(reader: int, writing: threading.Thread) -> bytes:
+    """Everything written into the FIFO whose read end is `reader` (opened non-blocking,
+    before the writer started) until `writing` is over."""
+    chunks = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        select.select([reader], [], [], 1.0)
+        try:
+            chunk = os.read(reader, 1 << 16)
+        except BlockingIOError:  # a writer, nothing written yet
+            continue
+        if chunk:
+            chunks.append(chunk)
+        elif not writing.is_alive():  # end of file, and no writer will come
+            return b"".join(chunks)
+        else:  # end of file until the writer opens it (fifo(7)): poll for it
+            writing.join(0.05)
+    raise AssertionError("the writer did not finish within 120 s")
+
+
+def test_capture_writes_through_a_fifo_to_its_reader(dgx: Node, tmp_path: Path) -> None:
+    """-o a FIFO someone reads: the document goes to the reader; the FIFO stays a FIFO."""
+    fifo = tmp_path / "bundle.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # there before the writer opens
+    done: list[subprocess.CompletedProcess[str]] = []
+    try:
+        writing = threading.Thread(
+            target=lambda: done.append(run(*dgx.cli_args, "capture", "-o", str(fifo), env=dgx.env))
+        )
+        writing.start()
+        received = read_fifo_while(reader, writing)
+    finally:
+        os.close(reader)
+    assert done[0].returncode == 0, done[0].stderr
+    assert json.loads(received)["schema"] == SCHEMA
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle.fifo"]
 
 
 def test_capture_records_what_it_could_not_read(

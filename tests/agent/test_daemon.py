@@ -114,6 +114,7 @@ def running_agent(node: Node, work: Path, benchmarks: bool) -> Iterator[RunningA
     port = free_port()
     textfile = work / "textfile"
     textfile.mkdir(parents=True)
+    (work / "state").mkdir()  # the folders it is given must exist
     config = work / "config.toml"
     config.write_text(
         CONFIG.format(

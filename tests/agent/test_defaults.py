@@ -69,6 +69,13 @@ def test_the_bench_options_defaults_are_bench_options() -> None:
     assert default_of(bench, "state_dir") is None
 
 
+def test_the_snapshot_output_default_is_the_one_whose_folder_is_created() -> None:
+    """`snapshot` creates the folder of its default output only (its own /run/nodecheck)."""
+    from nodecheck.agent.snapshot import DEFAULT_SNAPSHOT_PATH
+
+    assert default_of(cli.commands["snapshot"], "output") == DEFAULT_SNAPSHOT_PATH
+
+
 def test_the_check_options_defaults_are_check_configs() -> None:
     assert default_of(cli.commands["check"], "expected_gpus") == DEFAULTS.expected_gpus
     # --nvml-timeout is left None when not given (an option given wins over the agent's

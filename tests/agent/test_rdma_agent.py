@@ -31,6 +31,7 @@ def test_the_agent_warns_on_rising_port_counters(
     port = free_port()
     textfile = tmp_path / "textfile"
     textfile.mkdir()
+    (tmp_path / "state").mkdir()  # a state directory it is given must exist
     others = "".join(
         f"\n[checks.{name}]\nenabled = false\n" for name in load_checks() if name != "rdma_ports"
     )

@@ -98,6 +98,7 @@ def health_check_command(
     """The argv and environment of `nodecheck slurm health-check` as slurmd runs it on
     `node`, with its state in tmp_path/state and the agent's results in tmp_path."""
     config_file = tmp_path / "config.toml"
+    (tmp_path / "state").mkdir(exist_ok=True)  # a state directory it is given must exist
     config_file.write_text(
         "[agent]\n"
         f'state_dir = "{tmp_path / "state"}"\n'

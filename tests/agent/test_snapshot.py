@@ -4,6 +4,9 @@ root checks over it with its own configuration."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,17 +22,19 @@ from nodecheck.agent.snapshot import (
 )
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import SCHEMA, load
+from nodecheck.checks.node.fs import ABANDONED_TEMPORARY_S, write_atomically
 from nodecheck.checks.registry import Check, load_checks
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.runner import run_checks
 from tests.agent.test_cli import run
-from tests.conftest import Node
+from tests.conftest import CLEAN_ENVIRON, Node
 
 
 @pytest.fixture(scope="module")
 def snapshot_file(dgx_faulty: Node, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`nodecheck snapshot` of the faulty DGX, as root sees it."""
     output = tmp_path_factory.mktemp("snapshot") / "run" / "snapshot.json"
+    output.parent.mkdir()  # its folder must exist: only the default's is created
     done = run(*dgx_faulty.cli_args, "snapshot", "--output", str(output), env=dgx_faulty.env)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
@@ -132,3 +137,74 @@ def test_missing_stale_or_incomplete_snapshot_is_undetermined(
     [without] = results_from_snapshot(checks["nccl_env"], lacking, dgx_faulty.context())
     assert without.status is Status.ERROR
     assert without.summary.startswith(f"the snapshot {lacking} has no variables, which nccl_env")
+
+
+# `nodecheck snapshot` on a disk whose fsync(2) never returns: the writer stops after its
+# temporary is written and before the rename, where a kill -9 leaves that temporary.
+SLOW_DISK_SNAPSHOT = (
+    "import os, sys, threading\n"
+    "os.fsync = lambda descriptor: threading.Event().wait()\n"
+    "from nodecheck.agent.cli import main\n"
+    "sys.argv[0] = 'nodecheck'\n"
+    "main()\n"
+)
+
+
+def leftovers(folder: Path) -> list[str]:
+    """What a writer left in `folder` besides the snapshot itself."""
+    return sorted(p.name for p in folder.iterdir() if p.name != "snapshot.json")
+
+
+def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_write_removes(
+    dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """kill -9 of a snapshot writer leaves its temporary (no cleanup runs); the next write
+    to the folder removes it, but never the temporary of a writer still alive."""
+    output = tmp_path / "snapshot.json"
+    environ = dict(CLEAN_ENVIRON, PATH=os.environ["PATH"], **dgx_faulty.env)
+    if "PYTHONPATH" in os.environ:
+        environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    argv = [*dgx_faulty.cli_args, "snapshot", "--output", str(output)]
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", SLOW_DISK_SNAPSHOT, *argv],
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not leftovers(tmp_path) and stuck.poll() is None:
+            assert time.monotonic() < deadline, "no temporary within 120 s"
+            time.sleep(0.05)
+        [temporary] = leftovers(tmp_path)
+        assert stuck.poll() is None, "the writer should be waiting on its fsync"
+        # A live writer's temporary is not touched by another write.
+        done = run(*argv, env=dgx_faulty.env)
+        assert done.returncode == 0, done.stderr
+        assert leftovers(tmp_path) == [temporary]
+    finally:
+        stuck.kill()  # SIGKILL: no exception handler, no cleanup
+        stuck.wait(30)
+    assert leftovers(tmp_path) == [temporary]
+    done = run(*argv, env=dgx_faulty.env)
+    assert done.returncode == 0, done.stderr
+    assert leftovers(tmp_path) == []
+    assert read_snapshot(output).parts
+
+
+def test_temporaries_of_other_writers_are_removed_only_once_old(tmp_path: Path) -> None:
+    """A temporary named for another host or PID namespace (a state directory on NFS): its
+    pid means nothing here, so it is left until older than ABANDONED_TEMPORARY_S. Files
+    that are not write_atomically's temporaries of this file are never removed."""
+    target = tmp_path / "benchmarks.json"
+    elsewhere = [f".benchmarks.json.0123456789ab.{pid}.k2j4h5g6.tmp" for pid in (4242, 4243)]
+    others = [".benchmarks.json.lock", ".other.json.0123456789ab.4244.k2j4h5g6.tmp"]
+    for name in [*elsewhere, *others]:
+        (tmp_path / name).write_text("partial")
+    old = time.time() - ABANDONED_TEMPORARY_S - 60
+    os.utime(tmp_path / elsewhere[0], (old, old))
+    os.utime(tmp_path / others[1], (old, old))
+    write_atomically(target, "{}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [elsewhere[1], *others, "benchmarks.json"]
+    )

@@ -38,6 +38,7 @@ def idle_dgx() -> Scenario:
 def bench(node: Node, name: str, tmp_path: Path, **options: object) -> list[Result]:
     settings = {"device": "cpu", "duration_s": 0.6, "idle_window_s": 0.0, **options}
     settings.setdefault("state_dir", tmp_path / "state")
+    Path(str(settings["state_dir"])).mkdir(exist_ok=True)  # one it is given must exist
     bench_options = BenchOptions(**settings)  # type: ignore[arg-type]
     context = node.context(config=CheckConfig(bench=bench_options))
     [run] = run_checks([load_benchmarks()[name]], context)

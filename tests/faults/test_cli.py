@@ -9,8 +9,10 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,6 +142,86 @@ def test_a_bad_invocation_is_a_usage_error_naming_what_is_wrong(
     assert named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     assert done.stdout == ""
+
+
+# Output paths (checks/node/output.py): a command writing a file is given these.
+OUTPUT_OPTIONS = {"capture": ["capture", "-o"], "snapshot": ["snapshot", "--output"]}
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A folder with a short path: a Unix socket's address has at most 107 bytes (unix(7)),
+    and a parametrized test's tmp_path can be longer."""
+    with tempfile.TemporaryDirectory(prefix="nc-") as folder:
+        yield Path(folder)
+
+
+def put_in_place(kind: str, path: Path, stack: contextlib.ExitStack) -> str:
+    """Make `kind` at `path`; what the refusal must say."""
+    if kind == "a FIFO with no reader":
+        os.mkfifo(path)
+        return "a FIFO with no reader"
+    if kind == "a dangling symlink":
+        path.symlink_to(path.parent / "gone.json")
+        return f"a symlink to {path.parent / 'gone.json'}, which does not exist"
+    if kind == "a symlink loop":
+        path.symlink_to(path.name)
+        return "a symlink loop"
+    if kind == "a socket":
+        listener = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        listener.bind(str(path))
+        return "a socket, not a file nodecheck may replace or write through"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("command", list(OUTPUT_OPTIONS))
+@pytest.mark.parametrize(
+    "kind", ["a FIFO with no reader", "a dangling symlink", "a symlink loop", "a socket"]
+)
+def test_an_output_path_that_is_no_file_is_refused_and_left_as_it_was(
+    build: Callable[..., Node], short_dir: Path, command: str, kind: str
+) -> None:
+    """capture -o and snapshot --output replaced a FIFO, a symlink or a socket with a
+    regular file and said they succeeded. Now: exit 2 naming the path and why, at once
+    (a FIFO no one reads is not waited on), the thing in place untouched."""
+    node = build("cpu-only")
+    path = short_dir / "out"
+    with contextlib.ExitStack() as stack:
+        says = put_in_place(kind, path, stack)
+        before = os.lstat(path)
+        done = run(*node.cli_args, *OUTPUT_OPTIONS[command], str(path), env=node.env)
+        after = os.lstat(path)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.startswith(f"nodecheck: cannot write {path}: "), done.stderr
+    assert says in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+    assert sorted(p.name for p in short_dir.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*OUTPUT_OPTIONS["capture"], "@MISSING@/capture.json"],
+        [*OUTPUT_OPTIONS["snapshot"], "@MISSING@/snapshot.json"],
+        ["bench", "h2d", "--device", "cpu", "--idle-window", "0", "--state-dir", "@MISSING@"],
+    ],
+    ids=["capture -o", "snapshot --output", "bench --state-dir"],
+)
+def test_an_output_folder_that_does_not_exist_is_refused_not_created(
+    build: Callable[..., Node], tmp_path: Path, argv: list[str]
+) -> None:
+    """snapshot --output and bench --state-dir made the folders they were given, anywhere
+    (as root); capture -o refused. One rule now: exit 2 naming the folder, nothing made."""
+    node = build("cpu-only")
+    missing = tmp_path / "no" / "such"
+    done = run(
+        *node.cli_args, *(arg.replace("@MISSING@", str(missing)) for arg in argv), env=node.env
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert f"{missing}: no such directory" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_no_arguments_shows_the_help_and_succeeds() -> None:

@@ -173,6 +173,7 @@ def named_file_cases(tmp: Path) -> list[tuple[str, str, str]]:
         ("textfile_dir missing", f'textfile_dir = "{tmp}/none"', f"{tmp}/none: no such directory"),
         ("textfile_dir a file", f'textfile_dir = "{plain}"', f"{plain}: a regular file, not a dir"),
         ("state_dir a file", f'state_dir = "{plain}"', f"{plain}: a regular file, not a directory"),
+        ("state_dir missing", f'state_dir = "{tmp}/none"', f"{tmp}/none: no such directory"),
         ("kernel_log missing", f'kernel_log = "{tmp}/kern.log"', f"{tmp}/kern.log: no such file"),
         ("kernel_log a directory", f'kernel_log = "{tmp}"', f"{tmp}: a directory, not a log"),
         ("kernel_log a FIFO", f'kernel_log = "{kernel_fifo}"', f"{kernel_fifo}: a FIFO"),
@@ -226,6 +227,7 @@ def run_argv() -> list[str]:
 def test_show_quotes_what_it_prints(tmp_path: Path) -> None:
     """A path with a quote in it is shown as TOML that reads back to the same value."""
     odd = tmp_path / 'state "dir"'
+    odd.mkdir()  # a state directory it is given must exist
     path = write(tmp_path / "c.toml", f"[agent]\nstate_dir = '{odd}'\n")
     config = load_config(path, CHECKS)
     again = write(tmp_path / "again.toml", config.show())

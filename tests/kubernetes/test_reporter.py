@@ -97,6 +97,7 @@ def kube_agent(
     token = work / "token"
     if not token.exists():
         token.write_text(sorted(api.tokens)[0] + "\n")
+    (work / "state").mkdir(exist_ok=True)  # a state directory it is given must exist
     port = free_port()
     config = work / "config.toml"
     config.write_text(

@@ -25,6 +25,7 @@ NODECHECK = str(Path(sys.executable).parent / "nodecheck")
 def _config(folder: Path, **slurm: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
+    (folder / "state").mkdir(exist_ok=True)  # a state directory it is given must exist
     path = folder / "config.toml"
     lines = [
         "[agent]",
