@@ -395,6 +395,7 @@ def test_an_interrupted_bench_exits_130_and_takes_its_child(
     one line, the child gone with it, nothing recorded in the state directory."""
     node = build("cpu-only")
     state = tmp_path / "state"
+    state.mkdir()  # a --state-dir given must exist
     argv = ["bench", "matmul", "--device", "cpu", "--duration", "60", "--state-dir", str(state)]
     process = subprocess.Popen(
         [*NODECHECK, *node.cli_args, *argv],
