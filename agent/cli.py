@@ -184,14 +184,24 @@ def fail_usage(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
+# The click errors shown as "Error: <message>" (with the usage first, for a UsageError):
+# BadParameter, NoSuchOption, an unexpected extra argument... A subclass that shows
+# something else (click 8.2's NoArgsIsHelpError: a group's help) is left as it is.
+_SHOWN_AS_MESSAGE = (click.ClickException.show, click.UsageError.show)
+
+
 @contextlib.contextmanager
 def _escaped_click_errors() -> Iterator[None]:
     """Click's own errors quote what was typed (a value an option refused, an unknown
-    option or command): escaped like ours before click shows them."""
+    option, an extra argument: some with repr(), "unexpected extra argument" as it is):
+    their message escaped like ours before click shows it."""
     try:
         yield
     except click.ClickException as err:
-        err.message = printable(err.message)
+        if type(err).show in _SHOWN_AS_MESSAGE:
+            # click declares `message` Final: it is set once, by __init__, and read by
+            # format_message() when the error is shown, after this.
+            err.message = printable(err.message)  # type: ignore[misc]
         raise
 
 

@@ -95,9 +95,9 @@ def hostile_capture(dgx_faulty: Node, tmp_path_factory: pytest.TempPathFactory) 
     assert len(fields) > 60 and len(taken) >= 0.9 * len(fields), sorted(set(fields) - set(taken))
     hostile = appended(document, [path for field in taken for path in fields[field]])
     assert loadable(hostile)
-    path = tmp_path_factory.mktemp("hostile") / "capture.json"
-    path.write_text(json.dumps(hostile))
-    return path
+    capture = tmp_path_factory.mktemp("hostile") / "capture.json"
+    capture.write_text(json.dumps(hostile))
+    return capture
 
 
 @pytest.mark.parametrize(
@@ -134,6 +134,7 @@ def test_a_job_environment_cannot_forge_a_line_of_a_live_check(
     assert_inert(done.stdout)
     assert_inert(done.stderr)
     as_json = run(*node.cli_args, "check", "--json", "--only", "nccl_env", env=node.env)
+    assert as_json.stdout.isascii()  # json.dumps escapes every control character
     [result] = json.loads(as_json.stdout)["results"]
     assert f"NCCL_SOCKET_IFNAME={value}" in result["summary"]
 
@@ -145,16 +146,19 @@ def _capture_with_part(name: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "where", ["check_only", "facts_part", "sysfs_root", "nvml_library", "config_file"]
+    "where",
+    ["check_only", "extra_argument", "facts_part", "sysfs_root", "nvml_library", "config_file"],
 )
 def test_an_error_quoting_a_hostile_name_shows_it_escaped(tmp_path: Path, where: str) -> None:
-    """A usage error that names what it refuses (an unknown check, a capture's unknown
-    part, a root, a library or a configuration file whose name holds ESC and a newline):
-    exit 2, one line on stderr, the name escaped."""
+    """A usage error that names what it refuses (an unknown check, an extra argument, a
+    capture's unknown part, a root, a library or a configuration file whose name holds
+    ESC and a newline): exit 2, the name escaped, no forged line."""
     name = f"x{HOSTILE}"
     hostile_file = tmp_path / name
     if where == "check_only":
         argv = ["check", "--only", name]
+    elif where == "extra_argument":  # click's own message, which quotes it as it is
+        argv = ["check", name]
     elif where == "facts_part":
         hostile_file.write_text(_capture_with_part(name))
         argv = ["check", "--facts", str(hostile_file)]
