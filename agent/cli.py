@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -36,6 +36,7 @@ from nodecheck.checks.config import (
     CheckConfig,
     Thresholds,
 )
+from nodecheck.checks.printable import printable
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.facts import NodeFacts
@@ -186,9 +187,57 @@ def global_options(function: F) -> F:
     )(function)
 
 
+def say(message: str, err: bool = False) -> None:
+    """One line of ours that quotes what came from outside (a path or a name typed on the
+    command line, a part of a capture, a reason the node gave), escaped as every text for
+    people is (checks/printable.py): a newline in it must not start a line of its own, an
+    ESC must not reach the terminal."""
+    click.echo(printable(message), err=err)
+
+
 def fail_usage(message: str) -> NoReturn:
-    click.echo(f"nodecheck: {message}", err=True)
+    say(f"nodecheck: {message}", err=True)
     sys.exit(EXIT_USAGE)
+
+
+# The click errors shown as "Error: <message>" (with the usage first, for a UsageError):
+# BadParameter, NoSuchOption, an unexpected extra argument... A subclass that shows
+# something else (click 8.2's NoArgsIsHelpError: a group's help) is left as it is.
+_SHOWN_AS_MESSAGE = (click.ClickException.show, click.UsageError.show)
+
+
+@contextlib.contextmanager
+def _escaped_click_errors() -> Iterator[None]:
+    """Click's own errors quote what was typed (a value an option refused, an unknown
+    option, an extra argument: some with repr(), "unexpected extra argument" as it is):
+    their message escaped like ours before click shows it."""
+    try:
+        yield
+    except click.ClickException as err:
+        if type(err).show in _SHOWN_AS_MESSAGE:
+            # click declares `message` Final: it is set once, by __init__, and read by
+            # format_message() when the error is shown, after this.
+            err.message = printable(err.message)  # type: ignore[misc]
+        raise
+
+
+class EscapingGroup(click.Group):
+    """The `nodecheck` group: an error raised while parsing its options or running any
+    command below it (click's or a callback's BadParameter) is shown escaped."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with _escaped_click_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _escaped_click_errors():
+            return super().invoke(ctx)
 
 
 def given(ctx: click.Context) -> dict[str, Any]:
@@ -245,7 +294,11 @@ def node_fs(ctx: click.Context, log_level: str = DEFAULT_LOG_LEVEL) -> NodeFS:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+@click.group(
+    cls=EscapingGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    invoke_without_command=True,
+)
 @click.version_option(package_name="nodecheck", prog_name="nodecheck")
 @global_options
 @click.pass_context
@@ -484,7 +537,7 @@ def inventory(ctx: click.Context, as_json: bool, facts_path: Path | None) -> Non
     try:
         text = of_capture(facts_path, lambda: render(inventory_facts(facts)))
     except PartUnavailableError as err:
-        click.echo(f"nodecheck: cannot show the node: {err.unread.reason}", err=True)
+        say(f"nodecheck: cannot show the node: {err.unread.reason}", err=True)
         sys.exit(EXIT_INTERNAL)
     click.echo(text)
 
@@ -635,7 +688,7 @@ def snapshot(ctx: click.Context, output: Path) -> None:
     _say_unread("nodecheck snapshot", facts)
     names = ", ".join(check.name for check in checks)
     # Written through (`--output /dev/stdout`), stdout may be the document itself.
-    click.echo(f"{output}: {len(facts.parts)} parts, for {names}", err=written.through)
+    say(f"{output}: {len(facts.parts)} parts, for {names}", err=written.through)
 
 
 def _written_or_exit(command: str, output: Path, write: Callable[[], Written]) -> Written:
@@ -646,7 +699,7 @@ def _written_or_exit(command: str, output: Path, write: Callable[[], Written]) -
     except OSError as err:
         fail_usage(f"cannot write {output}: {err.strerror or err}")
     if written.path != output:
-        click.echo(
+        say(
             f"nodecheck {command}: {output} is a symlink: replaced its target "
             f"{written.path} atomically (the symlink stays)",
             err=True,
@@ -661,7 +714,7 @@ def _say_unread(command: str, facts: NodeFacts) -> None:
     unread = {name: v for name, v in facts.parts.items() if isinstance(v, Unread)}
     if unread:
         listed = "; ".join(f"{name} ({value.reason})" for name, value in unread.items())
-        click.echo(f"{command}: recorded as unread: {listed}", err=True)
+        say(f"{command}: recorded as unread: {listed}", err=True)
 
 
 @cli.command()
@@ -714,7 +767,7 @@ def capture(ctx: click.Context, output: Path | None, kernel_log: Path | None) ->
     written = _written_or_exit("capture", output, lambda: write_output(output, text, 0o600))
     _say_unread("nodecheck capture", facts)
     # Written through (`-o /dev/stdout`), stdout may be the document itself.
-    click.echo(f"{output}: {len(facts.parts)} parts", err=written.through)
+    say(f"{output}: {len(facts.parts)} parts", err=written.through)
 
 
 @cli.group()
@@ -749,7 +802,7 @@ def config_check(ctx: click.Context, path: Path) -> None:
     file, line and key if not."""
     configure_logging(settings(ctx)["log_level"])
     _config_or_exit(path)
-    click.echo(f"{path}: ok")
+    say(f"{path}: ok")
 
 
 @cli.command()
@@ -871,14 +924,14 @@ def mfu(
         click.echo(f"  = {figures.formula()} / 1e12")
         if figures.mfu is None:
             what = f"the peak of {figures.model!r} is not known" if figures.model else "no GPU here"
-            click.echo(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
+            say(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
         else:
-            click.echo(
+            say(
                 f"MFU: {figures.mfu:.1%} of the {figures.model}'s {figures.peak_tflops:g} "
                 f"TFLOPS dense {dtype} peak"
             )
     if warning:
-        click.echo(f"nodecheck: {warning}", err=True)
+        say(f"nodecheck: {warning}", err=True)
         ctx.exit(1)
 
 
@@ -945,7 +998,7 @@ def _tune_plan(
         # A read that blocks in the kernel (a wedged device's attribute) must not hang us.
         return run_bounded(plan, "reading the node", timeout_s)
     except UnfinishedError as err:
-        click.echo(f"nodecheck: {err}", err=True)
+        say(f"nodecheck: {err}", err=True)
         sys.exit(EXIT_INTERNAL)
 
 
@@ -1016,7 +1069,7 @@ def tune(
     refusal = refused_rank(plan, local_rank)
     if refusal:
         # A rank exec refuses: a launcher must not start it either.
-        click.echo(f"nodecheck tune: {refusal}", err=True)
+        say(f"nodecheck tune: {refusal}", err=True)
         ctx.exit(EXIT_USAGE)
 
 
@@ -1063,7 +1116,7 @@ def exec_command(
 
         replace_process(launch, quiet)
     except ExecError as err:
-        click.echo(f"nodecheck exec: {err}", err=True)
+        say(f"nodecheck exec: {err}", err=True)
         ctx.exit(err.code)
 
 
@@ -1556,7 +1609,7 @@ def _exit_status(code: object) -> int:
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    click.echo(str(code), err=True)
+    say(str(code), err=True)
     return 1
 
 
@@ -1596,7 +1649,7 @@ def main() -> None:
         _leave(stop.exit_status)
     except Exception as err:
         log.debug("event=internal_error", exc_info=err)
-        click.echo(f"nodecheck: internal error: {type(err).__name__}: {err}", err=True)
+        say(f"nodecheck: internal error: {type(err).__name__}: {err}", err=True)
         sys.exit(EXIT_INTERNAL)
     if gc.isenabled():
         return

@@ -96,6 +96,7 @@ from nodecheck.checks.node.fs import (
     read_regular_file,
 )
 from nodecheck.checks.node.output import NO_SUCH_DIRECTORY, output_directory_problem
+from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
@@ -215,6 +216,20 @@ def parse_listen(listen: str) -> tuple[str, int]:
     ):
         raise ValueError(f"not a host name or address: {_shown(host)}")
     return host, port
+
+
+def _toml_escape(char: str) -> str:
+    """One character as a TOML basic string escapes it (TOML 1.0, "String": \\uXXXX or
+    \\UXXXXXXXX; it has no \\x)."""
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
+
+
+def toml_basic_string(value: str) -> str:
+    """`value` as a TOML basic string that shows as text on a terminal: JSON's escapes are
+    TOML's for the quote, the backslash and the C0 controls; every other character
+    printable() escapes (DEL, the C1 controls, the bidi overrides: TOML allows them raw,
+    a terminal acts on them) in TOML's notation, which reads back as the same value."""
+    return printable(json.dumps(value, ensure_ascii=False), _toml_escape)
 
 
 _TOO_DEEP = "a deeply nested value"
@@ -363,7 +378,7 @@ class AgentConfig:
         timeout where the file leaves them; None shows only the checks the file names."""
 
         def quoted(value: object) -> str:
-            return json.dumps(str(value), ensure_ascii=False)
+            return toml_basic_string(str(value))
 
         def unset(key: str, meaning: str) -> str:
             return f"# {key} = ...  (no default: {meaning})"

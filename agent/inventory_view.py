@@ -13,6 +13,7 @@ from nodecheck.checks.node.facts import FactsSource, PartUnavailableError
 from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot, NvmlFailure
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.pci import PciDevice, PcieLink
+from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 
 INVENTORY_SCHEMA = "nodecheck.inventory/v1"
@@ -68,7 +69,10 @@ def _link_text(link: PcieLink | None) -> str:
 
 
 def text_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell, indented two spaces."""
+    """Columns padded to their widest cell, indented two spaces; each cell escaped
+    (checks/printable.py) before it is measured, so that a column stays aligned."""
+    headers = [printable(header) for header in headers]
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)
     ]
@@ -238,8 +242,10 @@ def render_inventory(facts: InventoryFacts) -> str:
         if inventory.nics:
             lines += ["", "NIC Legend:", ""]
             lines += [f"  NIC{i}: {nic.name}" for i, nic in enumerate(inventory.nics)]
-        lines += ["", LEGEND]
-    return "\n".join(lines)
+        lines += ["", *LEGEND.splitlines()]
+    # Every line escaped where it is shown (checks/printable.py): a hostname, a CPU model,
+    # a GPU's name, a NIC's or an interface's name, a note, from the node or a capture.
+    return "\n".join(printable(line) for line in lines)
 
 
 def _nvml_only(inventory: Inventory, gpus: GpuSnapshot) -> list[GpuReading]:

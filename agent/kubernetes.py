@@ -73,6 +73,7 @@ from nodecheck.agent.fault_classes import (
 )
 from nodecheck.agent.kube_api import KubeClient, Reply
 from nodecheck.agent.slurm_health import Finding
+from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Status
 
@@ -135,7 +136,9 @@ def listed(parts: Sequence[str], limit: int = MESSAGE_MAX) -> str:
 
 
 def _finding_text(finding: Finding) -> str:
-    return f"{finding.check} {finding.subject}: {finding.summary}"
+    """A finding as a condition's or an event's message says it, escaped (checks/printable.py):
+    `kubectl describe node` and `kubectl get events` show it on a terminal."""
+    return printable(f"{finding.check} {finding.subject}: {finding.summary}")
 
 
 def judge_classes(checks: Iterable[CheckFindings]) -> list[ConditionState]:

@@ -2,7 +2,8 @@
 
 A record that carries an exception (log.debug(..., exc_info=err)) gets it on the same
 line, as `exception=` (type and message) and `at=` (the innermost frame): never a
-multi-line traceback, which journald would split into unrelated entries.
+multi-line traceback, which journald would split into unrelated entries. A line holds
+no control character: each is escaped ("\\n", "\\x1b").
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import sys
 import threading
 import traceback
 
+from nodecheck.checks.printable import printable
+
 LEVELS = ("debug", "info", "warning", "error")
 
 
 class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage().replace("\n", "\\n")
-        line = f"level={record.levelname.lower()} logger={record.name} {message}"
+        line = f"level={record.levelname.lower()} logger={record.name} {record.getMessage()}"
         if record.exc_info and record.exc_info[1] is not None:
             err = record.exc_info[1]
             line += f" exception={type(err).__name__} error={str(err)!r}"
@@ -26,7 +28,11 @@ class KeyValueFormatter(logging.Formatter):
             if frames:
                 last = frames[-1]
                 line += f" at={last.filename}:{last.lineno}:{last.name}"
-        return line
+        # The whole line escaped (checks/printable.py): a value logged with %s (a path, a
+        # check's subject, a client's address) may hold a newline, which would forge an
+        # entry of its own in the journal, or an escape sequence for the terminal that
+        # follows the log.
+        return printable(line)
 
 
 def log_thread_crash(args: threading.ExceptHookArgs) -> None:

@@ -37,6 +37,7 @@ from nodecheck.agent.slurm_health import (
     findings_of,
     fresh_findings,
 )
+from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Result, Status
 
@@ -51,16 +52,6 @@ class Verdict:
 
     exit_status: int
     message: str
-
-
-def one_line(text: str, max_bytes: int) -> str:
-    """The text on one line of printable characters, at most max_bytes of UTF-8, cut on
-    whole characters (with "..." when cut)."""
-    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    encoded = text.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return text
-    return encoded[: max(max_bytes - 3, 0)].decode("utf-8", "ignore") + "..."
 
 
 def _said(finding: Finding) -> str:

@@ -21,6 +21,7 @@ from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.processes import memory_nodes_allowed
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action
@@ -249,9 +250,10 @@ def replace_process(launch: Launch, quiet: bool, here: NodeFS | None = None) -> 
     accepts only CPUs inside the affinity it starts with; a process may widen its own
     affinity anywhere inside its cpuset. A binding numactl cannot apply on this machine
     is refused in one line (exit 1) rather than left to numactl's usage text.
+    Its lines on stderr are escaped (checks/printable.py): they name the job's variables.
     """
     for warning in launch.warnings:
-        print(f"nodecheck exec: warning: {warning}", file=sys.stderr, flush=True)
+        print(printable(f"nodecheck exec: warning: {warning}"), file=sys.stderr, flush=True)
     if launch.affinity:
         try:
             os.sched_setaffinity(0, launch.affinity)
@@ -262,7 +264,7 @@ def replace_process(launch: Launch, quiet: bool, here: NodeFS | None = None) -> 
             ) from err
     check_numactl_can_apply(launch, NodeFS() if here is None else here)
     if not quiet:
-        print(launch.summary, file=sys.stderr, flush=True)
+        print(printable(launch.summary), file=sys.stderr, flush=True)
     try:
         os.execvpe(launch.argv[0], launch.argv, launch.env)
     except FileNotFoundError as err:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import click
 
+from nodecheck.checks.printable import printable
+from nodecheck.checks.record import record
 from nodecheck.checks.result import Result, Status, worst
 from nodecheck.checks.runner import CheckRun
 
@@ -117,30 +119,58 @@ def render_json(hostname: str, runs: Sequence[CheckRun]) -> str:
     return json.dumps(check_document(hostname, runs), indent=2, default=str)
 
 
+@record
+class _Row:
+    """A row of the table as it is shown: every text escaped (checks/printable.py)."""
+
+    check: str
+    status: Status
+    subject: str
+    summary: str
+    remedy: str
+
+
+def _shown_rows(runs: Sequence[CheckRun]) -> list[_Row]:
+    """The report's rows, escaped here, at the table, where they are shown: a subject, a
+    summary or a remedy quotes what the node, a job's environment or a capture said (a
+    newline in NCCL_SOCKET_IFNAME would start a forged line; an ESC, an escape sequence
+    on root's terminal). The JSON document keeps the real values (json.dumps escapes)."""
+    return [
+        _Row(
+            printable(name),
+            result.status,
+            printable(result.subject),
+            printable(result.summary),
+            printable(result.remedy),
+        )
+        for name, result in report_rows(runs)
+    ]
+
+
 def render_table(hostname: str, runs: Sequence[CheckRun]) -> str:
     """Results grouped by status, worst first; each remedy under its result."""
-    rows = report_rows(runs)
-    counts = {status: sum(1 for _, r in rows if r.status is status) for status in STATUS_ORDER}
+    rows = _shown_rows(runs)
+    counts = {status: sum(1 for r in rows if r.status is status) for status in STATUS_ORDER}
     status = overall_status(runs)
     tally = ", ".join(f"{counts[s]} {s.value}" for s in STATUS_ORDER if counts[s])
     lines = [
-        f"{click.style('nodecheck', bold=True)} {hostname}: "
+        f"{click.style('nodecheck', bold=True)} {printable(hostname)}: "
         f"{click.style(status.value.upper(), fg=STATUS_COLOURS[status], bold=True)} ({tally})"
     ]
-    check_width = max((len(name) for name, _ in rows), default=5)
-    subject_width = max((len(result.subject) for _, result in rows), default=4)
+    check_width = max((len(row.check) for row in rows), default=5)
+    subject_width = max((len(row.subject) for row in rows), default=4)
     for group in STATUS_ORDER:
-        members = [(name, result) for name, result in rows if result.status is group]
+        members = [row for row in rows if row.status is group]
         if not members:
             continue
         lines.append("")
         lines.append(click.style(group.value.upper(), fg=STATUS_COLOURS[group], bold=True))
-        for name, result in sorted(members, key=lambda row: (row[0], row[1].subject)):
+        for row in sorted(members, key=lambda row: (row.check, row.subject)):
             lines.append(
-                f"  {name:<{check_width}}  {result.subject:<{subject_width}}  {result.summary}"
+                f"  {row.check:<{check_width}}  {row.subject:<{subject_width}}  {row.summary}"
             )
-            if result.remedy and group is not Status.SKIP:
+            if row.remedy and group is not Status.SKIP:
                 indent = " " * (check_width + subject_width + 6)
                 label = "fix:" if group in (Status.FAIL, Status.WARN, Status.ERROR) else "tip:"
-                lines.append(f"{indent}{click.style(label, bold=True)} {result.remedy}")
+                lines.append(f"{indent}{click.style(label, bold=True)} {row.remedy}")
     return "\n".join(lines)

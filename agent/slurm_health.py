@@ -41,6 +41,7 @@ from nodecheck.agent.config import SlurmSettings
 from nodecheck.agent.slurm_hysteresis import Hysteresis
 from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
+from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Result, Status
 
@@ -292,12 +293,8 @@ HANDS_OFF_FLAGS = frozenset(
 
 def slurm_reason(finding: Finding) -> str:
     """nodecheck: <check> <subject>: <summary>, on one line, cut to REASON_MAX_BYTES."""
-    text = f"{REASON_PREFIX} {finding.check} {finding.subject}: {finding.summary}"
-    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    encoded = text.encode("utf-8")
-    if len(encoded) <= REASON_MAX_BYTES:
-        return text
-    return encoded[: REASON_MAX_BYTES - 3].decode("utf-8", "ignore") + "..."
+    said = f"{REASON_PREFIX} {finding.check} {finding.subject}: {finding.summary}"
+    return one_line(said, REASON_MAX_BYTES)
 
 
 def is_ours(state: SlurmNodeState, own_user: str) -> bool:

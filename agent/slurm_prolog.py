@@ -129,7 +129,7 @@ def run_gate(
 def say(outcome: GateOutcome, stream: TextIO | None = None) -> None:
     """The lines on stderr, control characters escaped: a summary carries what the node
     said (a process name, a kernel log line), which must not start a line of its own."""
-    from nodecheck.agent.tune_view import printable
+    from nodecheck.checks.printable import printable
 
     for line in outcome.lines:
         print(printable(line), file=stream or sys.stderr, flush=True)

@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nodecheck.agent.rank_exec import applied_environment
-from nodecheck.agent.tune_view import SHELL_NAME, printable, refused_rank
+from nodecheck.agent.tune_view import SHELL_NAME, refused_rank
 from nodecheck.checks.node.variables import parse_count
+from nodecheck.checks.printable import printable
 from nodecheck.tuning.plan import Plan
 
 LOCAL_RANK_VARIABLE = "SLURM_LOCALID"

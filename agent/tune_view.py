@@ -11,6 +11,7 @@ from typing import Any
 
 from nodecheck.agent.inventory_view import text_table
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
+from nodecheck.checks.printable import printable
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action, Recommendation
 
@@ -22,18 +23,11 @@ ENV_FILE_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/+@%^-]*$")
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def printable(line: str) -> str:
-    """The line with control characters escaped. Names, values and process names found on
-    the node (any user's job) pass through here, so a newline in one cannot start a
-    command in sourced shell output, a variable in an EnvironmentFile, or an escape
-    sequence on a terminal."""
-    return "".join(
-        char if char.isprintable() or char == "\t" else char.encode("unicode_escape").decode()
-        for char in line
-    )
-
-
 def _lines(lines: list[str]) -> str:
+    """The lines, each escaped (printable()): names, values and process names found on the
+    node (any user's job) pass through here, so a newline in one cannot start a command in
+    sourced shell output, a variable in an EnvironmentFile, or an escape sequence on a
+    terminal."""
     return "\n".join(printable(line) for line in lines) + "\n"
 
 

@@ -38,6 +38,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -110,15 +111,12 @@ def in_kernel_log_form(line: str) -> bool:
 # anything (a 10 MB line of one message): what reaches a summary, a detail or the agent's
 # state is cut to this, and says so.
 MESSAGE_LIMIT = 200
-# Control characters other than a tab (an ESC starts a terminal escape sequence, ECMA-48):
-# a message shown in a terminal or a JSON document carries them escaped, never raw.
-CONTROL_CHARACTER = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def cut_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """`text` as a result shows it: its control characters escaped ("\\x1b"), and only its
-    first `limit` characters, and how long it was, when it is longer."""
-    shown = CONTROL_CHARACTER.sub(lambda match: f"\\x{ord(match.group()):02x}", text[:limit])
+    """`text` as a result shows it: its control characters escaped ("\\x1b", printable()),
+    and only its first `limit` characters, and how long it was, when it is longer."""
+    shown = printable(text[:limit])
     if len(text) <= limit:
         return shown
     return f"{shown}… (cut: {len(text)} characters in all)"

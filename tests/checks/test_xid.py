@@ -213,10 +213,10 @@ def test_a_message_of_megabytes_is_cut_and_says_so() -> None:
 
 def test_control_characters_of_a_message_are_shown_escaped() -> None:
     """An ESC in a line would drive the terminal a summary is printed on (ECMA-48): the
-    message carries it as text."""
+    message carries it as text, and a tab too (it would shift the table's columns)."""
     line = "[ 1.0] NVRM: Xid (PCI:0000:1b:00): 13, pid=1, \x1b[2J\x1b]0;owned\x07 Graphics\tSM"
     [event] = parse_kernel_log(line, BOOT, NOW)
-    assert event.message == "pid=1, \\x1b[2J\\x1b]0;owned\\x07 Graphics\tSM"
+    assert event.message == "pid=1, \\x1b[2J\\x1b]0;owned\\x07 Graphics\\tSM"
 
 
 @pytest.mark.parametrize(

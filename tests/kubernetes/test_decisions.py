@@ -235,6 +235,16 @@ def test_event_body() -> None:
     assert warn["reason"] == "NumaWarning"
 
 
+def test_a_message_shows_what_the_node_said_escaped() -> None:
+    """`kubectl describe node` and `kubectl get events` print a condition's and an event's
+    message as it is: a newline or an escape sequence from the node reaches them escaped."""
+    said = "eth0\nFAIL forged \x1b]0;pwned\x07\u202e"
+    shown = "nccl_env node: eth0\\nFAIL forged \\x1b]0;pwned\\x07\\u202e"
+    [_, _, config] = judge_classes([("nccl_env", [finding("nccl_env", "fail", summary=said)])])
+    assert config.message == shown
+    assert event_body(finding("nccl_env", "fail", summary=said), "n1", NOW)["message"] == shown
+
+
 CONFIG = Path("/etc/nodecheck/agent.toml")
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.fault_classes import CLASS_OF_CHECK, FaultClass, checks_of
-from nodecheck.agent.npd import EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN, Verdict, judge, one_line
+from nodecheck.agent.npd import EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN, Verdict, judge
 from nodecheck.agent.slurm_health import Finding, StoredCheck, findings_of, results_text
+from nodecheck.checks.printable import one_line
 from nodecheck.checks.registry import load_benchmarks, load_checks
 from nodecheck.checks.result import Result, Status
 from tests.conftest import CLEAN_ENVIRON, Node
@@ -88,7 +89,8 @@ def test_one_line_cuts_on_whole_characters() -> None:
     # "é" is two bytes: a cut through it drops it whole.
     cut = one_line("é" * 50, 20)
     assert cut == "é" * 8 + "..." and len(cut.encode()) <= 20
-    assert one_line("ab\x1b[31mcd", 80) == "ab [31mcd"
+    # An ESC is shown escaped (checks/printable.py), never raw, never silently a space.
+    assert one_line("ab\x1b[31mcd\u202e", 80) == "ab\\x1b[31mcd\\u202e"
 
 
 # -- the command, on the replicas ---------------------------------------------------------
