@@ -200,13 +200,15 @@ def test_a_log_line_shows_a_hostile_value_escaped() -> None:
 def test_config_show_escapes_what_a_terminal_acts_on_and_reads_back(tmp_path: Path) -> None:
     """A path in the configuration with U+202E, U+009B, DEL and an ESC: `config show` writes
     each as a TOML escape, which reads back as the same value (shown again, the same)."""
-    state_dir = "/var/lib/a\u202eb\x9bc\x7fd\x1b]0;pwned\x07"
+    state_dir = f"{tmp_path}/a\u202eb\x9bc\x7fd\x1b]0;pwned\x07"
+    Path(state_dir).mkdir()  # a configured state_dir must exist
     config = tmp_path / "c.toml"
     config.write_text(f"[agent]\nstate_dir = {json.dumps(state_dir)}\n")
     shown = run("config", "show", "--config", str(config))
     assert shown.returncode == 0, shown.stderr
     assert_inert(shown.stdout)
-    assert 'state_dir = "/var/lib/a\\u202eb\\u009bc\\u007fd\\u001b]0;pwned\\u0007"' in shown.stdout
+    escaped = "a\\u202eb\\u009bc\\u007fd\\u001b]0;pwned\\u0007"
+    assert f'state_dir = "{tmp_path}/{escaped}"' in shown.stdout
     again = tmp_path / "shown.toml"
     again.write_text(shown.stdout)
     reread = run("config", "show", "--config", str(again))
