@@ -244,10 +244,18 @@ BAD_SNAPSHOTS: list[tuple[str, Callable[[Path], Path], str]] = [
     (
         "taken_at NaN",
         lambda p: write_json(p, snapshot(taken_at=math.nan)),
-        "taken_at: nan is no time",
+        "taken_at: NaN is not a number",
     ),
-    ("taken_at the codec's NaN", lambda p: write_json(p, snapshot(taken_at="NaN")), "is no time"),
-    ("taken_at Infinity", lambda p: write_json(p, snapshot(taken_at=math.inf)), "is no time"),
+    (
+        "taken_at the codec's NaN",
+        lambda p: write_json(p, snapshot(taken_at="NaN")),
+        "taken_at: NaN is not a number",
+    ),
+    (
+        "taken_at Infinity",
+        lambda p: write_json(p, snapshot(taken_at=math.inf)),
+        "taken_at: Infinity is not a finite number",
+    ),
     ("taken_at negative", lambda p: write_json(p, snapshot(taken_at=-5)), "-5.0 is no time"),
     ("taken_at a string", lambda p: write_json(p, snapshot(taken_at="now")), "found a string"),
     ("taken_at true", lambda p: write_json(p, snapshot(taken_at=True)), "found a boolean"),
