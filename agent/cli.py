@@ -39,7 +39,7 @@ from nodecheck.checks.config import (
 from nodecheck.checks.printable import printable
 
 if TYPE_CHECKING:
-    from nodecheck.checks.node.facts import NodeFacts
+    from nodecheck.checks.node.facts import NodeFacts, PartUnavailableError
     from nodecheck.checks.node.fs import NodeFS
     from nodecheck.checks.node.nvml import NvmlSession
     from nodecheck.checks.node.output import Written
@@ -385,6 +385,15 @@ def of_capture(path: Path | None, work: Callable[[], T]) -> T:
         )
 
 
+def cannot_without(doing: str, err: PartUnavailableError) -> NoReturn:
+    """A part the command needs is not at hand (a capture without it, or one that
+    records it unread): it cannot determine what it shows, exit 3, the part named."""
+    unread = err.unread
+    remedy = f"; {unread.remedy}" if unread.remedy else ""
+    say(f"nodecheck: cannot {doing} without its {err.name} part: {unread.reason}{remedy}", err=True)
+    sys.exit(EXIT_INTERNAL)
+
+
 def load_facts(ctx: click.Context, path: Path) -> NodeFacts:
     """The capture at `path`; anything else (not a capture, damaged, a newer schema, no
     regular file) is a usage error naming the file. The roots and NVML are left alone."""
@@ -537,8 +546,7 @@ def inventory(ctx: click.Context, as_json: bool, facts_path: Path | None) -> Non
     try:
         text = of_capture(facts_path, lambda: render(inventory_facts(facts)))
     except PartUnavailableError as err:
-        say(f"nodecheck: cannot show the node: {err.unread.reason}", err=True)
-        sys.exit(EXIT_INTERNAL)
+        cannot_without("show the node", err)
     click.echo(text)
 
 
@@ -1013,11 +1021,15 @@ def _tune_plan_of_capture(
     version and calling environment included), nothing read here."""
     facts = load_facts(ctx, facts_path)
     from nodecheck.checks.context import CheckContext
+    from nodecheck.checks.node.facts import PartUnavailableError
     from nodecheck.tuning.nccl import JobShape
     from nodecheck.tuning.plan import TuneOptions, make_plan
 
     options = TuneOptions(shape=JobShape(nodes, single_switch), with_smt_siblings=with_smt_siblings)
-    return of_capture(facts_path, lambda: make_plan(CheckContext(facts=facts), options))
+    try:
+        return of_capture(facts_path, lambda: make_plan(CheckContext(facts=facts), options))
+    except PartUnavailableError as err:
+        cannot_without("plan the node", err)
 
 
 @cli.command()
@@ -1050,7 +1062,8 @@ def tune(
     or unset against the current environment. Local rank N drives the Nth GPU
     in PCI bus order (of CUDA_VISIBLE_DEVICES, when set). With --local-rank N
     naming a rank that must not run (exec refuses it), it exits 2, and its shell
-    output fails when evaluated.
+    output fails when evaluated. It exits 3 when what it needs of the node could not be
+    determined (a capture without the part, or one that records it unread).
     """
     if facts_path is not None:
         plan = _tune_plan_of_capture(ctx, facts_path, nodes, single_switch, with_smt_siblings)

@@ -10,15 +10,16 @@ The agent, which serves the network as a transient unprivileged user, runs each 
 check itself over the snapshot's facts (laid over its own), with its own configuration,
 so its expected_gpus, thresholds and options apply as they do to every other check. A
 snapshot that is missing, unreadable, no regular file, damaged, stale or dated in the
-future is an `error` result saying so, never a pass.
+future is an `error` result saying so, never a pass; a stale or future one's facts are
+not judged at all (what they show may be long gone, or cannot be dated).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,10 @@ def read_snapshot(path: Path) -> NodeFacts:
     (FileNotFoundError, PermissionError, ...) from reading it."""
     text = _read_text(path)
     try:
-        facts = loads(text, "the document")
+        # taken_at is a finite time past the epoch, or the document is refused.
+        return loads(text, "the document")
     except FactsError as err:
         raise SnapshotError(str(err)) from None
-    # The codec reads "NaN" and "Infinity" as floats: no time to tell an age from.
-    if not math.isfinite(facts.taken_at) or facts.taken_at < 0:
-        raise SnapshotError(f"taken_at: {facts.taken_at!r} is no time")
-    return facts
 
 
 class SnapshotOverAgentFacts(FactsSource):
@@ -142,10 +140,11 @@ def results_from_snapshot(
     check: Check, path: Path, ctx: CheckContext, now: float | None = None
 ) -> list[Result]:
     """`check` judged over the snapshot's facts with the agent's configuration (ctx.config)
-    and histories; an `error` result instead when the snapshot cannot serve it (missing,
+    and histories; one `error` result instead when the snapshot cannot serve it (missing,
     unreadable, not a file, too big, not UTF-8, not a nodecheck.facts/v1 capture, damaged,
-    without a part the check needs), and one more after its results when it is stale or
-    dated in the future (its age cannot be told)."""
+    without a part the check needs), or when it is stale or dated in the future: its
+    facts are then not judged at all, so no finding of another time (a job's
+    NCCL_P2P_DISABLE=1 long gone) is served, or exported, as the node's now."""
     try:
         snapshot = read_snapshot(path)
     except FileNotFoundError:
@@ -156,6 +155,9 @@ def results_from_snapshot(
         return _error(f"cannot read the snapshot {path}: {err.strerror or err}")
     except SnapshotError as err:
         return _error(f"cannot read the snapshot {path}: {err}")
+    dated = _dating_problem(check, path, snapshot.taken_at, time.time() if now is None else now)
+    if dated:
+        return dated
     facts = SnapshotOverAgentFacts(snapshot, ctx.facts)
     missing = [name for name in check.needs if not facts.in_snapshot(name)]
     if missing:
@@ -166,20 +168,48 @@ def results_from_snapshot(
         )
     # The agent's context (its configuration, histories, XID log) over these facts.
     try:
-        results = list(check.run(replace(ctx, facts=facts)))
+        return list(check.run(replace(ctx, facts=facts)))
     except PartUnavailableError as err:
-        results = [unjudged(check, err)]
-    age = (time.time() if now is None else now) - snapshot.taken_at
+        return [unjudged(check, err)]
+
+
+def _dating_problem(check: Check, path: Path, taken_at: float, now: float) -> list[Result]:
+    """The `error` standing for `check` when the snapshot taken at `taken_at` is stale or
+    dated in the future (its age cannot be told); [] when it is fresh."""
+    age = now - taken_at
+    taken = _when(taken_at)
     if age > STALE_AFTER_S:
-        summary = f"the snapshot is {age / 60:.0f} min old: these results may no longer hold"
-        results.append(Result(Status.ERROR, NODE, summary, STATUS_REMEDY))
-    elif age < -FUTURE_SLACK_S:
-        summary = (
-            f"the snapshot {path} is dated {-age / 60:.0f} min in the future: its age, "
-            "and so whether these results still hold, cannot be told"
+        return _error(
+            f"the snapshot {path} was taken {_duration(age)} ago ({taken}): {check.name} is "
+            "not judged from facts that may no longer hold",
+            STATUS_REMEDY,
         )
-        results.append(Result(Status.ERROR, NODE, summary, f"{STATUS_REMEDY}; timedatectl"))
-    return results
+    if age < -FUTURE_SLACK_S:
+        return _error(
+            f"the snapshot {path} is dated {_duration(-age)} in the future ({taken}): its "
+            f"age, and so whether its facts still hold, cannot be told; {check.name} is not "
+            "judged from it",
+            f"{STATUS_REMEDY}; timedatectl",
+        )
+    return []
+
+
+def _when(taken_at: float) -> str:
+    """The snapshot's time as people read it, "2025-12-01 10:00:00 UTC"; its number where
+    no calendar date is that far (year 10000 and beyond)."""
+    try:
+        return datetime.fromtimestamp(taken_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):
+        return f"taken_at {taken_at:g}"
+
+
+def _duration(seconds: float) -> str:
+    """ "20 min", "2 h", "3652 days": how far a snapshot's time is from now."""
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 def from_snapshot(check: Check, path: Path) -> Check:

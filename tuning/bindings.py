@@ -507,11 +507,25 @@ def _bind_ranks(
             rank,
             gpu.bdf,
             *slices[gpu.bdf],
-            note=notes.get(gpu.bdf, ""),
+            note=_with_local_cpus_problem(gpu, slices[gpu.bdf][0], notes.get(gpu.bdf, "")),
             warning="; ".join(w for w in (away.get(gpu.bdf), warnings.get(gpu.bdf)) if w),
         )
         for rank, gpu in enumerate(gpus)
     ]
+
+
+def _with_local_cpus_problem(gpu: PciDevice, node: int | None, note: str) -> str:
+    """`note`, led by why the GPU's `local_cpulist` could not be used (unreadable, or
+    naming CPUs no kernel has, such as 0-2147483647), where it could not: the rank is then
+    placed by the GPU's NUMA node alone, unconfirmed by the list the kernel derives from
+    that node (drivers/pci/pci-sysfs.c local_cpulist_show: cpumask_of_pcibus)."""
+    problem = gpu.problems.get("local_cpulist")
+    if problem is None:
+        return note
+    said = f"GPU {gpu.bdf}'s local CPUs cannot be used ({problem})"
+    if node is not None:
+        said += f": its rank gets the CPUs of its NUMA node {node} instead"
+    return f"{said}; {note}" if note else said
 
 
 @record

@@ -7,17 +7,24 @@ the field's type and naming where it is wrong (`parts.gpus.gpus[3].power_w: expe
 a number, found a string`), so a damaged or hand-edited capture is refused in one
 line, never half-loaded.
 
-JSON has no NaN or infinity: a float that is not finite is written as the string
-"NaN", "Infinity" or "-Infinity". A set of integers (CPUs, NUMA nodes) is written as
-the kernel writes it, a cpulist string ("0-55,112-167": Documentation/admin-guide/
-cputopology.rst), which keeps a 224-CPU node's capture small; other sets are written
-sorted. Dictionaries keep the order the facts have them in (the node's), so results
-judged from a capture list what they list in the live node's order.
+JSON has no NaN or infinity, and no fact is either (NVML and sysfs give finite
+numbers): a float that is not finite is written as the string "NaN", "Infinity" or
+"-Infinity", so that a capture is still written whole, and refused where it stands when
+read, as are the literals NaN and Infinity Python's json accepts. A set of integers
+(CPUs, NUMA nodes) is written as the kernel writes it, a cpulist string ("0-55,112-167":
+Documentation/admin-guide/cputopology.rst), which keeps a 224-CPU node's capture small;
+other sets are written sorted. Dictionaries keep the order the facts have them in (the
+node's), so results judged from a capture list what they list in the live node's order.
 
 A capture comes from elsewhere: every number is read in ASCII digits and the form
 `str(int)` writes, every string must be valid Unicode (no lone surrogate), and the
 numbers a document's cpulists expand to are counted against one budget, so a few
-hundred bytes of "0-1048575,0-1048575,..." cannot take the machine's memory.
+hundred bytes of "0-1048575,0-1048575,..." cannot take the machine's memory. An
+object that names a key twice is refused at its place (JSON leaves which one counts to
+the reader; Python's json keeps the last). A dataclass that knows what its source can
+give defines `implausible()`: the field that holds a value no node gives, and why (a
+temperature of -300 °C, a PCIe link at x0), checked as it is decoded, so that a
+hand-edited capture is refused rather than judged.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import json
 import math
 import re
 import sys
@@ -37,14 +45,60 @@ from typing import Any
 
 Decoder = Callable[[Any, str], Any]
 
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# How encode writes a float that is not finite; what decode refuses in its place.
+_NON_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})
 
 
 class FactsFormatError(ValueError):
     """A value that does not fit its field; the message says where and why."""
 
 
+class NonFiniteLiteral:
+    """Where the JSON text held the literal NaN, Infinity or -Infinity (Python's json
+    reads them, JSON has none): refused by the decoder that meets it, naming the place."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class RepeatedKeyObject(dict[str, Any]):
+    """A JSON object that names `key` more than once: refused by the decoder that meets
+    it, naming the place (which of the values was meant cannot be told)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    built = dict(pairs)
+    if len(built) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                return RepeatedKeyObject(pairs, key)
+            seen.add(key)
+    return built
+
+
+def parse_json(text: str) -> Any:
+    """JSON values of `text`, with NaN and Infinity literals and keys named twice kept
+    as markers for the decoders to refuse where they stand (json.JSONDecodeError,
+    RecursionError or ValueError as json.loads raises them)."""
+    return json.loads(text, parse_constant=NonFiniteLiteral, object_pairs_hook=_object)
+
+
+def refuse_repeated_key(value: object, where: str) -> None:
+    """FactsFormatError naming `where` when `value` is an object that names a key twice."""
+    if isinstance(value, RepeatedKeyObject):
+        raise FactsFormatError(
+            f"{where}: key {value.key!r} is given twice (which value is meant cannot be told)"
+        )
+
+
 def _kind(value: object) -> str:
+    if isinstance(value, NonFiniteLiteral):
+        return value.text
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -187,8 +241,11 @@ def _decode_int(value: Any, where: str) -> int:
 
 
 def _decode_float(value: Any, where: str) -> float:
-    if isinstance(value, str) and value in _NON_FINITE:
-        return _NON_FINITE[value]
+    shown = value.text if isinstance(value, NonFiniteLiteral) else value
+    if isinstance(shown, str) and shown in _NON_FINITE:
+        # No reading gives one: a NaN power limit would pass every comparison unjudged.
+        which = "a number" if shown == "NaN" else "a finite number"
+        raise FactsFormatError(f"{where}: {shown} is not {which}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _wrong(where, "a number", value)
     try:
@@ -204,6 +261,9 @@ def _decode_bool(value: Any, where: str) -> bool:
 
 
 def _decode_any(value: Any, where: str) -> Any:
+    if isinstance(value, NonFiniteLiteral):
+        raise FactsFormatError(f"{where}: {value.text} is not a number")
+    refuse_repeated_key(value, where)
     return value
 
 
@@ -385,6 +445,7 @@ def _mapping_decoder(arguments: tuple[object, ...]) -> Decoder:
     def decode_mapping(value: Any, where: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise _wrong(where, "an object", value)
+        refuse_repeated_key(value, where)
         decoded = {decode_key(k, where): item(v, f"{where}[{k!r}]") for k, v in value.items()}
         if len(decoded) != len(value):  # "8" and an enum's "8" are one key
             raise FactsFormatError(f"{where}: two keys name the same entry")
@@ -405,10 +466,12 @@ def _dataclass_decoder(cls: type) -> Decoder:
         if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
     }
     known = {spec.name for spec in fields}
+    implausible: Callable[[Any], tuple[str, str] | None] | None = getattr(cls, "implausible", None)
 
     def decode_dataclass(value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise _wrong(where, f"an object ({cls.__name__})", value)
+        refuse_repeated_key(value, where)
         unknown = sorted(set(value) - known)
         if unknown:
             raise FactsFormatError(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
@@ -417,8 +480,13 @@ def _dataclass_decoder(cls: type) -> Decoder:
             raise FactsFormatError(f"{where}: no {missing[0]!r} ({cls.__name__})")
         if not decoders:
             decoders.update({spec.name: decoder_for(hints[spec.name]) for spec in fields})
-        return cls(
+        decoded = cls(
             **{name: decoders[name](item, f"{where}.{name}") for name, item in value.items()}
         )
+        problem = None if implausible is None else implausible(decoded)
+        if problem is not None:
+            place, why = problem
+            raise FactsFormatError(f"{where}.{place}: {why}")
+        return decoded
 
     return decode_dataclass

@@ -32,7 +32,14 @@ from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from nodecheck.checks.node.codec import FactsFormatError, decode, encode, expansion_budget
+from nodecheck.checks.node.codec import (
+    FactsFormatError,
+    decode,
+    encode,
+    expansion_budget,
+    parse_json,
+    refuse_repeated_key,
+)
 from nodecheck.checks.node.fs import NodeFS, reads_in_flight
 from nodecheck.checks.record import record
 
@@ -370,7 +377,7 @@ def dumps(facts: NodeFacts) -> str:
 def loads(text: str, where: str = "the capture") -> NodeFacts:
     """The NodeFacts a nodecheck.facts/v1 document holds; FactsError saying where not."""
     try:
-        document = json.loads(text)
+        document = parse_json(text)
     except json.JSONDecodeError as err:
         raise FactsError(f"{where} is not JSON: {err}") from None
     except RecursionError:
@@ -379,6 +386,10 @@ def loads(text: str, where: str = "the capture") -> NodeFacts:
         raise FactsError(f"{where} is not JSON nodecheck reads: {err}") from None
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
         raise FactsError(f"{where} is not a {SCHEMA} capture (no schema)")
+    try:
+        refuse_repeated_key(document, where)
+    except FactsFormatError as err:
+        raise FactsError(str(err)) from None
     schema = document["schema"]
     numbered = _SCHEMA_PATTERN.fullmatch(schema)
     if numbered is None:
@@ -419,6 +430,7 @@ def _decode_document(document: dict[str, Any], where: str) -> NodeFacts:
         spec = PARTS.get(name)
         if spec is None:
             raise FactsFormatError(f"{at}: no such part (parts: {', '.join(PARTS)})")
+        refuse_repeated_key(entry, at)
         if not isinstance(entry, dict) or len(entry) != 1 or not ({"value", "unread"} & set(entry)):
             raise FactsFormatError(f'{at}: expected {{"value": ...}} or {{"unread": ...}}')
         if "unread" in entry:

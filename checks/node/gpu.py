@@ -30,9 +30,11 @@ from nodecheck.checks.node.nvml import (
     describe_error,
     error_code,
 )
+from nodecheck.checks.node.pci import PCIE_WIDTHS
 from nodecheck.checks.record import record
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 # Field ids (nvml.h, NVML_FI_*), read in one nvmlDeviceGetFieldValues call.
 FIELD_PCIE_REPLAY = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
@@ -88,6 +90,60 @@ _BUS_ID = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
 MAX_PLAUSIBLE_GPUS = 256
 
 
+@record
+class Plausible:
+    """The values NVML can answer for one quantity, `low` to `high` inclusive. One
+    definition for both sides: live, an answer outside is an error on that GPU (the
+    reading keeps None and says why in `errors`); so a capture, which holds what the
+    live reading kept, holding one outside was edited, and is refused."""
+
+    low: float
+    high: float
+    unit: str = ""
+
+    def admits(self, value: float) -> bool:
+        return self.low <= value <= self.high  # no range admits NaN
+
+    def refusal(self, value: float) -> str:
+        span = f"{self.low:g} to {self.high:g}{self.unit}"
+        return f"{value}{self.unit} is implausible (NVML answers {span})"
+
+
+# A powered GPU reads above the air around it, and no machine room is below
+# freezing (ASHRAE's widest class, A4, allows 5 °C inlet); GPUs shut themselves down
+# near 100 °C, so 150 °C covers any sensor still working. Outside that NVML answered
+# nonsense, such as -1 for a failed sensor read (4294967295 through the unsigned call).
+TEMPERATURE_C = Plausible(1, 150, " °C")
+# The largest GPU modules draw about 1.2 kW (B200) and superchip boards 2.7 kW.
+POWER_W = Plausible(0.0, 5000.0, " W")
+# A limit of 0 W would stop the GPU: no driver enforces one.
+POWER_LIMIT_W = Plausible(1.0, 5000.0, " W")
+UTILIZATION_PCT = Plausible(0, 100, " %")
+# PCIe 1.0 to 7.0 (PCI-SIG).
+PCIE_GENERATIONS = range(1, 8)
+
+
+def negative_count(owner: object, names: tuple[str, ...]) -> tuple[str, str] | None:
+    """The first of `owner`'s count fields (an int, or a dict of ints) below zero, and
+    why that is impossible: NVML returns counts, clocks, sizes and pids as unsigned
+    integers (nvml.h), so only an edited capture holds a negative one."""
+    for name in names:
+        value = getattr(owner, name)
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, count in items:
+            if count is not None and count < 0:
+                place = name if key is None else f"{name}[{key!r}]"
+                return place, f"{count} is negative: NVML counts in unsigned integers"
+    return None
+
+
+def memory_problem(total: int, used: int) -> str | None:
+    """Why NVML's memory figures cannot both be true, or None."""
+    if used > total:
+        return f"memory {used} bytes used of {total}: implausible"
+    return None
+
+
 def normalize_bus_id(raw: str | bytes) -> str:
     """NVML's "00000000:1B:00.0" as sysfs writes it: "0000:1b:00.0".
 
@@ -120,6 +176,9 @@ class EccCounts:
     aggregate_corrected: int | None = None
     aggregate_uncorrected: int | None = None
 
+    def implausible(self) -> tuple[str, str] | None:
+        return negative_count(self, tuple(vars(self)))
+
 
 @record
 class RemappedRows:
@@ -128,12 +187,18 @@ class RemappedRows:
     pending: bool
     failure: bool
 
+    def implausible(self) -> tuple[str, str] | None:
+        return negative_count(self, ("correctable", "uncorrectable"))
+
 
 @record
 class RetiredPages:
     single_bit: int
     double_bit: int
     pending: bool | None
+
+    def implausible(self) -> tuple[str, str] | None:
+        return negative_count(self, ("single_bit", "double_bit"))
 
 
 @record
@@ -143,11 +208,21 @@ class PcieState:
     width: int | None
     max_width: int | None
 
+    def implausible(self) -> tuple[str, str] | None:
+        problems = link_problems(self)
+        if not problems:
+            return None
+        place, what = problems[0]
+        return place, f"PCIe {what} is implausible"
+
 
 @record
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None
+
+    def implausible(self) -> tuple[str, str] | None:
+        return negative_count(self, ("pid", "used_memory_bytes"))
 
 
 @record(frozen=False)
@@ -203,6 +278,43 @@ class GpuReading:
     def labels(self) -> dict[str, str]:
         """The labels every per-GPU metric sample carries."""
         return {"gpu": str(self.index), "bus_id": self.bus_id or "", "model": self.model}
+
+    def implausible(self) -> tuple[str, str] | None:
+        """The field holding what NVML cannot answer, and why: the live reading keeps None
+        there (and the answer in `errors`), so only an edited capture holds one."""
+        for name, bounds in READING_BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None and not bounds.admits(value):
+                return name, bounds.refusal(value)
+        if self.memory_total is not None and self.memory_used is not None:
+            problem = memory_problem(self.memory_total, self.memory_used)
+            if problem:
+                return "memory_used", problem
+        return negative_count(self, READING_COUNTS)
+
+
+# The bounds each field of a reading was read under (_read_state), and its counts.
+READING_BOUNDS = {
+    "temperature_c": TEMPERATURE_C,
+    "slowdown_c": TEMPERATURE_C,
+    "shutdown_c": TEMPERATURE_C,
+    "power_w": POWER_W,
+    "power_limit_w": POWER_LIMIT_W,
+    "default_power_limit_w": POWER_LIMIT_W,
+    "utilization_pct": UTILIZATION_PCT,
+}
+READING_COUNTS = (
+    "index",
+    "memory_total",
+    "memory_used",
+    "clock_event_reasons",
+    "sm_clock_mhz",
+    "max_sm_clock_mhz",
+    "throttle_ns",
+    "pcie_replays",
+    "nvlink_errors",
+    "recovery_action",
+)
 
 
 @record
@@ -273,17 +385,15 @@ class _Reader:
                 self.reading.errors[name] = describe_error(err)
             return None
 
-    def plausible(
-        self, name: str, value: T | None, low: float, high: float, unit: str = ""
-    ) -> T | None:
-        """`value` when it lies in [low, high], else None and an error naming query and value.
+    def plausible(self, name: str, value: N | None, bounds: Plausible) -> N | None:
+        """`value` when `bounds` admit it, else None and an error naming query and value.
 
         An impossible number (4294967295 °C, a PCIe width of 0) is a broken
         reading, never a fact to judge: judged, it would pass or fail falsely.
         """
-        if value is None or low <= value <= high:  # type: ignore[operator]
+        if value is None or bounds.admits(value):
             return value
-        self.reading.errors[name] = f"NVML reported {name} {value}{unit}: implausible"
+        self.reading.errors[name] = f"NVML reported {name} {value}{bounds.unit}: implausible"
         return None
 
 
@@ -356,10 +466,9 @@ def _read_identity(nvml: Any, h: object, r: _Reader) -> None:
     memory = r.query("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
     if memory is not None:
         total, used = int(memory.total), int(memory.used)
-        if used > total:
-            reading.errors["memory"] = (
-                f"NVML reported memory {used} bytes used of {total}: implausible"
-            )
+        problem = memory_problem(total, used)
+        if problem:
+            reading.errors["memory"] = f"NVML reported {problem}"
         else:
             reading.memory_total, reading.memory_used = total, used
 
@@ -442,31 +551,37 @@ def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
             reading.nvlink_errors[name] = int(value)
 
 
-# PCIe 1.0 to 7.0 (PCI-SIG); link widths the PCIe base specification defines.
-PCIE_GENERATIONS = range(1, 8)
-PCIE_WIDTHS = frozenset({1, 2, 4, 8, 12, 16, 32})
+def link_problems(link: PcieState) -> list[tuple[str, str]]:
+    """(field, what) for each value no PCIe link has (a width of 0 or 255, Gen99, widths
+    the PCIe Base Specification does not define) or, when each is possible, a current
+    width or generation above the maximum."""
+    problems = [
+        (name, f"{what} {value}")
+        for name, what, value, allowed in (
+            ("generation", "generation", link.generation, PCIE_GENERATIONS),
+            ("max_generation", "max generation", link.max_generation, PCIE_GENERATIONS),
+            ("width", "width", link.width, PCIE_WIDTHS),
+            ("max_width", "max width", link.max_width, PCIE_WIDTHS),
+        )
+        if value is not None and value not in allowed
+    ]
+    if problems:
+        return problems
+    if link.width and link.max_width and link.width > link.max_width:
+        problems.append(("width", f"width x{link.width} above its maximum x{link.max_width}"))
+    if link.generation and link.max_generation and link.generation > link.max_generation:
+        above = f"generation {link.generation} above its maximum {link.max_generation}"
+        problems.append(("generation", above))
+    return problems
 
 
 def _plausible_link(r: _Reader, link: PcieState) -> PcieState:
-    """The link with impossible values dropped and reported (a width of 0 or 255, Gen99,
-    a current width or generation above the maximum)."""
-    problems = []
-    for what, value, allowed in (
-        ("generation", link.generation, PCIE_GENERATIONS),
-        ("max generation", link.max_generation, PCIE_GENERATIONS),
-        ("width", link.width, PCIE_WIDTHS),
-        ("max width", link.max_width, PCIE_WIDTHS),
-    ):
-        if value is not None and value not in allowed:
-            problems.append(f"{what} {value}")
-    if not problems:
-        if link.width and link.max_width and link.width > link.max_width:
-            problems.append(f"width x{link.width} above its maximum x{link.max_width}")
-        if link.generation and link.max_generation and link.generation > link.max_generation:
-            problems.append(f"generation {link.generation} above its maximum {link.max_generation}")
+    """The link with impossible values dropped and reported (link_problems)."""
+    problems = link_problems(link)
     if not problems:
         return link
-    r.reading.errors["pcie"] = f"NVML reported PCIe {', '.join(problems)}: implausible"
+    shown = ", ".join(what for _, what in problems)
+    r.reading.errors["pcie"] = f"NVML reported PCIe {shown}: implausible"
     return PcieState(None, None, None, None)
 
 
@@ -515,20 +630,12 @@ def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:
     return states or None
 
 
-# A powered GPU reads above the air around it, and no machine room is below
-# freezing (ASHRAE's widest class, A4, allows 5 °C inlet); GPUs shut themselves down
-# near 100 °C, so 150 °C covers any sensor still working. Outside that NVML answered
-# nonsense, such as -1 for a failed sensor read (4294967295 through the unsigned call).
-PLAUSIBLE_TEMPERATURE_C = (1, 150)
-# The largest GPU modules draw about 1.2 kW (B200) and superchip boards 2.7 kW.
-PLAUSIBLE_POWER_W = 5000.0
-
-
 def _read_state(nvml: Any, h: object, r: _Reader) -> None:
     reading = r.reading
-    low, high = PLAUSIBLE_TEMPERATURE_C
     reading.temperature_c = r.plausible(
-        "temperature", r.query("temperature", lambda: _temperature(nvml, h)), low, high, " °C"
+        "temperature",
+        r.query("temperature", lambda: _temperature(nvml, h)),
+        READING_BOUNDS["temperature_c"],
     )
 
     def threshold(kind: int) -> int | None:
@@ -536,32 +643,33 @@ def _read_state(nvml: Any, h: object, r: _Reader) -> None:
             "temperature_threshold",
             lambda: int(nvml.nvmlDeviceGetTemperatureThreshold(h, kind)),
         )
-        return r.plausible("temperature_threshold", value, 1, high, " °C")
+        return r.plausible("temperature_threshold", value, READING_BOUNDS["slowdown_c"])
 
     reading.slowdown_c = threshold(THRESHOLD_SLOWDOWN)
     reading.shutdown_c = threshold(THRESHOLD_SHUTDOWN)
 
-    def watts(name: str, call: Callable[[], int], low: float = 0.0) -> float | None:
+    def watts(name: str, call: Callable[[], int], field_name: str) -> float | None:
         milliwatts = r.query(name, call)
         if milliwatts is None:
             return None
-        return r.plausible(name, milliwatts / 1000, low, PLAUSIBLE_POWER_W, " W")
+        return r.plausible(name, milliwatts / 1000, READING_BOUNDS[field_name])
 
-    reading.power_w = watts("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
-    # A limit of 0 W would stop the GPU: no driver enforces one.
+    reading.power_w = watts("power", lambda: nvml.nvmlDeviceGetPowerUsage(h), "power_w")
     reading.power_limit_w = watts(
-        "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h), low=1.0
+        "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h), "power_limit_w"
     )
     reading.default_power_limit_w = watts(
         "power_limit_default",
         lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h),
-        low=1.0,
+        "default_power_limit_w",
     )
     mode = r.query("persistence_mode", lambda: nvml.nvmlDeviceGetPersistenceMode(h))
     reading.persistence_mode = None if mode is None else bool(mode)
     utilization = r.query("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
     reading.utilization_pct = r.plausible(
-        "utilization", None if utilization is None else int(utilization.gpu), 0, 100, " %"
+        "utilization",
+        None if utilization is None else int(utilization.gpu),
+        READING_BOUNDS["utilization_pct"],
     )
     processes = r.query("processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
     if processes is not None:

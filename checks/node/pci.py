@@ -73,10 +73,34 @@ def parse_link_speed(text: str) -> float | None:
     if not match:
         raise ValueError(f"not a link speed: {text!r}")
     speed = float(match.group(1))
-    if speed not in PCIE_SPEEDS_GTS:
-        shown = ", ".join(f"{known:g}" for known in PCIE_SPEEDS_GTS)
-        raise ImplausibleValueError(f"no PCIe generation runs at {speed:g} GT/s ({shown})")
+    problem = link_speed_problem(speed)
+    if problem:
+        raise ImplausibleValueError(problem)
     return speed
+
+
+def link_speed_problem(speed: float) -> str | None:
+    """Why no PCIe link runs at `speed` GT/s, or None (one definition for sysfs and for a
+    capture)."""
+    if speed in PCIE_SPEEDS_GTS:
+        return None
+    shown = ", ".join(f"{known:g}" for known in PCIE_SPEEDS_GTS)
+    return f"no PCIe generation runs at {speed:g} GT/s ({shown})"
+
+
+def link_width_problem(width: int) -> str | None:
+    """Why no PCIe link is `width` lanes wide, or None."""
+    if width in PCIE_WIDTHS:
+        return None
+    shown = ", ".join(f"x{known}" for known in PCIE_WIDTHS)
+    return f"PCIe links are {shown} wide, not x{width}"
+
+
+def numa_node_problem(node: int) -> str | None:
+    """Why a device's numa_node cannot be `node`, or None."""
+    if -1 <= node < MAX_NUMNODES:
+        return None
+    return f"NUMA nodes are -1 to {MAX_NUMNODES - 1}, not {node}"
 
 
 def parse_link_width(text: str) -> int | None:
@@ -87,9 +111,9 @@ def parse_link_width(text: str) -> int | None:
     width = int(text)
     if width == 0:
         return None
-    if width not in PCIE_WIDTHS:
-        shown = ", ".join(f"x{known}" for known in PCIE_WIDTHS)
-        raise ImplausibleValueError(f"PCIe links are {shown} wide, not x{width}")
+    problem = link_width_problem(width)
+    if problem:
+        raise ImplausibleValueError(problem)
     return width
 
 
@@ -100,8 +124,9 @@ def parse_numa_node(text: str) -> int:
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
         raise ValueError(f"not a NUMA node: {text!r}")
     node = int(text)
-    if not -1 <= node < MAX_NUMNODES:
-        raise ImplausibleValueError(f"NUMA nodes are -1 to {MAX_NUMNODES - 1}, not {node}")
+    problem = numa_node_problem(node)
+    if problem:
+        raise ImplausibleValueError(problem)
     return node
 
 
@@ -121,6 +146,19 @@ class PcieLink:
     current_width: int | None
     max_speed: float | None
     max_width: int | None
+
+    def implausible(self) -> tuple[str, str] | None:
+        """A speed or width no PCIe link has: reading sysfs refuses them (a problem of the
+        device), so only an edited capture holds one."""
+        for name, speed in (("current_speed", self.current_speed), ("max_speed", self.max_speed)):
+            problem = None if speed is None else link_speed_problem(speed)
+            if problem:
+                return name, problem
+        for name, width in (("current_width", self.current_width), ("max_width", self.max_width)):
+            problem = None if width is None else link_width_problem(width)
+            if problem:
+                return name, problem
+        return None
 
 
 @record(frozen=False)
@@ -173,6 +211,11 @@ class PciDevice:
     def attr(self, name: str) -> str:
         """The path of one of its sysfs attributes (a string: a node has thousands)."""
         return f"{self.sysfs_dir}/{name}"
+
+    def implausible(self) -> tuple[str, str] | None:
+        """A numa_node no kernel gives (reading sysfs refuses it): an edited capture."""
+        problem = None if self.numa_node is None else numa_node_problem(self.numa_node)
+        return None if problem is None else ("numa_node", problem)
 
 
 def split_device_path(real_path: str, devices_root: str) -> tuple[str, tuple[str, ...]]:

@@ -121,11 +121,13 @@ def test_missing_stale_or_incomplete_snapshot_is_undetermined(
     assert "pcie_acs needs root" in missing.summary
     document = json.loads(snapshot_file.read_text())
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({**document, "taken_at": time.time() - 3600}))
-    results = results_from_snapshot(pcie_acs, old, dgx_faulty.context(), now=time.time())
-    assert results[-1].status is Status.ERROR
-    assert results[-1].summary == "the snapshot is 60 min old: these results may no longer hold"
-    assert Status.FAIL in {r.status for r in results[:-1]}  # still judged, and said stale
+    old.write_text(json.dumps({**document, "taken_at": 1764583200.0}))
+    [stale] = results_from_snapshot(pcie_acs, old, dgx_faulty.context(), now=1764586800.0)
+    assert stale.status is Status.ERROR
+    assert stale.summary == (
+        f"the snapshot {old} was taken 60 min ago (2025-12-01 10:00:00 UTC): pcie_acs is not "
+        "judged from facts that may no longer hold"
+    )
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{")
     [bad] = results_from_snapshot(pcie_acs, garbage, dgx_faulty.context())
@@ -208,3 +210,67 @@ def test_temporaries_of_other_writers_are_removed_only_once_old(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [elsewhere[1], *others, "benchmarks.json"]
     )
+
+
+def nccl_env_exposition(results: list[Result]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The agent's /metrics families with `results` as nccl_env's latest run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nodecheck.agent.exporter import ResultCollector, exposition, make_registry
+    from nodecheck.agent.scheduler import ResultStore
+    from nodecheck.checks.runner import CheckRun
+
+    store = ResultStore()
+    store.put(CheckRun(load_checks()["nccl_env"], results, 0.01, True), 60.0)
+    text = exposition(make_registry(ResultCollector(store, "test", lambda: True))).decode()
+    assert "NCCL_P2P_DISABLE" not in text  # findings are series' statuses, never names
+    return {
+        family.name: [(sample.labels, sample.value) for sample in family.samples]
+        for family in text_string_to_metric_families(text)
+    }
+
+
+def lit(families: dict[str, list[tuple[dict[str, str], float]]], status: str) -> list[str]:
+    """The subjects whose nccl_env status series for `status` is 1."""
+    return [
+        labels["subject"]
+        for labels, value in families["nodecheck_check_status"]
+        if labels["status"] == status and value == 1
+    ]
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "says"),
+    [
+        (-7200.0, "was taken 2 h ago ("),
+        (10 * 365.25 * 86400, "is dated 3652 days in the future ("),
+    ],
+    ids=["two_hours_old", "ten_years_ahead"],
+)
+def test_a_stale_or_future_snapshot_serves_none_of_its_findings(
+    dgx: Node, snapshot_file: Path, tmp_path: Path, offset_s: float, says: str
+) -> None:
+    """The faulty node's snapshot (a job's NCCL_P2P_DISABLE=1), dated two hours back or
+    ten years ahead, served to the agent on the healthy twin: nccl_env is one `error`
+    on the node saying how old (or how far ahead) the snapshot is and when it was taken,
+    no finding of its facts; the exporter's series say error, none fail. Fresh, the
+    same facts fail."""
+    checks = load_checks()
+    document = json.loads(snapshot_file.read_text())
+    now = time.time()
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text(json.dumps({**document, "taken_at": now}))
+    judged = results_from_snapshot(checks["nccl_env"], fresh, dgx.context(), now=now)
+    assert any("NCCL_P2P_DISABLE=1" in r.summary and r.status is Status.FAIL for r in judged)
+    assert lit(nccl_env_exposition(judged), "fail") == ["node"]
+
+    dated = tmp_path / "dated.json"
+    dated.write_text(json.dumps({**document, "taken_at": now + offset_s}))
+    [result] = results_from_snapshot(checks["nccl_env"], dated, dgx.context(), now=now)
+    assert (result.status, result.subject) == (Status.ERROR, NODE)
+    assert result.summary.startswith(f"the snapshot {dated} {says}"), result.summary
+    assert "nccl_env is not judged" in result.summary and " UTC)" in result.summary
+    assert "NCCL_P2P_DISABLE" not in result.summary + result.remedy + str(result.details)
+    families = nccl_env_exposition([result])
+    assert lit(families, "fail") == [] and lit(families, "error") == ["node"]
+    assert families["nodecheck_checks_failing"] == [({}, 0.0)]

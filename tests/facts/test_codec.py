@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pytest
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.codec import FactsFormatError, decode, encode
+from nodecheck.checks.node.codec import FactsFormatError, decode, encode, parse_json
 from nodecheck.checks.node.facts import (
     SCHEMA,
     FactsError,
@@ -144,20 +144,53 @@ def test_sets_are_written_sorted_so_the_same_facts_give_the_same_text() -> None:
     assert dumps(facts) == dumps(NodeFacts(1.0, {"virtualization": None, "hostname": "dgx-01"}))
 
 
-def test_non_finite_floats_are_strings_in_json_and_floats_again() -> None:
+def test_non_finite_floats_are_written_as_strings_and_refused_when_read() -> None:
+    """No fact is NaN or infinite: the encoder writes one as JSON can carry it (the capture
+    is still written whole), and the decoder refuses it where it stands, as it refuses
+    the NaN and Infinity literals Python's json reads."""
     assert [encode(math.inf), encode(-math.inf), encode(math.nan)] == [
         "Infinity",
         "-Infinity",
         "NaN",
     ]
-    assert round_trip(math.inf, float) == math.inf
-    assert round_trip(-math.inf, float) == -math.inf
-    assert math.isnan(round_trip(math.nan, float))
-    link = round_trip(Link(Width.X8, math.nan), Link)
-    assert math.isnan(link.speed_gts)
-    # A string that is no float's name is refused, not read as one.
-    with pytest.raises(FactsFormatError, match=r"^value: expected a number, found a string$"):
-        decode(float, "nan", "value")
+    cases = [
+        (float, "NaN", "value: NaN is not a number"),
+        (float, "Infinity", "value: Infinity is not a finite number"),
+        (float | None, "-Infinity", "value: -Infinity is not a finite number"),
+        (Link, {"width": 8, "speed_gts": "NaN"}, "value.speed_gts: NaN is not a number"),
+        (float, "nan", "value: expected a number, found a string"),
+    ]
+    for hint, value, message in cases:
+        with pytest.raises(FactsFormatError) as raised:
+            decode(hint, value, "value")
+        assert str(raised.value) == message, value
+    for literal, message in [
+        ("NaN", "speed_gts: NaN is not a number"),
+        ("Infinity", "speed_gts: Infinity is not a finite number"),
+        ("-Infinity", "speed_gts: -Infinity is not a finite number"),
+    ]:
+        with pytest.raises(FactsFormatError) as raised:
+            decode(Link, parse_json(f'{{"width": 16, "speed_gts": {literal}}}'), "value")
+        assert str(raised.value) == f"value.{message}", literal
+    # Where a string fits, the text "NaN" is a string, not a float.
+    assert decode(str | float, "NaN", "value") == "NaN"
+    assert round_trip(Link(Width.X8, 16.0), Link) == Link(Width.X8, 16.0)
+
+
+def test_a_key_given_twice_is_refused_naming_its_object() -> None:
+    """JSON leaves which of two values for one key counts to the reader: neither is
+    taken, in a dataclass, a mapping or the envelope."""
+    cases: list[tuple[object, str, str]] = [
+        (Link, '{"width": 8, "speed_gts": 16.0, "width": 16}', "value"),
+        (dict[str, int], '{"a": 1, "a": 2}', "value"),
+        (Tree, '{"name": "r", "children": [{"name": "x", "name": "y"}]}', "value.children[0]"),
+    ]
+    for hint, text, where in cases:
+        with pytest.raises(FactsFormatError) as raised:
+            decode(hint, parse_json(text), "value")
+        assert str(raised.value).startswith(f"{where}: key "), text
+        assert "is given twice (which value is meant cannot be told)" in str(raised.value)
+    assert decode(dict[str, int], parse_json('{"a": 1, "b": 2}'), "value") == {"a": 1, "b": 2}
 
 
 def test_int_keys_are_strings_in_json_and_ints_again() -> None:

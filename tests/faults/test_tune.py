@@ -18,6 +18,7 @@ import pytest
 
 from tests.agent.test_cli import run
 from tests.conftest import Node
+from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
 from tests.fixtures.nodes import two_gpu_box
 from tests.fixtures.nvml_scenarios import modified
@@ -424,3 +425,41 @@ def test_exec_warns_every_other_rank_of_the_gpu_off_the_bus(dgx_faulty: Node) ->
     itself then fails on this small machine, which is beside the point)."""
     done = run(*dgx_faulty.cli_args, "exec", "--quiet", "--local-rank", "2", "--", "true")
     assert done.stderr.startswith(f"nodecheck exec: warning: {FALLEN_OFF}\n"), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("planted", "why"),
+    [
+        (
+            "0-2147483647\n",
+            "'0-2147483647' is implausible: CPU 2147483647 is beyond the 224 CPUs the kernel "
+            "can have (0-223)",
+        ),
+        ("garbage\n", "expected a CPU list, got 'garbage'"),
+    ],
+    ids=["beyond_the_kernel", "not_a_list"],
+)
+def test_a_gpu_whose_local_cpulist_is_unusable_says_its_numa_node_stands_in(
+    tmp_path: Path, planted: str, why: str
+) -> None:
+    """GPU 0000:3a:00.0 (local rank 2) of a DGX replica with an absurd or unparsable
+    local_cpulist: its rank still gets NUMA node 0's share, and its note (JSON) and the
+    text's notes name the GPU, the file and why, and that the node's CPUs stand in; the
+    other ranks carry no such note."""
+    node = Node(build_node(nodes.NODES["dgx-h100"](), tmp_path / "dgx"))
+    gpu = DGX_GPUS[2]
+    path = device_dir(node, gpu) / "local_cpulist"
+    path.write_text(planted)
+    said = (
+        f"GPU {gpu}'s local CPUs cannot be used ({path.resolve()}: {why}): its rank gets the "
+        "CPUs of its NUMA node 0 instead"
+    )
+    document = tune_json(node)
+    ranks = {rank["gpu"]: rank for rank in document["ranks"]}
+    assert ranks[gpu]["note"] == said
+    assert (ranks[gpu]["numa_node"], ranks[gpu]["cpulist"]) == (0, "28-41,140-153")
+    assert [g for g, rank in ranks.items() if "note" in rank] == [gpu]
+    assert said in document["notes"]
+    text = run(*node.cli_args, "tune", "--format", "text").stdout
+    # The notes are wrapped, a long path broken anywhere: compared without whitespace.
+    assert "".join(said.split()) in "".join(text.split())
