@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from nodecheck.agent.http_intake import REQUEST_DEADLINE_S, Arrival, KnownClients, RequestIntake
 from nodecheck.agent.report import check_document
+from nodecheck.agent.results_file import ResultsWrites
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file, write_atomically
 from nodecheck.checks.record import record
@@ -72,6 +73,8 @@ OWN_FAMILIES = frozenset(
         "nodecheck_exposition_dropped_samples",
         "nodecheck_checks_failing",
         "nodecheck_agent_start_time_seconds",
+        "nodecheck_results_last_write_successful",
+        "nodecheck_results_write_failures_total",
     }
 )
 METRIC_NAME = re.compile(r"nodecheck_[a-z0-9_]+")  # the project's convention, a subset of
@@ -230,13 +233,16 @@ class ResultCollector(Collector):
         reload_ok: Callable[[], bool],
         node_labels: Callable[[], Mapping[str, str]] = dict,
         started_at: float | None = None,
+        results_writes: Callable[[], ResultsWrites | None] = lambda: None,
     ) -> None:
         """`node_labels`: the configuration's [labels] now (a reload changes them);
-        `started_at`: when the agent started (wall clock), else when this was made."""
+        `started_at`: when the agent started (wall clock), else when this was made;
+        `results_writes`: how writing the results file goes (None: there is none)."""
         self.store = store
         self.version = version
         self.reload_ok = reload_ok
         self.node_labels = node_labels
+        self.results_writes = results_writes
         self.started_at = time.time() if started_at is None else started_at
         # (check, metric, reason) already logged: a bad sample comes back on every
         # render of the exposition, its log line once (bounded, for a sample whose
@@ -336,6 +342,7 @@ class ResultCollector(Collector):
         )
         reload_ok.add_metric([], 1 if self.reload_ok() else 0)
         yield reload_ok
+        yield from self._results_file_families()
         left_out = GaugeMetricFamily(
             "nodecheck_exposition_dropped_samples",
             "Samples of this check's latest run left out of this exposition (not a number, "
@@ -345,6 +352,24 @@ class ResultCollector(Collector):
         for name, count in dropped.items():
             left_out.add_metric([name], count)
         yield left_out
+
+    def _results_file_families(self) -> Iterator[Metric]:
+        writes = self.results_writes()
+        if writes is None:
+            return
+        written = GaugeMetricFamily(
+            "nodecheck_results_last_write_successful",
+            "1 when the last write of the results file (for slurm health-check and npd) "
+            "succeeded, or none was due yet",
+        )
+        written.add_metric([], 1 if writes.problem is None else 0)
+        yield written
+        failures = CounterMetricFamily(
+            "nodecheck_results_write_failures",
+            "Writes of the results file that failed since the agent started",
+        )
+        failures.add_metric([], writes.failures)
+        yield failures
 
     def _add_sample(
         self,
@@ -759,6 +784,7 @@ REQUESTS_PER_CONNECTION = 100
 CONNECTION_LIFETIME_S = 300.0
 RESPONSE_DEADLINE_S = 30.0  # the whole response written, however slowly the client reads
 SEND_CHUNK = 1 << 16
+UNAUTHENTICATED_PATHS = ("/healthz", "/livez")  # the probes: they tell no results
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -1151,10 +1177,14 @@ def serve(
     healthy: Callable[[], bool],
     tls: tuple[Path, Path] | None = None,
     auth: BasicAuth | None = None,
+    problems: Callable[[], Sequence[str]] = tuple,
 ) -> AgentServer:
     """Start the HTTP(S) server on a thread: /metrics, /results (behind basic auth when
-    configured) and /healthz (never: it tells nothing but whether the agent lives).
-    ValueError naming the file when the TLS certificate or key is unusable."""
+    configured), /livez and /healthz (never: they tell nothing but whether the agent does
+    its work). /livez is 503 "scheduler stalled" when not `healthy()` (a restart mends
+    that: the liveness probe); /healthz also with `problems()`, one a line (what a restart
+    would not mend: the readiness probe). ValueError naming the file when the TLS
+    certificate or key is unusable."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
 
@@ -1200,7 +1230,7 @@ def serve(
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if auth is not None and path != "/healthz":
+            if auth is not None and path not in UNAUTHENTICATED_PATHS:
                 verdict = auth.check(self.headers.get("Authorization"), self.client_address[0])
                 if verdict is AuthVerdict.BUSY:
                     self._send(
@@ -1220,7 +1250,7 @@ def serve(
             except Exception as err:  # a bug behind one endpoint: a 500, never a dead socket
                 log.error("event=request_failed path=%r error=%r", path, _describe(err))
                 code, body, kind = 500, b"internal error: see the agent's log\n", "text/plain"
-            if code < 400 and (auth is None or path != "/healthz"):
+            if code < 400 and (auth is None or path not in UNAUTHENTICATED_PATHS):
                 # Answered, and past the password where there is one: known good.
                 cast(AgentServer, self.server).known.answered(client_key(self.client_address))
             self._send(code, body, kind)
@@ -1228,20 +1258,20 @@ def serve(
         def _route(self, path: str) -> tuple[int, bytes, str]:
             if path == "/metrics":
                 return 200, metrics(), "text/plain; version=0.0.4; charset=utf-8"
-            if path == "/healthz":
-                ok = healthy()
-                return (
-                    (200 if ok else 503),
-                    (b"ok\n" if ok else b"scheduler stalled\n"),
-                    "text/plain",
-                )
+            if path in UNAUTHENTICATED_PATHS:
+                found = [] if healthy() else ["scheduler stalled"]
+                if path == "/healthz":
+                    found += problems()
+                if not found:
+                    return 200, b"ok\n", "text/plain"
+                return 503, "".join(f"{problem}\n" for problem in found).encode(), "text/plain"
             if path == "/results":
                 return (
                     200,
                     json.dumps(results(), indent=2, default=str).encode(),
                     "application/json",
                 )
-            return 404, b"not found: try /metrics, /healthz or /results\n", "text/plain"
+            return 404, b"not found: try /metrics, /healthz, /livez or /results\n", "text/plain"
 
         def _send(self, code: int, body: bytes, kind: str, *headers: tuple[str, str]) -> None:
             self.send_response(code)

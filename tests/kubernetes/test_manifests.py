@@ -312,6 +312,7 @@ def test_the_port_and_the_probes_are_what_the_agent_serves(dgx: Node, tmp_path: 
     text = without_kubernetes_table(text).replace(f":{container_port()}", f":{port}")
     text = text.replace("/var/lib/nodecheck", str(tmp_path / "state"))
     text = text.replace("/run/nodecheck/agent", str(tmp_path / "results"))
+    (tmp_path / "results").mkdir()  # the hostPath volume, DirectoryOrCreate
     (tmp_path / "agent.toml").write_text(text)
     replaced = {
         option("--config"): str(tmp_path / "agent.toml"),
