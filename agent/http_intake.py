@@ -18,6 +18,7 @@ scraper's complete request goes to a thread however many such connections are op
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import selectors
 import socket
@@ -30,6 +31,8 @@ from dataclasses import field
 from typing import Any
 
 from nodecheck.checks.record import record
+
+log = logging.getLogger(__name__)
 
 # From accept() to the end of the request head, TLS handshake included; also from one
 # response to the next request head on a kept-alive connection. A scraper on the
@@ -171,34 +174,55 @@ class RequestIntake:
             self._wake_out.send(b"\0")
 
     def _loop(self) -> None:
+        """The intake's turns, for as long as the server lives: one that fails (a bug) is
+        one log line, and the next turn goes on."""
         while True:
-            with self._lock:
-                if self._closing:
+            try:
+                if not self._turn():
                     return
-                new, self._new = self._new, []
-                evicted, self._evicted = self._evicted, []
-                held = list(self._held.values())
-            for arrival in evicted:
-                self._unwatch(arrival)
-                self._dropped(arrival, f"over {self._budget} connections without a request", None)
-            for arrival in new:
-                if arrival not in evicted:
+            except Exception as err:
+                log.error("event=http_intake_failed error=%r", f"{type(err).__name__}: {err}")
+                time.sleep(0.1)
+
+    def _turn(self) -> bool:
+        """Close the evicted and the expired, watch the new, serve what is ready; False
+        once closing."""
+        now = time.monotonic()
+        expired: list[Arrival] = []
+        nearest = 1.0
+        with self._lock:
+            if self._closing:
+                return False
+            new, self._new = self._new, []
+            evicted, self._evicted = self._evicted, []
+            # Held in accept() order, and every deadline is as long: the expired first.
+            for arrival in self._held.values():
+                left = arrival.accepted + self._deadline_s - now
+                if left > 0:
+                    nearest = min(nearest, left)
+                    break
+                expired.append(arrival)
+        for arrival in evicted:
+            self._unwatch(arrival)
+            self._dropped(arrival, f"over {self._budget} connections without a request", None)
+        gone = {id(arrival) for arrival in evicted}
+        for arrival in new:
+            if id(arrival) not in gone:
+                try:
                     arrival.connection.setblocking(False)
                     self._watch(arrival, selectors.EVENT_READ)
-            now = time.monotonic()
-            nearest = 1.0
-            for arrival in held:
-                left = arrival.accepted + self._deadline_s - now
-                if left <= 0:
-                    self._end(arrival, f"no whole request within {self._deadline_s:g} s", None)
-                nearest = min(nearest, max(left, 0.0))
-            for key, _ in self._selector.select(max(nearest, 0.01)):
-                if key.data is None:
-                    with contextlib.suppress(OSError):
-                        while self._wake_in.recv(4096):
-                            pass
-                else:
-                    self._advance(key.data)
+                except (OSError, ValueError) as err:  # closed by now
+                    self._end(arrival, "failed before a whole request", err)
+        for arrival in expired:
+            self._end(arrival, f"no whole request within {self._deadline_s:g} s", None)
+        for key, _ in self._selector.select(max(nearest, 0.01)):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    while self._wake_in.recv(4096):
+                        pass
+            else:
+                self._advance(key.data)
+        return True
 
     def _watch(self, arrival: Arrival, events: int) -> None:
         if arrival.events == events:
