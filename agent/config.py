@@ -54,6 +54,9 @@ file prints every default, and checks/config.py is where the checks' are declare
     token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     ca_file = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
     resend_interval = 300        # seconds between heartbeats of unchanged conditions, 1 to 3600
+    taint_after = 30             # seconds a fault stands before the taint, 0 to 3600
+    clear_after = 300            # seconds clear before the taint goes, or a condition turns
+                                 # better, 0 to 86400
     timeout = 10                 # seconds for each call to the API server, 0.5 to 60
     token_reread = 60            # seconds a token is used before the file is read again, 1 to 60
 
@@ -319,6 +322,8 @@ class SlurmSettings:
 # from a Pod").
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 KUBE_RESEND_RANGE_S = (1.0, 3600.0)
+KUBE_TAINT_AFTER_RANGE_S = (0.0, 3600.0)
+KUBE_CLEAR_AFTER_RANGE_S = (0.0, DAY_S)
 KUBE_TIMEOUT_RANGE_S = (0.5, 60.0)
 # Projected service-account tokens are rotated by the kubelet (at 80 % of their life, an
 # hour by default): the official client re-reads the file every minute, so no more than 60.
@@ -338,6 +343,13 @@ class KubernetesSettings:
     token_file: Path = SERVICE_ACCOUNT_DIR / "token"
     ca_file: Path = SERVICE_ACCOUNT_DIR / "ca.crt"
     resend_interval_s: float = 300.0  # node-problem-detector's heartbeat period
+    # The hysteresis (agent/kubernetes.py, FaultHold and ConditionHold): a fault stands
+    # from its first sighting until it has been clear for clear_after_s; the taint goes
+    # on once it has stood taint_after_s, off once clear for clear_after_s; a condition
+    # turns worse at once, better once nothing worse was seen for clear_after_s. A link
+    # that flaps every few seconds is one taint and one condition change, not dozens.
+    taint_after_s: float = 30.0
+    clear_after_s: float = 300.0
     timeout_s: float = 10.0
     token_reread_s: float = 60.0
 
@@ -473,6 +485,8 @@ class AgentConfig:
             f"token_file = {quoted(kube.token_file)}",
             f"ca_file = {quoted(kube.ca_file)}",
             f"resend_interval = {kube.resend_interval_s}",
+            f"taint_after = {kube.taint_after_s}",
+            f"clear_after = {kube.clear_after_s}",
             f"timeout = {kube.timeout_s}",
             f"token_reread = {kube.token_reread_s}",
         ]
@@ -964,6 +978,12 @@ def _with_kubernetes(
         ca_file=table.path_value("ca_file") or defaults.ca_file,
         resend_interval_s=table.number(
             "resend_interval", defaults.resend_interval_s, *KUBE_RESEND_RANGE_S
+        ),
+        taint_after_s=table.number(
+            "taint_after", defaults.taint_after_s, *KUBE_TAINT_AFTER_RANGE_S
+        ),
+        clear_after_s=table.number(
+            "clear_after", defaults.clear_after_s, *KUBE_CLEAR_AFTER_RANGE_S
         ),
         timeout_s=table.number("timeout", defaults.timeout_s, *KUBE_TIMEOUT_RANGE_S),
         token_reread_s=table.number(

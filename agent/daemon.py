@@ -50,6 +50,7 @@ from nodecheck.agent.exporter import (
     serve,
     write_textfile,
 )
+from nodecheck.agent.results_file import ResultsFile
 from nodecheck.agent.scheduler import ResultStore, Scheduler, StoredRun
 from nodecheck.agent.slurm_health import StoredCheck, findings_of, results_text
 from nodecheck.agent.snapshot import from_snapshot
@@ -60,7 +61,6 @@ from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
 from nodecheck.checks.node.net import PortCounterHistory
 from nodecheck.checks.node.nvml import NvmlSession
-from nodecheck.checks.node.output import OutputPathError, write_output
 from nodecheck.checks.node.xid import XidEvent, XidListener, XidLog
 from nodecheck.checks.registry import Check, load_benchmarks, load_checks
 from nodecheck.checks.result import Status
@@ -190,6 +190,8 @@ class Agent:
             deadline_s=self.check_config.nvml_timeout_s, library_path=nvml_library
         )
         self.hostname = hostname_shown(LiveFacts(NodeSources(fs=fs, environ={})))
+        # The path of the configuration in force: a reload may change it.
+        self.results_file = ResultsFile(lambda: self.config.results_file)
         self.registry = make_registry(
             ResultCollector(
                 self.store,
@@ -197,6 +199,7 @@ class Agent:
                 lambda: self.reload_ok,
                 self._node_labels,
                 started_at=self.started_at,
+                results_writes=self.results_file.state,
             )
         )
         self.scheduler = self._scheduler()
@@ -206,7 +209,6 @@ class Agent:
         self._ready = False
         # One writer at a time: a slower one never replaces newer results with older.
         self._results_lock = threading.Lock()
-        self._results_problem: str | None = None
         self.kubernetes = self._kubernetes(self.config)
 
     # -- wiring ------------------------------------------------------------------
@@ -309,14 +311,12 @@ class Agent:
 
     def _write_results(self) -> list[StoredRun]:
         """The latest results, for `nodecheck slurm health-check`, whole or not at all
-        (write_output, the rule of every output path); the stored runs it wrote (read
-        under the lock: the file holds at least what they hold once this returns). A
-        failure is logged when it starts and when it ends, never raised: the scheduler's
-        thread goes on."""
-        path = self.config.results_file
+        (agent/results_file.py); the stored runs it wrote (read under the lock: the file
+        holds at least what they hold once this returns). A failure is counted, logged
+        when it starts and when it ends, and never raised: the scheduler's thread goes on."""
         with self._results_lock:
             stored = self.store.all()
-            if path is None:
+            if self.config.results_file is None:
                 return stored
             checks = [
                 StoredCheck(
@@ -328,24 +328,7 @@ class Agent:
                 )
                 for s in stored
             ]
-            try:
-                write_output(path, results_text(self.hostname, checks, time.time()), 0o600)
-            except OSError as err:
-                problem = f"{err.strerror or err}"
-                if problem != self._results_problem:
-                    # No folder: not installed as a service (`make run`); said once, quietly.
-                    missing = isinstance(err, OutputPathError) and err.missing_folder
-                    log.log(
-                        logging.INFO if missing else logging.ERROR,
-                        "event=results_write_failed path=%s error=%r",
-                        path,
-                        problem,
-                    )
-                self._results_problem = problem
-                return stored
-            if self._results_problem is not None:
-                log.info("event=results_written path=%s", path)
-                self._results_problem = None
+            self.results_file.write(results_text(self.hostname, checks, time.time()))
         return stored
 
     def _fast_checks(self, config: AgentConfig) -> set[str]:
@@ -400,12 +383,15 @@ class Agent:
             server = serve(
                 config.listen,
                 CachedExposition(
-                    self.registry, self.store, lambda: (self.reload_ok, self._node_labels())
+                    self.registry,
+                    self.store,
+                    lambda: (self.reload_ok, self._node_labels(), self.results_file.state()),
                 ),
                 lambda: results_document(self.store, self.hostname),
                 self.healthy,
                 tls,
                 self.auth,
+                problems=self.health_problems,
             )
         except (OSError, ValueError, OverflowError) as err:  # socket.gaierror is an OSError
             raise listen_failure(config.listen, err) from None
@@ -428,7 +414,13 @@ class Agent:
         return self.config.labels
 
     def healthy(self) -> bool:
+        """Whether the scheduler turns: the watchdog pings only then."""
         return self.scheduler.alive and time.monotonic() - self.scheduler.heartbeat < 10
+
+    def health_problems(self) -> list[str]:
+        """What else makes /healthz 503 (a restart would not mend it: the watchdog pings)."""
+        problem = self.results_file.health_problem()
+        return [] if problem is None else [problem]
 
     def _background(self) -> None:
         """The watchdog pings and the textfile, both only while the scheduler lives."""

@@ -7,10 +7,11 @@ Whatever the checks or the root snapshot hand in, the exposition stays valid for
 Prometheus and clean for `promtool check metrics`.
 
 The HTTP server is written for hostile clients too: a real listen backlog, a
-bounded number of handler threads, one deadline from the first byte to the end
-of the request headers (TLS handshake included) and one for the whole response,
-bcrypt work bounded to one core, and every connection failure one key=value
-log line, never a traceback.
+bounded number of handler threads that only complete requests reach (one thread
+holds the connections still sending theirs: agent/http_intake.py), one deadline
+from accept() to the end of the request head (TLS handshake included) and one
+for the whole response, bcrypt work bounded to one core, and every connection
+failure one key=value log line, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ import math
 import os
 import platform
 import re
-import select
 import socket
 import ssl
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
@@ -43,7 +43,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from nodecheck.agent.http_intake import REQUEST_DEADLINE_S, Arrival, KnownClients, RequestIntake
 from nodecheck.agent.report import check_document
+from nodecheck.agent.results_file import ResultsWrites
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
 from nodecheck.checks.node.output import write_output
@@ -72,6 +74,8 @@ OWN_FAMILIES = frozenset(
         "nodecheck_exposition_dropped_samples",
         "nodecheck_checks_failing",
         "nodecheck_agent_start_time_seconds",
+        "nodecheck_results_last_write_successful",
+        "nodecheck_results_write_failures_total",
     }
 )
 METRIC_NAME = re.compile(r"nodecheck_[a-z0-9_]+")  # the project's convention, a subset of
@@ -230,13 +234,16 @@ class ResultCollector(Collector):
         reload_ok: Callable[[], bool],
         node_labels: Callable[[], Mapping[str, str]] = dict,
         started_at: float | None = None,
+        results_writes: Callable[[], ResultsWrites | None] = lambda: None,
     ) -> None:
         """`node_labels`: the configuration's [labels] now (a reload changes them);
-        `started_at`: when the agent started (wall clock), else when this was made."""
+        `started_at`: when the agent started (wall clock), else when this was made;
+        `results_writes`: how writing the results file goes (None: there is none)."""
         self.store = store
         self.version = version
         self.reload_ok = reload_ok
         self.node_labels = node_labels
+        self.results_writes = results_writes
         self.started_at = time.time() if started_at is None else started_at
         # (check, metric, reason) already logged: a bad sample comes back on every
         # render of the exposition, its log line once (bounded, for a sample whose
@@ -336,6 +343,7 @@ class ResultCollector(Collector):
         )
         reload_ok.add_metric([], 1 if self.reload_ok() else 0)
         yield reload_ok
+        yield from self._results_file_families()
         left_out = GaugeMetricFamily(
             "nodecheck_exposition_dropped_samples",
             "Samples of this check's latest run left out of this exposition (not a number, "
@@ -345,6 +353,24 @@ class ResultCollector(Collector):
         for name, count in dropped.items():
             left_out.add_metric([name], count)
         yield left_out
+
+    def _results_file_families(self) -> Iterator[Metric]:
+        writes = self.results_writes()
+        if writes is None:
+            return
+        written = GaugeMetricFamily(
+            "nodecheck_results_last_write_successful",
+            "1 when the last write of the results file (for slurm health-check and npd) "
+            "succeeded, or none was due yet",
+        )
+        written.add_metric([], 1 if writes.problem is None else 0)
+        yield written
+        failures = CounterMetricFamily(
+            "nodecheck_results_write_failures",
+            "Writes of the results file that failed since the agent started",
+        )
+        failures.add_metric([], writes.failures)
+        yield failures
 
     def _add_sample(
         self,
@@ -741,19 +767,26 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
 # listen(2): a backlog above /proc/sys/net/core/somaxconn is silently capped to it
 # (4096 since Linux 5.4); socketserver's default of 5 refuses a burst of connections.
 LISTEN_BACKLOG = 1024
-HANDLER_THREADS = 64  # beyond these, accepted connections wait for a free one
+HANDLER_THREADS = 64  # beyond these, complete requests wait for a free one
+# Threads beyond HANDLER_THREADS that only a known good client (KnownClients: answered
+# lately) may take: a scraper is answered while others hold every other thread.
+RESERVED_THREADS = 4
 # A client address (an IPv6 client: its /64, what one host is usually given) holds this
 # many connections at most, open or waiting; beyond them a new one is closed at once.
 # Prometheus needs one per target; 8 leave room for a second scraper and curl.
 CONNECTIONS_PER_CLIENT = 8
-WAITING_CONNECTIONS = 1024  # accepted, waiting for a handler thread: all clients together
+# Complete requests waiting for a handler thread, all clients together. With the
+# connections still sending their head (http_intake.PRE_REQUEST_CONNECTIONS) and the
+# threads, under the 1024 file descriptors systemd gives a service by default
+# (DefaultLimitNOFILE's soft limit, systemd-system.conf(5)).
+WAITING_CONNECTIONS = 256
 # A kept-alive connection is closed after this many requests or this long (the response
 # says Connection: close), so no client holds a thread for ever by asking in time.
 REQUESTS_PER_CONNECTION = 100
 CONNECTION_LIFETIME_S = 300.0
-REQUEST_DEADLINE_S = 10.0  # from the first read to the end of the headers, TLS included
 RESPONSE_DEADLINE_S = 30.0  # the whole response written, however slowly the client reads
 SEND_CHUNK = 1 << 16
+UNAUTHENTICATED_PATHS = ("/healthz", "/livez")  # the probes: they tell no results
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -766,9 +799,11 @@ class _DeadlineReader(io.RawIOBase):
         connection: socket.socket,
         deadline: float,
         on_idle: Callable[[bool], None] | None = None,
+        head: bytes = b"",
     ) -> None:
         self._connection = connection
         self.deadline = deadline
+        self._head = head  # what the intake read already (agent/http_intake.py), first
         # Set between two requests of a kept-alive connection: the next read waits for
         # a request that may never come, and the server may close it when it needs the
         # thread (on_idle(True) before that read, on_idle(False) after).
@@ -779,6 +814,12 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._head:
+            with memoryview(buffer) as view, view.cast("B") as octets:
+                size = min(len(octets), len(self._head))
+                octets[:size] = self._head[:size]
+            self._head = self._head[size:]
+            return size
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError(f"request not complete within {REQUEST_DEADLINE_S:g} s")
@@ -824,23 +865,6 @@ class _DeadlineWriter(io.BufferedIOBase):
             return sent
 
 
-def _handshake(connection: ssl.SSLSocket, deadline: float) -> None:
-    """The TLS handshake, non-blocking, under the request's deadline (a blocking one
-    restarts its timeout at every record a slow client sends)."""
-    connection.setblocking(False)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"TLS handshake not complete within {REQUEST_DEADLINE_S:g} s")
-        try:
-            connection.do_handshake()
-            return
-        except ssl.SSLWantReadError:
-            select.select([connection], [], [], remaining)
-        except ssl.SSLWantWriteError:
-            select.select([], [connection], [], remaining)
-
-
 def _client(address: Any) -> str:
     if isinstance(address, tuple) and len(address) >= 2:
         host, port = address[0], address[1]
@@ -875,7 +899,8 @@ class _Waiting:
     request: Any
     address: Any
     key: str
-    since: float
+    since: float  # accepted (time.monotonic())
+    head: bytes  # the request head, or its first HEAD_BUFFER_LIMIT bytes
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -884,13 +909,17 @@ class AgentServer(ThreadingHTTPServer):
     one line each.
 
     The accept loop never waits for a thread: it closes a connection beyond a client's
-    CONNECTIONS_PER_CLIENT at once and queues the others. A free thread goes to the
-    queued connection of the client with the fewest connections being served (the
-    oldest first among equals), so a scraper is served by the next thread that frees
-    up however many connections other addresses keep open; while connections wait,
-    kept-alive connections idle between two requests are closed to free their threads.
-    Every served connection frees its thread within REQUEST_DEADLINE_S of its last
-    response (and RESPONSE_DEADLINE_S of writing), and after a 4xx or 5xx at once.
+    CONNECTIONS_PER_CLIENT at once and hands the others to the intake
+    (agent/http_intake.py), one thread that holds every connection until its request
+    head is complete (within REQUEST_DEADLINE_S of accept(), PRE_REQUEST_CONNECTIONS at
+    most): a silent or dripping client never holds a handler thread. A complete request
+    is queued; a free thread goes to the queued connection of a known good client
+    (KnownClients) first, then of the client with the fewest connections being served
+    (the oldest first among equals), and RESERVED_THREADS beyond HANDLER_THREADS serve
+    known good clients only; while requests wait, kept-alive connections idle between
+    two requests are closed to free their threads. Every served connection frees its
+    thread within REQUEST_DEADLINE_S of its last response (and RESPONSE_DEADLINE_S of
+    writing), and after a 4xx or 5xx at once.
     """
 
     request_queue_size = LISTEN_BACKLOG
@@ -914,7 +943,11 @@ class AgentServer(ThreadingHTTPServer):
         self._served_by: dict[str, int] = {}  # per client key: served
         self._waiting: list[_Waiting] = []
         self._idle: dict[int, tuple[socket.socket, str]] = {}  # between two requests
+        self._heads: dict[int, tuple[bytes, float]] = {}  # a started connection's head
+        self.known = KnownClients()
+        self._intake = RequestIntake(self._head_received, self._dropped, self.known)
         super().__init__(address, handler)
+        self._intake.start()
 
     def reload_tls(self) -> None:
         """Re-read the certificate and key (replaced by cert-manager or certbot, then
@@ -938,17 +971,15 @@ class AgentServer(ThreadingHTTPServer):
         return connection, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """On the accept loop: refuse, or queue and hand out the free threads; never waits."""
+        """On the accept loop: refuse, or hand to the intake until the request head is
+        complete; never waits."""
         key = client_key(client_address)
-        evicted: _Waiting | None = None
+        accepted = time.monotonic()
         with self._lock:
             count = self._connections.get(key, 0)
             refused = self._closing.is_set() or count >= CONNECTIONS_PER_CLIENT
             if not refused:
                 self._connections[key] = count + 1
-                self._waiting.append(_Waiting(request, client_address, key, time.monotonic()))
-                if len(self._waiting) > WAITING_CONNECTIONS:
-                    evicted = self._evict_locked()
         if refused:
             log.debug(
                 "event=connection_refused client=%s reason=%r",
@@ -957,13 +988,44 @@ class AgentServer(ThreadingHTTPServer):
             )
             self.shutdown_request(request)
             return
+        self._intake.admit(Arrival(request, client_address, key, accepted))
+
+    def _head_received(self, arrival: Arrival) -> None:
+        """On the intake's thread: a complete request head, queued for a handler thread."""
+        evicted: _Waiting | None = None
+        waiting = _Waiting(
+            arrival.connection, arrival.address, arrival.key, arrival.accepted, bytes(arrival.head)
+        )
+        with self._lock:
+            self._waiting.append(waiting)
+            if len(self._waiting) > WAITING_CONNECTIONS:
+                evicted = self._evict_locked()
         if evicted is not None:
             self._close_waiting(evicted, "too many connections waiting")
         self._dispatch()
 
+    def _dropped(self, arrival: Arrival, reason: str, error: BaseException | None) -> None:
+        """On the intake's thread: a connection closed before its request was whole."""
+        if error is not None:
+            log.debug(
+                "event=connection_error client=%s error=%r",
+                _client(arrival.address),
+                _describe(error),
+            )
+        elif not reason.startswith("closed by the client"):
+            log.debug(
+                "event=connection_dropped client=%s reason=%r", _client(arrival.address), reason
+            )
+        self.shutdown_request(arrival.connection)
+        self._forget(arrival.key, served=False)
+
     def _evict_locked(self) -> _Waiting:
-        """The newest waiting connection of the client with the most connections."""
-        most = max(self._waiting, key=lambda w: (self._connections.get(w.key, 0), w.since))
+        """The newest waiting connection of the client with the most connections, a
+        known good client's last."""
+        most = max(
+            self._waiting,
+            key=lambda w: (w.key not in self.known, self._connections.get(w.key, 0), w.since),
+        )
         self._waiting.remove(most)
         return most
 
@@ -983,16 +1045,25 @@ class AgentServer(ThreadingHTTPServer):
                 self._served -= 1
 
     def _dispatch(self) -> None:
-        """Free threads to the waiting connections, fewest served per client first; while
-        some still wait, close as many idle kept-alive connections."""
+        """Free threads to the waiting connections, known good clients' first, then fewest
+        served per client; while some still wait, close as many idle kept-alive
+        connections."""
         start: list[_Waiting] = []
         idle: list[socket.socket] = []
         with self._lock:
-            while self._waiting and self._served < HANDLER_THREADS:
-                chosen = min(self._waiting, key=lambda w: (self._served_by.get(w.key, 0), w.since))
+            while self._waiting:
+                known = {w.key for w in self._waiting if w.key in self.known}
+                chosen = min(
+                    self._waiting,
+                    key=lambda w: (w.key not in known, self._served_by.get(w.key, 0), w.since),
+                )
+                threads = HANDLER_THREADS + (RESERVED_THREADS if chosen.key in known else 0)
+                if self._served >= threads:
+                    break
                 self._waiting.remove(chosen)
                 self._served += 1
                 self._served_by[chosen.key] = self._served_by.get(chosen.key, 0) + 1
+                self._heads[id(chosen.request)] = (chosen.head, chosen.since)
                 start.append(chosen)
             if self._waiting and self._idle:
                 ranked = sorted(
@@ -1021,8 +1092,16 @@ class AgentServer(ThreadingHTTPServer):
                     _client(waiting.address),
                     str(err),
                 )
+                with self._lock:
+                    self._heads.pop(id(waiting.request), None)
                 self.shutdown_request(waiting.request)
                 self._forget(waiting.key, served=True)
+
+    def request_head(self, request: Any) -> tuple[bytes, float]:
+        """For a handler starting on `request`: its head as the intake read it, and when
+        it was accepted (its deadline counts from then)."""
+        with self._lock:
+            return self._heads.pop(id(request), (b"", time.monotonic()))
 
     def _serve_connection(self, request: Any, client_address: Any, key: str) -> None:
         try:
@@ -1033,6 +1112,7 @@ class AgentServer(ThreadingHTTPServer):
             self.shutdown_request(request)
             with self._lock:
                 self._idle.pop(id(request), None)
+                self._heads.pop(id(request), None)
             self._forget(key, served=True)
             if not self._closing.is_set():
                 self._dispatch()
@@ -1083,10 +1163,12 @@ class AgentServer(ThreadingHTTPServer):
     def shutdown(self) -> None:
         self._closing.set()
         super().shutdown()
+        self._intake.close()
         self._close_all_waiting()
 
     def server_close(self) -> None:
         super().server_close()
+        self._intake.close()
         self._close_all_waiting()
 
 
@@ -1097,10 +1179,14 @@ def serve(
     healthy: Callable[[], bool],
     tls: tuple[Path, Path] | None = None,
     auth: BasicAuth | None = None,
+    problems: Callable[[], Sequence[str]] = tuple,
 ) -> AgentServer:
     """Start the HTTP(S) server on a thread: /metrics, /results (behind basic auth when
-    configured) and /healthz (never: it tells nothing but whether the agent lives).
-    ValueError naming the file when the TLS certificate or key is unusable."""
+    configured), /livez and /healthz (never: they tell nothing but whether the agent does
+    its work). /livez is 503 "scheduler stalled" when not `healthy()` (a restart mends
+    that: the liveness probe); /healthz also with `problems()`, one a line (what a restart
+    would not mend: the readiness probe). ValueError naming the file when the TLS
+    certificate or key is unusable."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
 
@@ -1117,15 +1203,15 @@ def serve(
             # holds the body until the client's delayed ACK of the headers (tcp(7)),
             # 40 ms a response on a kept-alive connection.
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            deadline = time.monotonic() + REQUEST_DEADLINE_S
-            if isinstance(self.connection, ssl.SSLSocket):
-                _handshake(self.connection, deadline)
             connection, client = self.connection, self.client_address
             server = cast(AgentServer, self.server)
+            # The intake did the TLS handshake and read the head, or its first part.
+            head, accepted = server.request_head(connection)
             self._reader = _DeadlineReader(
                 connection,
-                deadline,
+                accepted + REQUEST_DEADLINE_S,
                 lambda idle: server.connection_idle(connection, client, idle),
+                head,
             )
             self._writer = _DeadlineWriter(self.connection)
             self.rfile = io.BufferedReader(self._reader)
@@ -1134,7 +1220,7 @@ def serve(
             self._opened = time.monotonic()
 
         def handle_one_request(self) -> None:
-            if self._requests:  # the first one's deadline began before the handshake
+            if self._requests:  # the first one's deadline began at accept()
                 self._reader.deadline = time.monotonic() + REQUEST_DEADLINE_S
                 self._reader.idle = True
                 self._writer.restart()
@@ -1146,7 +1232,7 @@ def serve(
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if auth is not None and path != "/healthz":
+            if auth is not None and path not in UNAUTHENTICATED_PATHS:
                 verdict = auth.check(self.headers.get("Authorization"), self.client_address[0])
                 if verdict is AuthVerdict.BUSY:
                     self._send(
@@ -1166,25 +1252,28 @@ def serve(
             except Exception as err:  # a bug behind one endpoint: a 500, never a dead socket
                 log.error("event=request_failed path=%r error=%r", path, _describe(err))
                 code, body, kind = 500, b"internal error: see the agent's log\n", "text/plain"
+            if code < 400 and (auth is None or path not in UNAUTHENTICATED_PATHS):
+                # Answered, and past the password where there is one: known good.
+                cast(AgentServer, self.server).known.answered(client_key(self.client_address))
             self._send(code, body, kind)
 
         def _route(self, path: str) -> tuple[int, bytes, str]:
             if path == "/metrics":
                 return 200, metrics(), "text/plain; version=0.0.4; charset=utf-8"
-            if path == "/healthz":
-                ok = healthy()
-                return (
-                    (200 if ok else 503),
-                    (b"ok\n" if ok else b"scheduler stalled\n"),
-                    "text/plain",
-                )
+            if path in UNAUTHENTICATED_PATHS:
+                found = [] if healthy() else ["scheduler stalled"]
+                if path == "/healthz":
+                    found += problems()
+                if not found:
+                    return 200, b"ok\n", "text/plain"
+                return 503, "".join(f"{problem}\n" for problem in found).encode(), "text/plain"
             if path == "/results":
                 return (
                     200,
                     json.dumps(results(), indent=2, default=str).encode(),
                     "application/json",
                 )
-            return 404, b"not found: try /metrics, /healthz or /results\n", "text/plain"
+            return 404, b"not found: try /metrics, /healthz, /livez or /results\n", "text/plain"
 
         def _send(self, code: int, body: bytes, kind: str, *headers: tuple[str, str]) -> None:
             self.send_response(code)

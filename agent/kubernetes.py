@@ -33,8 +33,17 @@ finding that cleared and comes back is new again. involvedObject.uid is the node
 what `kubectl describe node` searches by. A refused Event backs off on its own and
 delays neither the conditions nor the taint.
 
+Hysteresis, on the agent's monotonic clock (`[kubernetes] taint_after`, `clear_after`):
+a fault stands from the first report that sees a failing check until no report has seen
+one for `clear_after` (300 s); the taint goes on once the fault has stood `taint_after`
+(30 s) and a check fails, and comes off once it no longer stands. A condition turns
+worse (False, Unknown, True) at once, and better, or to another reason, once nothing
+worse was seen for `clear_after`; until then it keeps its status and reason, its message
+saying so. A link that flaps every few seconds is one taint and one change of its
+condition, not a write each way every run (Slurm's undrain_after_runs is the same idea).
+
 The taint (`[kubernetes] taint = true`): `nodecheck.io/unhealthy=<class>:NoSchedule` while
-a check fails. Taints are replaced whole (NodeSpec.Taints is +listType=atomic), so each
+a fault stands. Taints are replaced whole (NodeSpec.Taints is +listType=atomic), so each
 change is the node's own list read by a fresh GET plus or minus ours, sent with that
 GET's resourceVersion, and redone on a 409 Conflict. A taint is its key AND effect (the
 API server's identity of one): nodecheck owns `nodecheck.io/unhealthy:NoSchedule` only,
@@ -52,13 +61,14 @@ once fought admins, NVIDIA/NVSentinel#1424). Other taints and `spec.unschedulabl
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -367,6 +377,100 @@ def taint_patch(node: Mapping[str, Any], plan: TaintPlan) -> dict[str, Any]:
     return patch
 
 
+# -- hysteresis (pure but for the clock given) -------------------------------------------
+
+
+class TaintStep(enum.Enum):
+    APPLY = "apply"  # the fault has stood long enough: the taint for it
+    CLEAR = "clear"  # no fault for long enough: the taint comes off
+    HOLD = "hold"  # either is still pending: the taint stays as it is
+
+
+class FaultHold:
+    """When the taint follows the fault: APPLY once a fault has stood `taint_after_s`
+    (and one is seen now), CLEAR once none was seen for `clear_after_s`, HOLD between.
+    A fault stands from its first sighting until it has been clear for `clear_after_s`:
+    a fault that flaps keeps standing, so it is tainted once and stays tainted. After a
+    start, a taint left by the agent before is removed only once clear for
+    `clear_after_s`, and kept while a fault pends."""
+
+    def __init__(self, taint_after_s: float, clear_after_s: float) -> None:
+        self.taint_after_s, self.clear_after_s = taint_after_s, clear_after_s
+        self._since: float | None = None  # the standing fault's first sighting
+        self._clear_since: float | None = None  # the first report without a fault
+        self._cleared = False  # CLEAR given since a fault was last seen
+        self._applied = False  # APPLY given since the fault began to stand
+
+    def observe(self, fault: Fault | None, now: float) -> TaintStep:
+        if fault is not None:
+            self._clear_since, self._cleared = None, False
+            if self._since is None:
+                self._since = now
+            if now - self._since >= self.taint_after_s:
+                self._applied = True
+                return TaintStep.APPLY
+            return TaintStep.HOLD
+        if self._clear_since is None:
+            self._clear_since = now
+        if now - self._clear_since >= self.clear_after_s:
+            self._since, self._cleared, self._applied = None, True, False
+            return TaintStep.CLEAR
+        return TaintStep.HOLD
+
+    def due_at(self) -> float | None:
+        """When a pending step falls due with no news (None: nothing pends)."""
+        if self._clear_since is not None:
+            return None if self._cleared else self._clear_since + self.clear_after_s
+        if self._since is None or self._applied:
+            return None
+        return self._since + self.taint_after_s
+
+
+_WORSE = {"False": 0, "Unknown": 1, "True": 2}
+
+
+class ConditionHold:
+    """What each condition says: a worse status than the one reported goes out at once;
+    a better one, or another reason, once nothing worse than it was seen for
+    `clear_after_s` (the held status and reason stay, the message says why)."""
+
+    def __init__(self, clear_after_s: float) -> None:
+        self.clear_after_s = clear_after_s
+        self._reported: dict[str, ConditionState] = {}
+        self._better_since: dict[str, float] = {}
+
+    def observe(self, states: Sequence[ConditionState], now: float) -> list[ConditionState]:
+        shown = []
+        for state in states:
+            held = self._reported.get(state.type)
+            if held is None or (
+                _WORSE.get(state.status, 2) > _WORSE.get(held.status, 2)
+                or (state.status, state.reason) == (held.status, held.reason)
+            ):
+                self._reported[state.type] = state
+                self._better_since.pop(state.type, None)
+                shown.append(state)
+                continue
+            since = self._better_since.setdefault(state.type, now)
+            if now - since >= self.clear_after_s:
+                self._reported[state.type] = state
+                del self._better_since[state.type]
+                shown.append(state)
+                continue
+            note = (
+                f"now {state.status} ({state.reason}) for {now - since:.0f} s: "
+                f"{held.status} until {self.clear_after_s:g} s without it; was: {held.message}"
+            )
+            shown.append(ConditionState(held.type, held.status, held.reason, listed([note])))
+        return shown
+
+    def due_at(self) -> float | None:
+        """When a held condition may turn better with no news (None: none is held)."""
+        if not self._better_since:
+            return None
+        return min(self._better_since.values()) + self.clear_after_s
+
+
 # -- events (pure but for the clock given) -----------------------------------------------
 
 
@@ -442,8 +546,15 @@ def api_server_of(settings: KubernetesSettings, environ: Mapping[str, str]) -> s
 class KubernetesReporter:
     """Reports the latest results to the API server from its own thread."""
 
-    def __init__(self, settings: KubernetesSettings, node: str, client: KubeClient) -> None:
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        node: str,
+        client: KubeClient,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings, self.node, self.client = settings, node, client
+        self._clock = clock  # monotonic: the holds, the heartbeat, the retries
         self._lock = threading.Lock()
         self._latest: Sequence[CheckFindings] | None = None
         self._wake = threading.Event()
@@ -452,7 +563,9 @@ class KubernetesReporter:
         self._sent: list[ConditionState] | None = None  # None: nothing sent since the start
         self._sent_at = 0.0
         self._sent_conditions: dict[str, dict[str, Any]] = {}
-        self._fault_seen: tuple[Fault | None, frozenset[str]] | None = None
+        self._fault_hold = FaultHold(settings.taint_after_s, settings.clear_after_s)
+        self._condition_hold = ConditionHold(settings.clear_after_s)
+        self._taint_seen: tuple[TaintStep, Fault | None, frozenset[str]] | None = None
         self._events = EventMemory()
         self._retry_at = 0.0
         self._backoff = 1.0
@@ -522,14 +635,18 @@ class KubernetesReporter:
 
     def _wait(self) -> float | None:
         """Seconds until the next report is due without news: None before the first
-        results; until the retry while calls fail; else until the heartbeat."""
+        results; until the retry while calls fail; else until the heartbeat, or a held
+        taint or condition falling due."""
         with self._lock:
             if self._latest is None:
                 return None
-        now = time.monotonic()
+        now = self._clock()
         if self._retry_at:
             return max(0.0, self._retry_at - now)
-        return max(0.0, self.settings.resend_interval_s - (now - self._sent_at))
+        due = [self._sent_at + self.settings.resend_interval_s]
+        holds = (self._fault_hold.due_at(), self._condition_hold.due_at())
+        due += [at for at in holds if at is not None]
+        return max(0.0, min(due) - now)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -539,7 +656,7 @@ class KubernetesReporter:
                 return
             with self._lock:
                 latest = self._latest
-            if latest is None or (self._retry_at and time.monotonic() < self._retry_at):
+            if latest is None or (self._retry_at and self._clock() < self._retry_at):
                 continue  # news while calls fail waits for the retry, which sends the latest
             try:
                 complete = self.report_once(latest)
@@ -549,21 +666,27 @@ class KubernetesReporter:
             if complete:
                 self._retry_at, self._backoff = 0.0, 1.0
             else:
-                self._retry_at = time.monotonic() + self._backoff
+                self._retry_at = self._clock() + self._backoff
                 self._backoff = min(self._backoff * 2, RETRY_MAX_S)
 
     def report_once(self, checks: Sequence[CheckFindings]) -> bool:
         """One report; True when every call it needed for the conditions and the taint
         succeeded (an Event refused is retried on its own, later)."""
-        states = judge_classes(checks)
+        now = self._clock()
+        states = self._condition_hold.observe(judge_classes(checks), now)
         fault, unsure = fault_of(checks), undetermined_checks(checks)
-        heartbeat_due = time.monotonic() - self._sent_at >= self.settings.resend_interval_s
+        # Tainting off: no hold, any taint of ours is removed (plan_taint).
+        step = self._fault_hold.observe(fault, now) if self.settings.taint else TaintStep.APPLY
+        taint_fault = fault if step is TaintStep.APPLY else None
+        heartbeat_due = now - self._sent_at >= self.settings.resend_interval_s
         # On a change of status or reason: a message with per-run numbers in it would
         # patch a standing condition every run. The heartbeat sends the current message.
         conditions_due = (
             self._sent is None or _verdicts(states) != _verdicts(self._sent) or heartbeat_due
         )
-        taint_due = (fault, unsure) != self._fault_seen or heartbeat_due
+        taint_due = step is not TaintStep.HOLD and (
+            (step, taint_fault, unsure) != self._taint_seen or heartbeat_due
+        )
         complete = True
         if conditions_due or taint_due:
             reply = self.client.get_node(self.node)
@@ -580,11 +703,11 @@ class KubernetesReporter:
                 # The status patch bumped the node's resourceVersion: its answer is the node now.
                 node = after if after is not None else None
             if taint_due:
-                done = self._taint(node, fault, unsure)
+                done = self._taint(node, taint_fault, unsure)
                 if done:
-                    self._fault_seen = (fault, unsure)
+                    self._taint_seen = (step, taint_fault, unsure)
                 complete &= done
-        if self.settings.events and time.monotonic() >= self._events_retry_at:
+        if self.settings.events and self._clock() >= self._events_retry_at:
             self._send_events(checks)
         self.reports += 1
         return complete
@@ -596,7 +719,7 @@ class KubernetesReporter:
                 EVENTS_NAMESPACE, event_body(finding, self.node, stamp)
             )
             if not self._outcome("create_event", reply):
-                self._events_retry_at = time.monotonic() + self._events_backoff
+                self._events_retry_at = self._clock() + self._events_backoff
                 self._events_backoff = min(self._events_backoff * 2, RETRY_MAX_S)
                 return
             self._events.sent(finding, time.time())
@@ -623,7 +746,7 @@ class KubernetesReporter:
                 "event=kubernetes_conditions %s",
                 " ".join(f"{s.type}={s.status}:{s.reason}" for s in states),
             )
-        self._sent, self._sent_at = states, time.monotonic()
+        self._sent, self._sent_at = states, self._clock()
         self._sent_conditions = {c["type"]: c for c in patch["status"]["conditions"]}
         return True, reply.body if reply.body and "metadata" in reply.body else None
 

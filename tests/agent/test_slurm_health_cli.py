@@ -316,8 +316,10 @@ def test_an_agent_without_the_results_folder_says_so_once_and_runs_on(
     finally:
         agent.terminate()
         agent.wait(30)
+    # A folder the configuration names is missing: an error (only the embedded default's
+    # absent folder is an agent run by hand, said at info: agent/results_file.py).
     failures = [line for line in seen if "event=results_write_failed" in line]
-    assert len(failures) == 1 and failures[0].startswith("level=info"), seen
+    assert len(failures) == 1 and failures[0].startswith("level=error"), seen
     assert any("event=ready" in line for line in seen)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ import pytest
 from tests.agent.test_daemon import free_port, wait_for
 from tests.conftest import Node
 from tests.faults.test_config import certificate
+from tests.faults.test_exposition import NEEDS_PROMTOOL, promtool_problems
 
 T = TypeVar("T")
 MIB = 1 << 20
@@ -577,3 +579,74 @@ def test_a_textfile_failure_of_any_kind_does_not_stop_the_watchdog_pings(
     finally:
         agent.stop()
         listener.close()
+
+
+@NEEDS_PROMTOOL
+def test_results_that_cannot_be_written_make_healthz_503_until_they_can(
+    cpu_only: Node, tmp_path: Path
+) -> None:
+    """The results file's folder is a file (root or not, nothing can be written under
+    it): /healthz 503 saying why (/livez 200), nodecheck_results_last_write_successful 0 and the
+    failures counted, one event=results_write_failed line however many runs fail; the
+    folder made: /healthz 200, 1, the file written, one event=results_written line; a
+    file in its place again: logged again. (Before: one log line, /healthz 200, nothing
+    in /metrics.)"""
+    from tests.agent.test_daemon import get
+    from tests.fixtures.agent_process import start_agent as start_process
+
+    folder = tmp_path / "results"
+    folder.write_text("a file where the folder should be\n")
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[agent]\nlisten = "127.0.0.1:{port}"\nnvml_timeout = 2\n'
+        f'results_file = "{folder / "results.json"}"\n[checks.cpu]\ninterval = 1\n'
+    )
+    log = tmp_path / "agent.log"
+    process = start_process(node_args(cpu_only), config, {**os.environ, **cpu_only.env}, log)
+    url = f"http://127.0.0.1:{port}"
+
+    def answer(path: str) -> tuple[int, str]:
+        if process.poll() is not None:
+            pytest.fail("the agent exited:\n" + log.read_text())
+        try:
+            status, body = get(url + path)
+        except OSError:
+            return 0, ""
+        return status, body.decode()
+
+    def failures() -> float:
+        found = re.search(
+            r"^nodecheck_results_write_failures_total (\S+)$", answer("/metrics")[1], re.M
+        )
+        return float(found.group(1)) if found else -1
+
+    def lines(event: str) -> list[str]:
+        return [line for line in log.read_text().splitlines() if f"event={event} " in line]
+
+    try:
+        wait_for(lambda: answer("/healthz")[0] == 503, 60, "/healthz 503")
+        assert answer("/healthz")[1] == "results file not written: Not a directory\n"
+        assert answer("/livez") == (200, "ok\n")  # the liveness probe: no restart for it
+        assert "nodecheck_results_last_write_successful 0.0" in answer("/metrics")[1]
+        assert promtool_problems(answer("/metrics")[1]) == ""
+        wait_for(lambda: failures() >= 3, 60, "three failed writes")
+        assert len(lines("results_write_failed")) == 1, lines("results_write_failed")
+        assert lines("results_write_failed")[0].startswith("level=error ")
+
+        folder.unlink()
+        folder.mkdir()
+        wait_for(lambda: answer("/healthz") == (200, "ok\n"), 60, "/healthz 200 again")
+        assert "nodecheck_results_last_write_successful 1.0" in answer("/metrics")[1]
+        assert json.loads((folder / "results.json").read_text())["checks"]
+        assert len(lines("results_written")) == 1
+
+        (folder / "results.json").unlink()
+        folder.rmdir()
+        folder.write_text("a file again\n")
+        wait_for(lambda: answer("/healthz")[0] == 503, 60, "/healthz 503 again")
+        wait_for(lambda: len(lines("results_write_failed")) == 2, 60, "the failure logged again")
+        assert "Traceback" not in log.read_text()
+    finally:
+        process.terminate()
+        process.wait(20)

@@ -14,10 +14,13 @@ from nodecheck.agent.fault_classes import FaultClass, class_verdict
 from nodecheck.agent.kubernetes import (
     OWNERSHIP_ANNOTATION,
     TAINT_KEY,
+    ConditionHold,
     ConditionState,
     EventMemory,
     Fault,
+    FaultHold,
     KubernetesReporter,
+    TaintStep,
     camel_case,
     condition_patch,
     event_body,
@@ -251,6 +254,10 @@ CONFIG = Path("/etc/nodecheck/agent.toml")
 def test_kubernetes_section_defaults_and_errors_name_file_line_key() -> None:
     assert parse_config("", CONFIG, set()).kubernetes == KubernetesSettings()
     assert KubernetesSettings().enabled is False and KubernetesSettings().taint is False
+    # The hysteresis: a fault stands 30 s before the taint, clear 5 minutes before it goes.
+    assert (KubernetesSettings().taint_after_s, KubernetesSettings().clear_after_s) == (30, 300)
+    held = parse_config("[kubernetes]\ntaint_after = 0\nclear_after = 600\n", CONFIG, set())
+    assert (held.kubernetes.taint_after_s, held.kubernetes.clear_after_s) == (0, 600)
     parsed = parse_config(
         '[kubernetes]\nenabled = true\ntaint = true\nnode_name = "gpu-7"\n'
         'api_server = "https://10.0.0.1:6443"\nresend_interval = 60\n',
@@ -271,6 +278,9 @@ def test_kubernetes_section_defaults_and_errors_name_file_line_key() -> None:
         ('[kubernetes]\ntoken_file = "token"\n', "agent.toml:2: kubernetes.token_file"),
         ("[kubernetes]\nenabled = 1\n", "agent.toml:2: kubernetes.enabled"),
         ("[kubernetes]\ncordon = true\n", "agent.toml:2: kubernetes.cordon: unknown key"),
+        ("[kubernetes]\ntaint_after = -1\n", "agent.toml:2: kubernetes.taint_after: .*0 to 3600"),
+        ("[kubernetes]\nclear_after = nan\n", "agent.toml:2: kubernetes.clear_after"),
+        ('[kubernetes]\n\nclear_after = "5m"\n', "agent.toml:3: kubernetes.clear_after"),
     ]
     for text, expected in cases:
         with pytest.raises(ConfigError, match=expected):
@@ -355,3 +365,49 @@ def test_only_an_error_of_the_tainted_faults_checks_keeps_the_taint() -> None:
     untainted["metadata"]["annotations"][OWNERSHIP_ANNOTATION] = applied.annotation
     assert plan_taint(untainted, None, True, frozenset({"pcie_link"}), NOW).writes is False
     assert plan_taint(untainted, None, True, frozenset({"pcie_acs"}), NOW).action == "forgotten"
+
+
+def test_a_condition_turns_worse_at_once_and_better_only_after_its_hold() -> None:
+    """A check that errors every other run: Unknown at once, then held (not False) while
+    errors keep coming; False once none came for 300 s. A failure while held: True at
+    once; another reason at the same status waits like a better one."""
+    hold = ConditionHold(300)
+    fine = ConditionState("C", "False", "NoFailingCheck", "fine")
+    unsure = ConditionState("C", "Unknown", "CouldNotDetermine", "x unreadable")
+    failing = ConditionState("C", "True", "XFailed", "x broken")
+    several = ConditionState("C", "True", "SeveralChecksFailed", "x and y broken")
+
+    def shown(state: ConditionState, now: float) -> tuple[str, str]:
+        [out] = hold.observe([state], now)
+        return out.status, out.reason
+
+    assert shown(fine, 0) == ("False", "NoFailingCheck")
+    assert shown(unsure, 5) == ("Unknown", "CouldNotDetermine")
+    for now in range(10, 60, 10):
+        assert shown(fine, now) == ("Unknown", "CouldNotDetermine")
+        assert shown(unsure, now + 5) == ("Unknown", "CouldNotDetermine")
+    assert hold.due_at() is None  # the last run errored: nothing pends
+    assert shown(fine, 100) == ("Unknown", "CouldNotDetermine")
+    assert hold.due_at() == 400
+    assert "now False (NoFailingCheck) for 299 s" in hold.observe([fine], 399)[0].message
+    assert shown(fine, 400) == ("False", "NoFailingCheck")
+    assert shown(failing, 405) == ("True", "XFailed")
+    assert shown(several, 410) == ("True", "XFailed")
+    assert shown(several, 710) == ("True", "SeveralChecksFailed")
+
+
+def test_the_taint_waits_for_a_standing_fault_and_a_clear_hold() -> None:
+    """A fault stands from its first sighting: APPLY once it stood 30 s, also when runs
+    between were clear; CLEAR once clear for 300 s; HOLD between (the taint as it is)."""
+    hold = FaultHold(30, 300)
+    fault = Fault(FaultClass.GPU_PERFORMANCE, "f1")
+    assert hold.observe(fault, 0) is TaintStep.HOLD and hold.due_at() == 30
+    assert hold.observe(None, 10) is TaintStep.HOLD and hold.due_at() == 310
+    assert hold.observe(fault, 20) is TaintStep.HOLD
+    assert hold.observe(fault, 30) is TaintStep.APPLY and hold.due_at() is None
+    assert hold.observe(None, 40) is TaintStep.HOLD
+    assert hold.observe(None, 339) is TaintStep.HOLD
+    assert hold.observe(None, 340) is TaintStep.CLEAR and hold.due_at() is None
+    assert hold.observe(fault, 400) is TaintStep.HOLD, "a new fault waits again"
+    assert FaultHold(0, 0).observe(fault, 0) is TaintStep.APPLY
+    assert FaultHold(0, 0).observe(None, 0) is TaintStep.CLEAR

@@ -313,6 +313,7 @@ def test_the_port_and_the_probes_are_what_the_agent_serves(dgx: Node, tmp_path: 
     text = text.replace("/var/lib/nodecheck", str(tmp_path / "state"))
     (tmp_path / "state").mkdir()  # the DaemonSet's hostPath volume; one given must exist
     text = text.replace("/run/nodecheck/agent", str(tmp_path / "results"))
+    (tmp_path / "results").mkdir()  # the hostPath volume, DirectoryOrCreate
     (tmp_path / "agent.toml").write_text(text)
     replaced = {
         option("--config"): str(tmp_path / "agent.toml"),

@@ -63,6 +63,8 @@ api_server = "{url}"
 token_file = "{work}/token"
 ca_file = "{ca}"
 resend_interval = {resend}
+taint_after = 1     # short holds: the test waits for each step, not for 30 s and 5 min
+clear_after = 2
 timeout = 2
 token_reread = 1
 """

@@ -6,7 +6,8 @@ double: tests/kubernetes/test_reporter.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,16 @@ def api(tmp_path: Path) -> Iterator[KubeApiDouble]:
         double.stop()
 
 
-def reporter(api: KubeApiDouble, tmp_path: Path, resend_s: float = 300) -> KubernetesReporter:
+def reporter(
+    api: KubeApiDouble,
+    tmp_path: Path,
+    resend_s: float = 300,
+    holds_s: tuple[float, float] = (0, 0),
+    clock: Callable[[], float] = time.monotonic,
+) -> KubernetesReporter:
     """A reporter as the agent makes one (tainting on); resend_s 0: every report is a
-    heartbeat, so each one reads the node and plans the taint again."""
+    heartbeat, so each one reads the node and plans the taint again. `holds_s`: its
+    taint_after and clear_after, none by default (each report acts on what it sees)."""
     token = tmp_path / "token"
     token.write_text(sorted(api.tokens)[0] + "\n")
     settings = KubernetesSettings(
@@ -79,10 +87,12 @@ def reporter(api: KubeApiDouble, tmp_path: Path, resend_s: float = 300) -> Kuber
         token_file=token,
         ca_file=api.cert,
         resend_interval_s=resend_s,
+        taint_after_s=holds_s[0],
+        clear_after_s=holds_s[1],
         timeout_s=10,
     )
     client = KubeClient(api.url, token, api.cert, 10, 60)
-    return KubernetesReporter(settings, NODE, client)
+    return KubernetesReporter(settings, NODE, client, clock)
 
 
 def ours(api: KubeApiDouble) -> list[dict[str, Any]]:
@@ -245,4 +255,72 @@ def test_a_changed_message_alone_waits_for_the_heartbeat(
     assert len(api.status_patches) == 2
     performance = api.conditions(NODE)[PERFORMANCE]
     assert performance["reason"] == "SeveralChecksFailed" and "4 runs" in performance["message"]
+    assert api.violations == []
+
+
+class Clock:
+    """The reporter's monotonic clock, moved by the test: simulated runs, no waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TAINTED = [{"key": TAINT_KEY, "value": "gpu-performance", "effect": "NoSchedule"}]
+DEFAULT_HOLDS = (
+    KubernetesSettings().taint_after_s,  # 30 s
+    KubernetesSettings().clear_after_s,  # 300 s
+)
+
+
+def test_a_fault_flapping_every_run_is_one_taint_and_one_condition_change(
+    api: KubeApiDouble, tmp_path: Path
+) -> None:
+    """60 runs 5 s apart, the link failing every other one, with the default holds: the
+    taint applied once (once the fault stood 30 s) and never removed, GpuPerformance True
+    from the first run and never False: one taint write and one status patch in all.
+    (Before: a taint write and a status patch each way every run, 60 of each.)"""
+    clock = Clock()
+    agent = reporter(api, tmp_path, holds_s=DEFAULT_HOLDS, clock=clock)
+    for number in range(60):
+        assert agent.report_once(run(*(LINK_FAILS if number % 2 == 0 else HEALTHY)))
+        clock.now += 5
+    assert api.count("PATCH", f"/nodes/{NODE}", 200) == 1
+    assert ours(api) == TAINTED
+    assert len(api.status_patches) == 1
+    assert api.conditions(NODE)[PERFORMANCE]["status"] == "True"
+    assert api.violations == []
+
+
+def test_a_steady_fault_taints_after_its_hold_and_clears_after_the_longer_one(
+    api: KubeApiDouble, tmp_path: Path
+) -> None:
+    """The default holds, a run every 5 s: GpuPerformance True at the first failing run,
+    the taint once the fault stood 30 s; healed, both stay until no run failed for 300 s
+    (the heartbeat between says so in the message), then the condition is False and the
+    taint and its annotation are gone."""
+    clock = Clock()
+    agent = reporter(api, tmp_path, holds_s=DEFAULT_HOLDS, clock=clock)
+    started = clock.now
+    while clock.now - started < 30:
+        assert agent.report_once(run(*LINK_FAILS))
+        assert ours(api) == [], f"tainted after {clock.now - started:g} s"
+        assert api.conditions(NODE)[PERFORMANCE]["status"] == "True"
+        clock.now += 5
+    assert agent.report_once(run(*LINK_FAILS))
+    assert ours(api) == TAINTED
+    clock.now += 5
+    healed = clock.now
+    while clock.now - healed < 300:
+        assert agent.report_once(run(*HEALTHY))
+        assert ours(api) == TAINTED, f"untainted {clock.now - healed:g} s after healing"
+        assert api.conditions(NODE)[PERFORMANCE]["status"] == "True"
+        clock.now += 5
+    held = api.conditions(NODE)[PERFORMANCE]["message"]  # the heartbeat at 300 s
+    assert held.startswith("now False (NoFailingCheck) for ") and "x8 of x16" in held
+    assert agent.report_once(run(*HEALTHY))
+    assert ours(api) == [] and annotation(api) is None
+    assert api.conditions(NODE)[PERFORMANCE]["status"] == "False"
     assert api.violations == []
