@@ -668,8 +668,8 @@ def _run_agent(
     default=Path("/run/nodecheck/snapshot.json"),
     show_default=True,
     help="Where to write the snapshot: replaced atomically (its folder must exist; only "
-    "the default's is created), as capture -o writes (a device or FIFO written through, "
-    "a symlink's target replaced).",
+    "the default's is created), as capture -o writes (/dev/null, a terminal, a FIFO or "
+    "an own descriptor written through, a symlink's target replaced).",
 )
 @global_options
 @click.pass_context
@@ -733,9 +733,10 @@ def _say_unread(command: str, facts: NodeFacts) -> None:
     default=None,
     metavar="FILE",
     help="Write the capture to FILE instead of stdout: replaced atomically, mode 0600 (its "
-    "folder must exist). A character device or FIFO is written through (-o /dev/stdout); "
-    "a symlink is never replaced: its target file is, or the device it leads to written "
-    "through.",
+    "folder must exist). /dev/null, a terminal, a FIFO or one of this process's own "
+    "descriptors (-o /dev/stdout, /dev/fd/N) is written through; other devices are "
+    "refused; a symlink is never replaced: its target file is (not one another user "
+    "planted in a sticky folder such as /tmp).",
 )
 @kernel_log_option
 @global_options
@@ -792,7 +793,7 @@ def config_show(ctx: click.Context, config_path: Path | None) -> None:
     """Print the effective configuration: the file over the embedded defaults.
 
     Every key the file may set, with its value, each check's interval and timeout
-    included; a key with no default is a comment saying what unset means. The output
+    included; a key left unset is a comment saying what unset means. The output
     is itself a configuration (`config check` accepts it).
     """
     configure_logging(settings(ctx)["log_level"])

@@ -383,8 +383,9 @@ class AgentConfig:
 
     def show(self, registered: Mapping[str, Check] | None = None) -> str:
         """The effective configuration as TOML (strings quoted as TOML basic strings):
-        every key the file may set, with its value. A key with no default (unset means
-        something else, such as "the GPUs on the PCI bus") is a comment saying so, so the
+        every key the file may set, with its value. A key the file may leave unset (its
+        value then worked out on the node, such as "the GPUs on the PCI bus", or a default
+        that depends on who runs nodecheck) is a comment saying what unset means, so the
         text is still a configuration that reads back to this one. `registered`: the
         registered checks, each shown under [checks.NAME] with its own interval and
         timeout where the file leaves them; None shows only the checks the file names."""
@@ -393,7 +394,7 @@ class AgentConfig:
             return toml_basic_string(str(value))
 
         def unset(key: str, meaning: str) -> str:
-            return f"# {key} = ...  (no default: {meaning})"
+            return f"# {key} = ...  (unset: {meaning})"
 
         def optional(key: str, value: object, meaning: str) -> str:
             if value is None:
@@ -401,7 +402,7 @@ class AgentConfig:
             return f"{key} = {value if isinstance(value, int) else quoted(value)}"
 
         lines = [
-            f"# effective configuration ({self.source}); a key commented out has no default",
+            f"# effective configuration ({self.source}); a key commented out is unset",
             "[agent]",
         ]
         lines.append(f"listen = {quoted(self.listen)}")

@@ -21,10 +21,12 @@ An undrain rests on this memory, so every rule here errs towards a later undrain
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -162,9 +164,17 @@ class HysteresisLock:
     def __init__(self, path: Path, wait_s: float) -> None:
         with contextlib.suppress(OSError):  # a folder that cannot be made fails the open
             path.parent.mkdir(parents=True, exist_ok=True)
-        self._descriptor = os.open(
-            lock_path(path), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-        )
+        # O_NONBLOCK: a FIFO planted as the lock file would otherwise block the open for
+        # ever (fifo(7)), past every budget; it is then refused as no regular file.
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        self._descriptor = os.open(lock_path(path), flags, 0o600)
+        opened = os.fstat(self._descriptor)
+        if not stat.S_ISREG(opened.st_mode) or opened.st_uid != os.geteuid():
+            os.close(self._descriptor)
+            raise OSError(
+                errno.EPERM,
+                f"{lock_path(path)} is not a regular file of this user's (uid {os.geteuid()})",
+            )
         started = time.monotonic()
         self.waited_s = 0.0  # how long another run kept this one waiting
         while True:

@@ -118,6 +118,24 @@ def test_make_demo_succeeds_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_demo_takes_its_options_in_any_order(tmp_path: Path) -> None:
+    """`--dest DIR --expect-status 1` as well as the other way round: `--expect-status`
+    after `--dest` went to `nodecheck check`, which refused it (exit 2)."""
+    dest = tmp_path / "replica"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fixtures.demo", "--dest", str(dest), "--expect-status", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "exit status 1, as expected of this replica" in done.stderr
+    assert "nodecheck dgx-h100-07: FAIL" in done.stdout
+    assert any(dest.iterdir())  # --dest keeps the replica
+
+
 def test_a_python_whose_venv_fails_is_named_and_leaves_no_half_made_venv(tmp_path: Path) -> None:
     """Debian's python3 without python3-venv: `python3 -m venv DIR` makes DIR/bin, prints
     "ensurepip is not available" and exits 1. The interpreter here has its venv, so a

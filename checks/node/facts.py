@@ -437,6 +437,13 @@ def _decode_document(document: dict[str, Any], where: str) -> NodeFacts:
             parts[name] = decode(Unread, entry["unread"], f"{at}.unread")
         else:
             parts[name] = decode(spec.value_type(), entry["value"], f"{at}.value")
+            # A part with times of its own says which of them the capture's time rules out.
+            misdated: Callable[[float], tuple[str, str] | None] | None = getattr(
+                parts[name], "misdated", None
+            )
+            problem = None if misdated is None else misdated(taken_at)
+            if problem is not None:
+                raise FactsFormatError(f"{at}.value.{problem[0]}: {problem[1]}")
     return NodeFacts(taken_at, parts, roots, made_by)
 
 

@@ -44,6 +44,37 @@ class KernelLogFacts:
     notes: tuple[str, ...] = ()  # what reading the log inferred (KernelLogText.notes)
     unreadable: KernelLogUnreadable | None = None
 
+    def misdated(self, taken_at: float) -> tuple[str, str] | None:
+        """The field of a capture taken at `taken_at` whose time no node gives, and why: a
+        boot after the capture, or an event logged after it. Such a boot time would date
+        every XID "before the last boot" (cleared by the reboot), so a hand-edited capture
+        could turn an XID 79 into a pass. The parts are read after taken_at, within the
+        capture's deadline, hence CLOCK_SLACK_S; /proc/stat's btime is the wall clock
+        less the time since boot, as the kernel keeps it (Documentation/filesystems/proc.rst,
+        "btime"), so it is never later than the read."""
+        latest = taken_at + CLOCK_SLACK_S
+        if self.boot_time is not None and not 0 <= self.boot_time <= latest:
+            return "boot_time", _not_before(self.boot_time, taken_at, "a boot")
+        events: list[tuple[str, float | None]] = [
+            *((f"xids[{index}].at", event.at) for index, event in enumerate(self.xids)),
+            *((f"sxids[{index}].at", event.at) for index, event in enumerate(self.sxids)),
+        ]
+        for where, at in events:
+            if at is not None and not 0 <= at <= latest:
+                return where, _not_before(at, taken_at, "an event")
+        return None
+
+
+def _not_before(when: float, taken_at: float, what: str) -> str:
+    if when < 0:
+        return f"{when!r} is before 1970: no clock dates {what} so"
+    return f"{when!r} is after the capture's taken_at {taken_at!r}: {what} it cannot have seen"
+
+
+# How far past a capture's taken_at its parts' own times may be: the parts are read after
+# it, within the capture's deadline, and NTP may step the clock meanwhile.
+CLOCK_SLACK_S = 600.0
+
 
 def kernel_log_version(path: Path) -> object:
     """What the log's facts were computed from: the file's identity, size and time (a

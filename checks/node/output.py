@@ -7,14 +7,25 @@ benchmark state directory (`bench --state-dir`, state_dir) all follow it:
   own default ones (the benchmark state directory, the snapshot's /run/nodecheck).
 - Nothing there yet, or a regular file: replaced atomically (write_atomically), with the
   writer's mode (a capture 0600).
-- A character device or a FIFO: written through, opened for writing and never created,
+- A FIFO, a terminal or the null device (1:3, devices.txt of the kernel's
+  Documentation/admin-guide): written through, opened for writing and never created,
   truncated or replaced (`-o /dev/null` leaves /dev/null as it is). A FIFO that no one
   reads is refused at once: open(2) with O_NONBLOCK fails with ENXIO then (fifo(7)),
-  where a plain open would wait for a reader forever.
-- A symlink is never replaced. One whose final target is a character device or a FIFO is
-  written through (`-o /dev/stdout`: the pipe or terminal behind it); one to a regular
-  file has that file replaced atomically, and the writer says so; a dangling symlink, a
-  loop, or one to anything else is refused.
+  where a plain open would wait for a reader forever. Any other character device is
+  refused: opening /dev/watchdog arms the watchdog (the kernel's
+  Documentation/watchdog/watchdog-api.rst), /dev/mem or /dev/port writes hardware.
+- One of this process's descriptors (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`,
+  through any symlinks): written to that open descriptor itself, so `-o /dev/stdout >>
+  log` appends to the shell's file and `> file` fills it, never replacing or truncating
+  the file behind it (a reopen of /proc/self/fd/N would start at offset 0, a rename
+  would replace another user's file with root's).
+- A symlink is never replaced. One whose final target is a FIFO or a device as above is
+  written through; one to a regular file has that file replaced atomically, and the
+  writer says so; a dangling symlink, a loop, or one to anything else is refused. A
+  symlink in a sticky world-writable folder (/tmp) owned by another user than the
+  writer and the folder's owner is not followed: the rule of fs.protected_symlinks
+  (the kernel's Documentation/admin-guide/sysctl/fs.rst), kept where that sysctl is 0,
+  so no user can point root's capture at a file of root's to destroy it.
 - Anything else in place (a directory, a socket, a block device: a disk) is refused.
 
 A refusal is an OutputPathError, an OSError whose message names what is wrong, so every
@@ -27,6 +38,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -34,6 +46,13 @@ from nodecheck.checks.node.fs import file_kind, os_error_reason, write_atomicall
 from nodecheck.checks.record import record
 
 NO_SUCH_DIRECTORY = "no such directory"
+NULL_DEVICE = (1, 3)  # major, minor of /dev/null (the kernel's devices.txt)
+# Terminals by major number (devices.txt): 4 the virtual consoles and serial ports, 5
+# /dev/tty, /dev/console and /dev/ptmx, 136-143 the Unix98 pseudo-terminals (/dev/pts).
+# Known before any open: opening some devices acts (a watchdog arms).
+TERMINAL_MAJORS = frozenset({4, 5, *range(136, 144)})
+MAX_SYMLINKS = 40  # as the kernel's path walk (path_resolution(7))
+OWN_DESCRIPTOR = re.compile(rf"^/(?:proc/(?:self|thread-self|{os.getpid()})/fd|dev/fd)/(\d+)$")
 
 
 class OutputPathError(OSError):
@@ -55,6 +74,7 @@ class Written:
 
     path: Path
     through: bool = False
+    descriptor: int | None = None  # one of this process's own, written to as it is
 
 
 def _kind(mode: int) -> str:
@@ -96,12 +116,20 @@ def _destination(path: Path) -> Written:
         return Written(path)
     except OSError as err:
         raise OutputPathError(os_error_reason(err)) from None
+    descriptor = _own_descriptor(path)
+    if descriptor is not None:
+        try:
+            os.fstat(descriptor)
+        except OSError as err:
+            raise OutputPathError(f"descriptor {descriptor}: {os_error_reason(err)}") from None
+        return Written(path, through=True, descriptor=descriptor)
     if not stat.S_ISLNK(own.st_mode):
         if stat.S_ISREG(own.st_mode):
             return Written(path)
-        if stat.S_ISCHR(own.st_mode) or stat.S_ISFIFO(own.st_mode):
+        if stat.S_ISFIFO(own.st_mode) or _a_device_to_write(own):
             return Written(path, through=True)
         raise _refusal(own.st_mode)
+    _refuse_a_planted_symlink(path)
     try:
         final = os.stat(path)
     except OSError as err:
@@ -113,7 +141,7 @@ def _destination(path: Path) -> Written:
         raise OutputPathError(
             f"a symlink that cannot be followed: {os_error_reason(err)}"
         ) from None
-    if stat.S_ISCHR(final.st_mode) or stat.S_ISFIFO(final.st_mode):
+    if stat.S_ISFIFO(final.st_mode) or _a_device_to_write(final):
         return Written(path, through=True)
     if not stat.S_ISREG(final.st_mode):
         raise _refusal(final.st_mode, via="a symlink to ")
@@ -130,6 +158,52 @@ def _destination(path: Path) -> Written:
     return Written(target)
 
 
+def _a_device_to_write(status: os.stat_result) -> bool:
+    """True for /dev/null and a terminal; OutputPathError for any other character
+    device; False for what is no character device."""
+    if not stat.S_ISCHR(status.st_mode):
+        return False
+    device = (os.major(status.st_rdev), os.minor(status.st_rdev))
+    if device == NULL_DEVICE or device[0] in TERMINAL_MAJORS:
+        return True
+    raise OutputPathError(
+        f"a character device ({device[0]}:{device[1]}) that is neither a terminal nor "
+        "/dev/null: nodecheck writes no other device"
+    )
+
+
+def _own_descriptor(path: Path) -> int | None:
+    """The descriptor number when `path`, or a symlink on its way, is one of this
+    process's own descriptors (/dev/stdout -> /proc/self/fd/1), else None."""
+    current = Path(os.path.abspath(path))
+    for _ in range(MAX_SYMLINKS):
+        match = OWN_DESCRIPTOR.match(str(current))
+        if match:
+            return int(match.group(1))
+        try:
+            target = os.readlink(current)
+        except OSError:
+            return None  # not a symlink (or gone): the rest of the rule judges it
+        current = Path(os.path.normpath(current.parent / target))
+    return None
+
+
+def _refuse_a_planted_symlink(path: Path) -> None:
+    """fs.protected_symlinks' rule: a symlink in a sticky world-writable folder is
+    followed only by its owner, or when it belongs to the folder's owner."""
+    link = os.lstat(path)
+    try:
+        folder = os.stat(path.parent)
+    except OSError as err:
+        raise OutputPathError(f"{path.parent}: {os_error_reason(err)}") from None
+    sticky_world_writable = folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH
+    if sticky_world_writable and link.st_uid not in (os.geteuid(), folder.st_uid):
+        raise OutputPathError(
+            f"a symlink of another user's (uid {link.st_uid}) in a sticky world-writable "
+            "folder: not followed (fs.protected_symlinks' rule)"
+        )
+
+
 def _refusal(mode: int, *, via: str = "") -> OutputPathError:
     what = _kind(mode)
     if stat.S_ISBLK(mode):
@@ -142,7 +216,9 @@ def write_output(path: Path, text: str, mode: int) -> Written:
     atomically with `mode`, or a device or FIFO written through; OutputPathError when the
     rule refuses, OSError from the write itself."""
     destination = _destination(path)
-    if destination.through:
+    if destination.descriptor is not None:
+        _write_all(destination.descriptor, text.encode())
+    elif destination.through:
         _write_through(path, text.encode())
     else:
         write_atomically(destination.path, text, mode)
@@ -168,13 +244,23 @@ def _write_through(path: Path, data: bytes) -> None:
             raise OutputPathError("a FIFO with no reader (nothing has it open to read)") from None
         raise OutputPathError(os_error_reason(err)) from None
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-            raise OutputPathError(f"replaced while being opened (now {_kind(mode)})")
+        opened = os.fstat(descriptor)
+        if not (stat.S_ISCHR(opened.st_mode) or stat.S_ISFIFO(opened.st_mode)):
+            raise OutputPathError(f"replaced while being opened (now {_kind(opened.st_mode)})")
+        device = (os.major(opened.st_rdev), os.minor(opened.st_rdev))
+        if stat.S_ISCHR(opened.st_mode) and device != NULL_DEVICE and not os.isatty(descriptor):
+            raise OutputPathError(
+                f"a character device ({device[0]}:{device[1]}) that is neither a terminal nor "
+                "/dev/null: nodecheck writes no device"
+            )
         flags = fcntl.fcntl(descriptor, fcntl.F_GETFL)
         fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(descriptor, view) :]
+        _write_all(descriptor, data)
     finally:
         os.close(descriptor)
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]

@@ -18,8 +18,8 @@ import pytest
 
 from nodecheck.checks.node.facts import SCHEMA, Unread, load
 from nodecheck.checks.registry import load_checks
-from tests.agent.test_cli import run, run_counting_imports
-from tests.conftest import Node
+from tests.agent.test_cli import NODECHECK, run, run_counting_imports
+from tests.conftest import CLEAN_ENVIRON, Node
 
 # Roots that do not exist: a command judging a capture must not look at them.
 NOWHERE = ["--sysfs-root", "/nonexistent/sys", "--procfs-root", "/nonexistent/proc"]
@@ -260,6 +260,93 @@ def test_capture_to_dev_stdout_is_the_document_on_stdout(dgx: Node) -> None:
     assert json.loads(done.stdout)["schema"] == SCHEMA
     assert done.stderr.startswith("/dev/stdout: ") and done.stderr.count("\n") == 1
     assert os.path.islink("/dev/stdout")
+
+
+@pytest.mark.parametrize("redirect", ["truncate", "append"])
+def test_capture_to_dev_stdout_redirected_to_a_file_writes_into_it(
+    dgx: Node, tmp_path: Path, redirect: str
+) -> None:
+    """`capture -o /dev/stdout > file` and `>> log`: the document goes into the shell's
+    open file through its descriptor. The file behind /proc/self/fd/1 was once replaced
+    (its earlier lines lost, its owner's file now root's 0600)."""
+    log = tmp_path / "app.log"
+    log.write_text("an earlier line\n")
+    log.chmod(0o644)
+    nobody = 65534
+    if os.geteuid() == 0:
+        os.chown(log, nobody, nobody)
+    before = log.stat()
+    environ = {**CLEAN_ENVIRON, "PATH": os.environ["PATH"], **dgx.env}
+    mode = "ab" if redirect == "append" else "wb"
+    with open(log, mode) as stdout:
+        done = subprocess.run(
+            [*NODECHECK, *dgx.cli_args, "capture", "-o", "/dev/stdout"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environ,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    after = log.stat()
+    assert (after.st_ino, after.st_uid, stat.S_IMODE(after.st_mode)) == (
+        before.st_ino,
+        before.st_uid,
+        0o644,
+    )
+    text = log.read_text()
+    if redirect == "append":
+        assert text.startswith("an earlier line\n")
+        text = text.removeprefix("an earlier line\n")
+    assert json.loads(text)["schema"] == SCHEMA
+    assert done.stderr.startswith("/dev/stdout: ")
+
+
+def test_a_symlink_another_user_planted_in_a_sticky_folder_is_not_followed(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """A user's symlink in /tmp-like folder (sticky, world-writable) to root's file:
+    root's capture refuses it (exit 2) and the file is left whole; it was replaced by the
+    capture, mode 0600, where fs.protected_symlinks is 0."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: another user's symlink, as root follows it")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "precious.conf"
+    victim.write_text("keep me\n")
+    link = shared / "capture.json"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)
+    done = run(*dgx.cli_args, "capture", "-o", str(link), env=dgx.env)
+    assert done.returncode == 2, done.stderr
+    assert "not followed" in done.stderr and "uid 65534" in done.stderr
+    assert victim.read_text() == "keep me\n"
+    assert link.is_symlink()
+
+
+def test_a_device_that_is_neither_null_nor_a_terminal_is_refused_unopened(
+    dgx: Node, tmp_path: Path
+) -> None:
+    """-o a character device other than /dev/null or a terminal (a node of /dev/zero's
+    numbers, 1:5, stands for /dev/watchdog, which an open arms): exit 2, the device left
+    as it is, nothing written."""
+    device = tmp_path / "zero"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("making a device node needs root (CAP_MKNOD)")
+    before = os.lstat(device)
+    done = run(*dgx.cli_args, "capture", "-o", str(device), env=dgx.env)
+    assert done.returncode == 2, done.stderr
+    assert "(1:5) that is neither a terminal nor /dev/null" in done.stderr
+    after = os.lstat(device)
+    assert (after.st_ino, after.st_rdev, after.st_atime) == (
+        before.st_ino,
+        before.st_rdev,
+        before.st_atime,
+    )
 
 
 def test_capture_through_a_symlink_replaces_its_target_and_keeps_the_link(

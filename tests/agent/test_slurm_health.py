@@ -3,8 +3,11 @@ file's freshness and damage, the hysteresis, the bounded scontrol runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -692,6 +695,40 @@ def test_a_run_that_cannot_save_its_count_never_undrains_on_it(tmp_path: Path) -
     assert "this healthy run could not be saved (cannot lock " in run.decision.why
     assert "not undraining on a count it cannot keep" in run.decision.why
     assert run.problem.startswith(f"cannot lock {tmp_path / 'state' / 'h.json.lock'}: ")
+
+
+@pytest.mark.parametrize("planted", ["fifo", "directory"])
+def test_a_lock_file_that_is_no_regular_file_is_refused_without_waiting(
+    tmp_path: Path, planted: str
+) -> None:
+    """Someone made the lock file a FIFO (an open of it would block for ever, fifo(7)) or
+    a folder: the run refuses that lock at once, saves nothing and undrains nothing. It
+    runs in a thread so that a regression fails here instead of hanging the suite."""
+    lock = tmp_path / "state" / "h.json.lock"
+    lock.parent.mkdir()
+    if planted == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    clock = this_boot(tmp_path / "proc")
+    outcome: list[tuple[HealthCheckRun, list[Action]]] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(
+            healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(120)
+    if worker.is_alive():
+        # Unblock the hung open so that the thread ends, then fail.
+        with contextlib.suppress(OSError):
+            os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("health-check blocked opening the planted lock file")
+    (run, acted) = outcome[0]
+    assert acted == [] and run.decision.exit_status == EXIT_UNDETERMINED
+    assert run.problem.startswith(f"cannot lock {lock}: "), run.problem
+    assert not (tmp_path / "state" / "h.json").exists()
 
 
 def test_a_run_that_cannot_tell_its_boot_never_undrains(tmp_path: Path) -> None:

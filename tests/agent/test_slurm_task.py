@@ -168,20 +168,46 @@ def installed_hook(folder: Path, name: str) -> Path:
     return path
 
 
+# A job's LD_PRELOAD library that kills any Python it is loaded into (a profiler or an
+# allocator built against another libc would crash it), and leaves other programs, the
+# hook's /bin/sh among them, alone.
+PRELOAD_THAT_KILLS_PYTHON = r"""
+#include <string.h>
+#include <unistd.h>
+__attribute__((constructor)) static void kill_python(void) {
+    char exe[4096] = {0};
+    if (readlink("/proc/self/exe", exe, sizeof exe - 1) > 0 && strstr(exe, "python")) {
+        static const char said[] = "the job's LD_PRELOAD library was loaded\n";
+        write(2, said, sizeof said - 1);
+        _exit(3);
+    }
+}
+"""
+
+
 def hostile_job(folder: Path) -> dict[str, str]:
     """A job's environment and working directory (`folder`) that break any Python started
     in them: a click.py that exits first on its PYTHONPATH, in its working directory and
-    in its user site, and a PYTHONHOME with no Python in it."""
+    in its user site, a PYTHONHOME with no Python in it, and an LD_PRELOAD library that
+    kills a Python (compiled here with cc)."""
     planted = 'raise SystemExit("the job\'s click.py was imported")\n'
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     user_site = folder / "userbase" / "lib" / version / "site-packages"
     for where in (folder / "pythonpath", folder, user_site):
         where.mkdir(parents=True, exist_ok=True)
         (where / "click.py").write_text(planted)
+    source = folder / "preload.c"
+    source.write_text(PRELOAD_THAT_KILLS_PYTHON)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(folder / "preload.so"), str(source)],
+        check=True,
+        timeout=120,
+    )
     return {
         "PYTHONPATH": str(folder / "pythonpath"),
         "PYTHONHOME": str(folder / "no-python-here"),
         "PYTHONUSERBASE": str(folder / "userbase"),
+        "LD_PRELOAD": str(folder / "preload.so"),
     }
 
 
@@ -217,6 +243,16 @@ def test_the_task_prolog_hook_runs_isolated_from_the_job_s_python(
         check=False,
     )
     assert broken.returncode != 0  # the environment does break an unisolated Python
+    isolated = subprocess.run(
+        [sys.executable, "-I", "-c", "pass"],
+        cwd=job,
+        env={**CLEAN_ENVIRON, **python},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    # -I alone does not keep the job's LD_PRELOAD library out: the hook drops it.
+    assert isolated.returncode == 3 and "LD_PRELOAD library was loaded" in isolated.stderr
     hook = installed_hook(tmp_path / "sbin", "nodecheck-task-prolog")
     task = {"SLURM_LOCALID": "3", "NCCL_P2P_DISABLE": "1"}
     done = run_hook(hook, dgx, job, {**python, **task})
@@ -237,7 +273,7 @@ def test_the_root_hooks_run_isolated_too(dgx_faulty: Node, tmp_path: Path) -> No
         done = run_hook(installed_hook(tmp_path / "sbin", hook), dgx_faulty, job, python)
         assert done.returncode == 1, done.stderr
         assert f"nodecheck {name}: node unusable: gpu_count " in done.stderr
-        assert "click.py" not in done.stderr
+        assert "click.py" not in done.stderr and "LD_PRELOAD" not in done.stderr
     unknown = run_hook(installed_hook(tmp_path / "sbin", "nodecheck"), dgx_faulty, job, {})
     assert unknown.returncode == 2
     assert "install it as nodecheck-health-check, nodecheck-prolog," in unknown.stderr

@@ -54,6 +54,23 @@ def memory_over_total(document: dict[str, Any]) -> None:
     gpu3(document)["memory_used"] = gpu3(document)["memory_total"] + 1
 
 
+def redated(boot_time: float, xid_at: float | None = None) -> Callable[[dict[str, Any]], None]:
+    """An edit that dates the capture at 1764600000 (2025-12-01), its boot at `boot_time`,
+    its kernel log's events a minute before the capture and, where given, its second XID
+    at `xid_at`."""
+
+    def change(document: dict[str, Any]) -> None:
+        document["taken_at"] = 1764600000.0
+        log = document["parts"]["kernel_log"]["value"]
+        log["boot_time"] = boot_time
+        for event in (*log["xids"], *log["sxids"]):
+            event["at"] = 1764600000.0 - 60  # a minute before the capture
+        if xid_at is not None:
+            log["xids"][1]["at"] = xid_at
+
+    return change
+
+
 # Each: an edit of the capture, and where and why the refusal says it is wrong. The JSON
 # is written by Python's json, which writes math.nan and math.inf as the literals NaN and
 # Infinity (no JSON has them; Python's json reads them unless told not to).
@@ -139,6 +156,23 @@ IMPOSSIBLE: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         lambda d: first_gpu_device(d)["link"].__setitem__("max_speed", 7.0),
         f"{FIRST_GPU_DEVICE}.link.max_speed: no PCIe generation runs at 7 GT/s "
         "(2.5, 5, 8, 16, 32, 64, 128)",
+    ),
+    (
+        "boot_after_the_capture",  # every XID would be "before the last boot", cleared
+        redated(boot_time=1e300),
+        "parts.kernel_log.value.boot_time: 1e+300 is after the capture's taken_at "
+        "1764600000.0: a boot it cannot have seen",
+    ),
+    (
+        "boot_before_1970",
+        redated(boot_time=-1.0),
+        "parts.kernel_log.value.boot_time: -1.0 is before 1970: no clock dates a boot so",
+    ),
+    (
+        "xid_logged_a_day_after_the_capture",
+        redated(boot_time=1764500000.0, xid_at=1764600000.0 + 86400),
+        "parts.kernel_log.value.xids[1].at: 1764686400.0 is after the capture's taken_at "
+        "1764600000.0: an event it cannot have seen",
     ),
     (
         "sysfs_numa_node_5000",

@@ -626,7 +626,9 @@ def test_results_that_cannot_be_written_make_healthz_503_until_they_can(
 
     try:
         wait_for(lambda: answer("/healthz")[0] == 503, 60, "/healthz 503")
-        assert answer("/healthz")[1] == "results file not written: Not a directory\n"
+        assert answer("/healthz")[1] == (
+            "results file not written: a component of the path is not a directory\n"
+        )
         assert answer("/livez") == (200, "ok\n")  # the liveness probe: no restart for it
         assert "nodecheck_results_last_write_successful 0.0" in answer("/metrics")[1]
         assert promtool_problems(answer("/metrics")[1]) == ""
