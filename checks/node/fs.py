@@ -370,6 +370,11 @@ _TEMPORARY_SUFFIX = ".tmp"
 # pid_max is at most PID_MAX_LIMIT, 4194304 (include/linux/threads.h): seven digits, and
 # never 0 (os.kill(0, ...) would signal our whole process group).
 _TEMPORARY_TAIL = re.compile(r"\.([0-9a-f]{12})\.([1-9][0-9]{0,6})\.[a-z0-9_]+\.tmp")
+# Versions before the writer-named temporaries used tempfile.mkstemp's default name,
+# ".<name>.<8 random characters>" (CPython Lib/tempfile.py, _RandomNameSequence): those
+# left by a kill -9 then carry no pid, so they are removed only once older than
+# ABANDONED_TEMPORARY_S.
+_UNNAMED_TEMPORARY_TAIL = re.compile(r"\.[a-z0-9_]{8}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -403,11 +408,14 @@ def _abandoned(name: str, prefix: str, info: os.stat_result, writer: str | None)
     that no longer exists. Never a live writer's (the pid exists, or it is another host's
     or namespace's and recent)."""
     found = _TEMPORARY_TAIL.fullmatch(name, len(prefix) - 1)
-    if found is None or not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+    unnamed = found is None and _UNNAMED_TEMPORARY_TAIL.fullmatch(name, len(prefix) - 1)
+    if not (found or unnamed) or not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
         return False  # not one of ours: another program's file, or another user's
     if time.time() - info.st_mtime > ABANDONED_TEMPORARY_S:
         return True
-    return found.group(1) == writer and not _process_exists(int(found.group(2)))
+    return (
+        found is not None and found.group(1) == writer and not _process_exists(int(found.group(2)))
+    )
 
 
 def _remove_abandoned_temporaries(path: Path) -> None:
@@ -418,11 +426,7 @@ def _remove_abandoned_temporaries(path: Path) -> None:
     writer = _writer_identity()
     try:
         with os.scandir(path.parent) as entries:
-            candidates = [
-                entry
-                for entry in entries
-                if entry.name.startswith(prefix) and entry.name.endswith(_TEMPORARY_SUFFIX)
-            ]
+            candidates = [entry for entry in entries if entry.name.startswith(prefix)]
             for entry in candidates:
                 with contextlib.suppress(OSError):  # gone meanwhile (another writer's cleanup)
                     if _abandoned(entry.name, prefix, entry.stat(follow_symlinks=False), writer):

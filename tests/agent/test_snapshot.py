@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,20 @@ from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.runner import run_checks
 from tests.agent.test_cli import run
 from tests.conftest import CLEAN_ENVIRON, Node
+
+
+def as_if_taken_at(document: dict[str, Any], taken_at: float) -> dict[str, Any]:
+    """The capture as if taken at `taken_at`: its kernel log's boot and events moved with it,
+    so that no event falls after the capture (which the reader refuses as impossible)."""
+    shift = taken_at - document["taken_at"]
+    moved = json.loads(json.dumps(document))
+    log = moved["parts"]["kernel_log"]["value"]
+    if isinstance(log.get("boot_time"), float):
+        log["boot_time"] += shift
+    for event in (*log["xids"], *log["sxids"]):
+        if isinstance(event.get("at"), float):
+            event["at"] += shift
+    return {**moved, "taken_at": taken_at}
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +136,7 @@ def test_missing_stale_or_incomplete_snapshot_is_undetermined(
     assert "pcie_acs needs root" in missing.summary
     document = json.loads(snapshot_file.read_text())
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({**document, "taken_at": 1764583200.0}))
+    old.write_text(json.dumps(as_if_taken_at(document, 1764583200.0)))
     [stale] = results_from_snapshot(pcie_acs, old, dgx_faulty.context(), now=1764586800.0)
     assert stale.status is Status.ERROR
     assert stale.summary == (
@@ -195,20 +210,27 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_write_removes(
 
 
 def test_temporaries_of_other_writers_are_removed_only_once_old(tmp_path: Path) -> None:
-    """A temporary named for another host or PID namespace (a state directory on NFS): its
-    pid means nothing here, so it is left until older than ABANDONED_TEMPORARY_S. Files
-    that are not write_atomically's temporaries of this file are never removed."""
+    """A temporary named for another host or PID namespace (a state directory on NFS), or
+    by an earlier version (mkstemp's ".<name>.<8 random characters>", no pid): nothing
+    here says whether its writer lives, so it is left until older than
+    ABANDONED_TEMPORARY_S. Files that are not write_atomically's temporaries of this file
+    are never removed, however old."""
     target = tmp_path / "benchmarks.json"
     elsewhere = [f".benchmarks.json.0123456789ab.{pid}.k2j4h5g6.tmp" for pid in (4242, 4243)]
-    others = [".benchmarks.json.lock", ".other.json.0123456789ab.4244.k2j4h5g6.tmp"]
-    for name in [*elsewhere, *others]:
+    unnamed = [".benchmarks.json.k2j4h5g6", ".benchmarks.json.a_9zq0xw"]
+    others = [
+        ".benchmarks.json.lock",
+        ".benchmarks.json.k2j4h5g6x",  # nine characters: no mkstemp name
+        ".other.json.0123456789ab.4244.k2j4h5g6.tmp",
+    ]
+    for name in [*elsewhere, *unnamed, *others]:
         (tmp_path / name).write_text("partial")
     old = time.time() - ABANDONED_TEMPORARY_S - 60
-    os.utime(tmp_path / elsewhere[0], (old, old))
-    os.utime(tmp_path / others[1], (old, old))
+    for name in [elsewhere[0], unnamed[0], *others]:
+        os.utime(tmp_path / name, (old, old))
     write_atomically(target, "{}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [elsewhere[1], *others, "benchmarks.json"]
+        [elsewhere[1], unnamed[1], *others, "benchmarks.json"]
     )
 
 
@@ -259,13 +281,13 @@ def test_a_stale_or_future_snapshot_serves_none_of_its_findings(
     document = json.loads(snapshot_file.read_text())
     now = time.time()
     fresh = tmp_path / "fresh.json"
-    fresh.write_text(json.dumps({**document, "taken_at": now}))
+    fresh.write_text(json.dumps(as_if_taken_at(document, now)))
     judged = results_from_snapshot(checks["nccl_env"], fresh, dgx.context(), now=now)
     assert any("NCCL_P2P_DISABLE=1" in r.summary and r.status is Status.FAIL for r in judged)
     assert lit(nccl_env_exposition(judged), "fail") == ["node"]
 
     dated = tmp_path / "dated.json"
-    dated.write_text(json.dumps({**document, "taken_at": now + offset_s}))
+    dated.write_text(json.dumps(as_if_taken_at(document, now + offset_s)))
     [result] = results_from_snapshot(checks["nccl_env"], dated, dgx.context(), now=now)
     assert (result.status, result.subject) == (Status.ERROR, NODE)
     assert result.summary.startswith(f"the snapshot {dated} {says}"), result.summary
