@@ -14,7 +14,16 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.nvml import NvmlUnavailableError
 from nodecheck.checks.record import record
-from nodecheck.checks.result import NODE, Result, Sample, Status, gpu_subject, worst
+from nodecheck.checks.result import (
+    NODE,
+    Action,
+    FaultClass,
+    Result,
+    Sample,
+    Status,
+    gpu_subject,
+    worst,
+)
 
 GPU_LABELS = ("gpu", "bus_id", "model")
 LOST_REMEDY = (
@@ -27,6 +36,19 @@ def lost_remedy(gpu: GpuReading) -> str:
     return LOST_REMEDY.format(bus_id=gpu.bus_id or gpu.index)
 
 
+def lost_result(gpu: GpuReading) -> Result:
+    """A GPU NVML lost (fallen off the bus, "GPU is lost"): hardware, whichever check
+    saw it, and a reset or a reboot brings it back (NVIDIA's XID catalog, XID 79)."""
+    return Result(
+        Status.FAIL,
+        subject_of(gpu),
+        f"NVML: {gpu.lost}",
+        lost_remedy(gpu),
+        action=Action.REBOOT,
+        fault_class=FaultClass.GPU_HARDWARE,
+    )
+
+
 def subject_of(gpu: GpuReading) -> str:
     return gpu_subject(gpu.bus_id or f"index {gpu.index}")
 
@@ -36,14 +58,17 @@ class Verdict:
     """Findings about one GPU, folded into one Result (worst status wins)."""
 
     ok_summary: str
-    findings: list[tuple[Status, str, str]] = field(default_factory=list)
+    # (status, summary, remedy, action: None for the check's)
+    findings: list[tuple[Status, str, str, Action | None]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     details: dict[str, object] = field(default_factory=dict)
     # Not applicable to this GPU (no NVLink on a PCIe card): `skip` with ok_summary.
     not_applicable: bool = False
 
-    def add(self, status: Status, summary: str, remedy: str = "") -> None:
-        self.findings.append((status, summary, remedy))
+    def add(
+        self, status: Status, summary: str, remedy: str = "", action: Action | None = None
+    ) -> None:
+        self.findings.append((status, summary, remedy, action))
 
     def result(self, subject: str) -> Result:
         if self.not_applicable:
@@ -55,13 +80,17 @@ class Verdict:
             return Result(Status.OK, subject, summary, "", self.details, tuple(self.samples))
         problems.sort(key=lambda f: -f[0].severity)
         remedies = list(dict.fromkeys(f[2] for f in problems if f[2]))
+        status = worst(f[0] for f in problems)
+        # The action of the worst finding that names one; None: the check's own.
+        actions = [f[3] for f in problems if f[0] is status and f[3] is not None]
         return Result(
-            worst(f[0] for f in problems),
+            status,
             subject,
             "; ".join(f[1] for f in problems),
             "; ".join(remedies),
             self.details,
             tuple(self.samples),
+            action=actions[0] if actions else None,
         )
 
 
@@ -110,7 +139,7 @@ def per_gpu_results(
         if gpu.hung is not None:
             yield Result(Status.ERROR, subject, gpu.hung, details={"cause": "nvml hung"})
         elif gpu.lost is not None:
-            yield Result(Status.FAIL, subject, f"NVML: {gpu.lost}", lost_remedy(gpu))
+            yield lost_result(gpu)
         elif gpu.error is not None:
             yield Result(Status.ERROR, subject, gpu.error, details={"cause": "nvml error"})
         else:

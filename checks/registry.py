@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Result
+from nodecheck.checks.result import Action, FaultClass, Origin, Result, Status
 
 CheckFunction = Callable[[CheckContext], Iterable[Result]]
 
@@ -23,10 +24,13 @@ CHECK_PACKAGES = ("nodecheck.checks.host", "nodecheck.checks.gpu")
 
 @record
 class Check:
-    """A registered check and what it declares beside itself: the parts of the facts it
-    judges (`needs`), whether those are complete only as root (the unprivileged agent
-    takes them from the root snapshot), which CheckConfig fields it reads, its interval
-    and its timeout."""
+    """A registered check and what it declares beside itself: what its findings mean
+    (their fault class, the action a warning or failure asks for, whether the evidence
+    is the node's or a job's), whether it gates a job (`gate`: its failures can make the
+    node unusable for any job, and it is quick: Slurm's prolog runs it), the parts of the
+    facts it judges (`needs`), whether those are complete only as root (the unprivileged
+    agent takes them from the root snapshot), which CheckConfig fields it reads, its
+    interval and its timeout."""
 
     name: str
     run: CheckFunction
@@ -36,6 +40,28 @@ class Check:
     needs: tuple[str, ...] = ()
     root: bool = False
     options: tuple[str, ...] = ()
+    # register() requires a declaration; a Check made directly (a test's) that declares
+    # none is read the careful way: hardware, and a person looks.
+    fault_class: FaultClass = FaultClass.GPU_HARDWARE
+    action: Action = Action.INVESTIGATE
+    origin: Origin = Origin.NODE
+    gate: bool = False
+
+    def meant(self, result: Result) -> Result:
+        """`result` with its meaning whole: the result's own action, class and origin
+        where it set them, else the check's. A result that asks for nothing (ok, skip)
+        has the action none; one that could not determine (error), investigate."""
+        if result.status in (Status.OK, Status.SKIP):
+            action = Action.NONE
+        elif result.status is Status.ERROR:
+            action = result.action or Action.INVESTIGATE
+        else:
+            action = result.action or self.action
+        fault_class = result.fault_class or self.fault_class
+        origin = result.origin or self.origin
+        if (action, fault_class, origin) == (result.action, result.fault_class, result.origin):
+            return result
+        return replace(result, action=action, fault_class=fault_class, origin=origin)
 
     @property
     def nvml(self) -> bool:
@@ -52,11 +78,22 @@ _BENCHMARKS: dict[str, Check] = {}
 BENCH_PACKAGE = "nodecheck.checks.bench"
 
 
+@record
+class Meaning:
+    """What a check declares its findings mean (Check's fields of the same names)."""
+
+    fault_class: FaultClass
+    action: Action
+    origin: Origin = Origin.NODE
+    gate: bool = False
+
+
 def _register_into(
     registry: dict[str, Check],
     name: str,
     interval_s: float,
     timeout_s: float,
+    meaning: Meaning,
     needs: tuple[str, ...],
     root: bool,
     options: tuple[str, ...],
@@ -72,7 +109,18 @@ def _register_into(
             raise ValueError(f"check {name!r} registered twice")
         description = (function.__doc__ or name).strip().splitlines()[0]
         registry[name] = Check(
-            name, function, interval_s, timeout_s, description, needs, root, options
+            name,
+            function,
+            interval_s,
+            timeout_s,
+            description,
+            needs,
+            root,
+            options,
+            meaning.fault_class,
+            meaning.action,
+            meaning.origin,
+            meaning.gate,
         )
         return function
 
@@ -84,14 +132,26 @@ def register(
     *,
     interval_s: float,
     timeout_s: float,
+    fault_class: FaultClass,
+    action: Action,
+    origin: Origin = Origin.NODE,
+    gate: bool = False,
     needs: tuple[str, ...],
     root: bool = False,
     options: tuple[str, ...] = (),
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check; its docstring's first line is its description. `needs` names
-    the parts of the facts it judges; `root` that they are complete only as root;
-    `options` the CheckConfig fields it reads."""
-    return _register_into(_REGISTRY, name, interval_s, timeout_s, needs, root, options)
+    """Register a check; its docstring's first line is its description. `fault_class`,
+    `action` and `origin` are what its warnings and failures mean unless a result says
+    otherwise; `gate` that its failures can make the node unusable for a job (the
+    prolog runs it); `needs` names the parts of the facts it judges; `root` that they
+    are complete only as root; `options` the CheckConfig fields it reads."""
+    meaning = Meaning(fault_class, action, origin, gate)
+    return _register_into(_REGISTRY, name, interval_s, timeout_s, meaning, needs, root, options)
+
+
+def unregister(name: str) -> None:
+    """Forget a registered check (a test's own check, once the test is done)."""
+    _REGISTRY.pop(name, None)
 
 
 def register_benchmark(
@@ -103,8 +163,11 @@ def register_benchmark(
     options: tuple[str, ...] = ("bench",),
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register a benchmark (a check that runs only when asked for, or on its own schedule).
-    A benchmark measures the live node (a child process on its GPUs): never a capture."""
-    return _register_into(_BENCHMARKS, name, interval_s, timeout_s, needs, False, options)
+    A benchmark measures the live node (a child process on its GPUs): never a capture.
+    A benchmark below its peers, its history or its model's rate is slow, not broken: a
+    person looks (a throttled clock, a link, a neighbour's job)."""
+    meaning = Meaning(FaultClass.GPU_PERFORMANCE, Action.INVESTIGATE)
+    return _register_into(_BENCHMARKS, name, interval_s, timeout_s, meaning, needs, False, options)
 
 
 def load_benchmarks() -> dict[str, Check]:

@@ -75,6 +75,10 @@ class CheckRun:
     duration_s: float
     completed: bool
 
+    def __post_init__(self) -> None:
+        # Every result carries its meaning from here on (Check.meant).
+        self.results = [self.check.meant(result) for result in self.results]
+
     @property
     def status(self) -> Status:
         return worst(result.status for result in self.results)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from nodecheck.checks.node.variables import Setting, Variables
 from nodecheck.checks.record import record
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import NODE, Action, MetricSpec, Origin, Result, Sample, Status
 
 FLAGGED = MetricSpec(
     "nodecheck_env_flagged_settings",
@@ -21,7 +21,7 @@ FLAGGED = MetricSpec(
 
 
 @record
-class Finding:
+class SettingJudgement:
     status: Status
     reason: str
     # The value that fixes it where removing the variable would lose something
@@ -45,9 +45,16 @@ def remedy_for(setting: Setting, replacement: str | None = None) -> str:
     return f"unset {setting.name}"
 
 
+def origin_of(settings: list[Setting]) -> Origin:
+    """The node's when a node-wide file sets it (every job gets it); a job's otherwise:
+    a variable in a launch environment, NCCL_CONF_FILE or ~/.nccl.conf is what a user set,
+    and never takes the node out of service."""
+    return Origin.NODE if any(s.source.node_wide for s in settings) else Origin.JOB
+
+
 def audit(
     variables: Variables,
-    judge: Callable[[Setting], list[Finding]],
+    judge: Callable[[Setting], list[SettingJudgement]],
     check_name: str,
 ) -> tuple[list[Result], list[Sample]]:
     """Judge every setting; the same finding from many sources becomes one result."""
@@ -66,6 +73,7 @@ def audit(
         remedies = (
             list(dict.fromkeys(remedy_for(s, replacement) for s in settings)) if judged else []
         )
+        origin = origin_of(settings)
         results.append(
             Result(
                 status,
@@ -73,6 +81,10 @@ def audit(
                 f"{name.strip()}={value.strip()}: {reason} (found in {shown})",
                 "; ".join(remedies[:3]) + ("; ..." if len(remedies) > 3 else ""),
                 {"variable": name, "value": value, "found_in": places},
+                action=(
+                    Action.FIX_NODE_CONFIG if origin is Origin.NODE else Action.FIX_JOB_ENVIRONMENT
+                ),
+                origin=origin,
             )
         )
     counts = {

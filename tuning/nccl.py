@@ -28,7 +28,7 @@ from nodecheck.checks.rules.nccl_settings import (
     rule_socket_ifname,
     selected_names,
 )
-from nodecheck.checks.settings_audit import Finding
+from nodecheck.checks.settings_audit import SettingJudgement
 from nodecheck.tuning.bindings import NicPairing
 from nodecheck.tuning.recommendation import LeftUnset, Recommendation, plain
 
@@ -70,7 +70,7 @@ class NcclAdvice:
     notes: list[str]
 
 
-def fails(finding: Finding | None) -> bool:
+def fails(finding: SettingJudgement | None) -> bool:
     """Whether the checks fail a value (a warning leaves it the user's to decide)."""
     return finding is not None and finding.status is Status.FAIL
 

@@ -11,7 +11,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.result import Status
 from nodecheck.checks.rules.variable_judges import judge_variable, variable_facts
-from nodecheck.checks.settings_audit import Finding, remedy_for
+from nodecheck.checks.settings_audit import SettingJudgement, remedy_for
 from nodecheck.tuning.recommendation import Recommendation
 
 FLAGGED = (Status.WARN, Status.FAIL)
@@ -20,7 +20,7 @@ FLAGGED = (Status.WARN, Status.FAIL)
 def removals(ctx: CheckContext) -> list[Recommendation]:
     """One removal per flagged (name, value), naming every place it was found, worst first."""
     facts = variable_facts(ctx)
-    grouped: dict[tuple[str, str], tuple[str, list[Finding], list[Setting]]] = {}
+    grouped: dict[tuple[str, str], tuple[str, list[SettingJudgement], list[Setting]]] = {}
     for setting in ctx.variables.settings:
         check, judged = judge_variable(setting, facts)
         findings = [f for f in judged if f.status in FLAGGED]

@@ -21,9 +21,18 @@ from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.gpu_assignment import CUDA_DRIVER, not_meant_here
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.nvml import NvmlUnavailableError
-from nodecheck.checks.per_gpu import GPU_LABELS, lost_remedy, nvml_unavailable_result, subject_of
+from nodecheck.checks.per_gpu import GPU_LABELS, lost_result, nvml_unavailable_result, subject_of
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
+from nodecheck.checks.result import (
+    NODE,
+    Action,
+    FaultClass,
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+    gpu_subject,
+)
 
 ON_BUS = MetricSpec(
     "nodecheck_gpus_on_pci_bus",
@@ -71,6 +80,11 @@ def _other_driver_remedy(driver: str) -> str:
 
 @register(
     "gpu_count",
+    fault_class=FaultClass.GPU_HARDWARE,
+    # A GPU fallen off the bus or lost comes back with a reset or a reboot (NVIDIA's
+    # XID catalog, XID 79: RESTART_BM); the driver problems say their own (below).
+    action=Action.REBOOT,
+    gate=True,
     interval_s=60,
     timeout_s=30,
     needs=("gpus", "pci_gpus", "nvidia_driver"),
@@ -134,21 +148,23 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
 
 def _missing_result(bus_id: str, driver: str | None) -> Result:
     """A GPU meant for this host that NVML does not enumerate."""
+    action = None  # the check's: a reboot
     if driver is None:
         summary, remedy = "on the PCI bus with no driver bound", UNBOUND_REMEDY
     elif driver != CUDA_DRIVER:
         summary = f"on the PCI bus, bound to {driver}, not the nvidia driver"
         remedy = _other_driver_remedy(driver)
+        action = Action.FIX_NODE_CONFIG
     else:
         summary = "on the PCI bus but not enumerated by NVML (fallen off the bus?)"
         remedy = MISSING_REMEDY
-    return Result(Status.FAIL, gpu_subject(bus_id), summary, remedy)
+    return Result(Status.FAIL, gpu_subject(bus_id), summary, remedy, action=action)
 
 
 def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Result]:
     for gpu in gpus:
         if gpu.lost is not None:
-            yield Result(Status.FAIL, subject_of(gpu), f"NVML: {gpu.lost}", lost_remedy(gpu))
+            yield lost_result(gpu)
         elif gpu.hung is not None:
             yield Result(Status.ERROR, subject_of(gpu), gpu.hung, details={"cause": "nvml hung"})
         elif gpu.error is not None and gpu.bus_id is None:
@@ -161,6 +177,7 @@ def _nvml_only_results(gpus: list[GpuReading], on_bus: set[str]) -> Iterator[Res
                 gpu_subject(gpu.bus_id),
                 "NVML sees this GPU but it is not on the PCI bus read from sysfs",
                 "check that --sysfs-root is this node's sysfs",
+                action=Action.INVESTIGATE,
             )
 
 
@@ -210,6 +227,7 @@ def _node_result(
             "correct the expected GPU count in the configuration",
             details,
             tuple(samples),
+            action=Action.FIX_NODE_CONFIG,
         )
     return Result(Status.OK, NODE, counts, details=details, samples=tuple(samples))
 
@@ -250,6 +268,7 @@ def _without_nvml(
             "load the driver (modprobe nvidia) and look in the kernel log for why it failed",
             {"cause": cause},
             tuple(samples),
+            action=Action.FIX_NODE_CONFIG,
         )
     if cause == NvmlUnavailableError.VERSION_MISMATCH:
         return Result(

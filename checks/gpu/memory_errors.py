@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.gpu.state import recovery_action
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import Action, FaultClass, MetricSpec, Result, Sample, Status
 
 
 def _counter(name: str, help_text: str, labels: tuple[str, ...] = GPU_LABELS) -> MetricSpec:
@@ -86,12 +87,14 @@ def judge_memory(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
         current, pending = gpu.ecc_mode
         verdict.samples.append(Sample(ECC_ENABLED, int(current), labels))
         if not current:
-            verdict.add(Status.WARN, "ECC is off", "turn ECC on (nvidia-smi -e 1) and reboot")
+            ecc_on = "turn ECC on (nvidia-smi -e 1) and reboot"
+            verdict.add(Status.WARN, "ECC is off", ecc_on, Action.FIX_NODE_CONFIG)
         if current != pending:
             verdict.add(
                 Status.WARN,
                 f"ECC mode change to {'on' if pending else 'off'} waits for a reboot",
                 "reboot the node to apply the ECC mode",
+                Action.REBOOT,
             )
     elif gpu.remapped_rows is None and gpu.retired_pages is None:
         # GeForce and some workstation GPUs: no ECC, nothing that counts errors.
@@ -129,6 +132,7 @@ def _judge_uncorrectable(gpu: GpuReading, volatile: int, verdict: Verdict) -> No
             Status.FAIL,
             f"{summary}; the driver asks for recovery action {action}",
             "drain the node and follow the recovery action (nodecheck check --only gpu_state)",
+            recovery_action(action),
         )
         return
     if action is None:
@@ -161,6 +165,7 @@ def _judge_aggregate_counts(gpu: GpuReading, previous: GpuReading | None, verdic
                 "reading: implausible (a lifetime count never goes down)",
                 "check the GPU with nvidia-smi -q -d ECC; an InfoROM that loses counts needs "
                 "the vendor's attention",
+                Action.CONTACT_SUPPORT,
             )
 
 
@@ -185,6 +190,7 @@ def _judge_rows(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> No
             Status.FAIL,
             "a row remapping failed: the GPU has run out of spare rows",
             "drain the node; the GPU is an RMA candidate (NVIDIA: remapping failure)",
+            Action.CONTACT_SUPPORT,
         )
     if rows.pending:
         verdict.add(Status.WARN, "a row remapping is pending", RESET.format(bus_id=gpu.bus_id))
@@ -206,9 +212,11 @@ def _judge_pages(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> N
             Status.FAIL,
             f"{total} retired pages (limit {RETIRED_PAGES_FAIL})",
             "drain the node; the GPU is an RMA candidate",
+            Action.CONTACT_SUPPORT,
         )
     elif total >= RETIRED_PAGES_WARN:
-        verdict.add(Status.WARN, f"{total} retired pages", "watch the count; RMA at 60")
+        watch = "watch the count; RMA at 60"
+        verdict.add(Status.WARN, f"{total} retired pages", watch, Action.INVESTIGATE)
     if pages.pending:
         verdict.add(Status.WARN, "a page retirement is pending", RESET.format(bus_id=gpu.bus_id))
 
@@ -217,7 +225,15 @@ def _judge_pages(gpu: GpuReading, verdict: Verdict, labels: dict[str, str]) -> N
 QUERIES = ("ecc_mode", "ecc", "remapped_rows", "retired_pages", "retired_pages_pending")
 
 
-@register("gpu_memory_errors", interval_s=60, timeout_s=30, needs=("gpus",))
+@register(
+    "gpu_memory_errors",
+    fault_class=FaultClass.GPU_HARDWARE,
+    action=Action.RESET_GPU,
+    gate=True,
+    interval_s=60,
+    timeout_s=30,
+    needs=("gpus",),
+)
 def check_gpu_memory_errors(ctx: CheckContext) -> Iterator[Result]:
     """ECC errors, row remapping and retired pages per GPU."""
     yield from per_gpu_results(ctx, judge_memory, QUERIES)

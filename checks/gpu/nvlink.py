@@ -18,7 +18,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuReading, counter_rate
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import Action, FaultClass, MetricSpec, Result, Sample, Status
 
 ACTIVE_LINKS = MetricSpec(
     "nodecheck_gpu_nvlink_links_active",
@@ -112,7 +112,14 @@ def _judge_rates(gpu: GpuReading, previous: GpuReading, verdict: Verdict) -> Non
 QUERIES = ("nvlink", "field_values", "nvlink_errors")
 
 
-@register("gpu_nvlink", interval_s=60, timeout_s=30, needs=("gpus",))
+@register(
+    "gpu_nvlink",
+    fault_class=FaultClass.GPU_HARDWARE,
+    action=Action.RESET_GPU,
+    interval_s=60,
+    timeout_s=30,
+    needs=("gpus",),
+)
 def check_gpu_nvlink(ctx: CheckContext) -> Iterator[Result]:
     """NVLinks expected vs active per GPU, and their error rates."""
     gpus = ctx.gpus.snapshot.gpus

@@ -1,10 +1,8 @@
-"""The GPU's PCIe link as NVML sees it, and its replay rate.
+"""The GPU's PCIe replay rate, with its link as NVML sees it for evidence.
 
-NVML's maximum is the lower of the GPU's and the slot's, so a Gen5 GPU in a
-Gen4 slot is not flagged for being in a Gen4 slot. Width below the maximum is
-a fault at any time (a bad riser or seating). Generation below the maximum is
-normal while the GPU idles, since GPUs lower their link speed to save power
-(hardware.md §5.6), so it warns only while the GPU is busy.
+The link's width and speed are judged once, by pcie_link (sysfs, which also sees the
+switch ports above the GPU); NVML's generation and width (its maximum the lower of the
+GPU's and the slot's) are exported and kept in the details beside that judgement.
 
 Replays are link-level retransmissions. DCGM's limit is 8 per minute
 ("the maximum recommended by RM", dcgm_gpu_hardware_limits.h); a rate needs
@@ -19,7 +17,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuReading, counter_rate
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import Action, FaultClass, MetricSpec, Result, Sample, Status
 
 
 def _gauge(name: str, help_text: str) -> MetricSpec:
@@ -50,15 +48,13 @@ REPLAYS = MetricSpec(
 )
 
 REPLAYS_PER_MINUTE_WARN = 8.0  # DCGM_LIMIT_MAX_PCIREPLAY_RATE
-RESEAT = "drain the node and reseat the GPU or its riser; if it persists, RMA"
-
-
-def _busy(gpu: GpuReading) -> bool:
-    return bool(gpu.utilization_pct) or bool(gpu.processes)
 
 
 def judge_pcie(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
-    verdict = Verdict("PCIe link at full width")
+    """The replay rate. NVML's generation and width are evidence here (details and
+    metrics), not judged: pcie_link owns the link's judgement, from sysfs, for GPUs,
+    NICs and the switch ports between them alike, so one link is judged once."""
+    verdict = Verdict("PCIe replays within limits")
     labels = gpu.labels()
     link = gpu.pcie
     if link is not None:
@@ -74,21 +70,7 @@ def judge_pcie(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
         shown = (
             f"Gen{link.generation} x{link.width} (max Gen{link.max_generation} x{link.max_width})"
         )
-        verdict.ok_summary = f"PCIe {shown}"
-        if link.width is not None and link.max_width is not None and link.width < link.max_width:
-            verdict.add(
-                Status.FAIL,
-                f"PCIe link trained at x{link.width} of x{link.max_width}: {shown}",
-                RESEAT,
-            )
-        gen, max_gen = link.generation, link.max_generation
-        if gen is not None and max_gen is not None and gen < max_gen:
-            if _busy(gpu):
-                verdict.add(
-                    Status.WARN, f"PCIe Gen{gen} of Gen{max_gen} while the GPU is busy", RESEAT
-                )
-            else:
-                verdict.add(Status.OK, "the link is below its top generation while the GPU idles")
+        verdict.ok_summary = f"PCIe replays within limits; NVML link {shown}"
     elif gpu.pcie_replays is None:
         return Verdict("NVML reports no PCIe link state for this GPU", not_applicable=True)
     if gpu.pcie_replays is not None:
@@ -108,10 +90,17 @@ def judge_pcie(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
 
 
 # The reads this check relies on; one that fails is reported, never passed over.
-QUERIES = ("pcie", "field_values", "utilization", "processes", "pcie_replays")
+QUERIES = ("pcie", "field_values", "pcie_replays")
 
 
-@register("gpu_pcie", interval_s=60, timeout_s=30, needs=("gpus",))
+@register(
+    "gpu_pcie",
+    fault_class=FaultClass.GPU_PERFORMANCE,
+    action=Action.INSPECT_HARDWARE,
+    interval_s=60,
+    timeout_s=30,
+    needs=("gpus",),
+)
 def check_gpu_pcie(ctx: CheckContext) -> Iterator[Result]:
-    """NVML's PCIe generation and width per GPU, and the replay rate."""
+    """PCIe replays per GPU (NVML), with NVML's link generation and width as evidence."""
     yield from per_gpu_results(ctx, judge_pcie, QUERIES)

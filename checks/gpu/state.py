@@ -24,7 +24,7 @@ from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.processes import GpuProcessNames
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, nvml_unavailable_result, per_gpu_results
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import NODE, Action, FaultClass, MetricSpec, Result, Sample, Status
 
 
 def _gauge(name: str, help_text: str) -> MetricSpec:
@@ -74,16 +74,32 @@ UTILIZATION = _gauge(
 )
 
 TEMPERATURE_MARGIN_C = 5
-# nvmlDeviceGpuRecoveryAction_t (nvml.h) -> what the operator does.
-RECOVERY_ACTIONS = {
-    1: ("a GPU reset", "reset the GPU when idle (nvidia-smi -r -i {bus_id})"),
-    2: ("a node reboot", "drain and reboot the node"),
-    3: ("draining peer-to-peer traffic", "drain the node, then reset the GPU"),
-    4: ("a drain and GPU reset", "drain the node and reset the GPU"),
-    5: ("recovering the IMEX domain", "restart the IMEX domain (nvidia-imex) on its nodes"),
-    6: ("a PCIe bus reset", "drain the node and reset the GPU's PCIe bus, or reboot"),
-    7: ("a system reboot", "drain and reboot the node"),
+# nvmlDeviceGpuRecoveryAction_t (nvml.h) -> what the operator does, and its action.
+RECOVERY_ACTIONS: dict[int, tuple[str, str, Action]] = {
+    1: ("a GPU reset", "reset the GPU when idle (nvidia-smi -r -i {bus_id})", Action.RESET_GPU),
+    2: ("a node reboot", "drain and reboot the node", Action.REBOOT),
+    3: ("draining peer-to-peer traffic", "drain the node, then reset the GPU", Action.RESET_GPU),
+    4: ("a drain and GPU reset", "drain the node and reset the GPU", Action.RESET_GPU),
+    5: (
+        "recovering the IMEX domain",
+        "restart the IMEX domain (nvidia-imex) on its nodes",
+        Action.FIX_NODE_CONFIG,
+    ),
+    6: (
+        "a PCIe bus reset",
+        "drain the node and reset the GPU's PCIe bus, or reboot",
+        Action.RESET_GPU,
+    ),
+    7: ("a system reboot", "drain and reboot the node", Action.REBOOT),
 }
+
+
+def recovery_action(code: int | None) -> Action | None:
+    """The action the driver's recovery-action field asks for; None for none (0) or an
+    unread field; investigate for a code nvml.h does not name yet."""
+    if code is None or code == 0:
+        return None
+    return RECOVERY_ACTIONS[code][2] if code in RECOVERY_ACTIONS else Action.INVESTIGATE
 
 
 def judge_state(gpu: GpuReading, _previous: GpuReading | None, ctx: CheckContext) -> Verdict:
@@ -113,15 +129,18 @@ def judge_state(gpu: GpuReading, _previous: GpuReading | None, ctx: CheckContext
             Status.WARN,
             "persistence mode is off",
             "run nvidia-persistenced (systemctl enable --now nvidia-persistenced)",
+            Action.FIX_NODE_CONFIG,
         )
     if gpu.recovery_action in RECOVERY_ACTIONS:
-        what, remedy = RECOVERY_ACTIONS[gpu.recovery_action]
-        verdict.add(Status.FAIL, f"the driver asks for {what}", remedy.format(bus_id=gpu.bus_id))
+        what, remedy, action = RECOVERY_ACTIONS[gpu.recovery_action]
+        summary = f"the driver asks for {what}"
+        verdict.add(Status.FAIL, summary, remedy.format(bus_id=gpu.bus_id), action)
     elif gpu.recovery_action not in (None, 0):
         verdict.add(
             Status.FAIL,
             f"the driver asks for recovery action {gpu.recovery_action}",
             "see NVIDIA's GPU error recovery documentation for this action",
+            Action.INVESTIGATE,
         )
     # The names are read only for a GPU with processes: a node without any never needs them.
     names: GpuProcessNames | None = ctx.part("gpu_process_names") if gpu.processes else None
@@ -154,13 +173,16 @@ def _judge_temperature(gpu: GpuReading, verdict: Verdict) -> None:
     if temp is None or slowdown is None:
         return
     cooling = "check the GPU's cooling: fans, airflow, inlet temperature, heatsink contact"
+    inspect = Action.INSPECT_HARDWARE
     if temp >= slowdown:
-        verdict.add(Status.FAIL, f"{temp} °C, at the {slowdown} °C slowdown threshold", cooling)
+        summary = f"{temp} °C, at the {slowdown} °C slowdown threshold"
+        verdict.add(Status.FAIL, summary, cooling, inspect)
     elif temp >= slowdown - TEMPERATURE_MARGIN_C:
         verdict.add(
             Status.WARN,
             f"{temp} °C, within {TEMPERATURE_MARGIN_C} °C of slowdown ({slowdown} °C)",
             cooling,
+            inspect,
         )
 
 
@@ -171,6 +193,7 @@ def _judge_power(gpu: GpuReading, verdict: Verdict) -> None:
             Status.WARN,
             f"power limit lowered to {limit:.0f} W from the default {default:.0f} W",
             f"restore it: nvidia-smi -i {gpu.index} -pl {default:.0f}",
+            Action.FIX_NODE_CONFIG,
         )
 
 
@@ -194,6 +217,7 @@ def _node_result(ctx: CheckContext) -> Result:
             Status.FAIL,
             f"NVML library {snapshot.driver_version} but kernel module {module} loaded",
             "a driver upgrade is half done: reboot the node",
+            Action.REBOOT,
         )
     by_model: dict[str, set[str]] = {}
     for gpu in snapshot.gpus:
@@ -205,6 +229,7 @@ def _node_result(ctx: CheckContext) -> Result:
                 Status.WARN,
                 f"{model} GPUs run different VBIOS versions: {', '.join(sorted(versions))}",
                 "flash one VBIOS version on all GPUs (the vendor's firmware bundle)",
+                Action.FIX_NODE_CONFIG,
             )
     return verdict.result(NODE)
 
@@ -230,6 +255,8 @@ QUERIES = (
 
 @register(
     "gpu_state",
+    fault_class=FaultClass.GPU_HARDWARE,
+    action=Action.INVESTIGATE,
     interval_s=60,
     timeout_s=30,
     needs=("gpus", "nvidia_driver", "gpu_process_names"),

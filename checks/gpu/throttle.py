@@ -25,7 +25,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.gpu import GpuReading, counter_rate
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import Action, FaultClass, MetricSpec, Result, Sample, Status
 
 REASON_LABELS = (*GPU_LABELS, "reason")
 ACTIVE = MetricSpec(
@@ -169,7 +169,14 @@ def _shares(gpu: GpuReading, previous: GpuReading | None) -> tuple[dict[str, flo
 QUERIES = ("clock_event_reasons", "field_values", "throttle_time")
 
 
-@register("gpu_throttle", interval_s=30, timeout_s=30, needs=("gpus",))
+@register(
+    "gpu_throttle",
+    fault_class=FaultClass.GPU_PERFORMANCE,
+    action=Action.INVESTIGATE,
+    interval_s=30,
+    timeout_s=30,
+    needs=("gpus",),
+)
 def check_gpu_throttle(ctx: CheckContext) -> Iterator[Result]:
     """Clock throttling per GPU, by the share of time each reason was active."""
     yield from per_gpu_results(ctx, judge_throttle, QUERIES)

@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.gpu.state import recovery_action
 from nodecheck.checks.node.gpu import GpuReading
 from nodecheck.checks.node.kernel_log import line_age
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
@@ -49,7 +50,16 @@ from nodecheck.checks.node.xid import (
 from nodecheck.checks.per_gpu import GPU_LABELS, Verdict
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
+from nodecheck.checks.result import (
+    NODE,
+    Action,
+    FaultClass,
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+    gpu_subject,
+)
 
 XID_LABELS = (*GPU_LABELS, "xid")
 # A gauge, not a counter: it is what the kernel log still holds, and it drops
@@ -107,6 +117,39 @@ NO_ACTION = (XidAction.NONE, XidAction.APP_ERROR)
 # What the catalog does not settle (uncatalogued, unexpected, a driver to update): the
 # driver's recovery action decides whether it needs the node drained.
 UNSETTLED_ACTIONS = (XidAction.UNKNOWN, XidAction.CONTACT_SUPPORT, XidAction.UPDATE_SOFTWARE)
+
+
+# Each catalog resolution as the action a finding carries (checks/result.py's Action).
+ACTION_OF_XID_ACTION: dict[XidAction, Action] = {
+    XidAction.NONE: Action.NONE,
+    XidAction.APP_ERROR: Action.RESTART_APP,
+    XidAction.RESTART_APP: Action.RESTART_APP,
+    XidAction.RESET_GPU: Action.RESET_GPU,
+    XidAction.REBOOT: Action.REBOOT,
+    # A VM's restart is a reboot of the machine the GPU is in.
+    XidAction.RESTART_VM: Action.REBOOT,
+    XidAction.CHECK_MECHANICALS: Action.INSPECT_HARDWARE,
+    XidAction.UPDATE_SOFTWARE: Action.FIX_NODE_CONFIG,
+    XidAction.CONTACT_SUPPORT: Action.CONTACT_SUPPORT,
+    XidAction.FOLLOW_RECOVERY_ACTION: Action.RESET_GPU,
+    XidAction.UNKNOWN: Action.INVESTIGATE,
+}
+
+
+def xid_finding_action(group: XidGroup, gpu: GpuReading | None) -> Action:
+    """The action of one XID's finding: its catalog resolution's; for one the catalog
+    does not settle or leaves to the driver, the driver's recovery action where it asks
+    for one; a reboot where the driver asks for a reboot."""
+    pending = gpu.recovery_action if gpu is not None and gpu.readable else None
+    driver = recovery_action(pending)
+    action = group.judged_action
+    if driver is not None and (
+        action in UNSETTLED_ACTIONS
+        or action is XidAction.FOLLOW_RECOVERY_ACTION
+        or driver is Action.REBOOT
+    ):
+        return driver
+    return ACTION_OF_XID_ACTION[action]
 
 
 def event_action(event: XidEvent) -> XidAction:
@@ -279,7 +322,7 @@ def judge_gpu(
     verdict = Verdict(f"no XID in {source}" if not groups else "no action needed")
     for group in groups:
         status, summary, remedy = judge_group(group, gpu, now, boot_time)
-        verdict.add(status, summary, remedy)
+        verdict.add(status, summary, remedy, xid_finding_action(group, gpu))
         xid_labels = {**labels, "xid": str(group.xid)}
         verdict.samples.append(Sample(EVENTS, group.count, xid_labels))
         if group.last_seen is not None:
@@ -340,7 +383,16 @@ def _unregistered(bus_id: str, gpu: GpuReading | None, unwatched: dict[str, str]
     return f"NVML names no GPU at this bus id, and could not register {named}"
 
 
-@register("gpu_xid", interval_s=60, timeout_s=30, needs=("kernel_log", "gpus", "pci_gpus"))
+@register(
+    "gpu_xid",
+    fault_class=FaultClass.GPU_HARDWARE,
+    # Each XID's own action comes from its code (ACTION_OF_XID_ACTION).
+    action=Action.RESET_GPU,
+    gate=True,
+    interval_s=60,
+    timeout_s=30,
+    needs=("kernel_log", "gpus", "pci_gpus"),
+)
 def check_gpu_xid(ctx: CheckContext) -> Iterator[Result]:
     """XID errors per GPU, judged by NVIDIA's recommended action.
 

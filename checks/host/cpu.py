@@ -16,7 +16,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpu import CpuGovernors
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import NODE, Action, FaultClass, MetricSpec, Result, Sample, Status
 
 SMT_ACTIVE = MetricSpec(
     "nodecheck_cpu_smt_active",
@@ -67,7 +67,14 @@ def problem_results(problems: dict[str, str]) -> Iterator[Result]:
         )
 
 
-@register("cpu", interval_s=3600, timeout_s=10, needs=("inventory", "cpu_governors"))
+@register(
+    "cpu",
+    fault_class=FaultClass.NODE_CONFIG,
+    action=Action.FIX_NODE_CONFIG,
+    interval_s=3600,
+    timeout_s=10,
+    needs=("inventory", "cpu_governors"),
+)
 def check_cpu(ctx: CheckContext) -> Iterator[Result]:
     """CPU frequency governor and SMT state."""
     topology = ctx.inventory.cpu

@@ -14,7 +14,7 @@ from dataclasses import replace
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, Result, Status
+from nodecheck.checks.result import NODE, Action, FaultClass, Origin, Result, Status
 from nodecheck.checks.rules.nccl_settings import gid_discovery_results, inventory_problems
 from nodecheck.checks.rules.variable_judges import (
     ROCE_GIDS,
@@ -27,6 +27,11 @@ from nodecheck.checks.settings_audit import audit, sources_summary
 
 @register(
     "nccl_env",
+    fault_class=FaultClass.NODE_CONFIG,
+    # A variable is what a job or a user set (settings_audit.origin_of says which are
+    # the node's own: /etc/nccl.conf).
+    action=Action.FIX_JOB_ENVIRONMENT,
+    origin=Origin.JOB,
     interval_s=300,
     timeout_s=15,
     needs=("variables", "inventory", ROCE_GIDS, "nccl_library"),

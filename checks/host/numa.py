@@ -18,7 +18,16 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.numa import NumaBalancing, NumaNode
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status, gpu_subject
+from nodecheck.checks.result import (
+    NODE,
+    Action,
+    FaultClass,
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+    gpu_subject,
+)
 
 GPU_NUMA_NODE = MetricSpec(
     "nodecheck_gpu_numa_node",
@@ -33,7 +42,14 @@ NUMA_BALANCING = MetricSpec(
 )
 
 
-@register("numa", interval_s=3600, timeout_s=10, needs=("inventory", "numa_balancing"))
+@register(
+    "numa",
+    fault_class=FaultClass.NODE_CONFIG,
+    action=Action.FIX_NODE_CONFIG,
+    interval_s=3600,
+    timeout_s=10,
+    needs=("inventory", "numa_balancing"),
+)
 def check_numa(ctx: CheckContext) -> Iterator[Result]:
     """NUMA locality of the GPUs, empty NUMA nodes and automatic NUMA balancing."""
     inventory = ctx.inventory

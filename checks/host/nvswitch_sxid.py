@@ -32,7 +32,7 @@ from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import NODE, Action, FaultClass, MetricSpec, Result, Sample, Status
 
 SXID_LABELS = ("bus_id", "sxid")
 EVENTS = MetricSpec(
@@ -105,6 +105,7 @@ class SxidJudgement:
     summary: str
     remedy: str
     fatal_now: bool
+    action: Action | None = None  # None: the check's (investigate)
 
 
 def judge_sxid(
@@ -130,16 +131,18 @@ def judge_sxid(
     if fatal_now:
         always = info.kind is SxidKind.ALWAYS_FATAL
         remedy = REBOOT_REMEDY if always else RESET_REMEDY
+        action = Action.REBOOT if always else Action.RESET_GPU
         if shown.at is None:
             text += ": the log gives no time, so it may be from this boot"
-        return SxidJudgement(Status.FAIL, f"{text}: fails until the next boot", remedy, True)
+        summary = f"{text}: fails until the next boot"
+        return SxidJudgement(Status.FAIL, summary, remedy, True, action)
     if fatal:
         text += ": the fatal ones before the last boot"
         if not current:
             return SxidJudgement(Status.OK, text, "", False)
     recent = [e for e in current if e.at is None or now - e.at <= REPEAT_WINDOW_S]
     if info.kind is SxidKind.THERMAL and recent:
-        return SxidJudgement(Status.WARN, text, THERMAL_REMEDY, False)
+        return SxidJudgement(Status.WARN, text, THERMAL_REMEDY, False, Action.INSPECT_HARDWARE)
     if info.kind is SxidKind.UNKNOWN and shown.fatal is None and recent:
         return SxidJudgement(Status.WARN, f"{text}: not in the catalog", UNKNOWN_REMEDY, False)
     if len(recent) >= REPEAT_COUNT:
@@ -157,7 +160,7 @@ def judge_nvswitch(
     verdict = Verdict(f"no SXid in {source}" if not codes else "no action needed")
     for code, seen in sorted(codes.items()):
         judged = judge_sxid(code, seen, now, boot_time)
-        verdict.add(judged.status, judged.summary, judged.remedy)
+        verdict.add(judged.status, judged.summary, judged.remedy, judged.action)
         labels = {"bus_id": bus_id, "sxid": str(code)}
         verdict.samples.append(Sample(EVENTS, len(seen), labels))
         times = [e.at for e in seen if e.at is not None]
@@ -187,7 +190,13 @@ def _unreadable(err: KernelLogUnreadable) -> Result:
 
 
 @register(
-    "nvswitch_sxid", interval_s=60, timeout_s=30, needs=("inventory", "kernel_log"), root=True
+    "nvswitch_sxid",
+    fault_class=FaultClass.GPU_HARDWARE,
+    action=Action.INVESTIGATE,
+    interval_s=60,
+    timeout_s=30,
+    needs=("inventory", "kernel_log"),
+    root=True,
 )
 def check_nvswitch_sxid(ctx: CheckContext) -> Iterator[Result]:
     """NVSwitch SXid errors per NVSwitch, judged as the Fabric Manager guide says."""

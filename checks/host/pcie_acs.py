@@ -27,6 +27,8 @@ from nodecheck.checks.node.pci_config import SwitchPortAcs, acs_bit_names
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import (
     NODE,
+    Action,
+    FaultClass,
     MetricSpec,
     Result,
     Sample,
@@ -54,6 +56,8 @@ def setpci_remedy(bridge: str) -> str:
 
 @register(
     "pcie_acs",
+    fault_class=FaultClass.NODE_CONFIG,
+    action=Action.FIX_NODE_CONFIG,
     interval_s=3600,
     timeout_s=10,
     needs=("inventory", "virtualization", "pcie_acs"),

@@ -24,6 +24,8 @@ from nodecheck.checks.node.nic_roles import NicRole, nic_roles
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import (
+    Action,
+    FaultClass,
     MetricSpec,
     Result,
     Sample,
@@ -124,6 +126,9 @@ def judge_link(
             "a link still slow then needs a reseat",
             details,
             samples,
+            # A GPU's link slows down when it idles: nothing to do until a look under
+            # load says otherwise (an alert on the action stays quiet for it).
+            action=Action.NONE if kind == "gpu" else None,
         )
     return Result(Status.OK, subject, f"PCIe link {shown}", details=details, samples=samples)
 
@@ -157,7 +162,15 @@ def as_information(result: Result, role: NicRole) -> Result:
     )
 
 
-@register("pcie_link", interval_s=300, timeout_s=10, needs=("inventory",))
+@register(
+    "pcie_link",
+    fault_class=FaultClass.GPU_PERFORMANCE,
+    # A link trained below its width or speed: reseat the card or its riser.
+    action=Action.INSPECT_HARDWARE,
+    interval_s=300,
+    timeout_s=10,
+    needs=("inventory",),
+)
 def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     """PCIe link width and speed of GPUs, NICs and the switch uplinks above them."""
     inventory = ctx.inventory

@@ -44,7 +44,15 @@ from nodecheck.checks.node.nic_roles import PHYSICAL_STATE_MEANINGS, NicRole, ni
 from nodecheck.checks.node.pci import CLASS_NETWORK_INFINIBAND
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import MetricSpec, Result, Sample, Status, nic_subject
+from nodecheck.checks.result import (
+    Action,
+    FaultClass,
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+    nic_subject,
+)
 
 LABELS = ("device", "port", "link_layer", "role")
 ACTIVE = MetricSpec(
@@ -292,7 +300,14 @@ def _unlisted_note(device: RdmaDevice) -> str:
     )
 
 
-@register("rdma_ports", interval_s=60, timeout_s=15, needs=("inventory", "rdma_port_counters"))
+@register(
+    "rdma_ports",
+    fault_class=FaultClass.GPU_PERFORMANCE,
+    action=Action.INSPECT_HARDWARE,
+    interval_s=60,
+    timeout_s=15,
+    needs=("inventory", "rdma_port_counters"),
+)
 def check_rdma_ports(ctx: CheckContext) -> Iterator[Result]:
     """RDMA ports of the compute NICs ACTIVE at the node's rail rate, and their error rates."""
     inventory = ctx.inventory

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, Result, Status
+from nodecheck.checks.result import NODE, Action, FaultClass, Origin, Result, Status
 from nodecheck.checks.rules.allocator_settings import (
     both_names_disagree,
     expandable_segments_advice,
@@ -20,7 +20,16 @@ from nodecheck.checks.rules.variable_judges import allocator_judge, source_probl
 from nodecheck.checks.settings_audit import audit, sources_summary
 
 
-@register("torch_alloc", interval_s=300, timeout_s=15, needs=("variables",), root=True)
+@register(
+    "torch_alloc",
+    fault_class=FaultClass.NODE_CONFIG,
+    action=Action.FIX_JOB_ENVIRONMENT,
+    origin=Origin.JOB,
+    interval_s=300,
+    timeout_s=15,
+    needs=("variables",),
+    root=True,
+)
 def check_torch_alloc(ctx: CheckContext) -> Iterator[Result]:
     """PyTorch allocator settings: options torch rejects, and expandable segments."""
     variables = ctx.variables

@@ -72,8 +72,13 @@ class Source:
     kind: str  # "environment", "file" or "process"
     label: str
     pid: int | None = None
+    # The node's own, set for every job (/etc/nccl.conf), not a job's or a user's.
+    node_wide: bool = False
 
 
+# NCCL reads it after NCCL_CONF_FILE or ~/.nccl.conf (NVIDIA/nccl src/misc/param.cc,
+# initEnv): the one file that is the node's, not the job's.
+NODE_NCCL_CONF = "/etc/nccl.conf"
 CALLING_ENVIRONMENT = Source("environment", "the calling environment")
 
 
@@ -291,7 +296,7 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
             home = homes.home(owner_uid)
             if home is not None:
                 names.append(home.rstrip("/") + "/.nccl.conf")
-        names.append("/etc/nccl.conf")
+        names.append(NODE_NCCL_CONF)
         for name in names:
             try:
                 path = fs.host(name)
@@ -311,7 +316,7 @@ def read_variables(fs: NodeFS, environ: Mapping[str, str], uid: int) -> Variable
                 continue
             if contents.truncated:
                 found.problems.append(_cut_note(path, "lines", NCCL_CONF_LIMIT))
-            source = Source("file", _host_label(fs, path))
+            source = Source("file", _host_label(fs, path), node_wide=name == NODE_NCCL_CONF)
             found.sources.append(source)
             for line in parse_nccl_conf(contents.data.decode(errors="replace")):
                 if audited(line.name.strip()):

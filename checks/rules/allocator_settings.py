@@ -16,7 +16,7 @@ import re
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
-from nodecheck.checks.settings_audit import Finding
+from nodecheck.checks.settings_audit import SettingJudgement
 
 ALLOC_CONF_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 RECOMMENDED = "expandable_segments:True"
@@ -163,11 +163,11 @@ def _check_roundup(value: str) -> str | None:
     return None
 
 
-def judge_alloc_setting(setting: Setting) -> list[Finding]:
+def judge_alloc_setting(setting: Setting) -> list[SettingJudgement]:
     name = setting.name.strip()
     if name == "PYTORCH_NO_CUDA_MEMORY_CACHING" and setting.value.strip() not in ("", "0"):
         return [
-            Finding(
+            SettingJudgement(
                 Status.WARN,
                 "turns off the caching allocator: every tensor is a cudaMalloc "
                 "(a debugging setting)",
@@ -178,7 +178,7 @@ def judge_alloc_setting(setting: Setting) -> list[Finding]:
     options, errors = parse_alloc_conf(setting.value)
     if errors:
         return [
-            Finding(
+            SettingJudgement(
                 Status.FAIL, "torch will abort at the first CUDA allocation: " + "; ".join(errors)
             )
         ]
@@ -186,7 +186,7 @@ def judge_alloc_setting(setting: Setting) -> list[Finding]:
     backend = next((o.value for o in options if o.name == "backend"), "native")
     if backend == "cudaMallocAsync" and names & NATIVE_ONLY:
         ignored = ", ".join(sorted(names & NATIVE_ONLY))
-        return [Finding(Status.WARN, f"backend:cudaMallocAsync ignores {ignored}")]
+        return [SettingJudgement(Status.WARN, f"backend:cudaMallocAsync ignores {ignored}")]
     return []
 
 

@@ -20,7 +20,7 @@ from nodecheck.checks.node.net import PortGidTypes
 from nodecheck.checks.node.variables import Setting, Variables, parse_count
 from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
-from nodecheck.checks.settings_audit import Finding
+from nodecheck.checks.settings_audit import SettingJudgement
 
 GID_INDEX = "NCCL_IB_GID_INDEX"
 
@@ -128,10 +128,10 @@ def selected_names(value: str, names: list[str]) -> list[str]:
     return [name for name in names if any(_matches(name, p, exact) for p in patterns) != exclude]
 
 
-def rule_level(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_level(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     text = value.strip()
     if text.upper() in LEVELS and text not in LEVELS:
-        return Finding(
+        return SettingJudgement(
             Status.WARN,
             f"NCCL compares level names case-sensitively: {text!r} is ignored "
             f"(use {text.upper()!r}, or unset it)",
@@ -140,11 +140,11 @@ def rule_level(name: str, value: str, facts: NcclFacts) -> Finding | None:
     if name == "NCCL_P2P_LEVEL":
         if disabled:
             return _p2p_disabled(facts)
-        return Finding(
+        return SettingJudgement(
             Status.WARN, "debugging variable: overrides NCCL's topology-based P2P choice"
         )
     if disabled and facts.rdma_active:
-        return Finding(
+        return SettingJudgement(
             Status.FAIL,
             "GPUDirect RDMA disabled on a node with active RDMA ports "
             f"({', '.join(facts.rdma_active)}): network transfers are staged through host memory",
@@ -152,25 +152,27 @@ def rule_level(name: str, value: str, facts: NcclFacts) -> Finding | None:
     return None
 
 
-def _p2p_disabled(facts: NcclFacts) -> Finding:
+def _p2p_disabled(facts: NcclFacts) -> SettingJudgement:
     if facts.gpu_count >= 2:
-        return Finding(
+        return SettingJudgement(
             Status.FAIL,
             "disables GPU peer-to-peer (NVLink and PCIe) between the "
             f"{facts.gpu_count} GPUs: intra-node collectives go through host memory",
         )
-    return Finding(Status.WARN, "disables GPU peer-to-peer; no effect with one GPU, remove it")
+    return SettingJudgement(
+        Status.WARN, "disables GPU peer-to-peer; no effect with one GPU, remove it"
+    )
 
 
-def rule_p2p_disable(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_p2p_disable(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     return _p2p_disabled(facts) if _truthy(value) else None
 
 
-def rule_ib_disable(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_ib_disable(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     if not _truthy(value):
         return None
     if facts.rdma_active:
-        return Finding(
+        return SettingJudgement(
             Status.FAIL,
             f"turns off InfiniBand/RoCE although {', '.join(facts.rdma_active)} are active: "
             "inter-node traffic falls back to TCP sockets",
@@ -178,15 +180,17 @@ def rule_ib_disable(name: str, value: str, facts: NcclFacts) -> Finding | None:
     return None
 
 
-def rule_shm_disable(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_shm_disable(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     if _truthy(value):
-        return Finding(Status.WARN, "turns off the shared-memory transport between local GPUs")
+        return SettingJudgement(
+            Status.WARN, "turns off the shared-memory transport between local GPUs"
+        )
     return None
 
 
-def rule_nvls(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_nvls(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     if value.strip() == "0" and facts.nvswitch:
-        return Finding(
+        return SettingJudgement(
             Status.WARN,
             "turns off NVLink SHARP on an NVSwitch node: all_reduce loses about a quarter of "
             "its bandwidth (482 vs 368 GB/s on 8x H200)",
@@ -194,25 +198,25 @@ def rule_nvls(name: str, value: str, facts: NcclFacts) -> Finding | None:
     return None
 
 
-def rule_proto(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_proto(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     text = value.strip()
     if "LL128" in text.upper() and not text.startswith("^"):
-        return Finding(
+        return SettingJudgement(
             Status.FAIL,
             "forces the LL128 protocol, which can corrupt data on platforms that do not "
             "support it (NCCL docs)",
         )
-    return Finding(Status.WARN, "debugging variable: restricts NCCL's protocol choice")
+    return SettingJudgement(Status.WARN, "debugging variable: restricts NCCL's protocol choice")
 
 
-def rule_debug(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_debug(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     text = value.strip().upper()
     if name == "NCCL_DEBUG" and text in ("INFO", "TRACE"):
         # Not "unset": without NCCL_DEBUG, NCCL logs nothing at all (NVIDIA/nccl
         # src/debug.cc, ncclDebugInit: the level defaults to NONE), so the WARN lines that
         # name a failed IB or socket connection are lost. WARN is NCCL's own nccl.conf
         # example (NCCL docs, Environment Variables: NCCL_DEBUG).
-        return Finding(
+        return SettingJudgement(
             Status.WARN,
             f"NCCL_DEBUG={text} logs every rank's setup and connections (a debugging level); "
             "set WARN in production, which still logs the errors that explain a failure "
@@ -220,17 +224,21 @@ def rule_debug(name: str, value: str, facts: NcclFacts) -> Finding | None:
             replacement="WARN",
         )
     if name == "NCCL_DEBUG_SUBSYS" and "ALL" in text.split(","):
-        return Finding(Status.WARN, "logs every NCCL subsystem; leave it unset in production")
+        return SettingJudgement(
+            Status.WARN, "logs every NCCL subsystem; leave it unset in production"
+        )
     return None
 
 
-def rule_ib_timeout(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_ib_timeout(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     try:
         timeout = int(value.strip())
     except ValueError:
-        return Finding(Status.WARN, f"not a number: {value!r} (NCCL falls back to its default)")
+        return SettingJudgement(
+            Status.WARN, f"not a number: {value!r} (NCCL falls back to its default)"
+        )
     if timeout < 18:
-        return Finding(
+        return SettingJudgement(
             Status.WARN,
             f"IB timeout {timeout} = {4.096e-6 * 2**timeout:.2g} s per retry; NCCL's default "
             "is 20 and large fabrics need 18 or more",
@@ -238,11 +246,11 @@ def rule_ib_timeout(name: str, value: str, facts: NcclFacts) -> Finding | None:
     return None
 
 
-def rule_ib_hca(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_ib_hca(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     try:
         exclude, exact, entries = parse_selector(value)
     except ValueError:
-        return Finding(Status.FAIL, f"cannot parse {value!r}")
+        return SettingJudgement(Status.FAIL, f"cannot parse {value!r}")
     if not entries:
         return None
     if exclude:
@@ -252,7 +260,7 @@ def rule_ib_hca(name: str, value: str, facts: NcclFacts) -> Finding | None:
             if not any(_matches(hca, pattern, exact) for pattern, _ in entries)
         ]
         if facts.rdma_all and not remaining:
-            return Finding(Status.FAIL, "excludes every RDMA device on this node")
+            return SettingJudgement(Status.FAIL, "excludes every RDMA device on this node")
         return None
     problems = []
     ambiguous = []
@@ -270,35 +278,37 @@ def rule_ib_hca(name: str, value: str, facts: NcclFacts) -> Finding | None:
                     problems.append(f"{hca} port {port} is {state}")
     if problems:
         known = ", ".join(facts.rdma_all) or "none"
-        return Finding(
+        return SettingJudgement(
             Status.FAIL,
             f"names RDMA ports that cannot carry traffic: {'; '.join(problems)} "
             f"(RDMA devices here: {known})",
         )
     if ambiguous:
-        return Finding(
+        return SettingJudgement(
             Status.WARN,
             f"prefix match: {'; '.join(ambiguous)}; add a leading '=' for exact names",
         )
     return None
 
 
-def rule_socket_ifname(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_socket_ifname(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     matched = selected_names(value, list(facts.interfaces))
     if not matched:
-        return Finding(
+        return SettingJudgement(
             Status.FAIL,
             "matches no network interface, so NCCL cannot bootstrap "
             f"(interfaces here: {', '.join(facts.interfaces) or 'none'})",
         )
     if not any(facts.interfaces[i] in ("up", "unknown") for i in matched):
-        return Finding(Status.FAIL, f"matches only interfaces that are down: {', '.join(matched)}")
+        return SettingJudgement(
+            Status.FAIL, f"matches only interfaces that are down: {', '.join(matched)}"
+        )
     return None
 
 
-def rule_async_error_handling(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_async_error_handling(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     if value.strip() == "0":
-        return Finding(
+        return SettingJudgement(
             Status.WARN,
             "no NCCL error handling: a failed collective hangs the job until its timeout "
             "instead of ending it (default 3)",
@@ -306,13 +316,15 @@ def rule_async_error_handling(name: str, value: str, facts: NcclFacts) -> Findin
     return None
 
 
-def rule_launch_blocking(name: str, value: str, facts: NcclFacts) -> Finding | None:
+def rule_launch_blocking(name: str, value: str, facts: NcclFacts) -> SettingJudgement | None:
     if _truthy(value):
-        return Finding(Status.WARN, "makes every CUDA launch synchronous (a debugging setting)")
+        return SettingJudgement(
+            Status.WARN, "makes every CUDA launch synchronous (a debugging setting)"
+        )
     return None
 
 
-RULES: dict[str, Callable[[str, str, NcclFacts], Finding | None]] = {
+RULES: dict[str, Callable[[str, str, NcclFacts], SettingJudgement | None]] = {
     "NCCL_P2P_DISABLE": rule_p2p_disable,
     "NCCL_P2P_LEVEL": rule_level,
     "NCCL_NET_GDR_LEVEL": rule_level,
@@ -332,14 +344,14 @@ RULES: dict[str, Callable[[str, str, NcclFacts], Finding | None]] = {
 }
 
 
-def judge_setting(setting: Setting, facts: NcclFacts) -> list[Finding]:
+def judge_setting(setting: Setting, facts: NcclFacts) -> list[SettingJudgement]:
     """Every finding for one variable as one source sets it."""
     findings = []
     raw_name = setting.name
     name = raw_name.strip()
     if raw_name != name:
         findings.append(
-            Finding(
+            SettingJudgement(
                 Status.WARN,
                 f"NCCL reads this line as a variable named {raw_name!r}, which nothing uses: "
                 "remove the spaces around '='",
@@ -348,14 +360,18 @@ def judge_setting(setting: Setting, facts: NcclFacts) -> list[Finding]:
         return findings
     if setting.value != setting.value.strip():
         findings.append(
-            Finding(Status.WARN, f"value {setting.value!r} has surrounding whitespace NCCL keeps")
+            SettingJudgement(
+                Status.WARN, f"value {setting.value!r} has surrounding whitespace NCCL keeps"
+            )
         )
     if name in REMOVED:
-        findings.append(Finding(Status.WARN, f"removed in NCCL {REMOVED[name]}: it does nothing"))
+        findings.append(
+            SettingJudgement(Status.WARN, f"removed in NCCL {REMOVED[name]}: it does nothing")
+        )
     if name in RENAMED:
-        findings.append(Finding(Status.WARN, f"deprecated name: use {RENAMED[name]}"))
+        findings.append(SettingJudgement(Status.WARN, f"deprecated name: use {RENAMED[name]}"))
     if name in FORCING:
-        findings.append(Finding(Status.WARN, f"debugging variable: {FORCING[name]}"))
+        findings.append(SettingJudgement(Status.WARN, f"debugging variable: {FORCING[name]}"))
     rule = RULES.get(name)
     if rule is not None:
         finding = rule(name, setting.value, facts)
@@ -366,18 +382,18 @@ def judge_setting(setting: Setting, facts: NcclFacts) -> list[Finding]:
 
 def gid_index_findings(
     setting: Setting, facts: NcclFacts, tables: list[PortGidTypes] | Unread
-) -> list[Finding]:
+) -> list[SettingJudgement]:
     """NCCL_IB_GID_INDEX must point at a RoCE v2 GID on every RoCE port: `tables` are the
     RoCE ports' GID tables (the roce_gids part), or why they could not be read."""
     try:
         index = int(setting.value.strip())
     except ValueError:
-        return [Finding(Status.WARN, f"not a number: {setting.value!r}")]
+        return [SettingJudgement(Status.WARN, f"not a number: {setting.value!r}")]
     if index < 0 or not facts.roce_ports:
         return []
     if isinstance(tables, Unread):
         return [
-            Finding(
+            SettingJudgement(
                 Status.ERROR,
                 f"cannot tell whether GID index {index} is RoCE v2: the RoCE ports' GID "
                 f"tables could not be read ({tables.reason})",
@@ -397,7 +413,7 @@ def gid_index_findings(
     findings = []
     if wrong:
         findings.append(
-            Finding(
+            SettingJudgement(
                 Status.WARN,
                 f"GID index {index} is not RoCE v2 on {'; '.join(wrong)}; NCCL 2.21+ picks "
                 "the GID itself when this is unset",
@@ -405,7 +421,7 @@ def gid_index_findings(
         )
     if unknown:
         findings.append(
-            Finding(
+            SettingJudgement(
                 Status.ERROR,
                 f"cannot tell whether GID index {index} is RoCE v2 on {'; '.join(unknown)}",
             )

@@ -25,7 +25,7 @@ from nodecheck.checks.rules.nccl_settings import (
     judge_setting,
     nccl_facts,
 )
-from nodecheck.checks.settings_audit import Finding
+from nodecheck.checks.settings_audit import SettingJudgement
 
 NCCL_ENV = "nccl_env"
 TORCH_ALLOC = "torch_alloc"
@@ -48,17 +48,17 @@ def judging_check(name: str) -> str:
     return TORCH_ALLOC if name.strip().startswith("PYTORCH_") else NCCL_ENV
 
 
-def allocator_judge(setting: Setting) -> list[Finding]:
+def allocator_judge(setting: Setting) -> list[SettingJudgement]:
     """torch_alloc's judge: the allocator's rules, for the variables that are its."""
     if judging_check(setting.name) != TORCH_ALLOC:
         return []
     return judge_alloc_setting(setting)
 
 
-def nccl_judge(facts: VariableFacts) -> Callable[[Setting], list[Finding]]:
+def nccl_judge(facts: VariableFacts) -> Callable[[Setting], list[SettingJudgement]]:
     """nccl_env's judge: NCCL's rules over `facts`, for the variables that are its."""
 
-    def judge(setting: Setting) -> list[Finding]:
+    def judge(setting: Setting) -> list[SettingJudgement]:
         if judging_check(setting.name) != NCCL_ENV:
             return []
         findings = judge_setting(setting, facts.nccl)
@@ -69,7 +69,7 @@ def nccl_judge(facts: VariableFacts) -> Callable[[Setting], list[Finding]]:
     return judge
 
 
-def judge_variable(setting: Setting, facts: VariableFacts) -> tuple[str, list[Finding]]:
+def judge_variable(setting: Setting, facts: VariableFacts) -> tuple[str, list[SettingJudgement]]:
     """The check a variable is judged by, and that check's findings for it."""
     check = judging_check(setting.name)
     if check == TORCH_ALLOC:

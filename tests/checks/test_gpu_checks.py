@@ -168,12 +168,17 @@ def test_throttle_judged_by_time_share(dgx_faulty: Node) -> None:
     assert {r.status for r in others} == {Status.OK}
 
 
-def test_pcie_width_and_replay_rate(dgx_faulty: Node) -> None:
+def test_pcie_replay_rate_and_one_judge_of_the_link(dgx_faulty: Node) -> None:
+    """gpu_pcie judges replays; the link trained at x8 is judged once, by pcie_link
+    (sysfs), and NVML's reading of it is evidence in gpu_pcie's details."""
     single = dgx_faulty.results("gpu_pcie")
     narrow = one(single, "0000:9c:00.0")
-    assert narrow.status is Status.FAIL
-    assert "x8 of x16" in narrow.summary and "reseat" in narrow.remedy
-    assert "replays" not in narrow.summary  # a rate needs two readings
+    assert narrow.status is Status.OK  # a rate needs two readings; the width is not its
+    assert "NVML link Gen5 x8 (max Gen5 x16)" in narrow.summary
+    assert narrow.details["link"]["width"] == 8
+    [link] = [r for r in dgx_faulty.results("pcie_link") if r.subject == narrow.subject]
+    assert link.status is Status.FAIL and "x8 of x16" in link.summary
+    assert "reseat" in link.remedy
 
     results = two_passes(dgx_faulty, "gpu_pcie")
     assert "PCIe replays per minute" in one(results, "0000:9c:00.0").summary
@@ -469,7 +474,7 @@ def test_faulty_dgx_has_exactly_the_planted_gpu_faults(dgx_faulty: Node) -> None
             ("gpu_memory_errors", "fail", gpu["ba"]),
             ("gpu_memory_errors", "warn", gpu["18"]),
             ("gpu_nvlink", "fail", gpu["9a"]),
-            ("gpu_pcie", "fail", gpu["9c"]),
+            ("gpu_pcie", "warn", gpu["9c"]),
             ("gpu_state", "fail", gpu["1a"]),
             ("gpu_state", "warn", gpu["3a"]),
             ("gpu_state", "warn", gpu["ba"]),
