@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from nodecheck.agent.fault_classes import FaultClass
 from nodecheck.agent.interruption import Interrupted, raise_on_stop_signals
 from nodecheck.agent.logs import LEVELS, configure_logging
 from nodecheck.checks.config import (
@@ -37,6 +36,7 @@ from nodecheck.checks.config import (
     Thresholds,
 )
 from nodecheck.checks.printable import printable
+from nodecheck.checks.result import FaultClass
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.facts import NodeFacts, PartUnavailableError
@@ -1411,9 +1411,9 @@ def slurm_prolog(
     and requeues the job. Anything else (warn, error, a slow link) passes with a line
     on stderr. It never calls a Slurm command.
     """
-    from nodecheck.agent.slurm_prolog import PROLOG_CHECKS
+    from nodecheck.agent.slurm_prolog import gate_checks
 
-    ctx.exit(_run_gate(ctx, "prolog", PROLOG_CHECKS, expected_gpus, budget_s, kernel_log))
+    ctx.exit(_run_gate(ctx, "prolog", gate_checks(), expected_gpus, budget_s, kernel_log))
 
 
 @slurm.command("epilog")

@@ -381,6 +381,23 @@ class AgentConfig:
     def check(self, name: str) -> CheckSettings:
         return self.checks.get(name, CheckSettings())
 
+    def check_config(self) -> CheckConfig:
+        """The one CheckConfig of an AgentConfig, for the daemon, `npd` and `slurm`: what
+        the file (or the command line) set, and checks/config.py's defaults for the rest."""
+        bench = self.benchmarks
+        options = BenchOptions(
+            device=bench.device,
+            duration_s=bench.duration_s,
+            idle_window_s=bench.idle_window_s,
+            memory_fraction=bench.memory_fraction,
+            thresholds=Thresholds(warn=bench.warn_below, fail=bench.fail_below),
+        )
+        if self.state_dir is not None:
+            options = replace(options, state_dir=self.state_dir)
+        return CheckConfig(
+            expected_gpus=self.expected_gpus, nvml_timeout_s=self.nvml_timeout_s, bench=options
+        )
+
     def show(self, registered: Mapping[str, Check] | None = None) -> str:
         """The effective configuration as TOML (strings quoted as TOML basic strings):
         every key the file may set, with its value. A key the file may leave unset (its

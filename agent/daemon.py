@@ -46,15 +46,13 @@ from nodecheck.agent.exporter import (
     ResultCollector,
     make_registry,
     parse_basic_auth,
-    results_document,
     serve,
     write_textfile,
 )
-from nodecheck.agent.results_file import ResultsFile
+from nodecheck.agent.findings import findings_of
+from nodecheck.agent.results_file import ResultsFile, served_document, stored_document
 from nodecheck.agent.scheduler import ResultStore, Scheduler, StoredRun
-from nodecheck.agent.slurm_health import StoredCheck, findings_of, results_text
 from nodecheck.agent.snapshot import from_snapshot
-from nodecheck.checks.config import BenchOptions, CheckConfig, Thresholds
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
 from nodecheck.checks.node.fs import NodeFS
@@ -178,7 +176,7 @@ class Agent:
         self.config = self._load()
         # What every check is judged under: built once per configuration (again on each
         # reload), shared by every context.
-        self.check_config = self._check_config(self.config)
+        self.check_config = self.config.check_config()
         self.auth = self._auth(self.config)
         self.reload_ok = True
         self.store = ResultStore()
@@ -244,30 +242,6 @@ class Agent:
             config=self.check_config,
         )
 
-    @classmethod
-    def _check_config(cls, config: AgentConfig) -> CheckConfig:
-        """The one CheckConfig of an AgentConfig: what the file (or the command line) set,
-        and checks/config.py's defaults for the rest."""
-        return CheckConfig(
-            expected_gpus=config.expected_gpus,
-            nvml_timeout_s=config.nvml_timeout_s,
-            bench=cls._bench_options(config),
-        )
-
-    @staticmethod
-    def _bench_options(config: AgentConfig) -> BenchOptions:
-        bench = config.benchmarks
-        options = BenchOptions(
-            device=bench.device,
-            duration_s=bench.duration_s,
-            idle_window_s=bench.idle_window_s,
-            memory_fraction=bench.memory_fraction,
-            thresholds=Thresholds(warn=bench.warn_below, fail=bench.fail_below),
-        )
-        if config.state_dir is not None:
-            options = replace(options, state_dir=config.state_dir)
-        return options
-
     def _scheduler(self, previous: Scheduler | None = None) -> Scheduler:
         return Scheduler(
             self._checks(self.config),
@@ -289,9 +263,7 @@ class Agent:
             f", failing: {', '.join(failing)}" if failing else ""
         )
         if self.kubernetes is not None and enabled <= have:
-            self.kubernetes.update(
-                [(s.run.check.name, findings_of(s.run.check.name, s.run.results)) for s in stored]
-            )
+            self.kubernetes.update([(s.run.check.name, findings_of(s.run)) for s in stored])
         if not self._ready and enabled <= have:
             self._ready = True
             notify(f"READY=1\nSTATUS={summary}")
@@ -318,17 +290,7 @@ class Agent:
             stored = self.store.all()
             if self.config.results_file is None:
                 return stored
-            checks = [
-                StoredCheck(
-                    s.run.check.name,
-                    s.finished_at,
-                    s.interval_s,
-                    tuple(findings_of(s.run.check.name, s.run.results)),
-                    s.run.check.name in self.benchmarks,
-                )
-                for s in stored
-            ]
-            self.results_file.write(results_text(self.hostname, checks, time.time()))
+            self.results_file.write(stored_document(self.hostname, stored))
         return stored
 
     def _fast_checks(self, config: AgentConfig) -> set[str]:
@@ -387,7 +349,7 @@ class Agent:
                     self.store,
                     lambda: (self.reload_ok, self._node_labels(), self.results_file.state()),
                 ),
-                lambda: results_document(self.store, self.hostname),
+                lambda: served_document(self.store, self.hostname),
                 self.healthy,
                 tls,
                 self.auth,
@@ -495,7 +457,7 @@ class Agent:
                 self.server.reload_tls()
             except ValueError as err:
                 raise ConfigError(config.source, None, "", f"TLS: {err}") from None
-        check_config = self._check_config(config)
+        check_config = config.check_config()
         # Nothing can fail from here on: the new configuration is applied whole.
         if auth is not None and self.auth is not None:
             self.auth.users = auth.users  # the running server's check, updated in place

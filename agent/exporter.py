@@ -43,8 +43,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from nodecheck.agent.findings import findings_of_check, fold
 from nodecheck.agent.http_intake import REQUEST_DEADLINE_S, Arrival, KnownClients, RequestIntake
-from nodecheck.agent.report import check_document
 from nodecheck.agent.results_file import ResultsWrites
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
@@ -64,6 +64,7 @@ TEXTFILE_NAME = "nodecheck.prom"
 OWN_FAMILIES = frozenset(
     {
         "nodecheck_check_status",
+        "nodecheck_check_verdict",
         "nodecheck_check_run_success",
         "nodecheck_check_duration_seconds",
         "nodecheck_check_last_run_timestamp_seconds",
@@ -269,6 +270,15 @@ class ResultCollector(Collector):
             "1 for the status of the latest result of this check on this subject",
             labels=["check", "subject", "status"],
         )
+        # What each subject's latest finding means, as the check declared it or the result
+        # set it (agent/findings.py): what the alert rules read instead of re-judging a
+        # threshold. One series per check and subject, value 1.
+        verdict = GaugeMetricFamily(
+            "nodecheck_check_verdict",
+            "1 for the latest finding of this check on this subject: its status, fault class, "
+            "the action it asks for and whether the evidence is the node's or a job's",
+            labels=["check", "subject", "status", "class", "action", "origin"],
+        )
         success = GaugeMetricFamily(
             "nodecheck_check_run_success",
             "1 when the check ran to completion (no crash, no timeout)",
@@ -312,7 +322,19 @@ class ResultCollector(Collector):
             for subject, current in by_subject.items():
                 for value in STATUSES:
                     status.add_metric([name, subject, value], int(current.value == value))
-        yield from (status, success, duration, last, interval)
+            for one in findings_of_check(run.check, fold(run.results)):
+                verdict.add_metric(
+                    [
+                        name,
+                        _label_value(str(one.subject)),
+                        one.status.value,
+                        one.fault_class.value,
+                        one.action.value,
+                        one.origin.value,
+                    ],
+                    1,
+                )
+        yield from (status, verdict, success, duration, last, interval)
         # One series a node for the fleet's "is it failing": a rule that reads it need not
         # reduce the node's ~117 status series (nodecheck:node_failing).
         failing = GaugeMetricFamily(
@@ -471,18 +493,6 @@ def write_textfile(directory: Path, registry: CollectorRegistry) -> None:
     reads half a file; world-readable, as node_exporter runs as another user. By the rule
     of every output path (checks/node/output.py): the folder must exist."""
     write_output(directory / TEXTFILE_NAME, exposition(registry).decode(), 0o644)
-
-
-def results_document(store: ResultStore, hostname: str) -> dict[str, Any]:
-    """/results: the nodecheck.check/v1 document of `nodecheck check`, plus each check's age."""
-    stored = store.all()
-    document = check_document(hostname, [s.run for s in stored])
-    now = time.time()
-    ages = {s.run.check.name: round(now - s.finished_at, 3) for s in stored}
-    results: list[dict[str, Any]] = document["results"]  # type: ignore[assignment]
-    for result in results:
-        result["age_seconds"] = ages.get(result["check"])
-    return document
 
 
 # -- basic auth -------------------------------------------------------------------------

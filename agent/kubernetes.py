@@ -4,9 +4,12 @@ After each run the daemon hands the reporter its latest results (`update`, which
 blocks); the reporter's own thread talks to the API server, so a slow or hung API server
 never delays a check or a scrape.
 
-Conditions, one per class of fault (agent/fault_classes.py), `True` meaning a problem as
-node-problem-detector's are (its config/kernel-monitor.json; NVSentinel does the same):
-- `True` when a check of the class fails (reason `<Check>Failed`, or `SeveralChecksFailed`),
+Conditions, one per class of fault (checks/result.py's FaultClass, each finding's own),
+`True` meaning a problem as node-problem-detector's are (its config/kernel-monitor.json;
+NVSentinel does the same):
+- `True` when a finding of the class fails on the node's own evidence (reason
+  `<Check>Failed`, or `SeveralChecksFailed`); a job's failing finding (a variable a user
+  set) is a warning, an Event, and never a condition or the taint,
 - `Unknown` (reason `CouldNotDetermine`) when none fails but one could not determine
   (`error`), or nothing was judged (no check ran, or all skipped): an error must not
   read as healthy, and absence is no pass (agent/fault_classes.py, class_verdict, the
@@ -74,18 +77,16 @@ from typing import Any
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings
 from nodecheck.agent.fault_classes import (
+    CONDITION_TYPES,
     ClassVerdict,
-    FaultClass,
-    UnclassifiedCheckError,
     checks_of,
-    class_of,
     class_verdict,
 )
+from nodecheck.agent.findings import Finding
 from nodecheck.agent.kube_api import KubeClient, Reply
-from nodecheck.agent.slurm_health import Finding
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Status
+from nodecheck.checks.result import FaultClass, Status
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,6 @@ REANNOUNCE_S = 3600.0
 CONFLICT_RETRIES = 5
 EVENTS_PER_REPORT = 50  # a first report on a broken node: the rest at the next one
 RETRY_MAX_S = 60.0
-CONDITION_TYPES = {cls: cls.condition_type for cls in FaultClass}
 OUR_TYPES = frozenset(CONDITION_TYPES.values())
 
 
@@ -148,30 +148,29 @@ def listed(parts: Sequence[str], limit: int = MESSAGE_MAX) -> str:
 def _finding_text(finding: Finding) -> str:
     """A finding as a condition's or an event's message says it, escaped (checks/printable.py):
     `kubectl describe node` and `kubectl get events` show it on a terminal."""
-    return printable(f"{finding.check} {finding.subject}: {finding.summary}")
+    return printable(finding.line())
 
 
 def judge_classes(checks: Iterable[CheckFindings]) -> list[ConditionState]:
-    """One condition per class from the checks' latest findings. A check with no class
-    is judged with the hardware one, never dropped (absence is never a pass)."""
+    """One condition per class from the checks' latest findings, each finding under its
+    own class (agent/findings.py). A job's failing finding counts as a warning: a
+    condition True keeps the node from scheduling, and nothing a job's user sets does."""
     by_class: dict[FaultClass, list[Finding]] = {cls: [] for cls in FaultClass}
     ran: dict[FaultClass, list[str]] = {cls: [] for cls in FaultClass}
     for check, findings in checks:
-        try:
-            cls = class_of(check)
-        except UnclassifiedCheckError:
-            cls = FaultClass.GPU_HARDWARE
-        by_class[cls] += findings
-        ran[cls].append(check)
+        for finding in findings:
+            by_class[finding.fault_class].append(finding)
+            if check not in ran[finding.fault_class]:
+                ran[finding.fault_class].append(check)
     states = []
     for cls in FaultClass:
         findings = by_class[cls]
-        fails = [f for f in findings if f.status is Status.FAIL]
+        fails = [f for f in findings if f.node_failing]
         errors = [f for f in findings if f.status is Status.ERROR]
-        warns = [f for f in findings if f.status is Status.WARN]
+        warns = [f for f in findings if f.status_against_node is Status.WARN]
         condition = CONDITION_TYPES[cls]
         # The verdict `nodecheck npd` gives the class too (agent/fault_classes.py).
-        verdict = class_verdict(f.status for f in findings)
+        verdict = class_verdict(f.status_against_node for f in findings)
         if verdict is ClassVerdict.FAILING:
             failing = sorted({f.check for f in fails})
             reason = (
@@ -233,11 +232,8 @@ class Fault:
 def fault_of(checks: Iterable[CheckFindings]) -> Fault | None:
     fails: list[tuple[FaultClass, str, str]] = []
     for check, findings in checks:
-        try:
-            cls = class_of(check)
-        except UnclassifiedCheckError:
-            cls = FaultClass.GPU_HARDWARE
-        fails += [(cls, check, f.subject) for f in findings if f.status is Status.FAIL]
+        # Only the node's own evidence taints it (Finding.node_failing).
+        fails += [(f.fault_class, check, f.subject) for f in findings if f.node_failing]
     if not fails:
         return None
     order = list(FaultClass)

@@ -14,12 +14,16 @@ defaultMaxOutputLength). NPD cuts in the middle of a UTF-8 character; this plugi
 first, on whole characters, to the length it is told (`--max-output`), so what NPD
 shows is what was written.
 
-The verdict comes from the agent's results file when it is fresh (agent/slurm_health.py
+The verdict comes from the agent's results file when it is fresh (agent/findings.py
 reads and dates it, the same rules as `slurm health-check`), else from the class's quick
-checks run here within a budget, never the benchmarks. Exit 1 when a check of the class
-fails, 2 when one could not determine (or nothing of the class was judged: absence is
-never a pass), else 0; a warning is said in the message, exit 0 (a warning is an Event
-in the agent's reporter, not a condition).
+checks run here within a budget, never the benchmarks. A finding's class is its own
+(agent/findings.py: the check's declaration, or the result's where the evidence says):
+a GPU lost under gpu_throttle is a hardware finding. Exit 1 when a finding of the class
+fails on the node's own evidence (a job's failing finding, a variable a user set, is a
+warning: NPD's condition would keep any node from scheduling), 2 when one could not
+determine (or nothing of the class was judged: absence is never a pass), else 0; a
+warning is said in the message, exit 0 (a warning is an Event in the agent's reporter,
+not a condition).
 """
 
 from __future__ import annotations
@@ -30,16 +34,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.fault_classes import ClassVerdict, FaultClass, class_of, class_verdict
-from nodecheck.agent.slurm_health import (
+from nodecheck.agent.fault_classes import ClassVerdict, checks_of, class_verdict
+from nodecheck.agent.findings import (
     Finding,
     ResultsUnusableError,
-    findings_of,
-    fresh_findings,
+    findings_of_named,
+    fresh_results,
 )
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Result, Status
+from nodecheck.checks.result import FaultClass, Result, Status
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -54,17 +58,13 @@ class Verdict:
     message: str
 
 
-def _said(finding: Finding) -> str:
-    return f"{finding.check} {finding.subject}: {finding.summary}"
-
-
 def judge(fault_class: FaultClass, findings: Sequence[Finding], source: str) -> Verdict:
     """The class's verdict from every finding of the node (those of other classes are
     ignored). `source` says where the findings came from, at the message's end."""
-    mine = [f for f in findings if class_of(f.check) is fault_class]
+    mine = [f for f in findings if f.fault_class is fault_class]
     by_status: dict[Status, list[Finding]] = {status: [] for status in Status}
     for finding in mine:
-        by_status[finding.status].append(finding)
+        by_status[finding.status_against_node].append(finding)
     failing, errors, warnings = (
         by_status[Status.FAIL],
         by_status[Status.ERROR],
@@ -72,16 +72,16 @@ def judge(fault_class: FaultClass, findings: Sequence[Finding], source: str) -> 
     )
     judged = [f for f in mine if f.status is not Status.SKIP]
     # The agent's reporter judges its conditions with the same function.
-    verdict = class_verdict(f.status for f in mine)
+    verdict = class_verdict(f.status_against_node for f in mine)
 
     def more(of: list[Finding], what: str) -> str:
         return f" (+{len(of) - 1} more {what})" if len(of) > 1 else ""
 
     if verdict is ClassVerdict.FAILING:
-        message = f"{fault_class.value} fail: {_said(failing[0])}{more(failing, 'failing')}"
+        message = f"{fault_class.value} fail: {failing[0].line()}{more(failing, 'failing')}"
         return Verdict(EXIT_PROBLEM, f"{message}; {source}")
     if errors:
-        message = f"{fault_class.value} unknown: {_said(errors[0])}{more(errors, 'undetermined')}"
+        message = f"{fault_class.value} unknown: {errors[0].line()}{more(errors, 'undetermined')}"
         return Verdict(EXIT_UNKNOWN, f"{message}; {source}")
     if verdict is ClassVerdict.UNDETERMINED:  # nothing judged: absence is never a pass
         checks = sorted({f.check for f in mine})
@@ -89,7 +89,7 @@ def judge(fault_class: FaultClass, findings: Sequence[Finding], source: str) -> 
         return Verdict(EXIT_UNKNOWN, f"{fault_class.value} unknown: {what}; {source}")
     judged_checks = len({f.check for f in judged})
     if warnings:
-        message = f"{fault_class.value} ok, warn: {_said(warnings[0])}{more(warnings, 'warning')}"
+        message = f"{fault_class.value} ok, warn: {warnings[0].line()}{more(warnings, 'warning')}"
         return Verdict(EXIT_OK, f"{message}; {source}")
     return Verdict(EXIT_OK, f"{fault_class.value} ok: {judged_checks} checks; {source}")
 
@@ -107,17 +107,18 @@ def npd_verdict(
     """The verdict for one class: from the agent's fresh results, else from its quick
     checks (`enabled`, those of the class the configuration enables) run within budget_s.
     The callable is the node's side, so the whole run is exercised on replicas."""
-    mine = [name for name in enabled if class_of(name) is fault_class]
+    declared = set(checks_of(fault_class))
+    mine = [name for name in enabled if name in declared]
     if not mine:
         return Verdict(EXIT_UNKNOWN, f"{fault_class.value} unknown: every check of it is disabled")
     try:
         if results_file is None:
             raise ResultsUnusableError("no results file configured")
-        findings = fresh_findings(results_file, now(), max_age_s, mine)
+        findings = list(fresh_results(results_file, now(), max_age_s, mine).findings)
         source = "agent results"
     except ResultsUnusableError as why:
         ran = run_quick_checks(mine, budget_s)
-        findings = [f for name, results in ran for f in findings_of(name, results)]
+        findings = [f for name, results in ran for f in findings_of_named(name, results)]
         source = f"own run ({why})"
     return judge(fault_class, findings, source)
 
@@ -136,7 +137,6 @@ def run_npd(
     """`nodecheck npd` on this node: the verdict, its message already cut for NPD. A bad
     configuration is unknown too, said on stdout (NPD shows nothing else of it)."""
     from nodecheck.agent.config import DEFAULT_PATH, ConfigError, load_config
-    from nodecheck.checks.config import CheckConfig
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
@@ -158,10 +158,9 @@ def run_npd(
             replace(registered[name], timeout_s=min(registered[name].timeout_s, budget))
             for name in names
         ]
-        check_config = CheckConfig(
-            expected_gpus=config.expected_gpus, nvml_timeout_s=config.nvml_timeout_s
+        context = CheckContext(
+            fs=fs, nvml=nvml, kernel_log=config.kernel_log, config=config.check_config()
         )
-        context = CheckContext(fs=fs, nvml=nvml, kernel_log=config.kernel_log, config=check_config)
         return [(run.check.name, run.results) for run in run_checks(checks, context)]
 
     verdict = npd_verdict(

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 import click
 
+from nodecheck.agent.findings import check_document, overall_status, report_rows
+from nodecheck.agent.scheduler import StoredRun
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Result, Status, worst
+from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun
-
-CHECK_SCHEMA = "nodecheck.check/v1"
 
 STATUS_ORDER = (Status.FAIL, Status.ERROR, Status.WARN, Status.OK, Status.SKIP)
 STATUS_COLOURS = {
@@ -30,62 +31,6 @@ EXIT_USAGE = 2
 EXIT_UNDETERMINED = 3
 
 
-def _joined(texts: list[str]) -> str:
-    return "; ".join(dict.fromkeys(text for text in texts if text))
-
-
-def _merged_details(results: list[Result]) -> dict[str, object]:
-    """The worst result's details, the other results' keys it lacks, and under "findings"
-    every result's own status, summary and details: nothing is lost, and a key keeps the
-    type it has in an unfolded row (a consumer reading details["cause"] gets one value)."""
-    merged: dict[str, object] = {}
-    for result in results:  # worst first
-        for key, value in result.details.items():
-            merged.setdefault(key, value)
-    merged["findings"] = [
-        {"status": r.status.value, "summary": r.summary, "details": dict(r.details)}
-        for r in results
-    ]
-    return merged
-
-
-def fold(results: Sequence[Result]) -> list[Result]:
-    """One result per subject, in the order subjects first appear. A check may judge one
-    subject several ways (cpu: the governors and SMT, both about "node"); a report shows
-    one row for it: the worst status, the findings' summaries worst first (joined "; "),
-    their remedies, details and metric samples all kept."""
-    by_subject: dict[str, list[Result]] = {}
-    for result in results:
-        by_subject.setdefault(result.subject, []).append(result)
-    folded = []
-    for subject, members in by_subject.items():
-        if len(members) == 1:
-            folded.append(members[0])
-            continue
-        ordered = sorted(members, key=lambda r: -r.status.severity)  # stable: ties keep order
-        folded.append(
-            Result(
-                worst(r.status for r in ordered),
-                subject,
-                _joined([r.summary for r in ordered]),
-                _joined([r.remedy for r in ordered if r.status not in (Status.OK, Status.SKIP)])
-                or _joined([r.remedy for r in ordered]),
-                _merged_details(ordered),
-                tuple(sample for r in members for sample in r.samples),
-            )
-        )
-    return folded
-
-
-def report_rows(runs: Sequence[CheckRun]) -> list[tuple[str, Result]]:
-    """(check name, result) for every row of a report: one per check and subject."""
-    return [(run.check.name, result) for run in runs for result in fold(run.results)]
-
-
-def overall_status(runs: Sequence[CheckRun]) -> Status:
-    return worst(result.status for run in runs for result in run.results)
-
-
 def exit_code(runs: Sequence[CheckRun]) -> int:
     statuses = {result.status for run in runs for result in run.results}
     if Status.FAIL in statuses:
@@ -95,28 +40,11 @@ def exit_code(runs: Sequence[CheckRun]) -> int:
     return EXIT_OK
 
 
-def check_document(hostname: str, runs: Sequence[CheckRun]) -> dict[str, object]:
-    """The `nodecheck.check/v1` document: the JSON contract other tools read."""
-    return {
-        "schema": CHECK_SCHEMA,
-        "hostname": hostname,
-        "status": overall_status(runs).value,
-        "results": [
-            {
-                "check": name,
-                "status": result.status.value,
-                "subject": result.subject,
-                "summary": result.summary,
-                "remedy": result.remedy,
-                "details": dict(result.details),
-            }
-            for name, result in report_rows(runs)
-        ],
-    }
-
-
 def render_json(hostname: str, runs: Sequence[CheckRun]) -> str:
-    return json.dumps(check_document(hostname, runs), indent=2, default=str)
+    """The nodecheck.check/v2 document of a run of `nodecheck check` (agent/findings.py)."""
+    now = time.time()
+    stored = [StoredRun(run, now, run.check.interval_s) for run in runs]
+    return json.dumps(check_document(hostname, stored, now), indent=2, default=str)
 
 
 @record

@@ -1,5 +1,6 @@
-"""The agent's results file (nodecheck.results/v1, read by `nodecheck slurm health-check`
-and `nodecheck npd`): written whole or not at all after every run, and whether that works.
+"""The agent's results file (the nodecheck.check/v2 document of agent/findings.py, read by
+`nodecheck slurm health-check` and `nodecheck npd`), what /results serves (the same
+document), written whole or not at all after every run, and whether that works.
 
 A write that fails (a read-only or full filesystem, a folder gone or a file in its
 place) is counted in nodecheck_results_write_failures_total, sets
@@ -15,14 +16,34 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from nodecheck.agent.config import DEFAULT_RESULTS_FILE
+from nodecheck.agent.findings import check_document, document_text
+from nodecheck.agent.scheduler import ResultStore, StoredRun
 from nodecheck.checks.node.output import OutputPathError, write_output
 from nodecheck.checks.record import record
 
 log = logging.getLogger(__name__)
+
+
+def stored_document(hostname: str, stored: Sequence[StoredRun]) -> str:
+    """The results file's text: the check document of the latest runs, dated now."""
+    return document_text(check_document(hostname, stored, time.time()))
+
+
+def served_document(store: ResultStore, hostname: str) -> dict[str, Any]:
+    """/results: the same document, each result with its check's age in seconds."""
+    stored = store.all()
+    now = time.time()
+    document = check_document(hostname, stored, now)
+    ages = {s.run.check.name: round(now - s.finished_at, 3) for s in stored}
+    for row in document["results"]:
+        row["age_seconds"] = ages.get(row["check"])
+    return document
 
 
 @record

@@ -11,8 +11,11 @@ The rules, against NHC's failures (mej/nhc #134, #95, #161):
 - a state that cannot be read (scontrol fails, hangs, answers nonsense) changes nothing;
 - a node that is down, not responding, rebooting, powered down, in maintenance or drained
   for a reason not nodecheck's (by prefix and by the user who set it) is never touched;
-- `fail` drains with "nodecheck: <check> <subject>: <summary>"; `error` does not unless
-  configured; a reboot-class XID may ask for `scontrol reboot ASAP` (off by default);
+- a failure the node's own evidence shows (Finding.node_failing) drains with "nodecheck:
+  <check> <subject>: <summary>"; a job's (a variable a user set) never does; `error`
+  does not unless configured; a failure whose action is a reboot (an XID's catalog
+  resolution, a lost GPU, a fatal SXid) may ask for `scontrol reboot ASAP` (off by
+  default);
 - UNDRAIN (never RESUME, which also clears DOWN) only a node nodecheck drained, after N
   healthy runs in a row or M seconds healthy (on this boot's clock, which no one can
   step): one healthy run between failing ones never returns the node to service, and a
@@ -28,234 +31,46 @@ run holding the lock past the budget).
 from __future__ import annotations
 
 import enum
-import json
 import logging
-import math
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.findings import (
+    Finding,
+    ResultsUnusableError,
+    findings_of_named,
+    fresh_results,
+)
 from nodecheck.agent.slurm_hysteresis import Hysteresis
 from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Result, Status
+from nodecheck.checks.result import Action, Result, Status
 
 log = logging.getLogger(__name__)
 
-RESULTS_SCHEMA = "nodecheck.results/v1"
-RESULTS_LIMIT = 8 << 20  # bytes; an 8-GPU node's results are tens of kB
 REASON_PREFIX = "nodecheck:"
 # Slurm's accounting keeps a node event's reason as a MySQL tinytext, 255 bytes
 # (SchedMD/slurm src/plugins/accounting_storage/mysql/accounting_storage_mysql.c,
 # event_table_fields): a longer reason is cut there, so it is cut here first, whole
 # characters, on one line.
 REASON_MAX_BYTES = 255
-# gpu_xid's metric: 1 while an XID's action is pending, labelled with the action.
-XID_ACTION_PENDING = "nodecheck_gpu_xid_action_pending"
-
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNDETERMINED = 3
 
 
-# -- the results ----------------------------------------------------------------------
-
-
-@record
-class Finding:
-    """One judged result as health-check needs it."""
-
-    check: str
-    status: Status
-    subject: str
-    summary: str
-    reboot: bool = False  # a reboot-class XID whose reboot is still pending
-
-
-def wants_reboot(result: Result) -> bool:
-    return result.status is Status.FAIL and any(
-        sample.metric.name == XID_ACTION_PENDING
-        and sample.labels.get("action") == "reboot"
-        and sample.value == 1
-        for sample in result.samples
-    )
-
-
-def findings_of(check: str, results: Iterable[Result]) -> list[Finding]:
-    return [Finding(check, r.status, r.subject, r.summary, wants_reboot(r)) for r in results]
-
-
-@record
-class StoredCheck:
-    """One check's latest run in the results file."""
-
-    check: str
-    finished_at: float  # wall clock
-    interval_s: float
-    findings: tuple[Finding, ...]
-    benchmark: bool = False
-
-
-def results_text(hostname: str, checks: Sequence[StoredCheck], written_at: float) -> str:
-    """The results file: nodecheck.results/v1, each check's run with its time."""
-    document = {
-        "schema": RESULTS_SCHEMA,
-        "hostname": hostname,
-        "written_at": written_at,
-        "checks": [
-            {
-                "check": stored.check,
-                "finished_at": stored.finished_at,
-                "interval_s": stored.interval_s,
-                "benchmark": stored.benchmark,
-                "results": [
-                    {
-                        "status": f.status.value,
-                        "subject": f.subject,
-                        "summary": f.summary,
-                        "reboot": f.reboot,
-                    }
-                    for f in stored.findings
-                ],
-            }
-            for stored in checks
-        ],
-    }
-    return json.dumps(document, indent=1) + "\n"
-
-
-class ResultsUnusableError(Exception):
-    """The results file cannot be judged from: missing, unreadable, damaged or stale."""
-
-
-def _field(mapping: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(mapping, dict) or key not in mapping:
-        raise ResultsUnusableError(f"{where}: no {key}")
-    value = mapping[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        raise ResultsUnusableError(
-            f"{where}.{key}: {type(value).__name__}, not {kinds[0].__name__}"
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ResultsUnusableError(f"{where}.{key}: not a finite number")
-    return value
-
-
-def parse_results(text: str) -> tuple[float, list[StoredCheck]]:
-    """(written_at, the checks) of a results file's text; ResultsUnusableError naming the field."""
-    try:
-        document = json.loads(text)
-    except (ValueError, RecursionError) as err:
-        raise ResultsUnusableError(f"not JSON: {err}") from None
-    schema = _field(document, "schema", str, "the document")
-    if schema != RESULTS_SCHEMA:
-        raise ResultsUnusableError(f"schema {schema[:60]!r}, not {RESULTS_SCHEMA}")
-    written_at = float(_field(document, "written_at", (int, float), "the document"))
-    checks = []
-    for index, entry in enumerate(_field(document, "checks", list, "the document")):
-        where = f"checks[{index}]"
-        findings = []
-        for number, result in enumerate(_field(entry, "results", list, where)):
-            at = f"{where}.results[{number}]"
-            status_text = _field(result, "status", str, at)
-            try:
-                status = Status(status_text)
-            except ValueError:
-                raise ResultsUnusableError(f"{at}.status: {status_text[:20]!r}") from None
-            findings.append(
-                Finding(
-                    _field(entry, "check", str, where),
-                    status,
-                    _field(result, "subject", str, at),
-                    _field(result, "summary", str, at),
-                    _field(result, "reboot", bool, at),
-                )
-            )
-        if not findings:  # absence is never a pass
-            raise ResultsUnusableError(f"{where}: no results")
-        interval = float(_field(entry, "interval_s", (int, float), where))
-        if interval <= 0:
-            raise ResultsUnusableError(f"{where}.interval_s: not positive")
-        checks.append(
-            StoredCheck(
-                _field(entry, "check", str, where),
-                float(_field(entry, "finished_at", (int, float), where)),
-                interval,
-                tuple(findings),
-                _field(entry, "benchmark", bool, where),
-            )
-        )
-    if not checks:
-        raise ResultsUnusableError("no check in it")
-    return written_at, checks
-
-
-@record
-class FreshResults:
-    """The agent's results file as judged: when the agent wrote it (its `written_at`,
-    which tells one version of the file from the next) and the quick checks' findings."""
-
-    written_at: float
-    findings: tuple[Finding, ...]
-
-
-def fresh_findings(
-    path: Path, now: float, max_age_s: float, expected: Collection[str] = ()
-) -> list[Finding]:
-    """fresh_results' findings."""
-    return list(fresh_results(path, now, max_age_s, expected).findings)
-
-
-def fresh_results(
-    path: Path, now: float, max_age_s: float, expected: Collection[str] = ()
-) -> FreshResults:
-    """The agent's results file when it is fresh: written within
-    max_age_s, and each check run within its interval plus max_age_s (a check stuck for
-    longer is stale, not healthy); ResultsUnusableError saying why not otherwise. Only the quick
-    checks are judged, as when health-check runs them itself: not the benchmarks'. Every
-    check of `expected` (those health-check would run) must be there: an agent that has
-    just started has only its fast checks' results, and what it has not judged yet is no
-    healthy run."""
-    from nodecheck.agent.config import UnreadableFileError, read_text_file
-
-    try:
-        text = read_text_file(path, RESULTS_LIMIT)
-    except UnreadableFileError as err:
-        if err.missing:
-            raise ResultsUnusableError(f"no results file at {path}") from None
-        raise ResultsUnusableError(f"cannot read {path}: {err.reason}") from None
-    written_at, checks = parse_results(text)
-    age = now - written_at
-    if age > max_age_s:
-        raise ResultsUnusableError(f"{path} is {age:.0f} s old (at most {max_age_s:g} s)")
-    if age < -60:  # one clock, but NTP may step it back a little
-        raise ResultsUnusableError(f"{path} is dated {-age:.0f} s in the future")
-    chosen = [c for c in checks if not c.benchmark]
-    if not chosen:
-        raise ResultsUnusableError(f"{path} holds none of the quick checks")
-    missing = sorted(set(expected) - {c.check for c in chosen})
-    if missing:
-        raise ResultsUnusableError(f"{path} has no result of {', '.join(missing)} yet")
-    for stored in chosen:
-        check_age = now - stored.finished_at
-        if check_age > stored.interval_s + max_age_s:
-            raise ResultsUnusableError(
-                f"{stored.check}'s result in {path} is {check_age:.0f} s old "
-                f"(it runs every {stored.interval_s:g} s)"
-            )
-    return FreshResults(written_at, tuple(f for stored in chosen for f in stored.findings))
-
-
 # -- the decision ------------------------------------------------------------------------
 
 
-class Action(str, enum.Enum):
+class SlurmAction(str, enum.Enum):
+    """What one health-check run does to the node in Slurm."""
+
     NOTHING = "nothing"
     DRAIN = "drain"
     UNDRAIN = "undrain"
@@ -264,7 +79,7 @@ class Action(str, enum.Enum):
 
 @record
 class Decision:
-    action: Action
+    action: SlurmAction
     why: str
     reason: str = ""  # the Slurm reason a drain or reboot sets
     exit_status: int = EXIT_HEALTHY
@@ -293,8 +108,7 @@ HANDS_OFF_FLAGS = frozenset(
 
 def slurm_reason(finding: Finding) -> str:
     """nodecheck: <check> <subject>: <summary>, on one line, cut to REASON_MAX_BYTES."""
-    said = f"{REASON_PREFIX} {finding.check} {finding.subject}: {finding.summary}"
-    return one_line(said, REASON_MAX_BYTES)
+    return one_line(f"{REASON_PREFIX} {finding.line()}", REASON_MAX_BYTES)
 
 
 def is_ours(state: SlurmNodeState, own_user: str) -> bool:
@@ -336,7 +150,9 @@ def decide(
     says why). `hysteresis` already counts this run; `now` and its times are on this
     boot's clock. `unkept`: why this healthy run could not be saved ("" when it was):
     it never undrains on a count it could not keep, and it cannot determine (exit 3)."""
-    failing = _with_status(findings, Status.FAIL)
+    # Only the node's own evidence takes it out of service: a job's failing finding (a
+    # variable a user set) is a warning here (Finding.node_failing).
+    failing = [f for f in findings if f.node_failing]
     errors = _with_status(findings, Status.ERROR)
     if not findings:  # absence is never a pass
         errors = [Finding("health-check", Status.ERROR, "node", "no result at all")]
@@ -351,7 +167,7 @@ def decide(
         health = f"{count}, first {culprit.check} {culprit.subject}: {culprit.summary[:160]}"
 
     def nothing(why: str, status: int = exit_status) -> Decision:
-        return Decision(Action.NOTHING, f"{health}; {why}", exit_status=status)
+        return Decision(SlurmAction.NOTHING, f"{health}; {why}", exit_status=status)
 
     if state is None:
         return nothing(
@@ -390,7 +206,7 @@ def decide(
                 else (f"healthy for {now - (since or now):.0f} s")
             )
             return Decision(
-                Action.UNDRAIN, f"healthy: {held}, undraining", exit_status=EXIT_HEALTHY
+                SlurmAction.UNDRAIN, f"healthy: {held}, undraining", exit_status=EXIT_HEALTHY
             )
         return nothing(
             f"drained by nodecheck, healthy {hysteresis.healthy_runs} of "
@@ -399,13 +215,16 @@ def decide(
     if not unhealthy or culprit is None:
         return nothing("in service, nothing to do")
     reason = slurm_reason(culprit)
-    rebooting = [f for f in failing if f.reboot]
+    rebooting = [f for f in failing if f.action is Action.REBOOT]
     if settings.reboot_on_xid and rebooting:
         reason = slurm_reason(rebooting[0])
         return Decision(
-            Action.REBOOT, f"{health}; a reboot-class XID: rebooting ASAP", reason, exit_status
+            SlurmAction.REBOOT,
+            f"{health}; {rebooting[0].check} asks for a reboot: rebooting ASAP",
+            reason,
+            exit_status,
         )
-    return Decision(Action.DRAIN, f"{health}; draining", reason, exit_status)
+    return Decision(SlurmAction.DRAIN, f"{health}; draining", reason, exit_status)
 
 
 # -- one run -----------------------------------------------------------------------------
@@ -424,7 +243,9 @@ class HealthCheckRun:
 def own_findings(
     run_quick_checks: Callable[[float], list[tuple[str, list[Result]]]], budget_s: float
 ) -> list[Finding]:
-    return [f for name, results in run_quick_checks(budget_s) for f in findings_of(name, results)]
+    return [
+        f for name, results in run_quick_checks(budget_s) for f in findings_of_named(name, results)
+    ]
 
 
 def health_check(
@@ -436,7 +257,7 @@ def health_check(
     own_user: str,
     run_quick_checks: Callable[[float], list[tuple[str, list[Result]]]],
     read_state: Callable[[], SlurmNodeState],
-    act: Callable[[Action, str], tuple[bool, str]],
+    act: Callable[[SlurmAction, str], tuple[bool, str]],
     read_clock: Callable[[], BootMoment],
     now: Callable[[], float] = time.time,
     expected: Collection[str] = (),
@@ -454,7 +275,7 @@ def health_check(
         lock = HysteresisLock(hysteresis_file, settings.budget_s)
     except HysteresisBusyError as busy:
         decision = Decision(
-            Action.NOTHING, f"{busy}: changing nothing", exit_status=EXIT_UNDETERMINED
+            SlurmAction.NOTHING, f"{busy}: changing nothing", exit_status=EXIT_UNDETERMINED
         )
         return HealthCheckRun("not judged", decision, True, str(busy))
     except OSError as err:
@@ -514,7 +335,7 @@ def _judge_and_act(
     settings: SlurmSettings,
     own_user: str,
     read_state: Callable[[], SlurmNodeState],
-    act: Callable[[Action, str], tuple[bool, str]],
+    act: Callable[[SlurmAction, str], tuple[bool, str]],
     read_clock: Callable[[], BootMoment],
     now: Callable[[], float],
 ) -> HealthCheckRun:
@@ -532,7 +353,9 @@ def _judge_and_act(
     from nodecheck.checks.node.fs import ReadError
     from nodecheck.checks.node.slurm_state import SlurmStateError
 
-    healthy = bool(findings) and not any(f.status in (Status.FAIL, Status.ERROR) for f in findings)
+    healthy = bool(findings) and not any(
+        f.node_failing or f.status is Status.ERROR for f in findings
+    )
     boot_id, at = "", 0.0
     try:
         moment = read_clock()
@@ -582,15 +405,15 @@ def _judge_and_act(
             why=f"{decision.why}; the same agent results as the last counted run: "
             "not counted again",
         )
-    if decision.action is Action.NOTHING:
+    if decision.action is SlurmAction.NOTHING:
         return HealthCheckRun(source, decision, True, problem)
     done, action_problem = act(decision.action, decision.reason)
-    if not done and decision.action is Action.REBOOT:
+    if not done and decision.action is SlurmAction.REBOOT:
         # A reboot Slurm will not do (no RebootProgram, scontrol failing) must not leave
         # a node that needs one in service: it is drained instead, with the same reason.
         rebooting = action_problem
         decision = replace(
-            decision, action=Action.DRAIN, why=f"{decision.why}; the reboot failed, draining"
+            decision, action=SlurmAction.DRAIN, why=f"{decision.why}; the reboot failed, draining"
         )
         done, action_problem = act(decision.action, decision.reason)
         action_problem = f"reboot: {rebooting}" + (
@@ -656,7 +479,7 @@ def run_health_check(
 ) -> int:
     """`nodecheck slurm health-check` on this node; its exit status."""
     from nodecheck.agent import slurm_actions, slurm_hysteresis
-    from nodecheck.checks.config import BenchOptions, CheckConfig
+    from nodecheck.checks.config import BenchOptions
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.boot import read_boot_moment
     from nodecheck.checks.node.slurm_state import read_slurm_node
@@ -676,17 +499,16 @@ def run_health_check(
             for name, check in load_checks().items()
             if name in enabled
         ]
-        check_config = CheckConfig(
-            expected_gpus=config.expected_gpus, nvml_timeout_s=config.nvml_timeout_s
+        context = CheckContext(
+            fs=fs, nvml=nvml, kernel_log=config.kernel_log, config=config.check_config()
         )
-        context = CheckContext(fs=fs, nvml=nvml, kernel_log=config.kernel_log, config=check_config)
         return [(run.check.name, run.results) for run in run_checks(checks, context)]
 
-    def act(action: Action, reason: str) -> tuple[bool, str]:
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
         argv = {
-            Action.DRAIN: lambda: slurm_actions.drain_argv(scontrol, node, reason),
-            Action.UNDRAIN: lambda: slurm_actions.undrain_argv(scontrol, node),
-            Action.REBOOT: lambda: slurm_actions.reboot_argv(scontrol, node, reason),
+            SlurmAction.DRAIN: lambda: slurm_actions.drain_argv(scontrol, node, reason),
+            SlurmAction.UNDRAIN: lambda: slurm_actions.undrain_argv(scontrol, node),
+            SlurmAction.REBOOT: lambda: slurm_actions.reboot_argv(scontrol, node, reason),
         }[action]()
         outcome = slurm_actions.run_action(argv, settings.scontrol_timeout_s)
         return outcome.done, outcome.problem

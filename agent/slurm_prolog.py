@@ -10,37 +10,31 @@ slurmctld holds the job and the node. So neither calls Slurm: the exit status is
 whole answer, and the reason goes to stderr, which slurmd logs. The readable drain
 reason (`nodecheck: <check> <subject>: <summary>`) is `slurm health-check`'s to write.
 
-Which results stop a job is `unusable_results`, a pure function of the results: only
-what makes the node unusable for any job (a GPU lost, a drain-class XID, uncorrectable
-memory the driver wants recovered, fewer GPUs than expected). A degraded node (a PCIe
-link at x8, ACS on, NVLinks down) still runs jobs, slower: it passes with a line on
-stderr, as does anything that could not be determined (`error`): failing a job
-because a reading hung would drain healthy nodes (mej/nhc#161).
+Which results stop a job is `unusable_results`, a pure function of the findings: only
+what makes the node unusable for any job, a GPU hardware failure on the node's own
+evidence (a GPU lost, a drain-class XID, uncorrectable memory the driver wants
+recovered, fewer GPUs than expected). The prolog runs the checks that declare
+themselves a gate (checks/registry.py, `gate`: quick, and able to find such a failure).
+A degraded node (a PCIe link at x8, ACS on, NVLinks down) still runs jobs, slower: it
+passes with a line on stderr, as does anything that could not be determined (`error`):
+failing a job because a reading hung would drain healthy nodes (mej/nhc#161). So does a
+job's own failing finding (a variable a user set): nothing a user sets drains a node.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 # Light on purpose: the CLI reads the budgets below when it builds its options.
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Result, Status
+from nodecheck.checks.result import FaultClass, Status
 
 if TYPE_CHECKING:
+    from nodecheck.agent.findings import Finding
     from nodecheck.checks.context import CheckContext
 
-# The checks whose `fail` means "no job can use this node": gpu_count fails for a GPU
-# on the bus that NVML or CUDA lost and for fewer GPUs than expected; gpu_xid for an
-# XID whose NVIDIA action (reset, reboot, the driver's recovery action) is not done;
-# gpu_memory_errors for uncorrectable ECC with a recovery action pending, a failed row
-# remap or too many retired pages (NVIDIA's GPU memory error management,
-# https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/). Other checks' failures
-# (gpu_pcie, gpu_nvlink, pcie_acs, nccl_env) make a node slow, not unusable.
-UNUSABLE_WHEN_FAILED = ("gpu_count", "gpu_xid", "gpu_memory_errors")
-# What the prolog runs: the checks above, nothing slower.
-PROLOG_CHECKS = UNUSABLE_WHEN_FAILED
 EXIT_PASS = 0
 EXIT_UNUSABLE = 1
 # Said by the epilog on every run, so an operator reading slurmd's log knows why.
@@ -52,26 +46,17 @@ NO_BENCHMARKS_HERE = (
 )
 
 
-@record
-class Finding:
-    """One result a gate reports: the check, its subject, its status and summary."""
+def gate_checks() -> tuple[str, ...]:
+    """What the prolog runs: the checks that declare themselves a gate, nothing slower."""
+    from nodecheck.checks.registry import load_checks
 
-    check: str
-    subject: str
-    status: Status
-    summary: str
-
-    def line(self) -> str:
-        return f"{self.check} {self.subject}: {self.summary}"
-
-
-def findings(results: Iterable[tuple[str, Result]]) -> list[Finding]:
-    return [Finding(name, r.subject, r.status, r.summary) for name, r in results]
+    return tuple(name for name, check in load_checks().items() if check.gate)
 
 
 def unusable_results(results: Sequence[Finding]) -> list[Finding]:
-    """The results that make the node unusable for a job (the gate fails on them)."""
-    return [f for f in results if f.status is Status.FAIL and f.check in UNUSABLE_WHEN_FAILED]
+    """The findings that make the node unusable for a job (the gate fails on them): a GPU
+    hardware failure on the node's own evidence."""
+    return [f for f in results if f.node_failing and f.fault_class is FaultClass.GPU_HARDWARE]
 
 
 def noted_results(results: Sequence[Finding]) -> list[Finding]:
@@ -116,6 +101,7 @@ def run_gate(
     lost GPU that slows one check still fails the gate through the checks that finished."""
     from dataclasses import replace
 
+    from nodecheck.agent.findings import findings_of
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
 
@@ -123,7 +109,7 @@ def run_gate(
     selected = [available[n] for n in names] if names is not None else list(available.values())
     bounded = [replace(check, timeout_s=min(check.timeout_s, budget_s)) for check in selected]
     runs = run_checks(bounded, context)
-    return judge_gate(command, findings((run.check.name, r) for run in runs for r in run.results))
+    return judge_gate(command, [f for run in runs for f in findings_of(run)])
 
 
 def say(outcome: GateOutcome, stream: TextIO | None = None) -> None:

@@ -46,6 +46,7 @@ class Check:
     action: Action = Action.INVESTIGATE
     origin: Origin = Origin.NODE
     gate: bool = False
+    benchmark: bool = False  # registered with register_benchmark
 
     def meant(self, result: Result) -> Result:
         """`result` with its meaning whole: the result's own action, class and origin
@@ -86,6 +87,7 @@ class Meaning:
     action: Action
     origin: Origin = Origin.NODE
     gate: bool = False
+    benchmark: bool = False
 
 
 def _register_into(
@@ -121,6 +123,7 @@ def _register_into(
             meaning.action,
             meaning.origin,
             meaning.gate,
+            meaning.benchmark,
         )
         return function
 
@@ -166,7 +169,7 @@ def register_benchmark(
     A benchmark measures the live node (a child process on its GPUs): never a capture.
     A benchmark below its peers, its history or its model's rate is slow, not broken: a
     person looks (a throttled clock, a link, a neighbour's job)."""
-    meaning = Meaning(FaultClass.GPU_PERFORMANCE, Action.INVESTIGATE)
+    meaning = Meaning(FaultClass.GPU_PERFORMANCE, Action.INVESTIGATE, benchmark=True)
     return _register_into(_BENCHMARKS, name, interval_s, timeout_s, meaning, needs, False, options)
 
 

@@ -273,15 +273,17 @@ def test_a_broken_fleet_rule_fails_its_test(
 
 
 def test_a_broken_alert_fails_its_test(tmp_path: Path) -> None:
-    """The unit tests would notice: raise a threshold and the straggler alert goes quiet."""
+    """The unit tests would notice: read the wrong action and the slow-GPU alert goes quiet."""
     broken = tmp_path / "alerts.yml"
-    broken.write_text(RULES.read_text().replace("peer_ratio < 0.9", "peer_ratio < 0.5"))
+    text = RULES.read_text()
+    assert 'status="warn",action!="none"}' in text
+    broken.write_text(text.replace('status="warn",action!="none"}', 'status="warn",action="none"}'))
     tests = tmp_path / "alerts_test.yml"
     tests.write_text(RULE_TESTS.read_text().replace("../../monitoring/alerts.yml", str(broken)))
     done = subprocess.run(
         ["promtool", "test", "rules", str(tests)], capture_output=True, text=True, check=False
     )
-    assert done.returncode != 0 and "NodecheckMatmulStraggler" in done.stdout + done.stderr
+    assert done.returncode != 0 and "NodecheckGpuSlow" in done.stdout + done.stderr
 
 
 def metric_specs() -> list[MetricSpec]:
