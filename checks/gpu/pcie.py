@@ -4,7 +4,7 @@ NVML's maximum is the lower of the GPU's and the slot's, so a Gen5 GPU in a
 Gen4 slot is not flagged for being in a Gen4 slot. Width below the maximum is
 a fault at any time (a bad riser or seating). Generation below the maximum is
 normal while the GPU idles, since GPUs lower their link speed to save power
-(hardware.md §5.6), so it warns only while the GPU is busy.
+(docs/hardware.md §3), so it warns only while the GPU is busy.
 
 Replays are link-level retransmissions. DCGM's limit is 8 per minute
 ("the maximum recommended by RM", dcgm_gpu_hardware_limits.h); a rate needs
