@@ -86,20 +86,18 @@ def numbered_sections(page: Path) -> set[str]:
 
 def citations() -> list[tuple[str, int, str, str]]:
     """(file, line, page, section) of every section citation in the repository."""
-    found = []
-    for where, number, line in _lines(_text_files(REPO)):
-        for page, section in CITATION.findall(line):
-            if not page.startswith("docs/") and not where.startswith("docs/"):
-                page = f"(bare) {page}"
-            found.append((where, number, page, section))
-    return found
+    return [
+        (where, number, page, section)
+        for where, number, line in _lines(_text_files(REPO))
+        for page, section in CITATION.findall(line)
+    ]
 
 
 def unresolved(cited: list[tuple[str, int, str, str]]) -> list[str]:
     problems = []
     for where, number, page, section in cited:
-        if page.startswith("(bare)"):
-            problems.append(f"{where}:{number}: {page[7:]} §{section}: cite it as docs/{page[7:]}")
+        if not page.startswith("docs/") and not where.startswith("docs/"):
+            problems.append(f"{where}:{number}: {page} §{section}: cite it as docs/{page}")
             continue
         file = DOCS / Path(page).name
         if not file.is_file():
