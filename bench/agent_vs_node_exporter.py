@@ -7,9 +7,9 @@ carries a real node's worth of series) and Debian's prometheus-node-exporter,
 each on loopback; loads each with wrk, 8 connections for 10 s; then leaves the
 agent idle for a minute and reads its CPU time and RSS from /proc.
 
-Goals: throughput at least 10x node_exporter's (issue 11: with the server's
+Goals: throughput at least 10x node_exporter's (with the server's
 request deadlines and bounds in place), p99 no worse, RSS under 45 MB, idle CPU
-under 0.5 % of a core (issue 5). Prints the ratios. Needs wrk and
+under 0.5 % of a core. Prints the ratios. Needs wrk and
 prometheus-node-exporter (apt-get install wrk prometheus-node-exporter).
 """
 

@@ -4,7 +4,7 @@ on the 8-GPU replica node.
     .venv/bin/python -m bench.cli_latency [--runs 15]
 
 Prints a table: median, fastest and slowest of several runs of the installed
-console script, against the goals (issues 2, 6 and 14: `--help` and `check --json`
+console script, against the goals (`--help` and `check --json`
 150 ms, `check --facts` 100 ms, `tune` 300 ms). `check` runs every check, the GPU ones
 through the fake NVML of tests/fake_nvml; `check --facts` judges a capture of the same
 node (taken once with `nodecheck capture`), reading neither the tree nor NVML; `tune`

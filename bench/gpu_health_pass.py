@@ -13,7 +13,7 @@ from tests/fake_nvml. Two cases, as the agent and the CLI run them:
 The pass includes reading the GPUs on the PCI bus from sysfs (gpu_count and
 gpu_xid join on them) and the kernel log; the NVML read alone has its own row.
 
-Goal (issue 3): median under 50 ms for the pass. The fake driver answers in
+Goal: median under 50 ms for the pass. The fake driver answers in
 microseconds; on real GPUs NVML's own latency comes on top.
 """
 

@@ -4,7 +4,7 @@ agent's fresh results, and running the quick checks itself (no results file).
     .venv/bin/python -m bench.slurm_health_check [--runs 10]
 
 Prints a table: median, fastest and slowest of several runs of the installed console
-script, against the goals (issue 15: under 0.3 s from fresh results, under 10 s when it
+script, against the goals (under 0.3 s from fresh results, under 10 s when it
 runs the checks). Without Slurm, health-check is pointed at a stand-in `scontrol` on
 PATH that answers `show node` from a file (an idle node) and records any `update`; the
 GPU checks run through the fake NVML of tests/fake_nvml. The fresh results are written

@@ -68,10 +68,10 @@ AGENT_IDLE_WINDOW_S = 60.0
 class Thresholds:
     """Ratios below which a result warns or fails.
 
-    Against the peer median and the GPU's own baseline: 0.9 and 0.8 (the issue's
-    numbers; stas00 finds 5 % spread between GPUs of one node normal). Against
+    Against the peer median and the GPU's own baseline: 0.9 and 0.8 (margins
+    wider than the 5 % spread stas00 finds normal between GPUs of one node). Against
     a published typical rate (MAMF, busbw tables), which is one good node's
-    figure rather than a guarantee: 0.85 and 0.7 (hardware.md §6.3).
+    figure rather than a guarantee: 0.85 and 0.7 (docs/hardware.md §13).
     """
 
     warn: float = 0.9

@@ -14,7 +14,7 @@ from tests.fixtures.demo import replica_options, run_nodecheck
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
-README_MAX_LINES = 120  # a newcomer's one screen (issue 23, item 20)
+README_MAX_LINES = 120  # a newcomer's one screen
 
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 CODE_SPAN = re.compile(r"`[^`\n]*`")

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 # Families the exporter builds itself (agent/exporter.py), besides the checks' samples.
 # The families the exporter writes itself, besides the checks' own.
 EXPORTER_METRICS = OWN_FAMILIES
-# The series of issue 16's fleet view that the fleet rules join on: the operator's labels
+# The series the fleet rules (monitoring/fleet_rules.yml) join on: the operator's labels
 # (the config's [labels]), each benchmark's last success, the number of checks failing and
 # when the agent started. They are the agent's own families, named here until the exporter
 # declares them; a name that differs from what it exports makes

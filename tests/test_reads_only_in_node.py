@@ -1,7 +1,7 @@
 """Only checks/node/ reads the node: every other module judges facts.
 
-Two halves, as the issue's "Done means" asks ("a test that fails when any module outside
-checks/node/ opens a file of the node or calls NVML"):
+Two halves, so that the test fails when any module outside checks/node/ opens a file of
+the node or calls NVML:
 
 - Static, by AST over every module of agent/, checks/ (outside checks/node/) and tuning/:
   no call of a function of checks/node/ that reads (one that opens, lists or stats a file,

@@ -5,7 +5,7 @@ Local rank N drives the Nth GPU in PCI bus order (what CUDA_DEVICE_ORDER=PCI_BUS
 gives), or the Nth of CUDA_VISIBLE_DEVICES when that names GPUs by index, counting only
 the GPUs meant for this host and container (checks/node/gpu_assignment.py), as CUDA
 does: a GPU passed through to a VM or given to another container is not counted. Each
-rank is bound to the NUMA node its GPU hangs off (hardware.md §2), and the
+rank is bound to the NUMA node its GPU hangs off (docs/hardware.md §4), and the
 physical cores of that node are split into disjoint, equal, contiguous sets
 among the ranks that share it, so data loaders of two ranks never fight for a
 core. SMT siblings go with their core when asked for (`tune` and `exec` ask by default).
@@ -220,7 +220,7 @@ def _has_online_cpus(inventory: Inventory, node: int) -> bool:
 def _away_warning(inventory: Inventory, gpu: str, node: int, usable: frozenset[int]) -> str:
     """The warning of a rank whose GPU's node has online CPUs, none of them in this
     process's cpuset: it runs, but every copy between its memory and its GPU crosses the
-    link between sockets (hardware.md §2)."""
+    link between sockets (docs/hardware.md §4)."""
     theirs = next(n.cpus for n in inventory.numa_nodes if n.number == node)
     return (
         f"its GPU {gpu} is on NUMA node {node} (CPUs {format_cpulist(theirs)}), but this "

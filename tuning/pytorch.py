@@ -1,5 +1,5 @@
 """PyTorch and CUDA settings: GPU numbering, the caching allocator, CPU threads and the
-DataLoader, per hardware.md §4 and the training performance chapter of Stas Bekman's
+DataLoader, per docs/hardware.md §6 and the training performance chapter of Stas Bekman's
 "Machine Learning Engineering" open book (github.com/stas00/ml-engineering,
 training/performance/README.md: "Memory fragmentation", "DataLoader").
 

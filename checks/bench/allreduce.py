@@ -4,7 +4,7 @@ An all_reduce that reaches 60 % of what the NVLink fabric should is a node that
 passes every health check and still slows a job. The child
 (child/allreduce.py) runs one rank per GPU over a short payload ladder; the
 largest payload is judged against the published rate for the node type (at
-1 GiB or more, hardware.md §6.3) and against this node's own baseline.
+1 GiB or more, docs/hardware.md §13) and against this node's own baseline.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Which all_reduce algorithm NCCL ran, from its own debug log (no torch here).
 
 A node whose NCCL fell back from NVLS to Ring runs at three quarters of its peers'
-bus bandwidth with nothing wrong in any counter (hardware.md's figures: 480 against
-368 GB/s on 8x H100): the algorithm belongs beside every busbw figure. NCCL says
+bus bandwidth with nothing wrong in any counter (docs/hardware.md §13: 482 against
+368 GB/s on 8x H200): the algorithm belongs beside every busbw figure. NCCL says
 which it chose in its tuning log, written with NCCL_DEBUG=INFO and
 NCCL_DEBUG_SUBSYS=TUNING to NCCL_DEBUG_FILE, by rank 0 only, one line per collective,
 each prefixed by `host:pid:tid [cudaDev] NCCL INFO ` (NVIDIA/nccl src/debug.cc). The

@@ -2,7 +2,7 @@
 
 The classic failure is a GPU that fell off the bus (XID 79): it is still in
 sysfs (and lspci) but NVML no longer enumerates it, or answers GPU_IS_LOST
-for it (hardware.md §5.8). Joining NVML's view with the sysfs inventory by PCI
+for it (docs/hardware.md §7). Joining NVML's view with the sysfs inventory by PCI
 bus id names the missing GPU instead of just counting one short.
 
 Not every GPU on the bus is meant to be seen here, though: sysfs shows all of

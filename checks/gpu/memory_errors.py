@@ -1,6 +1,6 @@
 """GPU memory errors: ECC counts, row remapping, and retired pages on older GPUs.
 
-Thresholds (hardware.md §5.4): a volatile uncorrectable ECC error needs a GPU
+Thresholds (docs/hardware.md §9): a volatile uncorrectable ECC error needs a GPU
 reset (stas00/ml-engineering), but the driver's recovery action says how soon:
 one pending fails, none warns (reset when idle; see _judge_uncorrectable). A
 row remapping that *failed* makes the GPU an RMA candidate, one that is

@@ -2,7 +2,7 @@
 
 An inactive link on an NVLink GPU takes bandwidth out of every all_reduce
 (NCCL routes around it, slowly), so it fails. Expected links per model come
-from hardware.md §5.7 (A100 SXM 12, H100/H200/B200 SXM 18); for other models
+from docs/hardware.md §11 (A100 SXM 12, H100/H200/B200 SXM 18); for other models
 every link NVML lists is expected. Error rates follow DCGM's limits
 (dcgm_gpu_hardware_limits.h): any new replay or recovery error is worth a look,
 CRC errors only at 100 per second or more ("RM has informed us that CRC errors
@@ -45,7 +45,7 @@ ERRORS = MetricSpec(
     (*GPU_LABELS, "error"),
 )
 
-# Model name pattern -> NVLinks the GPU has (hardware.md §5.7, MLE NVLink table).
+# Model name pattern -> NVLinks the GPU has (docs/hardware.md §11, MLE NVLink table).
 EXPECTED_BY_MODEL = (
     (re.compile(r"A100-SXM", re.IGNORECASE), 12),
     (re.compile(r"H100 80GB HBM3|H100 SXM|H200(?! NVL)|B200", re.IGNORECASE), 18),

@@ -5,7 +5,7 @@ NVML counts, per reason, the nanoseconds the clocks were held down
 of the interval each reason was active: a fair verdict, where a single sample
 of the reason bits is not. DCGM's power watch fails any GPU whose power
 violation time is above zero, which fires on every loaded GPU (DCGM #285).
-Here (hardware.md §5.5):
+Here (docs/hardware.md §10):
 
 - HW slowdown, HW thermal slowdown and HW power brake cut clocks by half or
   more: a fault. Warn at any share, fail at 1 % of the interval or more.

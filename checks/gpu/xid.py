@@ -1,6 +1,6 @@
 """XID errors per GPU, from the kernel log and the agent's NVML event listener.
 
-Each XID is judged by NVIDIA's action for it (hardware.md §5.3):
+Each XID is judged by NVIDIA's action for it (docs/hardware.md §8):
 
 - application errors and informational XIDs are reported but pass;
 - "restart the app" XIDs warn for an hour; XIDs the catalog does not settle

@@ -3,7 +3,7 @@
 From `current_link_{speed,width}` and `max_link_{speed,width}` in sysfs. A
 link trained narrower than it can be (x8 instead of x16: a bad riser, a
 poorly seated card) halves its bandwidth for good. A slower *speed* is often
-power saving: GPUs drop their link to 2.5 GT/s when idle (hardware.md §5.6),
+power saving: GPUs drop their link to 2.5 GT/s when idle (docs/hardware.md §3),
 so a speed below the maximum is a warning that a look under load confirms or
 clears.
 

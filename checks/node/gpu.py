@@ -1,4 +1,4 @@
-"""What NVML says about each GPU, read in one pass (hardware.md §5).
+"""What NVML says about each GPU, read in one pass (docs/hardware.md §7).
 
 `read_gpus` returns a `GpuSnapshot`: one `GpuReading` per GPU NVML enumerates,
 each read on its own thread under the session's deadline. A query a GPU or
@@ -495,7 +495,7 @@ def _read_memory(nvml: Any, h: object, r: _Reader) -> None:
             int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])
         )
     # Page retirement is the pre-Ampere mechanism; Ampere and later answer
-    # NOT_SUPPORTED and use row remapping instead (hardware.md §5.4).
+    # NOT_SUPPORTED and use row remapping instead (docs/hardware.md §9).
     sbe = r.query("retired_pages", lambda: nvml.nvmlDeviceGetRetiredPages(h, PAGE_RETIREMENT_SBE))
     if sbe is not None:
         dbe = r.query(
@@ -587,7 +587,7 @@ def _plausible_link(r: _Reader, link: PcieState) -> PcieState:
 
 def _event_reasons(nvml: Any, h: object) -> int:
     """Current clock event reasons; the older "throttle reasons" call where the binding
-    or the driver lacks the new name (same bits, hardware.md §5.5)."""
+    or the driver lacks the new name (same bits, docs/hardware.md §10)."""
     getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
     if getter is not None:
         try:
@@ -708,7 +708,7 @@ def _list_gpus(session: NvmlSession, nvml: Any, count: int) -> list[tuple[object
     (handle None where it cannot be opened).
 
     Opening a GPU that fell off the bus can hang as any of its reads can: it costs
-    that GPU (`hung`, named by the bus id it had earlier in this session), never the
+    that GPU (`hung`, named by the bus id it had earlier in the session), never the
     listing of the others; while its call is stuck it is answered at once.
     """
     jobs = {gpu_key(index): functools.partial(_open_gpu, nvml, index) for index in range(count)}

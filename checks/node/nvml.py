@@ -150,18 +150,18 @@ class NvmlSession:
         return set(self._alive_stuck())
 
     def remember_bus_id(self, index: int, bus_id: str) -> None:
-        """Record the bus id NVML reported for GPU `index` in this session.
+        """Record the bus id NVML reported for GPU `index` in the current session.
 
         nvml.h promises no consistency of the index order between reboots
         (nvmlDeviceGetHandleByIndex_v2), but NVML enumerates once per nvmlInit, so
-        within this session an index stays the same GPU: a GPU whose calls are
+        within one session an index stays the same GPU: a GPU whose calls are
         stuck can still be named by the bus id it had.
         """
         with self._lock:
             self._bus_ids[index] = bus_id
 
     def known_bus_id(self, index: int) -> str | None:
-        """The bus id GPU `index` last reported in this session, None if never."""
+        """The bus id GPU `index` last reported in the current session, None if never."""
         with self._lock:
             return self._bus_ids.get(index)
 

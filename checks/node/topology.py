@@ -4,7 +4,7 @@ Legend (nvidia-smi): PIX = at most a single PCIe bridge; PXB = multiple
 bridges without the host bridge; PHB = through a PCIe host bridge (the CPU);
 NODE = between host bridges within a NUMA node; SYS = across the SMP
 interconnect between NUMA nodes. nvidia-smi does not publish its rule; this
-is the sysfs approximation of hardware.md §2.5, the same walk NCCL does
+is the sysfs approximation of docs/hardware.md §2, the same walk NCCL does
 (src/graph/xml.cc): each bus address in the resolved path is a bridge.
 """
 

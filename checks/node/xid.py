@@ -3,7 +3,7 @@
 An XID is the driver's report of a GPU error. The kernel log has every one
 since boot (`NVRM: Xid (PCI:0000:1b:00): 79, pid=..., GPU has fallen off the
 bus.`); NVML delivers them as events, but only to a process waiting at the
-moment (hardware.md §5.2). So a one-shot run reads the kernel log, and the
+moment (docs/hardware.md §8). So a one-shot run reads the kernel log, and the
 agent also runs `XidListener` so an XID reaches the metrics at once. What each
 XID means is NVIDIA's catalog (`xid_catalog`).
 """
@@ -586,7 +586,7 @@ class _Unregistered:
     names: dict[int, str] = field(default_factory=dict)
 
     def name_hung(self, session: NvmlSession) -> None:
-        """Name each hung GPU by the bus id it reported in this session, if it ever did."""
+        """Name each hung GPU by the bus id it reported in the session, if it ever did."""
         self.names = {index: session.known_bus_id(index) or f"GPU {index}" for index in self.hung}
 
     @property

@@ -1,8 +1,8 @@
 """What a GPU model should do: peak and achievable matmul rates, all_reduce floors.
 
-From hardware.md §6: dense peaks from NVIDIA's spec sheets (§6.1), achievable
-bf16 matmul as stas00's mamf-finder measured it (§6.2), and intra-node
-all_reduce busbw at >= 1 GiB payloads (§6.3). Models are matched on the name
+From docs/hardware.md: dense peaks from NVIDIA's spec sheets and achievable bf16
+matmul as stas00's mamf-finder measured it (docs/hardware.md §12), and intra-node
+all_reduce busbw at >= 1 GiB payloads (docs/hardware.md §13). Models are matched on the name
 NVML reports ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB").
 """
 
@@ -27,7 +27,7 @@ class MatmulRates:
 _MATMUL: tuple[tuple[str, MatmulRates | None], ...] = (
     (r"GH200", MatmulRates("GH200", {"bf16": 989, "fp16": 989, "fp32": 67}, 828.6)),
     (r"H100.*PCIe", MatmulRates("H100 PCIe", {"bf16": 756, "fp16": 756, "fp32": 51}, None)),
-    (r"H100 NVL|H800", None),  # not in hardware.md §6.1: no figures rather than wrong ones
+    (r"H100 NVL|H800", None),  # not in docs/hardware.md §12: no figures rather than wrong ones
     (r"H100", MatmulRates("H100 SXM", {"bf16": 989, "fp16": 989, "fp32": 67}, 794.5)),
     (r"H200 NVL", None),
     # stas00: "H200 is the same" as H100 for MAMF.
@@ -61,7 +61,7 @@ def achievable_tflops(model: str, dtype: str) -> float | None:
     return rates.achievable_bf16_tflops
 
 
-# 8-GPU NVSwitch nodes, all_reduce busbw in GB/s (hardware.md §6.3: NVLS where it is
+# 8-GPU NVSwitch nodes, all_reduce busbw in GB/s (docs/hardware.md §13: NVLS where it is
 # the default; measured at 16 GiB, H100 at 4 GiB). PCIe and NVL cards have no NVSwitch
 # and no figure here.
 _ALLREDUCE_FLOORS: tuple[tuple[str, int, float | None], ...] = (

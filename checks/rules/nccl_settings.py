@@ -1,7 +1,7 @@
 """Judging NCCL, CUDA and torch.distributed variables: pure functions of a Setting and facts.
 
 Rules follow NCCL's environment documentation (2.30, env.rst) and source, collected in
-hardware.md §3: the "Debugging" variables "should not be used in production nor
+docs/hardware.md §5: the "Debugging" variables "should not be used in production nor
 retained in scripts"; level names are compared case-sensitively (src/graph/paths.cc
 ncclGetLevel), so "phb" is silently ignored; an NCCL_IB_HCA entry without "=" is a
 prefix ("mlx5_1" also selects mlx5_10..mlx5_19). The facts are the inventory's (GPUs,

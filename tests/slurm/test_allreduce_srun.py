@@ -1,4 +1,4 @@
-"""The issue's test: the all_reduce benchmark child under srun, as docs/benchmarks.md says.
+"""The all_reduce benchmark child under srun, as docs/benchmarks.md says.
 
 Two tasks on the one node, gloo on the CPU: srun starts the ranks (SLURM_PROCID,
 SLURM_NTASKS), MASTER_ADDR/MASTER_PORT come from the caller's environment as

@@ -45,7 +45,7 @@ from nodecheck.checks.bench.child.protocol import PARENT_VARIABLE, emit, parse_l
 
 MIB = 1 << 20
 GIB = 1 << 30
-# Published busbw figures are for 4-16 GiB (hardware.md §6.3): the ladder reaches 4 GiB
+# Published busbw figures are for 4-16 GiB (docs/hardware.md §13): the ladder reaches 4 GiB
 # where the memory cap allows.
 LADDER = {"cuda": [64 * MIB, 256 * MIB, GIB, 4 * GIB], "cpu": [MIB, 8 * MIB, 32 * MIB]}
 WARMUP = 2

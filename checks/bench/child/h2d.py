@@ -3,7 +3,7 @@
 One GPU at a time (each link measured alone), with the process bound to the
 CPUs of the GPU's own NUMA node so the host buffer is local: what a well-bound
 data loader gets. On a GPU with a healthy Gen5 x16 link this is about
-50 GB/s each way; a link trained at x8 or Gen4 shows at half (hardware.md §5.6).
+50 GB/s each way; a link trained at x8 or Gen4 shows at half (docs/hardware.md §3).
 
 On a CPU-only machine (`--device cpu`) it measures the same copy loop between
 two host buffers, so the code path is exercised for real in CI.
