@@ -446,7 +446,7 @@ def check_selection_option(flag: str, help_text: str) -> Callable[[F], F]:
 @cli.command(cls=CheckCommand)
 @check_selection_option("--only", "Run only these checks")
 @check_selection_option("--skip", "Do not run these checks")
-@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v2 JSON document.")
 @expected_gpus_option("fails gpu_count")
 @kernel_log_option
 @facts_option
@@ -839,7 +839,7 @@ def config_check(ctx: click.Context, path: Path) -> None:
 )
 @click.option(
     "--gpus",
-    "gpu_count",
+    "job_gpus",
     type=click.IntRange(min=1, max=MAX_JOB_GPUS),
     required=True,
     help="GPUs in the job.",
@@ -870,7 +870,7 @@ def mfu(
     seqlen: int,
     global_batch: int,
     iter_time: float,
-    gpu_count: int,
+    job_gpus: int,
     no_recompute: bool,
     gpu_model: str | None,
     dtype: str,
@@ -907,7 +907,7 @@ def mfu(
             seqlen,
             global_batch,
             iter_time,
-            gpu_count,
+            job_gpus,
             recompute=not no_recompute,
             gpu_model=gpu_model,
             dtype=dtype,
@@ -1264,7 +1264,7 @@ class _ProgressBar:
     help="Run even if GPUs look busy or a maintenance file is present (a drained "
     "node); a process that appears during the run still stops it.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v1 JSON document.")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodecheck.check/v2 JSON document.")
 @global_options
 @click.pass_context
 def bench(

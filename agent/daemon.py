@@ -301,8 +301,11 @@ class Agent:
         """On the XID listener's thread, which must outlive any failure here."""
         try:
             log.warning("event=xid_now gpu=%s xid=%d", event.bus_id, event.xid)
-            self.shared.forget()  # gpu_xid must judge the GPU as it is now, not 10 s ago
-            self.scheduler.run_now("gpu_xid")
+            # The checks that read the kernel log judge the GPU as it is now, not 10 s ago.
+            self.shared.forget()
+            for name, check in self.available.items():
+                if "kernel_log" in check.needs:
+                    self.scheduler.run_now(name)
         except Exception as err:
             log.error("event=xid_rerun_failed error=%r", f"{type(err).__name__}: {err}")
 
