@@ -504,7 +504,8 @@ def event_body(finding: Finding, node: str, now: str) -> dict[str, Any]:
     looks its events up by that uid (kubectl pkg/describe/describe.go, NodeDescriber:
     `ref.UID = types.UID(ref.Name)`), and the kubelet's and node-problem-detector's node
     recorders write it so; an Event with the Node's real uid is never shown there."""
-    suffix = "Failed" if finding.status is Status.FAIL else "Warning"
+    # A job's failing finding is a warning about the node (Finding.status_against_node).
+    suffix = "Failed" if finding.status_against_node is Status.FAIL else "Warning"
     return {
         "apiVersion": "v1",
         "kind": "Event",

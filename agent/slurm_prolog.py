@@ -24,7 +24,7 @@ job's own failing finding (a variable a user set): nothing a user sets drains a 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 # Light on purpose: the CLI reads the budgets below when it builds its options.
@@ -53,10 +53,21 @@ def gate_checks() -> tuple[str, ...]:
     return tuple(name for name, check in load_checks().items() if check.gate)
 
 
-def unusable_results(results: Sequence[Finding]) -> list[Finding]:
+def unusable_results(
+    results: Sequence[Finding], gates: Collection[str] | None = None
+) -> list[Finding]:
     """The findings that make the node unusable for a job (the gate fails on them): a GPU
-    hardware failure on the node's own evidence."""
-    return [f for f in results if f.node_failing and f.fault_class is FaultClass.GPU_HARDWARE]
+    hardware failure on the node's own evidence, from a check that declares itself a gate
+    (`gates`: their names, None for the registered ones). Another check's hardware
+    failure (NVLinks down, a recovery action gpu_state reads) leaves the GPUs usable,
+    slower or until the next reset: the epilog, which runs every quick check, says it
+    and passes, and `slurm health-check` drains for it."""
+    gated = set(gate_checks() if gates is None else gates)
+    return [
+        f
+        for f in results
+        if f.node_failing and f.fault_class is FaultClass.GPU_HARDWARE and f.check in gated
+    ]
 
 
 def noted_results(results: Sequence[Finding]) -> list[Finding]:

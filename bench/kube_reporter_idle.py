@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from nodecheck.agent.config import KubernetesSettings
+from nodecheck.agent.findings import findings_of_named
 from nodecheck.agent.kubernetes import KubernetesReporter
-from nodecheck.agent.slurm_health import Finding
-from nodecheck.checks.result import Status
+from nodecheck.checks.result import Result, Status
 from tests.fixtures.kube_api import KubeApiDouble
 
 RBAC = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "rbac.yaml"
@@ -61,7 +61,7 @@ def main() -> None:
     )
     reporter = KubernetesReporter.from_settings(settings, {})
     reporter.start()
-    healthy = [("gpu_count", [Finding("gpu_count", Status.OK, "node", "8 GPUs")])]
+    healthy = [("gpu_count", findings_of_named("gpu_count", [Result(Status.OK, "node", "8 GPUs")]))]
     rows = []
 
     def phase(name: str) -> None:

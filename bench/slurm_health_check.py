@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from bench.cli_latency import nodecheck_command
-from nodecheck.agent.slurm_health import StoredCheck, findings_of, results_text
+from nodecheck.agent.results_file import stored_document
+from nodecheck.agent.scheduler import StoredRun
 from nodecheck.checks.config import DEFAULT_NVML_TIMEOUT_S
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS
@@ -52,7 +53,7 @@ esac
 """
 
 
-def agent_results(root: Path, library: Path, scenario: Path) -> list[StoredCheck]:
+def agent_results(root: Path, library: Path, scenario: Path) -> list[StoredRun]:
     """The replica's check results, as the agent stores them."""
     os.environ["FAKE_NVML_SCENARIO"] = str(scenario)
     fs = NodeFS(sysfs=root / "sys", procfs=root / "proc", rootfs=root)
@@ -60,15 +61,7 @@ def agent_results(root: Path, library: Path, scenario: Path) -> list[StoredCheck
     runs = run_checks(list(load_checks().values()), CheckContext(fs=fs, nvml=nvml))
     nvml.close()
     now = time.time()
-    return [
-        StoredCheck(
-            run.check.name,
-            now,
-            run.check.interval_s,
-            tuple(findings_of(run.check.name, run.results)),
-        )
-        for run in runs
-    ]
+    return [StoredRun(run, now, run.check.interval_s) for run in runs]
 
 
 def main() -> None:
@@ -116,7 +109,7 @@ def main() -> None:
         }
 
         def fresh() -> None:
-            results.write_text(results_text("gpu01", stored, time.time()))
+            results.write_text(stored_document("gpu01", stored))
 
         def missing() -> None:
             results.unlink(missing_ok=True)

@@ -15,21 +15,24 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.findings import (
+    Finding,
+    ResultsUnusableError,
+    check_document,
+    document_text,
+    fresh_results,
+)
+from nodecheck.agent.scheduler import StoredRun
 from nodecheck.agent.slurm_actions import drain_argv, reboot_argv, run_action, undrain_argv
 from nodecheck.agent.slurm_health import (
     EXIT_HEALTHY,
     EXIT_UNDETERMINED,
     EXIT_UNHEALTHY,
     REASON_MAX_BYTES,
-    Action,
-    Finding,
     HealthCheckRun,
-    ResultsUnusableError,
-    StoredCheck,
+    SlurmAction,
     decide,
-    fresh_findings,
     health_check,
-    results_text,
     slurm_reason,
 )
 from nodecheck.agent.slurm_hysteresis import (
@@ -48,7 +51,9 @@ from nodecheck.checks.node.slurm_state import (
     read_slurm_node,
     run_bounded_command,
 )
-from nodecheck.checks.result import Result, Status
+from nodecheck.checks.registry import Check
+from nodecheck.checks.result import Action, FaultClass, Origin, Result, Status
+from nodecheck.checks.runner import CheckRun
 
 # scontrol show node, as Slurm 22.05 prints it (Debian bookworm's slurm-client).
 DRAINED_BY_NODECHECK = """\
@@ -111,9 +116,19 @@ def state(
 OURS = state("IDLE", "DRAIN", reason="nodecheck: gpu_count node: 7 of 8 GPUs", user="root")
 ADMIN = state("IDLE", "DRAIN", reason="ADMIN SHUTDOWN for cabling", user="alice")
 FAIL = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79 GPU has fallen off the bus")
-REBOOT = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79", reboot=True)
+REBOOT = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79", action=Action.REBOOT)
 ERROR = Finding("pcie_acs", Status.ERROR, "node", "cannot read config space")
-OK = Finding("cpu", Status.OK, "node", "all CPUs use the performance governor")
+OK = Finding("cpu", Status.OK, "node", "all CPUs use the performance governor", Action.NONE)
+# A job's environment failing (a variable a user set): the job's problem, not the node's.
+JOB_FAIL = Finding(
+    "nccl_env",
+    Status.FAIL,
+    "node",
+    "NCCL_P2P_DISABLE=1 set in the job",
+    Action.FIX_JOB_ENVIRONMENT,
+    FaultClass.NODE_CONFIG,
+    Origin.JOB,
+)
 
 
 def run_decide(
@@ -123,7 +138,7 @@ def run_decide(
     since: float | None = None,
     settings: SlurmSettings = SETTINGS,
     problem: str = "",
-) -> tuple[Action, str, int]:
+) -> tuple[SlurmAction, str, int]:
     decision = decide(
         node, problem, findings, Hysteresis(healthy_runs, since), settings, "root", NOW
     )
@@ -189,30 +204,30 @@ def test_refuses_what_is_not_one_record_of_the_node(text: str) -> None:
 
 def test_a_failure_drains_with_nodecheck_reason() -> None:
     action, reason, status = run_decide(state(), [OK, FAIL])
-    assert action is Action.DRAIN
+    assert action is SlurmAction.DRAIN
     assert reason == "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 GPU has fallen off the bus"
     assert status == EXIT_UNHEALTHY
 
 
 def test_a_draining_node_with_jobs_is_drained_too() -> None:
-    assert run_decide(state("MIXED"), [FAIL])[0] is Action.DRAIN
+    assert run_decide(state("MIXED"), [FAIL])[0] is SlurmAction.DRAIN
 
 
 def test_error_never_drains_by_default_but_may() -> None:
-    assert run_decide(state(), [OK, ERROR])[:1] == (Action.NOTHING,)
+    assert run_decide(state(), [OK, ERROR])[:1] == (SlurmAction.NOTHING,)
     assert run_decide(state(), [ERROR])[2] == EXIT_UNDETERMINED
     strict = SlurmSettings(drain_on_error=True)
     action, reason, _ = run_decide(state(), [OK, ERROR], settings=strict)
-    assert action is Action.DRAIN and reason.startswith("nodecheck: pcie_acs node:")
+    assert action is SlurmAction.DRAIN and reason.startswith("nodecheck: pcie_acs node:")
 
 
 def test_no_findings_is_no_pass() -> None:
     action, _, status = run_decide(state(), [])
-    assert action is Action.NOTHING and status == EXIT_UNDETERMINED
+    assert action is SlurmAction.NOTHING and status == EXIT_UNDETERMINED
 
 
 def test_healthy_and_in_service_does_nothing() -> None:
-    assert run_decide(state(), [OK], healthy_runs=5) == (Action.NOTHING, "", EXIT_HEALTHY)
+    assert run_decide(state(), [OK], healthy_runs=5) == (SlurmAction.NOTHING, "", EXIT_HEALTHY)
 
 
 @pytest.mark.parametrize(
@@ -233,8 +248,8 @@ def test_healthy_and_in_service_does_nothing() -> None:
     ],
 )
 def test_never_touches_a_node_slurm_or_an_admin_has(node: SlurmNodeState) -> None:
-    assert run_decide(node, [FAIL])[0] is Action.NOTHING
-    assert run_decide(node, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+    assert run_decide(node, [FAIL])[0] is SlurmAction.NOTHING
+    assert run_decide(node, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
 
 
 def test_an_admin_drain_stays_through_healthy_and_unhealthy_runs() -> None:
@@ -248,45 +263,45 @@ def test_an_admin_drain_stays_through_healthy_and_unhealthy_runs() -> None:
                 since=0,
                 settings=SlurmSettings(reboot_on_xid=True, drain_on_error=True),
             )
-            assert action is Action.NOTHING
+            assert action is SlurmAction.NOTHING
 
 
 def test_a_nodecheck_prefix_set_by_another_user_is_not_ours() -> None:
     spoofed = state("IDLE", "DRAIN", reason="nodecheck: looks like ours", user="mallory")
-    assert run_decide(spoofed, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+    assert run_decide(spoofed, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
     unsigned = state("IDLE", "DRAIN", reason="nodecheck: looks like ours", user=None)
-    assert run_decide(unsigned, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+    assert run_decide(unsigned, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
 
 
 def test_an_unreadable_state_changes_nothing() -> None:
     for findings in ([FAIL], [OK]):
         action, _, status = run_decide(None, findings, healthy_runs=100, problem="scontrol hung")
-        assert action is Action.NOTHING and status == EXIT_UNDETERMINED
+        assert action is SlurmAction.NOTHING and status == EXIT_UNDETERMINED
 
 
 def test_undrains_ours_only_after_n_healthy_runs() -> None:
-    assert run_decide(OURS, [OK], healthy_runs=2)[0] is Action.NOTHING
+    assert run_decide(OURS, [OK], healthy_runs=2)[0] is SlurmAction.NOTHING
     action, _, status = run_decide(OURS, [OK], healthy_runs=3)
-    assert action is Action.UNDRAIN and status == EXIT_HEALTHY
+    assert action is SlurmAction.UNDRAIN and status == EXIT_HEALTHY
     assert (
         run_decide(OURS, [OK], healthy_runs=1, settings=SlurmSettings(undrain_after_runs=1))[0]
-        is Action.UNDRAIN
+        is SlurmAction.UNDRAIN
     )
 
 
 def test_undrains_ours_after_m_seconds_healthy_when_configured() -> None:
     timed = SlurmSettings(undrain_after_runs=1000, undrain_after_s=600)
     assert run_decide(OURS, [OK], healthy_runs=2, since=NOW - 599, settings=timed)[0] is (
-        Action.NOTHING
+        SlurmAction.NOTHING
     )
     assert run_decide(OURS, [OK], healthy_runs=2, since=NOW - 600, settings=timed)[0] is (
-        Action.UNDRAIN
+        SlurmAction.UNDRAIN
     )
 
 
 def test_ours_stays_drained_while_not_healthy() -> None:
     for findings in ([FAIL], [ERROR], []):
-        assert run_decide(OURS, findings, healthy_runs=100, since=0)[0] is Action.NOTHING
+        assert run_decide(OURS, findings, healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
 
 
 def test_alternate_runs_never_resume() -> None:
@@ -297,21 +312,100 @@ def test_alternate_runs_never_resume() -> None:
         healthy = bool(findings) and all(f.status is Status.OK for f in findings)
         hysteresis = next_hysteresis(hysteresis, Observation(healthy, NOW, NOW))
         actions.append(decide(OURS, "", findings, hysteresis, SETTINGS, "root", NOW).action)
-    assert Action.UNDRAIN not in actions
+    assert SlurmAction.UNDRAIN not in actions
     for _ in range(3):  # and three in a row do
         hysteresis = next_hysteresis(hysteresis, Observation(True, NOW, NOW))
-    assert decide(OURS, "", [OK], hysteresis, SETTINGS, "root", NOW).action is Action.UNDRAIN
+    assert decide(OURS, "", [OK], hysteresis, SETTINGS, "root", NOW).action is SlurmAction.UNDRAIN
 
 
 def test_reboot_class_xid_reboots_only_when_enabled() -> None:
-    assert run_decide(state(), [REBOOT])[0] is Action.DRAIN
+    assert run_decide(state(), [REBOOT])[0] is SlurmAction.DRAIN
     action, reason, _ = run_decide(
         state(), [FAIL, REBOOT], settings=SlurmSettings(reboot_on_xid=True)
     )
-    assert action is Action.REBOOT and reason.startswith("nodecheck: gpu_xid")
-    assert (
-        run_decide(state(), [FAIL], settings=SlurmSettings(reboot_on_xid=True))[0] is Action.DRAIN
+    assert action is SlurmAction.REBOOT and reason.startswith("nodecheck: gpu_xid")
+    rebooting = SlurmSettings(reboot_on_xid=True)
+    assert run_decide(state(), [FAIL], settings=rebooting)[0] is SlurmAction.DRAIN
+
+
+def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path: Path) -> None:
+    """A failure from a job's environment (a variable any user can set) is no verdict on
+    the node: it never drains, nor reboots, whatever the settings; the node is healthy
+    with it, and a node failure beside it still drains with the node's reason."""
+    everything = SlurmSettings(reboot_on_xid=True, drain_on_error=True)
+    assert run_decide(state(), [OK, JOB_FAIL]) == (SlurmAction.NOTHING, "", EXIT_HEALTHY)
+    assert run_decide(state(), [JOB_FAIL], settings=everything)[0] is SlurmAction.NOTHING
+    job_reboot = Finding(
+        "nccl_env", Status.FAIL, "node", "x", Action.REBOOT, FaultClass.NODE_CONFIG, Origin.JOB
     )
+    assert run_decide(state(), [job_reboot], settings=everything)[0] is SlurmAction.NOTHING
+    action, reason, status = run_decide(state(), [JOB_FAIL, FAIL])
+    assert action is SlurmAction.DRAIN and reason.startswith("nodecheck: gpu_xid ")
+    assert status == EXIT_UNHEALTHY
+    # Drained by nodecheck: healthy runs with the job's failure count towards the undrain.
+    assert run_decide(OURS, [OK, JOB_FAIL], healthy_runs=3)[0] is SlurmAction.UNDRAIN
+    # Over a whole run: nccl_env's registered declaration (origin job) decides, and the
+    # healthy run is counted and undrains.
+    acted: list[SlurmAction] = []
+
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
+        acted.append(action)
+        return True, ""
+
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "h.json",
+        settings=SlurmSettings(undrain_after_runs=1, reboot_on_xid=True),
+        own_user="root",
+        run_quick_checks=lambda budget: [
+            ("cpu", [Result(Status.OK, "node", "fine")]),
+            ("nccl_env", [Result(Status.FAIL, "node", "NCCL_P2P_DISABLE=1 set in the job")]),
+        ],
+        read_state=lambda: OURS,
+        act=act,
+        read_clock=this_boot(tmp_path / "proc"),
+    )
+    assert acted == [SlurmAction.UNDRAIN], run.decision.why
+    assert run.decision.exit_status == EXIT_HEALTHY
+    assert load_hysteresis(tmp_path / "h.json", BOOT).healthy_runs == 1
+
+
+def test_a_failure_whose_action_is_reboot_reboots_when_enabled(tmp_path: Path) -> None:
+    """What reboots is a node failure's action, not its check's name: gpu_count's lost
+    GPU asking for a reboot reboots (its reason, though another failure comes first);
+    without reboot_on_xid it drains on the first failure."""
+    lost = Finding("gpu_count", Status.FAIL, "node", "7 of 8 GPUs", Action.REBOOT)
+    rebooting = SlurmSettings(reboot_on_xid=True)
+    action, reason, status = run_decide(state(), [FAIL, lost], settings=rebooting)
+    assert (action, reason) == (SlurmAction.REBOOT, "nodecheck: gpu_count node: 7 of 8 GPUs")
+    assert status == EXIT_UNHEALTHY
+    action, reason, _ = run_decide(state(), [FAIL, lost])
+    assert action is SlurmAction.DRAIN and reason.startswith("nodecheck: gpu_xid ")
+    # A failure that asks for something else is drained, reboot_on_xid or not.
+    reset = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 48", Action.RESET_GPU)
+    assert run_decide(state(), [reset], settings=rebooting)[0] is SlurmAction.DRAIN
+    # Over a whole run: the result's own action (the evidence decided it) is read.
+    acted: list[tuple[SlurmAction, str]] = []
+
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
+        acted.append((action, reason))
+        return True, ""
+
+    result = Result(Status.FAIL, "gpu 0000:3a:00.0", "XID 79", action=Action.REBOOT)
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "h.json",
+        settings=rebooting,
+        own_user="root",
+        run_quick_checks=lambda budget: [("gpu_xid", [result])],
+        read_state=state,
+        act=act,
+        read_clock=this_boot(tmp_path / "proc"),
+    )
+    assert acted == [(SlurmAction.REBOOT, "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79")]
+    assert run.decision.exit_status == EXIT_UNHEALTHY and run.done
 
 
 def test_the_reason_is_one_line_cut_to_what_slurm_keeps() -> None:
@@ -351,14 +445,45 @@ def test_the_actions_argv() -> None:
 # -- the results file ---------------------------------------------------------------
 
 
+def stored_run(
+    name: str,
+    finished_at: float,
+    interval_s: float,
+    findings: tuple[Finding, ...],
+    benchmark: bool = False,
+) -> StoredRun:
+    """A check's latest run as the agent keeps it, its results meaning what `findings`
+    say (each one's action, class and origin set on its result)."""
+    check = Check(name, lambda ctx: [], interval_s, 1.0, name, benchmark=benchmark)
+    results = [
+        Result(
+            f.status,
+            f.subject,
+            f.summary,
+            f.remedy,
+            action=f.action,
+            fault_class=f.fault_class,
+            origin=f.origin,
+        )
+        for f in findings
+    ]
+    return StoredRun(CheckRun(check, results, 0.0, True), finished_at, interval_s)
+
+
 def write_results(path: Path, written_at: float, finished_at: float, *findings: Finding) -> Path:
     by_check: dict[str, list[Finding]] = {}
     for finding in findings or (OK,):
         by_check.setdefault(finding.check, []).append(finding)
-    checks = [StoredCheck(name, finished_at, 60.0, tuple(f)) for name, f in by_check.items()]
-    checks.append(StoredCheck("gpu_bench", finished_at - 86400 * 3, 86400.0, (FAIL,), True))
-    path.write_text(results_text("gpu01", checks, written_at))
+    runs = [stored_run(name, finished_at, 60.0, tuple(f)) for name, f in by_check.items()]
+    runs.append(stored_run("gpu_bench", finished_at - 86400 * 3, 86400.0, (FAIL,), True))
+    path.write_text(document_text(check_document("gpu01", runs, written_at)))
     return path
+
+
+def fresh_findings(
+    path: Path, now: float, max_age_s: float, expected: set[str] | None = None
+) -> list[Finding]:
+    return list(fresh_results(path, now, max_age_s, expected or ()).findings)
 
 
 def test_fresh_results_are_judged_without_the_benchmarks(tmp_path: Path) -> None:
@@ -383,21 +508,28 @@ def test_missing_or_damaged_results_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ResultsUnusableError, match="no results file"):
         fresh_findings(tmp_path / "absent.json", NOW, 300)
     good = json.loads(write_results(tmp_path / "r.json", NOW, NOW).read_text())
+    assert [c["check"] for c in good["checks"]] == ["cpu", "gpu_bench"]
+    benchmark_rows = [r for r in good["results"] if r["check"] == "gpu_bench"]
     damaged = {
-        "truncated": (tmp_path / "r.json").read_text()[:50],
-        "schema": json.dumps({**good, "schema": "nodecheck.check/v1"}),
-        "status": json.dumps(good).replace('"ok"', '"fine"'),
-        "no results": json.dumps({**good, "checks": [{**good["checks"][0], "results": []}]}),
-        "only benchmarks": json.dumps({**good, "checks": good["checks"][1:]}),
-        "NaN time": json.dumps(good).replace(f'"written_at": {NOW}', '"written_at": NaN'),
-        "binary": "\xff\xfe",
+        "truncated": ((tmp_path / "r.json").read_text()[:50], "not JSON"),
+        "schema": (json.dumps({**good, "schema": "nodecheck.check/v1"}), "schema 'nodecheck"),
+        "status": (json.dumps(good).replace('"ok"', '"fine"'), r"\.status: 'fine'"),
+        "no results": (json.dumps({**good, "results": benchmark_rows}), "no results for 'cpu'"),
+        "only benchmarks": (
+            json.dumps({**good, "checks": good["checks"][1:], "results": benchmark_rows}),
+            "none of the quick checks",
+        ),
+        "NaN time": (
+            json.dumps(good).replace(f'"written_at": {NOW}', '"written_at": NaN'),
+            "written_at: not a finite number",
+        ),
+        "binary": ("\xff\xfe", "cannot read"),
     }
-    for name, text in damaged.items():
+    for name, (text, why) in damaged.items():
         path = tmp_path / f"{name}.json"
         path.write_bytes(text.encode("latin-1") if name == "binary" else text.encode())
-        with pytest.raises(ResultsUnusableError):
+        with pytest.raises(ResultsUnusableError, match=why):
             fresh_findings(path, NOW, 300)
-        print(name, "refused")
     (tmp_path / "dir.json").mkdir()
     with pytest.raises(ResultsUnusableError, match="directory"):
         fresh_findings(tmp_path / "dir.json", NOW, 300)
@@ -468,14 +600,14 @@ def test_reads_the_state_through_scontrol(tmp_path: Path) -> None:
 
 
 def test_a_run_without_fresh_results_runs_the_checks_and_acts(tmp_path: Path) -> None:
-    acted: list[tuple[Action, str]] = []
+    acted: list[tuple[SlurmAction, str]] = []
     budgets: list[float] = []
 
     def checks(budget_s: float) -> list[tuple[str, list[Result]]]:
         budgets.append(budget_s)
         return [("gpu_count", [Result(Status.FAIL, "node", "7 of 8 GPUs")])]
 
-    def act(action: Action, reason: str) -> tuple[bool, str]:
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
         acted.append((action, reason))
         return True, ""
 
@@ -492,7 +624,7 @@ def test_a_run_without_fresh_results_runs_the_checks_and_acts(tmp_path: Path) ->
     )
     assert budgets == [7]  # no other run held the lock: none of it was spent waiting
     assert run.source.startswith("own run (no results file")
-    assert acted == [(Action.DRAIN, "nodecheck: gpu_count node: 7 of 8 GPUs")]
+    assert acted == [(SlurmAction.DRAIN, "nodecheck: gpu_count node: 7 of 8 GPUs")]
     assert run.decision.exit_status == EXIT_UNHEALTHY
     assert load_hysteresis(tmp_path / "h.json", BOOT) == Hysteresis()
 
@@ -511,7 +643,7 @@ def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
         read_clock=this_boot(tmp_path / "proc"),
     )
     assert run.source == "agent results"
-    assert run.decision.action is Action.DRAIN and not run.done
+    assert run.decision.action is SlurmAction.DRAIN and not run.done
     assert run.decision.exit_status == EXIT_UNDETERMINED and run.problem == "scontrol exited 1"
 
 
@@ -567,19 +699,19 @@ def test_scontrol_s_not_responding_flag_is_hands_off(
     text += "   Reason=nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 [root@2026-12-01T15:00:00]\n"
     parsed = parse_scontrol_node(text, "gpu01")
     assert (parsed.base, set(parsed.flags), parsed.not_responding) == (base, flags, True)
-    assert run_decide(parsed, [FAIL])[0] is Action.NOTHING
-    assert run_decide(parsed, [OK], healthy_runs=100, since=0)[0] is Action.NOTHING
+    assert run_decide(parsed, [FAIL])[0] is SlurmAction.NOTHING
+    assert run_decide(parsed, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
 
 
 def test_a_reboot_slurm_will_not_do_drains_instead(tmp_path: Path) -> None:
     """reboot_on_xid, but no RebootProgram (scontrol reboot fails): the node that needs a
     reboot must not stay in service: it is drained with the same reason."""
     write_results(tmp_path / "r.json", time.time(), time.time(), REBOOT)
-    acted: list[Action] = []
+    acted: list[SlurmAction] = []
 
-    def act(action: Action, reason: str) -> tuple[bool, str]:
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
         acted.append(action)
-        return (False, "RebootProgram not set") if action is Action.REBOOT else (True, "")
+        return (False, "RebootProgram not set") if action is SlurmAction.REBOOT else (True, "")
 
     run = health_check(
         node="gpu01",
@@ -592,8 +724,8 @@ def test_a_reboot_slurm_will_not_do_drains_instead(tmp_path: Path) -> None:
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
-    assert acted == [Action.REBOOT, Action.DRAIN]
-    assert run.decision.action is Action.DRAIN and run.done
+    assert acted == [SlurmAction.REBOOT, SlurmAction.DRAIN]
+    assert run.decision.action is SlurmAction.DRAIN and run.done
     assert run.decision.reason == "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79"
     assert "RebootProgram not set" in run.problem
 
@@ -619,11 +751,11 @@ def healthy_run(
     read_clock: Callable[[], BootMoment],
     wall: float,
     hysteresis_file: Path | None = None,
-) -> tuple[HealthCheckRun, list[Action]]:
+) -> tuple[HealthCheckRun, list[SlurmAction]]:
     """One run on a node nodecheck drained, its checks healthy; what it decided and did."""
-    acted: list[Action] = []
+    acted: list[SlurmAction] = []
 
-    def act(action: Action, reason: str) -> tuple[bool, str]:
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
         acted.append(action)
         return True, ""
 
@@ -648,9 +780,9 @@ def test_a_wall_clock_step_does_not_shorten_undrain_after(tmp_path: Path) -> Non
     timed = SlurmSettings(undrain_after_runs=1000, undrain_after_s=600)
     clock = this_boot(tmp_path / "proc")
     first, acted = healthy_run(tmp_path, timed, clock, wall=NOW)
-    assert first.decision.action is Action.NOTHING and acted == []
+    assert first.decision.action is SlurmAction.NOTHING and acted == []
     second, acted = healthy_run(tmp_path, timed, clock, wall=NOW + 3600 + 2)
-    assert second.decision.action is Action.NOTHING and acted == []
+    assert second.decision.action is SlurmAction.NOTHING and acted == []
     assert "healthy 2 of 1000 runs in a row (since " in second.decision.why
     saved = json.loads((tmp_path / "state" / "h.json").read_text())
     assert saved["boot_id"] == BOOT and saved["healthy_since_wall"] == NOW  # for the log
@@ -661,7 +793,7 @@ def test_undrain_after_counts_on_the_boot_clock_and_restarts_on_a_new_boot(
 ) -> None:
     timed = SlurmSettings(undrain_after_runs=1000, undrain_after_s=0.2)
     first, _ = healthy_run(tmp_path, timed, this_boot(tmp_path / "proc"), wall=NOW)
-    assert first.decision.action is Action.NOTHING
+    assert first.decision.action is SlurmAction.NOTHING
     started = time.clock_gettime(time.CLOCK_BOOTTIME)
 
     def boot_clock_past(seconds: float) -> None:
@@ -674,12 +806,12 @@ def test_undrain_after_counts_on_the_boot_clock_and_restarts_on_a_new_boot(
     # The node rebooted meanwhile: the streak's time on the old boot's clock means nothing.
     rebooted = this_boot(tmp_path / "proc", BOOT.replace("0d3e", "77aa"))
     second, acted = healthy_run(tmp_path, timed, rebooted, wall=NOW + 1)
-    assert second.decision.action is Action.NOTHING and acted == []
+    assert second.decision.action is SlurmAction.NOTHING and acted == []
     assert "healthy 1 of 1000 runs in a row" in second.decision.why
     started = time.clock_gettime(time.CLOCK_BOOTTIME)
     boot_clock_past(0.3)
     third, acted = healthy_run(tmp_path, timed, rebooted, wall=NOW + 2)
-    assert acted == [Action.UNDRAIN], third.decision.why
+    assert acted == [SlurmAction.UNDRAIN], third.decision.why
     assert third.decision.why.startswith("healthy: healthy for ")
 
 
@@ -690,7 +822,7 @@ def test_a_run_that_cannot_save_its_count_never_undrains_on_it(tmp_path: Path) -
     clock = this_boot(tmp_path / "proc")
     run, acted = healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
     assert acted == []
-    assert run.decision.action is Action.NOTHING
+    assert run.decision.action is SlurmAction.NOTHING
     assert run.decision.exit_status == EXIT_UNDETERMINED
     assert "this healthy run could not be saved (cannot lock " in run.decision.why
     assert "not undraining on a count it cannot keep" in run.decision.why
@@ -711,7 +843,7 @@ def test_a_lock_file_that_is_no_regular_file_is_refused_without_waiting(
     else:
         lock.mkdir()
     clock = this_boot(tmp_path / "proc")
-    outcome: list[tuple[HealthCheckRun, list[Action]]] = []
+    outcome: list[tuple[HealthCheckRun, list[SlurmAction]]] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
             healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
@@ -742,9 +874,9 @@ def test_a_failure_still_drains_where_nothing_can_be_saved(tmp_path: Path) -> No
     """No lock and no state (the folder a regular file): a node in service that fails is
     drained all the same; the count it could not reset was never there to remove."""
     (tmp_path / "state").write_text("not a folder\n")
-    acted: list[tuple[Action, str]] = []
+    acted: list[tuple[SlurmAction, str]] = []
 
-    def act(action: Action, reason: str) -> tuple[bool, str]:
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
         acted.append((action, reason))
         return True, ""
 
@@ -759,6 +891,6 @@ def test_a_failure_still_drains_where_nothing_can_be_saved(tmp_path: Path) -> No
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
-    assert acted == [(Action.DRAIN, "nodecheck: gpu_count node: 7 of 8")]
+    assert acted == [(SlurmAction.DRAIN, "nodecheck: gpu_count node: 7 of 8")]
     assert run.decision.exit_status == EXIT_UNHEALTHY
     assert run.problem.endswith("; removed h.json instead: no healthy run is counted")

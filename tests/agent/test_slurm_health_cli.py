@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.slurm_health import RESULTS_SCHEMA, StoredCheck, findings_of, results_text
+from nodecheck.agent.findings import CHECK_SCHEMA, check_document, document_text, fresh_results
+from nodecheck.agent.scheduler import StoredRun
 from nodecheck.checks.result import Result, Status
+from nodecheck.checks.runner import CheckRun
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.fixtures.nvml_scenarios import dgx_healthy, modified
 
@@ -208,14 +210,16 @@ def write_agent_results(path: Path, *results: Result, age_s: float = 0.0) -> Non
     from nodecheck.checks.registry import load_checks
 
     now = time.time() - age_s
-    checks = [StoredCheck("gpu_count", now, 60.0, tuple(findings_of("gpu_count", results)))]
-    passing = (Result(Status.OK, "node", "fine"),)
-    checks += [
-        StoredCheck(name, now, 60.0, tuple(findings_of(name, passing)))
-        for name in load_checks()
-        if name != "gpu_count"
+    passing = [Result(Status.OK, "node", "fine")]
+    stored = [
+        StoredRun(
+            CheckRun(check, list(results) if name == "gpu_count" else passing, 0.0, True),
+            now,
+            60.0,
+        )
+        for name, check in load_checks().items()
     ]
-    path.write_text(results_text("gpu01", checks, now))
+    path.write_text(document_text(check_document("gpu01", stored, now)))
 
 
 def test_fresh_agent_results_are_judged_without_running_the_checks(
@@ -235,7 +239,7 @@ def test_fresh_agent_results_are_judged_without_running_the_checks(
     done = health_check(dgx, slurm, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "source='own run (" in line_of(done) and "s old (at most 300 s)" in line_of(done)
-    (tmp_path / "results.json").write_text('{"schema": "' + RESULTS_SCHEMA + '", "trunc')
+    (tmp_path / "results.json").write_text('{"schema": "' + CHECK_SCHEMA + '", "trunc')
     done = health_check(dgx, slurm, tmp_path)
     assert done.returncode == 0 and "source='own run (not JSON" in line_of(done)
 
@@ -280,9 +284,7 @@ def test_the_agent_writes_its_results_where_health_check_reads_them(
         for line in agent.stderr:  # waits on the agent's own word, not on a guessed time
             if "event=ready" in line:
                 break
-        from nodecheck.agent.slurm_health import fresh_findings
-
-        findings = fresh_findings(results, time.time(), 300)
+        findings = fresh_results(results, time.time(), 300).findings
     finally:
         agent.terminate()
         agent.wait(30)

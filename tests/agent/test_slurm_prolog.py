@@ -8,55 +8,94 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.agent.findings import Finding, findings_of_named
 from nodecheck.agent.slurm_prolog import (
     EXIT_PASS,
     EXIT_UNUSABLE,
     NO_BENCHMARKS_HERE,
-    Finding,
+    gate_checks,
     judge_gate,
     noted_results,
     unusable_results,
 )
-from nodecheck.checks.result import Status
+from nodecheck.checks.result import Action, FaultClass, Origin, Result, Status
 from tests.agent.test_cli import run
 from tests.conftest import Node
 from tests.fixtures.nvml_scenarios import dgx_healthy
 
-LOST = Finding(
+
+def said(check: str, subject: str, status: Status, summary: str) -> Finding:
+    """A registered check's finding, its meaning as the check declares it."""
+    [finding] = findings_of_named(check, [Result(status, subject, summary)])
+    return finding
+
+
+LOST = said(
     "gpu_count",
     "gpu 0000:bc:00.0",
     Status.FAIL,
     "on the PCI bus but not enumerated by NVML (fallen off the bus?)",
 )
-FEWER = Finding("gpu_count", "node", Status.FAIL, "7 GPU(s) visible to NVML, 8 expected")
-XID_79 = Finding("gpu_xid", "gpu 0000:bc:00.0", Status.FAIL, "XID 79 GPU_HAS_FALLEN_OFF_THE_BUS x1")
-ECC = Finding(
+FEWER = said("gpu_count", "node", Status.FAIL, "7 GPU(s) visible to NVML, 8 expected")
+XID_79 = said("gpu_xid", "gpu 0000:bc:00.0", Status.FAIL, "XID 79 GPU_HAS_FALLEN_OFF_THE_BUS x1")
+ECC = said(
     "gpu_memory_errors",
     "gpu 0000:1a:00.0",
     Status.FAIL,
     "2 uncorrectable ECC error(s) since the driver loaded; the driver asks for recovery action 1",
 )
-SLOW_LINK = Finding("gpu_pcie", "gpu 0000:9c:00.0", Status.FAIL, "PCIe link trained at x8 of x16")
-ACS = Finding("pcie_acs", "bridge 0000:39:00.0", Status.FAIL, "ACS ReqRedir CmpltRedir")
-PENDING_REMAP = Finding(
+SLOW_LINK = said("pcie_link", "gpu 0000:9c:00.0", Status.FAIL, "PCIe link trained at x8 of x16")
+ACS = said("pcie_acs", "bridge 0000:39:00.0", Status.FAIL, "ACS ReqRedir CmpltRedir")
+PENDING_REMAP = said(
     "gpu_memory_errors", "gpu 0000:18:00.0", Status.WARN, "a row remapping is pending"
 )
-XID_HUNG = Finding("gpu_xid", "node", Status.ERROR, "check gpu_xid did not finish within 30 s")
-COUNT_UNKNOWN = Finding("gpu_count", "node", Status.ERROR, "cannot list the driver's GPUs: ...")
-HEALTHY = Finding("gpu_count", "node", Status.OK, "8 GPU(s)")
-XID_OLD = Finding("gpu_xid", "gpu 0000:1a:00.0", Status.OK, "XID 48 ...: before the last boot")
+XID_HUNG = said("gpu_xid", "node", Status.ERROR, "check gpu_xid did not finish within 30 s")
+COUNT_UNKNOWN = said("gpu_count", "node", Status.ERROR, "cannot list the driver's GPUs: ...")
+HEALTHY = said("gpu_count", "node", Status.OK, "8 GPU(s)")
+XID_OLD = said("gpu_xid", "gpu 0000:1a:00.0", Status.OK, "XID 48 ...: before the last boot")
+JOB_ENV = said("nccl_env", "node", Status.FAIL, "NCCL_P2P_DISABLE=1 set in the job")
+
+
+def test_the_prolog_runs_the_gate_checks() -> None:
+    assert sorted(gate_checks()) == ["gpu_count", "gpu_memory_errors", "gpu_xid"]
 
 
 def test_rule_stops_only_what_makes_the_node_unusable() -> None:
-    results = [LOST, FEWER, XID_79, ECC, SLOW_LINK, ACS, PENDING_REMAP, XID_HUNG, HEALTHY]
+    results = [LOST, FEWER, XID_79, ECC, SLOW_LINK, ACS, PENDING_REMAP, XID_HUNG, JOB_ENV, HEALTHY]
     assert unusable_results(results) == [LOST, FEWER, XID_79, ECC]
-    assert noted_results(results) == [SLOW_LINK, ACS, PENDING_REMAP, XID_HUNG]
+    assert noted_results(results) == [SLOW_LINK, ACS, PENDING_REMAP, XID_HUNG, JOB_ENV]
 
 
 def test_rule_passes_warnings_errors_and_slow_nodes() -> None:
-    for results in ([SLOW_LINK, ACS], [PENDING_REMAP], [XID_HUNG, COUNT_UNKNOWN], [XID_OLD]):
+    for results in (
+        [SLOW_LINK, ACS],
+        [PENDING_REMAP],
+        [XID_HUNG, COUNT_UNKNOWN],
+        [XID_OLD],
+        [JOB_ENV],
+    ):
         assert unusable_results(results) == []
         assert judge_gate("prolog", results).code == EXIT_PASS
+
+
+def test_the_rule_reads_a_findings_meaning_not_its_checks_name() -> None:
+    """What stops a job is a GPU hardware failure on the node's own evidence from a gate
+    check; the same failure from a job's environment, of another class, or from a check
+    that is no gate (NVLinks down: slower, the epilog runs it too) is said and passes."""
+    lost = Finding("gpu_count", Status.FAIL, "gpu 0000:bc:00.0", "lost", Action.REBOOT)
+    from_a_job = Finding(
+        "gpu_count", Status.FAIL, "gpu 0000:bc:00.0", "lost", Action.REBOOT, origin=Origin.JOB
+    )
+    links = Finding("gpu_nvlink", Status.FAIL, "gpu 0000:9a:00.0", "16 of 18 NVLinks active")
+    slow = Finding(
+        "gpu_xid", Status.FAIL, "gpu 0000:bc:00.0", "slow", fault_class=FaultClass.GPU_PERFORMANCE
+    )
+    assert unusable_results([lost, from_a_job, slow, links]) == [lost]
+    assert noted_results([lost, from_a_job, slow, links]) == [from_a_job, slow, links]
+    assert judge_gate("epilog", [from_a_job, slow, links]).code == EXIT_PASS
+    assert judge_gate("prolog", [lost]).code == EXIT_UNUSABLE
+    # Which checks gate is their declaration: given another set, the rule follows it.
+    assert unusable_results([links], gates={"gpu_nvlink"}) == [links]
 
 
 def test_gate_fails_with_each_reason_and_notes_the_rest() -> None:
@@ -64,7 +103,7 @@ def test_gate_fails_with_each_reason_and_notes_the_rest() -> None:
     assert outcome.code == EXIT_UNUSABLE
     assert outcome.lines == (
         f"nodecheck prolog: node unusable: gpu_memory_errors gpu 0000:1a:00.0: {ECC.summary}",
-        f"nodecheck prolog: passing despite fail: gpu_pcie gpu 0000:9c:00.0: {SLOW_LINK.summary}",
+        f"nodecheck prolog: passing despite fail: pcie_link gpu 0000:9c:00.0: {SLOW_LINK.summary}",
         f"nodecheck prolog: passing despite error: gpu_xid node: {XID_HUNG.summary}",
     )
 
@@ -180,8 +219,8 @@ def test_a_fatal_result_is_kept_when_another_check_outruns_the_budget(
         return [Result(Status.OK, NODE, "late")]
 
     checks = {
-        "gpu_count": Check("gpu_count", lost, 60, 30, "count", ("gpus",)),
-        "gpu_xid": Check("gpu_xid", slow, 60, 30, "xid", ("gpus",)),
+        "gpu_count": Check("gpu_count", lost, 60, 30, "count", ("gpus",), gate=True),
+        "gpu_xid": Check("gpu_xid", slow, 60, 30, "xid", ("gpus",), gate=True),
     }
     monkeypatch.setattr(registry, "load_checks", lambda: checks)
     started = time.monotonic()

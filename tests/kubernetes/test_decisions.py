@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings, parse_config
-from nodecheck.agent.fault_classes import FaultClass, class_verdict
+from nodecheck.agent.fault_classes import class_verdict
+from nodecheck.agent.findings import Finding, findings_of_named
 from nodecheck.agent.kubernetes import (
     OWNERSHIP_ANNOTATION,
     TAINT_KEY,
@@ -31,15 +32,23 @@ from nodecheck.agent.kubernetes import (
     taint_patch,
 )
 from nodecheck.agent.npd import judge
-from nodecheck.agent.slurm_health import Finding
-from nodecheck.checks.result import Status
+from nodecheck.checks.result import FaultClass, Origin, Result, Status
 
 NOW = "2026-12-01T10:00:00Z"
 EARLIER = "2026-11-30T08:00:00Z"
 
 
-def finding(check: str, status: str, subject: str = "node", summary: str = "text") -> Finding:
-    return Finding(check, Status(status), subject, summary)
+def finding(
+    check: str,
+    status: str,
+    subject: str = "node",
+    summary: str = "text",
+    origin: Origin | None = None,
+) -> Finding:
+    """A check's finding, its meaning (class, action, origin) as the registered check
+    declares it unless `origin` says otherwise; a name no check has: Check's defaults."""
+    [found] = findings_of_named(check, [Result(Status(status), subject, summary, origin=origin)])
+    return found
 
 
 def by_type(states: list[ConditionState]) -> dict[str, tuple[str, str]]:
@@ -88,8 +97,50 @@ def test_several_failing_checks_and_a_class_that_did_not_run() -> None:
 
 
 def test_a_check_without_a_class_still_counts() -> None:
+    # No registered check of that name: read the careful way, as hardware.
     states = judge_classes([("some_new_check", [finding("some_new_check", "fail")])])
+    assert states[0].type == "NodecheckGpuHardware"
     assert states[0].status == "True" and states[0].reason == "SomeNewCheckFailed"
+
+
+def test_a_finding_is_judged_under_its_own_class() -> None:
+    """gpu_throttle declares gpu-performance; a result of it that says hardware is a
+    hardware fault, in that condition and the taint's value."""
+    [lost] = findings_of_named(
+        "gpu_throttle",
+        [Result(Status.FAIL, "gpu 3", "GPU lost", fault_class=FaultClass.GPU_HARDWARE)],
+    )
+    checks = [("gpu_throttle", [lost])]
+    assert by_type(judge_classes(checks)) == {
+        "NodecheckGpuHardware": ("True", "GpuThrottleFailed"),
+        "NodecheckGpuPerformance": ("Unknown", "CouldNotDetermine"),
+        "NodecheckNodeConfig": ("Unknown", "CouldNotDetermine"),
+    }
+    fault = fault_of(checks)
+    assert fault is not None and fault.fault_class is FaultClass.GPU_HARDWARE
+
+
+def test_a_jobs_failing_finding_is_a_warning_event_not_a_condition_or_taint() -> None:
+    """nccl_env judges the job's environment (origin job): what a user sets never makes
+    a condition True or taints the node; it is still announced, a Warning Event."""
+    job = finding("nccl_env", "fail", "node", "NCCL_P2P_DISABLE=1")
+    assert job.origin is Origin.JOB and job.status is Status.FAIL
+    checks = [("nccl_env", [job]), ("numa", [finding("numa", "ok")])]
+    [hardware, performance, config] = judge_classes(checks)
+    assert (config.status, config.reason) == ("False", "NoFailingCheck")
+    assert config.message == "no failing check (nccl_env, numa); 1 warning(s), reported as events"
+    assert "True" not in (hardware.status, performance.status)
+    assert fault_of(checks) is None
+    assert plan_taint(node([]), fault_of(checks), True, NONE, NOW).writes is False
+    [due] = EventMemory().due(checks, 1000.0)
+    assert due == job
+    body = event_body(due, "n1", NOW)
+    assert body["type"] == "Warning" and body["message"] == "nccl_env node: NCCL_P2P_DISABLE=1"
+    # The same setting from the node's own /etc/nccl.conf: a fault of the node.
+    from_the_node = [("nccl_env", [finding("nccl_env", "fail", origin=Origin.NODE)])]
+    assert judge_classes(from_the_node)[2].status == "True"
+    fault = fault_of(from_the_node)
+    assert fault is not None and fault.fault_class is FaultClass.NODE_CONFIG
 
 
 def test_message_cut_to_1024_characters_saying_how_many_were_left_out() -> None:
@@ -240,12 +291,15 @@ def test_event_body() -> None:
 
 def test_a_message_shows_what_the_node_said_escaped() -> None:
     """`kubectl describe node` and `kubectl get events` print a condition's and an event's
-    message as it is: a newline or an escape sequence from the node reaches them escaped."""
+    message as it is: a newline from the node reaches them as a space (a finding is one
+    line, Finding.line), an escape sequence escaped."""
     said = "eth0\nFAIL forged \x1b]0;pwned\x07\u202e"
-    shown = "nccl_env node: eth0\\nFAIL forged \\x1b]0;pwned\\x07\\u202e"
-    [_, _, config] = judge_classes([("nccl_env", [finding("nccl_env", "fail", summary=said)])])
-    assert config.message == shown
-    assert event_body(finding("nccl_env", "fail", summary=said), "n1", NOW)["message"] == shown
+    shown = "nccl_env node: eth0 FAIL forged \\x1b]0;pwned\\x07\\u202e"
+    # A setting from the node's /etc/nccl.conf: a node's failure, in the condition.
+    said_by_node = finding("nccl_env", "fail", summary=said, origin=Origin.NODE)
+    [_, _, config] = judge_classes([("nccl_env", [said_by_node])])
+    assert config.status == "True" and config.message == shown
+    assert event_body(said_by_node, "n1", NOW)["message"] == shown
 
 
 CONFIG = Path("/etc/nodecheck/agent.toml")

@@ -3,6 +3,7 @@ with the agent's node conditions."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -12,24 +13,36 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.fault_classes import CLASS_OF_CHECK, FaultClass, checks_of
+from nodecheck.agent.fault_classes import checks_of, condition_type
+from nodecheck.agent.findings import Finding, check_document, document_text, findings_of_named
 from nodecheck.agent.npd import EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN, Verdict, judge
-from nodecheck.agent.slurm_health import Finding, StoredCheck, findings_of, results_text
+from nodecheck.agent.scheduler import StoredRun
 from nodecheck.checks.printable import one_line
-from nodecheck.checks.registry import load_benchmarks, load_checks
-from nodecheck.checks.result import Result, Status
+from nodecheck.checks.registry import load_benchmarks, load_checks, register
+from nodecheck.checks.result import FaultClass, Origin, Result, Status
+from nodecheck.checks.runner import CheckRun
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.fixtures.nvml_scenarios import dgx_healthy, modified
 
 
-def test_every_registered_check_and_benchmark_has_a_class() -> None:
-    registered = set(load_checks()) | set(load_benchmarks())
-    assert sorted(registered - set(CLASS_OF_CHECK)) == [], "checks without a fault class"
-    assert sorted(set(CLASS_OF_CHECK) - registered) == [], "classes of checks that do not exist"
+def test_every_registered_check_and_benchmark_declares_a_class() -> None:
+    # register() has no default class: a check cannot be registered without one.
+    assert inspect.signature(register).parameters["fault_class"].default is inspect.Parameter.empty
+    registered = {**load_checks(), **load_benchmarks()}
+    assert registered
+    undeclared = sorted(
+        n for n, c in registered.items() if not isinstance(c.fault_class, FaultClass)
+    )
+    assert undeclared == [], "checks without a fault class"
+    # Each is of exactly the class it declares, and checks_of lists every one.
+    by_class = {cls: set(checks_of(cls)) for cls in FaultClass}
+    assert sorted(n for names in by_class.values() for n in names) == sorted(registered)
+    for name, check in registered.items():
+        assert name in by_class[check.fault_class], name
 
 
 def test_every_class_has_checks_and_its_own_condition_type() -> None:
-    types = [cls.condition_type for cls in FaultClass]
+    types = [condition_type(cls) for cls in FaultClass]
     assert types == ["NodecheckGpuHardware", "NodecheckGpuPerformance", "NodecheckNodeConfig"]
     for cls in FaultClass:
         assert checks_of(cls), cls
@@ -39,7 +52,9 @@ def test_every_class_has_checks_and_its_own_condition_type() -> None:
 
 
 def finding(check: str, status: Status, summary: str = "x", subject: str = "node") -> Finding:
-    return Finding(check, status, subject, summary)
+    """A registered check's finding, its meaning (class, action, origin) as it declares."""
+    [found] = findings_of_named(check, [Result(status, subject, summary)])
+    return found
 
 
 def test_a_failure_of_the_class_is_a_problem_and_other_classes_are_ignored() -> None:
@@ -80,6 +95,32 @@ def test_a_warning_is_said_but_is_no_problem() -> None:
     assert judge(FaultClass.NODE_CONFIG, findings[1:], "s") == Verdict(
         EXIT_OK, "node-config ok: 1 checks; s"
     )
+
+
+def test_a_jobs_failure_is_a_warning_not_a_problem() -> None:
+    """nccl_env judges the job's environment (origin job): its failure is said, exit 0;
+    the same check's failure from the node's /etc/nccl.conf is a problem."""
+    from_a_job = finding("nccl_env", Status.FAIL, "NCCL_P2P_DISABLE=1")
+    assert from_a_job.origin is Origin.JOB
+    assert judge(FaultClass.NODE_CONFIG, [from_a_job], "s") == Verdict(
+        EXIT_OK, "node-config ok, warn: nccl_env node: NCCL_P2P_DISABLE=1; s"
+    )
+    [from_the_node] = findings_of_named(
+        "nccl_env", [Result(Status.FAIL, "node", "in /etc/nccl.conf", origin=Origin.NODE)]
+    )
+    assert judge(FaultClass.NODE_CONFIG, [from_the_node], "s") == Verdict(
+        EXIT_PROBLEM, "node-config fail: nccl_env node: in /etc/nccl.conf; s"
+    )
+
+
+def test_a_finding_counts_in_its_own_class_not_its_checks() -> None:
+    # gpu_throttle declares gpu-performance; a result may say it is hardware.
+    [lost] = findings_of_named(
+        "gpu_throttle",
+        [Result(Status.FAIL, "gpu 3", "GPU lost", fault_class=FaultClass.GPU_HARDWARE)],
+    )
+    assert judge(FaultClass.GPU_HARDWARE, [lost], "s").exit_status == EXIT_PROBLEM
+    assert judge(FaultClass.GPU_PERFORMANCE, [lost], "s").exit_status == EXIT_UNKNOWN
 
 
 def test_one_line_cuts_on_whole_characters() -> None:
@@ -145,22 +186,21 @@ def test_the_faulty_dgx_has_a_problem_of_each_class_and_the_healthy_one_none(
     long = message_of(npd(dgx_faulty, tmp_path, fault_class, "--max-output", "4096"), 4096)
     assert long.startswith(message.removesuffix("..."))
     assert long.endswith("own run (no results file at " + str(tmp_path / "results.json") + ")")
-    checks = {name for name in CLASS_OF_CHECK if CLASS_OF_CHECK[name].value == fault_class}
-    assert long.split()[2] in checks
+    assert long.split()[2] in checks_of(FaultClass(fault_class))
 
 
 def write_agent_results(path: Path, failing: str | None, status: Status, age_s: float) -> None:
     """The agent's results file: every quick check passing but `failing`, with `status`."""
     now = time.time() - age_s
-    checks = []
-    for name in load_checks():
+    stored = []
+    for name, check in load_checks().items():
         result = (
             Result(status, "gpu 2", "from the agent")
             if name == failing
             else Result(Status.OK, "node", "fine")
         )
-        checks.append(StoredCheck(name, now, 60.0, tuple(findings_of(name, [result]))))
-    path.write_text(results_text("gpu01", checks, now))
+        stored.append(StoredRun(CheckRun(check, [result], 0.01, True), now, 60.0))
+    path.write_text(document_text(check_document("gpu01", stored, now)))
 
 
 def test_the_agents_fresh_results_are_the_verdict_and_stale_ones_are_not(
@@ -176,7 +216,8 @@ def test_the_agents_fresh_results_are_the_verdict_and_stale_ones_are_not(
     # The other classes judge the same file: all fine there.
     done = npd(dgx, tmp_path, "gpu-hardware", "--max-output", "4096")
     assert done.returncode == EXIT_OK
-    assert message_of(done, 4096) == "gpu-hardware ok: 7 checks; agent results"
+    # gpu_count, gpu_memory_errors, gpu_nvlink, gpu_state, gpu_xid, nvswitch_sxid
+    assert message_of(done, 4096) == "gpu-hardware ok: 6 checks; agent results"
     # Stale (older than --max-age): the replica, healthy, is judged itself.
     write_agent_results(results, "gpu_throttle", Status.FAIL, age_s=120)
     done = npd(dgx, tmp_path, "gpu-performance", "--max-age", "60", "--max-output", "4096")
@@ -255,7 +296,7 @@ def test_the_npd_config_has_one_permanent_rule_per_class() -> None:
     config = json.loads(NPD_CONFIG.read_text())
     assert config["plugin"] == "custom"
     defaults = {c["type"]: c for c in config["conditions"]}
-    assert sorted(defaults) == sorted(c.condition_type for c in FaultClass)
+    assert sorted(defaults) == sorted(condition_type(c) for c in FaultClass)
     rules = config["rules"]
     classes = []
     for rule in rules:
@@ -264,7 +305,7 @@ def test_the_npd_config_has_one_permanent_rule_per_class() -> None:
         assert args[args.index("npd") + 1] == "--class"
         fault_class = FaultClass(args[args.index("--class") + 1])
         classes.append(fault_class)
-        assert rule["condition"] == fault_class.condition_type
+        assert rule["condition"] == condition_type(fault_class)
         assert rule["condition"] in defaults  # NPD refuses a permanent rule without one
         assert rule["reason"] != defaults[rule["condition"]]["reason"]
         assert re.fullmatch(r"[A-Z][A-Za-z]+", rule["reason"])  # CamelCase, as Kubernetes'

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from nodecheck.agent.config import KubernetesSettings
+from nodecheck.agent.findings import Finding, findings_of_named
 from nodecheck.agent.kube_api import KubeClient
 from nodecheck.agent.kubernetes import CheckFindings, KubernetesReporter
-from nodecheck.agent.slurm_health import Finding
-from nodecheck.checks.result import Status
+from nodecheck.checks.result import Result, Status
 from tests.fixtures.kube_api import KubeApiDouble
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -32,10 +32,13 @@ EARLIER = "2026-01-01T00:00:00Z"
 
 
 def run(*findings: tuple[str, str, str, str]) -> list[CheckFindings]:
-    """One run's results: (check, status, subject, summary) per finding, grouped by check."""
+    """One run's results: (check, status, subject, summary) per finding, grouped by check,
+    each with its meaning as the registered check declares it."""
     by_check: dict[str, list[Finding]] = {}
     for check, status, subject, summary in findings:
-        by_check.setdefault(check, []).append(Finding(check, Status(status), subject, summary))
+        by_check.setdefault(check, []).extend(
+            findings_of_named(check, [Result(Status(status), subject, summary)])
+        )
     return list(by_check.items())
 
 
