@@ -17,7 +17,6 @@ from nodecheck.agent import cli as cli_module
 from nodecheck.agent import config as config_module
 from nodecheck.agent.cli import cli
 from nodecheck.agent.config import AgentConfig, load_config
-from nodecheck.agent.daemon import Agent
 from nodecheck.checks.config import (
     AGENT_IDLE_WINDOW_S,
     DEFAULT_NVML_TIMEOUT_S,
@@ -90,8 +89,8 @@ def test_the_agents_defaults_are_check_configs() -> None:
     """The agent judges under the checks' defaults but one: it waits longer for idle GPUs."""
     expected = CheckConfig(bench=BenchOptions(idle_window_s=AGENT_IDLE_WINDOW_S))
     assert DEFAULTS.bench.idle_window_s != AGENT_IDLE_WINDOW_S
-    assert Agent._check_config(AgentConfig()) == expected
-    assert Agent._check_config(load_config(None, set(load_checks()))) == expected
+    assert AgentConfig().check_config() == expected
+    assert load_config(None, set(load_checks())).check_config() == expected
 
 
 def test_config_show_on_an_empty_file_prints_the_check_configs_defaults(

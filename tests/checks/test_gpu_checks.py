@@ -175,7 +175,7 @@ def test_pcie_replay_rate_and_one_judge_of_the_link(dgx_faulty: Node) -> None:
     narrow = one(single, "0000:9c:00.0")
     assert narrow.status is Status.OK  # a rate needs two readings; the width is not its
     assert "NVML link Gen5 x8 (max Gen5 x16)" in narrow.summary
-    assert narrow.details["link"]["width"] == 8
+    assert narrow.details["link"]["width"] == 8  # type: ignore[index]
     [link] = [r for r in dgx_faulty.results("pcie_link") if r.subject == narrow.subject]
     assert link.status is Status.FAIL and "x8 of x16" in link.summary
     assert "reseat" in link.remedy

@@ -3,7 +3,7 @@ fixture tree with a committed output file): for each replica node of tests/fixtu
 and its NVML scenario (tests/fixtures/nvml_scenarios.py, played by tests/fake_nvml),
 
     tree -> facts:     the nodecheck.facts/v1 capture,   tests/golden/<node>.facts.json
-    facts -> results:  the nodecheck.check/v1 document,  tests/golden/<node>.results.json
+    facts -> results:  the nodecheck.check/v2 document,  tests/golden/<node>.results.json
 
 A difference fails with a diff. `pytest --update-golden` (or NODECHECK_UPDATE_GOLDEN=1)
 rewrites the files instead; review their diff as you would code.
@@ -12,25 +12,28 @@ Only what must differ between two runs is normalised: the temporary root's path 
 string ("<root>"), the capture's taken_at and the nodecheck version, monotonic read_at
 times, the replica's boot time (a replica boots two days before the test builds it, so
 /proc/stat's btime is the build's time: "<boot time>", and each kernel-log time as an
-offset from it), and a part read from the Python running the tests, not from the replica
-(the installed torch's version). The fake's counters that grow with time since its load
-(`{"base": B, "per_s": R}`: throttle time, replays, NVLink errors) are read at their base,
-by giving the fake each scenario with its rates at zero: a golden must not depend on how
-many milliseconds the reading took. tests/facts/test_round_trip.py runs the scenarios as
-they are.
+offset from it), a part read from the Python running the tests, not from the replica
+(the installed torch's version), and the results document's written_at and each check's
+finished_at (the wall clock when the test judged). The fake's counters that grow with
+time since its load (`{"base": B, "per_s": R}`: throttle time, replays, NVLink errors)
+are read at their base, by giving the fake each scenario with its rates at zero: a golden
+must not depend on how many milliseconds the reading took. tests/facts/test_round_trip.py
+runs the scenarios as they are.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nodecheck.agent.report import check_document
+from nodecheck.agent.findings import check_document
+from nodecheck.agent.scheduler import StoredRun
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import LiveFacts, dumps, facts_document, loads
 from nodecheck.checks.registry import load_checks
@@ -105,6 +108,15 @@ def normalised_facts(document: dict[str, Any], root: Path) -> dict[str, Any]:
     return result  # type: ignore[no-any-return]
 
 
+def normalised_results(document: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A check document with the root's path and the wall-clock times replaced."""
+    result: dict[str, Any] = _strings(document, str(root))
+    result["written_at"] = "<written_at>"
+    for entry in result["checks"]:
+        entry["finished_at"] = "<finished_at>"
+    return result
+
+
 def golden_text(document: Any) -> str:
     return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n"
 
@@ -171,7 +183,9 @@ def test_replica_tree_to_facts_to_results_as_the_golden_files_say(
     # other); NVML is never asked, the facts hold its readings.
     judged = CheckContext(facts=loaded, fs=node.fs, environ=dict(CLEAN_ENVIRON), uid=1000)
     runs = run_checks(list(load_checks().values()), judged)
-    results = _strings(check_document(loaded.get("hostname"), runs), str(node.root))
+    now = time.time()  # as `nodecheck check --json` dates its document
+    stored = [StoredRun(run, now, run.check.interval_s) for run in runs]
+    results = normalised_results(check_document(loaded.get("hostname"), stored, now), node.root)
     compare_with_golden(GOLDEN / f"{name}.results.json", golden_text(results), update_golden)
 
 
@@ -257,4 +271,22 @@ def test_a_growing_counter_is_read_at_its_base() -> None:
                 "ecc": {"volatile_uncorrected": 2},
             }
         ]
+    }
+
+
+def test_normalising_results_replaces_the_root_and_the_wall_clock_only() -> None:
+    root = Path("/dev/shm/nodecheck-tests-x/dgx")
+    document = {
+        "schema": "nodecheck.check/v2",
+        "status": "fail",
+        "written_at": 1796134522.7,
+        "checks": [{"check": "pcie_link", "finished_at": 1796134522.6, "interval_s": 300.0}],
+        "results": [{"check": "pcie_link", "summary": f"read {root}/sys", "origin": "node"}],
+    }
+    assert normalised_results(document, root) == {
+        "schema": "nodecheck.check/v2",
+        "status": "fail",
+        "written_at": "<written_at>",
+        "checks": [{"check": "pcie_link", "finished_at": "<finished_at>", "interval_s": 300.0}],
+        "results": [{"check": "pcie_link", "summary": "read <root>/sys", "origin": "node"}],
     }

@@ -25,9 +25,9 @@ from nodecheck.agent.exporter import (
     CachedExposition,
     ResultCollector,
     make_registry,
-    results_document,
     serve,
 )
+from nodecheck.agent.results_file import served_document
 from nodecheck.agent.scheduler import ResultStore
 from nodecheck.agent.snapshot import results_from_snapshot
 from nodecheck.checks.context import CheckContext
@@ -426,7 +426,7 @@ def test_results_that_cannot_be_rendered_are_a_500_not_a_dead_connection(
     server = serve(
         f"127.0.0.1:{port}",
         CachedExposition(registry, store, lambda: 0),
-        lambda: results_document(store, "host"),
+        lambda: served_document(store, "host"),
         lambda: True,
     )
     try:

@@ -10,10 +10,19 @@ from collections import Counter
 
 import click
 
-from nodecheck.agent.exporter import results_document
-from nodecheck.agent.report import fold
+from nodecheck.agent.findings import fold
+from nodecheck.agent.results_file import served_document
 from nodecheck.agent.scheduler import ResultStore
-from nodecheck.checks.result import NODE, MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import (
+    NODE,
+    Action,
+    FaultClass,
+    MetricSpec,
+    Origin,
+    Result,
+    Sample,
+    Status,
+)
 from tests.agent.test_cli import run
 from tests.conftest import Node
 
@@ -43,6 +52,12 @@ def test_check_json_has_one_row_per_check_and_subject(dgx_faulty: Node) -> None:
     assert f"; {TORCH_ALLOC_OK}" in torch_alloc["summary"], torch_alloc["summary"]
     assert "pid 4242 (python3)" in torch_alloc["remedy"]
     assert torch_alloc["details"]["variable"] == "PYTORCH_CUDA_ALLOC_CONF"  # details kept
+    # The row's meaning is the failing finding's: a job's setting, fixed in the job.
+    assert (torch_alloc["action"], torch_alloc["class"], torch_alloc["origin"]) == (
+        "fix-job-environment",
+        "node-config",
+        "job",
+    )
     [cpu] = [r for r in results if (r["check"], r["subject"]) == ("cpu", "node")]
     assert "governor" in cpu["summary"] and "SMT" in cpu["summary"]
 
@@ -66,7 +81,7 @@ def test_agent_results_have_one_row_per_check_and_subject(dgx_faulty: Node) -> N
     store = ResultStore()
     for check_run in dgx_faulty.run("cpu", "numa", "torch_alloc", "nccl_env"):
         store.put(check_run, 300)
-    document = results_document(store, "dgx-h100-07")
+    document = served_document(store, "dgx-h100-07")
     results = document["results"]
     assert isinstance(results, list)
     assert duplicated([(r["check"], r["subject"]) for r in results]) == []
@@ -81,12 +96,24 @@ def test_agent_results_have_one_row_per_check_and_subject(dgx_faulty: Node) -> N
 def test_a_folded_row_keeps_every_finding() -> None:
     """Four findings about one subject become one row: the worst status, summaries worst
     first, the remedies of what is not ok, every detail (a key given twice takes the worst
-    finding's value; each finding's own are under "findings") and every metric sample;
-    another subject stays its own row."""
+    finding's value; each finding's own are under "findings"), every metric sample and
+    the worst finding's meaning (action, class, origin); another subject stays its own
+    row."""
     spec = MetricSpec("nodecheck_test_value", "gauge", "a test series", ("n",))
+    meaning = (Action.REBOOT, FaultClass.GPU_PERFORMANCE, Origin.JOB)
     findings = [
-        Result(Status.OK, NODE, "fine", "", {"shared": 1}, (Sample(spec, 1, {"n": "1"}),)),
-        Result(Status.FAIL, NODE, "broken", "fix it", {"shared": 2, "only": "here"}),
+        Result(
+            Status.OK,
+            NODE,
+            "fine",
+            "",
+            {"shared": 1},
+            (Sample(spec, 1, {"n": "1"}),),
+            Action.NONE,
+            FaultClass.NODE_CONFIG,
+            Origin.NODE,
+        ),  # listed first, not the worst: not the row's meaning
+        Result(Status.FAIL, NODE, "broken", "fix it", {"shared": 2, "only": "here"}, (), *meaning),
         Result(Status.WARN, NODE, "odd", "look at it", {}, (Sample(spec, 3, {"n": "3"}),)),
         Result(Status.SKIP, NODE, "not here"),
         Result(Status.OK, "gpu 0000:18:00.0", "fine too"),
@@ -104,4 +131,5 @@ def test_a_folded_row_keeps_every_finding() -> None:
     ]
     assert details == {"shared": 2, "only": "here"}  # the worst finding's value, one type
     assert [sample.value for sample in node.samples] == [1, 3]
+    assert (node.action, node.fault_class, node.origin) == meaning
     assert gpu == findings[-1]

@@ -17,7 +17,7 @@ from nodecheck.checks.gpu.xid import group_events, judge_gpu
 from nodecheck.checks.node.kernel_log import MESSAGE_LIMIT, read_kernel_log
 from nodecheck.checks.node.sxid import parse_sxids
 from nodecheck.checks.node.xid import parse_kernel_log
-from nodecheck.checks.result import Status, gpu_subject
+from nodecheck.checks.result import Action, Status, gpu_subject
 from tests.conftest import Node
 
 LABELS = {"gpu": "", "bus_id": "", "model": "unknown"}
@@ -112,9 +112,11 @@ def test_gb200_nvlink5_lines_fatal_and_nonfatal_as_each_says(real_data: Path) ->
         assert (nvlink.xid, nvlink.fatal, netir.xid) == (145, 0, 149)
         assert " Fatal XC" in netir.message, netir
         verdict = judge_gpu(mine, None, LABELS, time.time(), None, "the log")
-        by_xid = {summary.split()[1]: status for status, summary, _ in verdict.findings}
+        by_xid = {summary.split()[1]: status for status, summary, _, _ in verdict.findings}
         assert by_xid == {"145": Status.OK, "149": Status.FAIL}, verdict.findings
-        assert verdict.result("gpu").remedy == "drain the node and reset the GPU"
+        result = verdict.result("gpu")
+        assert result.remedy == "drain the node and reset the GPU"
+        assert result.action is Action.RESET_GPU  # the failing XID 149's, not the 145's
 
 
 def test_a_kmsg_dump_with_nvswitches_and_no_xid(real_data: Path, dgx: Node) -> None:
