@@ -20,6 +20,7 @@ from nodecheck.checks.node.facts import SCHEMA, Unread, load
 from nodecheck.checks.registry import load_checks
 from tests.agent.test_cli import NODECHECK, run, run_counting_imports
 from tests.conftest import CLEAN_ENVIRON, Node
+from tests.documents import untimed
 
 # Roots that do not exist: a command judging a capture must not look at them.
 NOWHERE = ["--sysfs-root", "/nonexistent/sys", "--procfs-root", "/nonexistent/proc"]
@@ -79,7 +80,7 @@ def test_check_of_a_capture_applies_this_commands_options(
     assert {r["check"] for r in judged["results"]} == {"gpu_count"}
     assert judged["status"] == "fail"
     assert any("9 expected" in r["summary"] for r in judged["results"]), judged
-    assert judged == live
+    assert untimed(judged) == untimed(live)
 
 
 def test_check_of_a_capture_imports_no_nvml(faulty_capture: Path) -> None:
@@ -113,7 +114,7 @@ def test_tune_of_a_capture_is_the_live_tune(
     live = run(*node.cli_args, *args, env=node.env)
     judged = run(*NOWHERE, *args, "--facts", str(path))
     assert live.returncode == judged.returncode == 0, judged.stderr
-    assert json.loads(judged.stdout) == json.loads(live.stdout)
+    assert untimed(json.loads(judged.stdout)) == untimed(json.loads(live.stdout))
 
 
 def _rewrite(source: Path, change: Callable[[dict[str, Any]], object]) -> Callable[[Path], Path]:

@@ -111,13 +111,27 @@ def test_json_contract(dgx_faulty: Node) -> None:
     done = run(*dgx_faulty.cli_args, "check", "--json", env=dgx_faulty.env)
     assert done.returncode == 1
     document = json.loads(done.stdout)
-    assert set(document) == {"schema", "hostname", "status", "results"}
-    assert document["schema"] == "nodecheck.check/v1"
+    assert set(document) == {"schema", "hostname", "status", "written_at", "checks", "results"}
+    assert document["schema"] == "nodecheck.check/v2"
+    assert {c["check"] for c in document["checks"]} == {r["check"] for r in document["results"]}
+    for check in document["checks"]:
+        assert set(check) == {"check", "finished_at", "interval_s", "benchmark", "completed"}
     assert document["hostname"] == "dgx-h100-07"
     assert document["status"] == "fail"
     for result in document["results"]:
-        assert set(result) == {"check", "status", "subject", "summary", "remedy", "details"}
+        assert set(result) == {
+            "check",
+            "status",
+            "subject",
+            "summary",
+            "remedy",
+            "action",
+            "class",
+            "origin",
+            "details",
+        }
         assert result["status"] in {"ok", "warn", "fail", "skip", "error"}
+        assert result["origin"] in {"node", "job"}
     failing = {(r["check"], r["subject"]) for r in document["results"] if r["status"] == "fail"}
     assert ("pcie_link", "gpu 0000:9c:00.0") in failing
     assert SECRET not in done.stdout
@@ -370,7 +384,7 @@ def test_bench_on_the_cpu(build: Callable[..., Node], tmp_path: Path) -> None:
     done, heavy = run_counting_imports(args, node.env)
     assert "torch" not in heavy, done.stderr
     document = json.loads(done.stdout)
-    assert document["schema"] == "nodecheck.check/v1"
+    assert document["schema"] == "nodecheck.check/v2"
     [result] = document["results"]
     assert (result["check"], result["status"], result["subject"]) == ("h2d", "ok", "node")
     assert (tmp_path / "benchmarks.json").exists()

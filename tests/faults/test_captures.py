@@ -21,6 +21,7 @@ from nodecheck.tuning.plan import PLAN_NEEDS
 from tests.agent.test_capture import NOWHERE, capture
 from tests.agent.test_cli import run
 from tests.conftest import Node
+from tests.documents import untimed
 from tests.faults.test_nvml import NONSENSE
 from tests.fixtures.nvml_scenarios import dgx_faulty as faulty_scenario
 from tests.fixtures.nvml_scenarios import modified
@@ -289,8 +290,9 @@ def test_nonsense_nvml_answered_is_the_same_gpu_error_in_its_capture(
     args = ["check", "--json", "--only", check]
     live = run(*node.cli_args, *args, env=node.env)
     judged = run(*NOWHERE, *args, "--facts", str(path))
-    assert judged.returncode == live.returncode == 1, judged.stderr
-    assert json.loads(judged.stdout) == json.loads(live.stdout)
+    # 1 where another GPU's planted fault fails the check, 3 where GPU 3's error is all.
+    assert judged.returncode == live.returncode in (1, 3), judged.stderr
+    assert untimed(json.loads(judged.stdout)) == untimed(json.loads(live.stdout))
     [mine] = [r for r in json.loads(judged.stdout)["results"] if r["subject"] == "gpu 0000:3c:00.0"]
     assert mine["status"] == "error" and finding in mine["summary"], mine
 
