@@ -102,8 +102,7 @@ def planted_faults_found(runs: list[CheckRun]) -> None:
     # from sysfs, is the check that judges it).
     narrow = found[("gpu_pcie", subject(DGX_GPUS[5]))]
     link = narrow.details["link"]
-    assert isinstance(link, dict) and link["width"] == 8
-    assert "x8 (max Gen5 x16)" in narrow.summary
+    assert isinstance(link, dict) and (link["width"], link["max_width"]) == (8, 16)
     capped = found[("gpu_state", subject(DGX_GPUS[6]))]
     assert "power limit lowered to 500 W" in capped.summary
 
@@ -275,7 +274,8 @@ def test_agent_with_a_hung_gpu_keeps_judging_the_others_and_recovers(
             assert during[(check, subject(LOST_BUS))]["status"] == "fail", check
         assert during[("gpu_memory_errors", subject(DGX_GPUS[1]))]["status"] == "fail"
         assert during[("gpu_memory_errors", subject(DGX_GPUS[6]))]["status"] == "fail"
-        assert during[("gpu_pcie", subject(DGX_GPUS[5]))]["status"] == "fail"
+        replays = during[("gpu_pcie", subject(DGX_GPUS[5]))]
+        assert (replays["status"], "PCIe replays per minute" in replays["summary"]) == ("warn", True)
         assert ("gpu_state", "node") not in during or during[("gpu_state", "node")][
             "status"
         ] != "error"
