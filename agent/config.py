@@ -45,7 +45,7 @@ file prints every default, and checks/config.py is where the checks' are declare
     partition = "gpu"            # printable characters; the fleet rules group by
     rack = "r07"                 # cluster, partition and rack where they are set
 
-    [kubernetes]                 # node conditions, events and a taint (agent/kubernetes.py)
+    [kubernetes]                 # node conditions, events, a taint (agent/kubernetes/reporter.py)
     enabled = false
     taint = false                # nodecheck.io/unhealthy=<class>:NoSchedule on a failing check
     events = true                # Warning events for warn and fail findings
@@ -343,7 +343,7 @@ class KubernetesSettings:
     token_file: Path = SERVICE_ACCOUNT_DIR / "token"
     ca_file: Path = SERVICE_ACCOUNT_DIR / "ca.crt"
     resend_interval_s: float = 300.0  # node-problem-detector's heartbeat period
-    # The hysteresis (agent/kubernetes.py, FaultHold and ConditionHold): a fault stands
+    # The hysteresis (agent/kubernetes/reporter.py, FaultHold and ConditionHold): a fault stands
     # from its first sighting until it has been clear for clear_after_s; the taint goes
     # on once it has stood taint_after_s, off once clear for clear_after_s; a condition
     # turns worse at once, better once nothing worse was seen for clear_after_s. A link
@@ -627,7 +627,7 @@ def _named_file_problem(key: str, path: Path) -> str | None:
         where = f"{path}:{err.line}" if err.line else str(path)
         return f"{where}: {err.reason}"
     if key == "basic_auth_file":
-        from nodecheck.agent.exporter import parse_basic_auth
+        from nodecheck.agent.web.auth import parse_basic_auth
 
         try:
             parse_basic_auth(text, str(path))
@@ -821,7 +821,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     if cert is not None and key is not None:
         # The server's own loader: a key that does not match the certificate, or one
         # encrypted with a pass phrase (which would make the agent prompt on a terminal).
-        from nodecheck.agent.exporter import tls_context
+        from nodecheck.agent.web.tls import tls_context
 
         try:
             tls_context(cert, key)

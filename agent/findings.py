@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.scheduler import StoredRun
+from nodecheck.agent.daemon.scheduler import StoredRun
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check

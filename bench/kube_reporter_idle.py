@@ -22,7 +22,7 @@ from pathlib import Path
 
 from nodecheck.agent.config import KubernetesSettings
 from nodecheck.agent.findings import findings_of_named
-from nodecheck.agent.kubernetes import KubernetesReporter
+from nodecheck.agent.kubernetes.reporter import KubernetesReporter
 from nodecheck.checks.result import Result, Status
 from tests.fixtures.kube_api import KubeApiDouble
 

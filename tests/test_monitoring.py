@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.exporter import OWN_FAMILIES
+from nodecheck.agent.daemon.exporter import OWN_FAMILIES
 from nodecheck.checks.registry import load_benchmarks, load_checks
 from nodecheck.checks.result import MetricSpec
 
@@ -29,7 +29,7 @@ FLEET_TESTS = (
 pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool (Debian's prometheus; make test installs it)"
 )
-# Families the exporter builds itself (agent/exporter.py), besides the checks' samples.
+# Families the exporter builds itself (agent/daemon/exporter.py), besides the checks' samples.
 # The families the exporter writes itself, besides the checks' own.
 EXPORTER_METRICS = OWN_FAMILIES
 # The series the fleet rules (monitoring/fleet_rules.yml) join on: the operator's labels

@@ -60,7 +60,7 @@ LIVE = {
     # (registry.register_benchmark); their child/ package is the benchmark process itself
     "checks/bench/": "checks/bench/child/",
     # `nodecheck exec` runs the job here: it reads its own process's allowed memory nodes
-    "agent/rank_exec.py": None,
+    "agent/cli/rank_exec.py": None,
 }
 
 
@@ -85,19 +85,19 @@ OWN_FILES = (
     Allowed("agent/config.py", "kernel_log_problem", "stat", "config check: the log's kind"),
     Allowed("agent/config.py", "kernel_log_problem", "access", "config check: readable"),
     Allowed("agent/config.py", "snapshot_problem", "stat", "the root snapshot's path"),
-    Allowed("agent/exporter.py", "_read_pem", "read_regular_file", "TLS certificate and key"),
-    Allowed("agent/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
-    Allowed("agent/slurm_hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
-    Allowed("agent/slurm_hysteresis.py", "__init__", "open", "its hysteresis lock file"),
+    Allowed("agent/web/tls.py", "_read_pem", "read_regular_file", "TLS certificate and key"),
+    Allowed("agent/daemon/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
+    Allowed("agent/slurm/hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
+    Allowed("agent/slurm/hysteresis.py", "__init__", "open", "its hysteresis lock file"),
     # slurm health-check acts on this node's Slurm state now: its intervals are on this
     # boot's clock, keyed by its boot id (checks/node/boot.py), which no capture holds.
-    Allowed("agent/slurm_health.py", "run_health_check", "read_boot_moment", "its boot clock"),
-    Allowed("agent/cli.py", "*", "load", "a capture named by --facts FILE"),
-    Allowed("agent/cli.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
-    Allowed("agent/cli.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),
-    Allowed("agent/cli.py", "node_fs", "exists", "--sysfs-root etc. must be directories"),
+    Allowed("agent/slurm/health.py", "run_health_check", "read_boot_moment", "its boot clock"),
+    Allowed("agent/cli/__init__.py", "*", "load", "a capture named by --facts FILE"),
+    Allowed("agent/cli/__init__.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
+    Allowed("agent/cli/__init__.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),
+    Allowed("agent/cli/__init__.py", "node_fs", "exists", "--sysfs-root etc. must be directories"),
     # A command closes the NVML session it opened for its context (a source, not a read).
-    Allowed("agent/cli.py", "*", "nvml", "closes the command's NVML session"),
+    Allowed("agent/cli/__init__.py", "*", "nvml", "closes the command's NVML session"),
     Allowed("checks/bench/state.py", "*", "read_text", "the benchmark state file"),
     Allowed("checks/bench/state.py", "*", "open", "the state directory's lock files"),
     # The benchmark's own NCCL debug log, in the ranks' private temporary folder.
@@ -108,10 +108,10 @@ OWN_FILES = (
     Allowed("checks/bench/child_runner.py", "child_module", "is_file", "a test double's file"),
     # `nodecheck exec -- CMD`: whether CMD is there and can be run (126 or 127), as execvp
     # would find it; the job's command, no file of the node judged.
-    Allowed("agent/rank_exec.py", "_not_runnable", "isdir", "exec: CMD is a directory?"),
-    Allowed("agent/rank_exec.py", "_not_runnable", "access", "exec: CMD executable?"),
-    Allowed("agent/rank_exec.py", "check_command", "exists", "exec: CMD there?"),
-    Allowed("agent/rank_exec.py", "check_command", "isfile", "exec: CMD on PATH, not runnable"),
+    Allowed("agent/cli/rank_exec.py", "_not_runnable", "isdir", "exec: CMD is a directory?"),
+    Allowed("agent/cli/rank_exec.py", "_not_runnable", "access", "exec: CMD executable?"),
+    Allowed("agent/cli/rank_exec.py", "check_command", "exists", "exec: CMD there?"),
+    Allowed("agent/cli/rank_exec.py", "check_command", "isfile", "exec: CMD on PATH, not runnable"),
 )
 
 

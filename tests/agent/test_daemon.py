@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.scheduler import ResultStore, Scheduler
+from nodecheck.agent.daemon.scheduler import ResultStore, Scheduler
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
@@ -421,7 +421,7 @@ def test_the_journal_gets_a_line_per_status_change(caplog: pytest.LogCaptureFixt
 
     store = ResultStore()
     scheduler = Scheduler([(Check("flipping", flipping, 0.05, 5, ""), 0.05)], CheckContext, store)
-    caplog.set_level("DEBUG", logger="nodecheck.agent.scheduler")
+    caplog.set_level("DEBUG", logger="nodecheck.agent.daemon.scheduler")
     scheduler.start()
     try:
         wait_for(lambda: calls["n"] >= len(statuses) + 1, 60, "six runs")
@@ -440,7 +440,7 @@ def test_a_failing_turn_does_not_end_the_scheduler(
     """Something in the scheduler's own bookkeeping raises once (here: listing the stuck
     checks): one event=scheduler_loop_failed line, and the loop, its heartbeat (what the
     watchdog pings on) and the checks go on."""
-    import nodecheck.agent.scheduler as scheduler_module
+    import nodecheck.agent.daemon.scheduler as scheduler_module
 
     real = scheduler_module._stuck_checks
     failures = {"left": 1}

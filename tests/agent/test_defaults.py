@@ -70,7 +70,7 @@ def test_the_bench_options_defaults_are_bench_options() -> None:
 
 def test_the_snapshot_output_default_is_the_one_whose_folder_is_created() -> None:
     """`snapshot` creates the folder of its default output only (its own /run/nodecheck)."""
-    from nodecheck.agent.snapshot import DEFAULT_SNAPSHOT_PATH
+    from nodecheck.agent.daemon.snapshot import DEFAULT_SNAPSHOT_PATH
 
     assert default_of(cli.commands["snapshot"], "output") == DEFAULT_SNAPSHOT_PATH
 
@@ -170,7 +170,7 @@ def test_config_show_prints_every_key_and_reads_back(tmp_path: Path) -> None:
 def _mentions_nvml_timeout(name: str | None) -> bool:
     lowered = (name or "").lower()
     if "request" in lowered or "response" in lowered:
-        return False  # the HTTP server's own clocks (agent/http_intake.py), not NVML's
+        return False  # the HTTP server's own clocks (agent/web/intake.py), not NVML's
     return "nvml" in lowered or "deadline" in lowered
 
 

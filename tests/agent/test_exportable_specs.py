@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 
-from nodecheck.agent.exporter import spec_problem
+from nodecheck.agent.daemon.exporter import spec_problem
 from nodecheck.checks.registry import load_benchmarks, load_checks
 from nodecheck.checks.result import MetricSpec
 

@@ -22,13 +22,13 @@ from nodecheck.agent.config import (
     load_config,
     parse_config,
 )
-from nodecheck.agent.exporter import (
+from nodecheck.agent.daemon.exporter import (
     CachedExposition,
     ResultCollector,
     exposition,
     make_registry,
 )
-from nodecheck.agent.scheduler import ResultStore
+from nodecheck.agent.daemon.scheduler import ResultStore
 from nodecheck.checks.registry import load_benchmarks, load_checks
 from nodecheck.checks.result import MetricSpec
 from tests.agent.test_daemon import RunningAgent, running_agent, wait_for

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.config import SlurmSettings
-from nodecheck.agent.exporter import ResultCollector, exposition, make_registry
+from nodecheck.agent.daemon.exporter import ResultCollector, exposition, make_registry
+from nodecheck.agent.daemon.scheduler import ResultStore
 from nodecheck.agent.findings import Finding, findings_of
-from nodecheck.agent.kubernetes import fault_of, judge_classes
-from nodecheck.agent.npd import EXIT_OK, EXIT_PROBLEM, judge
-from nodecheck.agent.scheduler import ResultStore
-from nodecheck.agent.slurm_health import SlurmAction, decide
-from nodecheck.agent.slurm_hysteresis import Hysteresis
-from nodecheck.agent.slurm_prolog import EXIT_PASS, EXIT_UNUSABLE, gate_checks, judge_gate
+from nodecheck.agent.kubernetes.npd import EXIT_OK, EXIT_PROBLEM, judge
+from nodecheck.agent.kubernetes.reporter import fault_of, judge_classes
+from nodecheck.agent.slurm.health import SlurmAction, decide
+from nodecheck.agent.slurm.hysteresis import Hysteresis
+from nodecheck.agent.slurm.prolog import EXIT_PASS, EXIT_UNUSABLE, gate_checks, judge_gate
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.registry import load_checks, register, unregister

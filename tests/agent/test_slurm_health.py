@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.daemon.scheduler import StoredRun
 from nodecheck.agent.findings import (
     Finding,
     ResultsUnusableError,
@@ -22,9 +23,8 @@ from nodecheck.agent.findings import (
     document_text,
     fresh_results,
 )
-from nodecheck.agent.scheduler import StoredRun
-from nodecheck.agent.slurm_actions import drain_argv, reboot_argv, run_action, undrain_argv
-from nodecheck.agent.slurm_health import (
+from nodecheck.agent.slurm.actions import drain_argv, reboot_argv, run_action, undrain_argv
+from nodecheck.agent.slurm.health import (
     EXIT_HEALTHY,
     EXIT_UNDETERMINED,
     EXIT_UNHEALTHY,
@@ -35,7 +35,7 @@ from nodecheck.agent.slurm_health import (
     health_check,
     slurm_reason,
 )
-from nodecheck.agent.slurm_hysteresis import (
+from nodecheck.agent.slurm.hysteresis import (
     Hysteresis,
     Observation,
     load_hysteresis,

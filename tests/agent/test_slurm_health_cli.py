@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from nodecheck.agent.daemon.scheduler import StoredRun
 from nodecheck.agent.findings import CHECK_SCHEMA, check_document, document_text, fresh_results
-from nodecheck.agent.scheduler import StoredRun
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import CheckRun
 from tests.conftest import CLEAN_ENVIRON, Node
@@ -319,7 +319,7 @@ def test_an_agent_without_the_results_folder_says_so_once_and_runs_on(
         agent.terminate()
         agent.wait(30)
     # A folder the configuration names is missing: an error (only the embedded default's
-    # absent folder is an agent run by hand, said at info: agent/results_file.py).
+    # absent folder is an agent run by hand, said at info: agent/daemon/results_file.py).
     failures = [line for line in seen if "event=results_write_failed" in line]
     assert len(failures) == 1 and failures[0].startswith("level=error"), seen
     assert any("event=ready" in line for line in seen)

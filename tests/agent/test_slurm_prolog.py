@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.findings import Finding, findings_of_named
-from nodecheck.agent.slurm_prolog import (
+from nodecheck.agent.slurm.prolog import (
     EXIT_PASS,
     EXIT_UNUSABLE,
     NO_BENCHMARKS_HERE,
@@ -203,7 +203,7 @@ def test_a_fatal_result_is_kept_when_another_check_outruns_the_budget(
     finish, not pass because one did not (the slow one is an `error` line)."""
     import threading
 
-    from nodecheck.agent import slurm_prolog
+    from nodecheck.agent.slurm import prolog as slurm_prolog
     from nodecheck.checks import registry
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.registry import Check

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.daemon import Agent
-from nodecheck.agent.snapshot import (
+from nodecheck.agent.daemon.agent import Agent
+from nodecheck.agent.daemon.snapshot import (
     from_snapshot,
     read_snapshot,
     results_from_snapshot,
@@ -238,8 +238,8 @@ def nccl_env_exposition(results: list[Result]) -> dict[str, list[tuple[dict[str,
     """The agent's /metrics families with `results` as nccl_env's latest run."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from nodecheck.agent.exporter import ResultCollector, exposition, make_registry
-    from nodecheck.agent.scheduler import ResultStore
+    from nodecheck.agent.daemon.exporter import ResultCollector, exposition, make_registry
+    from nodecheck.agent.daemon.scheduler import ResultStore
     from nodecheck.checks.runner import CheckRun
 
     store = ResultStore()

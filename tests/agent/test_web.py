@@ -103,7 +103,7 @@ def test_a_bad_users_file_is_refused(build: Callable[..., Node], tmp_path: Path)
 
 
 def test_new_users_forget_old_passwords() -> None:
-    from nodecheck.agent.exporter import BasicAuth
+    from nodecheck.agent.web.auth import BasicAuth
 
     auth = BasicAuth({"prometheus": bcrypt.hashpw(b"old", bcrypt.gensalt(rounds=4))})
     header = "Basic " + base64.b64encode(b"prometheus:old").decode()
@@ -113,7 +113,7 @@ def test_new_users_forget_old_passwords() -> None:
 
 
 def test_ipv6_listen_address() -> None:
-    from nodecheck.agent.exporter import serve
+    from nodecheck.agent.web.server import serve
 
     try:
         with socket.socket(socket.AF_INET6) as probe:

@@ -306,7 +306,7 @@ def test_no_rdma_class_is_a_skip(workstation: Node, copy_node: Callable[[Node], 
 
 
 def test_the_agent_keeps_one_counter_history() -> None:
-    from nodecheck.agent.daemon import Agent
+    from nodecheck.agent.daemon.agent import Agent
 
     agent = Agent(NodeFS(), None, None)
     assert agent._context().port_counter_history is agent._context().port_counter_history

@@ -415,7 +415,7 @@ def test_the_agent_says_where_it_listens_and_that_it_is_open(
         reader.join(10)
     listening = [line for line in lines if "event=listening" in line]
     assert listening == [
-        f"level=info logger=nodecheck.agent.daemon event=listening "
+        f"level=info logger=nodecheck.agent.daemon.agent event=listening "
         f"address=http://0.0.0.0:{port}/metrics"
     ], lines
     [warning] = [line for line in lines if "event=unprotected" in line]
@@ -443,7 +443,7 @@ def test_an_empty_listen_says_that_no_server_runs(cpu_only: Node, tmp_path: Path
         assert process.wait(20) == 0
     lines = log.read_text().splitlines()
     [no_server] = [line for line in lines if "event=no_server" in line]
-    assert no_server.startswith("level=info logger=nodecheck.agent.daemon event=no_server")
+    assert no_server.startswith("level=info logger=nodecheck.agent.daemon.agent event=no_server")
     assert not [line for line in lines if "event=listening" in line or "Traceback" in line]
     shown = subprocess.run([*AGENT, "agent", "--help"], capture_output=True, text=True, check=True)
     assert '"" for no server' in " ".join(shown.stdout.split())
@@ -542,7 +542,7 @@ def test_a_textfile_failure_of_any_kind_does_not_stop_the_watchdog_pings(
     ended the thread: no more pings, and systemd would restart the agent.)"""
     from prometheus_client.registry import CollectorRegistry
 
-    from nodecheck.agent.daemon import Agent as RealAgent
+    from nodecheck.agent.daemon.agent import Agent as RealAgent
 
     notify_path = tmp_path / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -569,7 +569,7 @@ def test_a_textfile_failure_of_any_kind_does_not_stop_the_watchdog_pings(
     broken = CollectorRegistry(auto_describe=False)
     broken.register(BrokenCollector())  # type: ignore[arg-type]
     agent.registry = broken
-    caplog.set_level("ERROR", logger="nodecheck.agent.daemon")
+    caplog.set_level("ERROR", logger="nodecheck.agent.daemon.agent")
     agent.start()
     try:
         # One ping a second (half of WATCHDOG_USEC): the textfile fails after the first.

@@ -21,15 +21,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodecheck.agent.exporter import (
-    CachedExposition,
-    ResultCollector,
-    make_registry,
-    serve,
-)
-from nodecheck.agent.results_file import served_document
-from nodecheck.agent.scheduler import ResultStore
-from nodecheck.agent.snapshot import results_from_snapshot
+from nodecheck.agent.daemon.exporter import CachedExposition, ResultCollector, make_registry
+from nodecheck.agent.daemon.results_file import served_document
+from nodecheck.agent.daemon.scheduler import ResultStore
+from nodecheck.agent.daemon.snapshot import results_from_snapshot
+from nodecheck.agent.web.server import serve
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import SCHEMA, NodeFacts, load
 from nodecheck.checks.registry import Check
@@ -148,7 +144,7 @@ def test_bad_samples_cost_only_themselves_and_the_scrape_passes_promtool(
     good = [Sample(GOOD, 7.0, {"device": "a"}), Sample(GOOD, math.nan, {"device": "nan"})]
     stored(store, "fault_check", [sample for _, sample in BAD_SAMPLES] + good)
     stored(store, "other_check", [Sample(GOOD, 3.0, {"device": "b"})])
-    with caplog.at_level("WARNING", logger="nodecheck.agent.exporter"):
+    with caplog.at_level("WARNING", logger="nodecheck.agent.daemon.exporter"):
         text = scrape(url)
         store.put(store.all()[0].run, 60.0)  # a new generation: rendered again
         assert dropped_count(scrape(url), "fault_check") == len(BAD_SAMPLES)
@@ -430,7 +426,7 @@ def test_results_that_cannot_be_rendered_are_a_500_not_a_dead_connection(
         lambda: True,
     )
     try:
-        with caplog.at_level("ERROR", logger="nodecheck.agent.exporter"):
+        with caplog.at_level("ERROR", logger="nodecheck.agent.daemon.exporter"):
             with pytest.raises(urllib.error.HTTPError) as raised:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/results", timeout=10)
             assert raised.value.code == 500

@@ -275,7 +275,8 @@ def test_agent_with_a_hung_gpu_keeps_judging_the_others_and_recovers(
         assert during[("gpu_memory_errors", subject(DGX_GPUS[1]))]["status"] == "fail"
         assert during[("gpu_memory_errors", subject(DGX_GPUS[6]))]["status"] == "fail"
         replays = during[("gpu_pcie", subject(DGX_GPUS[5]))]
-        assert (replays["status"], "PCIe replays per minute" in replays["summary"]) == ("warn", True)
+        assert replays["status"] == "warn"
+        assert "PCIe replays per minute" in replays["summary"]
         assert ("gpu_state", "node") not in during or during[("gpu_state", "node")][
             "status"
         ] != "error"

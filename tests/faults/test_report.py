@@ -10,9 +10,9 @@ from collections import Counter
 
 import click
 
+from nodecheck.agent.daemon.results_file import served_document
+from nodecheck.agent.daemon.scheduler import ResultStore
 from nodecheck.agent.findings import fold
-from nodecheck.agent.results_file import served_document
-from nodecheck.agent.scheduler import ResultStore
 from nodecheck.checks.result import (
     NODE,
     Action,

@@ -26,7 +26,9 @@ from typing import cast
 import bcrypt
 import pytest
 
-from nodecheck.agent.exporter import parse_basic_auth, serve, tls_context
+from nodecheck.agent.web.auth import parse_basic_auth
+from nodecheck.agent.web.server import serve
+from nodecheck.agent.web.tls import tls_context
 from tests.agent.test_daemon import free_port, wait_for
 from tests.conftest import Node
 from tests.fixtures.certificates import make_certificate
@@ -636,7 +638,7 @@ CHEAP = basic("prometheus", PASSWORD)
 @contextlib.contextmanager
 def guarded(results: Callable[[], dict[str, object]] = dict) -> Iterator[int]:
     """An in-process server behind basic auth (cost 4: bcrypt is not what is tested)."""
-    from nodecheck.agent.exporter import BasicAuth
+    from nodecheck.agent.web.auth import BasicAuth
 
     hashed = bcrypt.hashpw(PASSWORD, bcrypt.gensalt(rounds=4))
     port = free_port()
@@ -880,7 +882,7 @@ def test_silent_connections_from_a_hundred_addresses_starve_no_scraper(
     bounded: a connection without a whole request holds no handler thread, and is closed
     within 5 s of its accept or when 512 such are open. (Before: the scrapers queued
     behind the silent connections, 64 at a time for 10 s each: over a minute.)"""
-    from nodecheck.agent.exporter import HANDLER_THREADS, RESERVED_THREADS
+    from nodecheck.agent.web.server import HANDLER_THREADS, RESERVED_THREADS
 
     assert scrape_seconds(guarded_server, source="127.0.0.150", limit=30) < 30
     threads_before = threading.active_count()
@@ -904,7 +906,7 @@ def test_a_known_scraper_is_answered_while_every_thread_is_busy() -> None:
     handler thread: a scraper answered before gets one of the threads reserved for known
     good clients and is answered within 15 s; the 64 and a fresh scraper are answered
     once /results returns. (Before: the known scraper waited for the 64.)"""
-    from nodecheck.agent.exporter import HANDLER_THREADS
+    from nodecheck.agent.web.server import HANDLER_THREADS
 
     release = threading.Event()
 
@@ -989,7 +991,7 @@ def test_bcrypt_costs_above_17_are_refused_naming_file_line_and_user() -> None:
 def test_the_dummy_hash_is_computed_once_per_cost_across_reloads() -> None:
     """An unknown user's dummy hash costs a whole bcrypt run at the users' cost: made once
     per cost, not again at each reload (SIGHUP) or BasicAuth. (Before: every time.)"""
-    from nodecheck.agent.exporter import BasicAuth
+    from nodecheck.agent.web.auth import BasicAuth
 
     at_5 = {"a": bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=5))}
     at_6 = {"b": bcrypt.hashpw(b"y", bcrypt.gensalt(rounds=6))}

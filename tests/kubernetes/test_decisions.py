@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings, parse_config
-from nodecheck.agent.fault_classes import class_verdict
 from nodecheck.agent.findings import Finding, findings_of_named
-from nodecheck.agent.kubernetes import (
+from nodecheck.agent.kubernetes.fault_classes import class_verdict
+from nodecheck.agent.kubernetes.npd import judge
+from nodecheck.agent.kubernetes.reporter import (
     OWNERSHIP_ANNOTATION,
     TAINT_KEY,
     ConditionHold,
@@ -31,7 +32,6 @@ from nodecheck.agent.kubernetes import (
     plan_taint,
     taint_patch,
 )
-from nodecheck.agent.npd import judge
 from nodecheck.checks.result import FaultClass, Origin, Result, Status
 
 NOW = "2026-12-01T10:00:00Z"

@@ -1,4 +1,4 @@
-"""agent/kube_api.py against the API double: the token, the CA, deadlines, errors as values."""
+"""agent/kubernetes/api.py against the API double: token, CA, deadlines, errors as values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.kube_api import KubeClient
+from nodecheck.agent.kubernetes.api import KubeClient
 from tests.agent.test_daemon import free_port
 from tests.fixtures.certificates import make_certificate
 from tests.fixtures.kube_api import KubeApiDouble

@@ -776,9 +776,9 @@ def test_the_admission_policy_matches_what_the_rbac_grants() -> None:
     assert f'"{user}"' in spec["matchConditions"][0]["expression"]
     text = json.dumps(spec)
     assert all(kind in text for kind in OUR_CONDITIONS)
-    from nodecheck.agent.fault_classes import CONDITION_TYPES
-    from nodecheck.agent.kubernetes import OWNERSHIP_ANNOTATION, TAINT_EFFECT
-    from nodecheck.agent.kubernetes import TAINT_KEY as AGENTS_TAINT_KEY
+    from nodecheck.agent.kubernetes.fault_classes import CONDITION_TYPES
+    from nodecheck.agent.kubernetes.reporter import OWNERSHIP_ANNOTATION, TAINT_EFFECT
+    from nodecheck.agent.kubernetes.reporter import TAINT_KEY as AGENTS_TAINT_KEY
 
     assert set(CONDITION_TYPES.values()) == set(OUR_CONDITIONS)
     assert AGENTS_TAINT_KEY in text and OWNERSHIP_ANNOTATION in text

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.fault_classes import checks_of, condition_type
+from nodecheck.agent.daemon.scheduler import StoredRun
 from nodecheck.agent.findings import Finding, check_document, document_text, findings_of_named
-from nodecheck.agent.npd import EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN, Verdict, judge
-from nodecheck.agent.scheduler import StoredRun
+from nodecheck.agent.kubernetes.fault_classes import checks_of, condition_type
+from nodecheck.agent.kubernetes.npd import EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN, Verdict, judge
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.registry import load_benchmarks, load_checks, register
 from nodecheck.checks.result import FaultClass, Origin, Result, Status

@@ -16,8 +16,8 @@ import yaml
 
 from nodecheck.agent.config import KubernetesSettings
 from nodecheck.agent.findings import Finding, findings_of_named
-from nodecheck.agent.kube_api import KubeClient
-from nodecheck.agent.kubernetes import CheckFindings, KubernetesReporter
+from nodecheck.agent.kubernetes.api import KubeClient
+from nodecheck.agent.kubernetes.reporter import CheckFindings, KubernetesReporter
 from nodecheck.checks.result import Result, Status
 from tests.fixtures.kube_api import KubeApiDouble
 

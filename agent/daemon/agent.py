@@ -13,7 +13,7 @@
 - An address it cannot listen on is a ListenError naming it (the command exits 2).
 - An NVML XID event re-runs gpu_xid at once instead of at the next poll.
 - With [kubernetes] enabled, the latest results go to the Kubernetes reporter after each
-  run once every enabled check has one (agent/kubernetes.py, on its own thread).
+  run once every enabled check has one (agent/kubernetes/reporter.py, on its own thread).
 """
 
 from __future__ import annotations
@@ -40,19 +40,18 @@ from nodecheck.agent.config import (
     parse_listen,
     read_text_file,
 )
-from nodecheck.agent.exporter import (
-    BasicAuth,
+from nodecheck.agent.daemon.exporter import (
     CachedExposition,
     ResultCollector,
     make_registry,
-    parse_basic_auth,
-    serve,
     write_textfile,
 )
+from nodecheck.agent.daemon.results_file import ResultsFile, served_document, stored_document
+from nodecheck.agent.daemon.scheduler import ResultStore, Scheduler, StoredRun
+from nodecheck.agent.daemon.snapshot import from_snapshot
 from nodecheck.agent.findings import findings_of
-from nodecheck.agent.results_file import ResultsFile, served_document, stored_document
-from nodecheck.agent.scheduler import ResultStore, Scheduler, StoredRun
-from nodecheck.agent.snapshot import from_snapshot
+from nodecheck.agent.web.auth import BasicAuth, parse_basic_auth
+from nodecheck.agent.web.server import serve
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
 from nodecheck.checks.node.fs import NodeFS
@@ -65,7 +64,7 @@ from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun
 
 if TYPE_CHECKING:
-    from nodecheck.agent.kubernetes import KubernetesReporter
+    from nodecheck.agent.kubernetes.reporter import KubernetesReporter
 
 log = logging.getLogger(__name__)
 TEXTFILE_EVERY_S = 15.0
@@ -277,13 +276,13 @@ class Agent:
         node or the API server."""
         if not config.kubernetes.enabled:
             return None
-        from nodecheck.agent.kubernetes import KubernetesReporter
+        from nodecheck.agent.kubernetes.reporter import KubernetesReporter
 
         return KubernetesReporter.from_environment(config.kubernetes)
 
     def _write_results(self) -> list[StoredRun]:
         """The latest results, for `nodecheck slurm health-check`, whole or not at all
-        (agent/results_file.py); the stored runs it wrote (read under the lock: the file
+        (agent/daemon/results_file.py); the stored runs it wrote (read under the lock: the file
         holds at least what they hold once this returns). A failure is counted, logged
         when it starts and when it ends, and never raised: the scheduler's thread goes on."""
         with self._results_lock:

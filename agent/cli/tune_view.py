@@ -9,7 +9,7 @@ import shlex
 import textwrap
 from typing import Any
 
-from nodecheck.agent.inventory_view import text_table
+from nodecheck.agent.cli.inventory_view import text_table
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.printable import printable
 from nodecheck.tuning.plan import Plan, RankPlan

@@ -4,7 +4,7 @@ For clusters that already run node-problem-detector (NPD) and want nodecheck's v
 as node conditions without giving nodecheck any RBAC: NPD's custom-plugin-monitor runs
 this command per rule and NPD itself patches the condition
 (deploy/kubernetes/npd/nodecheck-plugin-monitor.json names one rule per class, with the
-condition types of agent/fault_classes.py, the same the agent's own reporter sets).
+condition types of agent/kubernetes/fault_classes.py, the same the agent's own reporter sets).
 
 The plugin protocol (kubernetes/node-problem-detector
 pkg/custompluginmonitor/plugin/plugin.go, `run`): exit 0 is OK, 1 a problem, anything
@@ -34,13 +34,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.fault_classes import ClassVerdict, checks_of, class_verdict
 from nodecheck.agent.findings import (
     Finding,
     ResultsUnusableError,
     findings_of_named,
     fresh_results,
 )
+from nodecheck.agent.kubernetes.fault_classes import ClassVerdict, checks_of, class_verdict
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.result import FaultClass, Result, Status

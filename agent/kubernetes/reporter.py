@@ -12,7 +12,7 @@ NVSentinel does the same):
   set) is a warning, an Event, and never a condition or the taint,
 - `Unknown` (reason `CouldNotDetermine`) when none fails but one could not determine
   (`error`), or nothing was judged (no check ran, or all skipped): an error must not
-  read as healthy, and absence is no pass (agent/fault_classes.py, class_verdict, the
+  read as healthy, and absence is no pass (agent/kubernetes/fault_classes.py, class_verdict, the
   verdict `nodecheck npd` gives too),
 - `False` (reason `NoFailingCheck`) otherwise; a warning is an Event, not a condition.
 The message lists the findings, at most 1,024 characters (NVSentinel's
@@ -76,14 +76,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings
-from nodecheck.agent.fault_classes import (
+from nodecheck.agent.findings import Finding
+from nodecheck.agent.kubernetes.api import KubeClient, Reply
+from nodecheck.agent.kubernetes.fault_classes import (
     CONDITION_TYPES,
     ClassVerdict,
     checks_of,
     class_verdict,
 )
-from nodecheck.agent.findings import Finding
-from nodecheck.agent.kube_api import KubeClient, Reply
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 from nodecheck.checks.result import FaultClass, Status
@@ -169,7 +169,7 @@ def judge_classes(checks: Iterable[CheckFindings]) -> list[ConditionState]:
         errors = [f for f in findings if f.status is Status.ERROR]
         warns = [f for f in findings if f.status_against_node is Status.WARN]
         condition = CONDITION_TYPES[cls]
-        # The verdict `nodecheck npd` gives the class too (agent/fault_classes.py).
+        # The verdict `nodecheck npd` gives the class too (agent/kubernetes/fault_classes.py).
         verdict = class_verdict(f.status_against_node for f in findings)
         if verdict is ClassVerdict.FAILING:
             failing = sorted({f.check for f in fails})

@@ -45,7 +45,7 @@ from nodecheck.agent.findings import (
     findings_of_named,
     fresh_results,
 )
-from nodecheck.agent.slurm_hysteresis import Hysteresis
+from nodecheck.agent.slurm.hysteresis import Hysteresis
 from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.printable import one_line
@@ -267,7 +267,7 @@ def health_check(
     here. The callables are the node's side (the checks, scontrol, this boot's clock)
     so that the whole run is exercised with real files and a stand-in scontrol; `now`
     is the wall clock, for the results' age and the log, never for an interval."""
-    from nodecheck.agent.slurm_hysteresis import HysteresisBusyError, HysteresisLock, lock_path
+    from nodecheck.agent.slurm.hysteresis import HysteresisBusyError, HysteresisLock, lock_path
 
     lock: HysteresisLock | None = None
     unlocked = ""
@@ -341,7 +341,7 @@ def _judge_and_act(
 ) -> HealthCheckRun:
     """Count this run (or reset the count), read the Slurm state, decide and act.
     `unkept`: why nothing may be saved ("" when it may)."""
-    from nodecheck.agent.slurm_hysteresis import (
+    from nodecheck.agent.slurm.hysteresis import (
         Hysteresis,
         Observation,
         already_counted,
@@ -478,7 +478,8 @@ def run_health_check(
     scontrol: str,
 ) -> int:
     """`nodecheck slurm health-check` on this node; its exit status."""
-    from nodecheck.agent import slurm_actions, slurm_hysteresis
+    from nodecheck.agent.slurm import actions as slurm_actions
+    from nodecheck.agent.slurm import hysteresis as slurm_hysteresis
     from nodecheck.checks.config import BenchOptions
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.boot import read_boot_moment

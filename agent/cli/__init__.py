@@ -71,7 +71,7 @@ NODE_READ_TIMEOUT_S = 30.0
 # A task waits for its prolog: a few seconds at most (a healthy node plans in 0.1 s).
 TASK_PROLOG_TIMEOUT_S = 5.0
 DEFAULT_LOG_LEVEL = "warning"
-# `nodecheck npd` (agent/npd.py). NPD cuts a plugin's output at its config's
+# `nodecheck npd` (agent/kubernetes/npd.py). NPD cuts a plugin's output at its config's
 # max_output_length, 80 bytes when unset (kubernetes/node-problem-detector
 # pkg/custompluginmonitor/types/config.go, defaultMaxOutputLength).
 NPD_DEFAULT_MAX_OUTPUT_BYTES = 80
@@ -471,7 +471,7 @@ def check(
         fail_usage("--kernel-log reads this node; a capture (--facts) holds its own")
     facts = load_facts(ctx, facts_path) if facts_path is not None else None
     fs = node_fs(ctx) if facts is None else None
-    from nodecheck.agent.report import exit_code, render_json, render_table
+    from nodecheck.agent.cli.report import exit_code, render_json, render_table
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.facts import hostname_shown
     from nodecheck.checks.registry import (
@@ -521,7 +521,7 @@ def check(
 def inventory(ctx: click.Context, as_json: bool, facts_path: Path | None) -> None:
     """Show the node (or a capture): GPUs (with NVML's view), NICs, NUMA nodes and their
     PCIe relations."""
-    from nodecheck.agent.inventory_view import (
+    from nodecheck.agent.cli.inventory_view import (
         inventory_facts,
         render_inventory,
         render_inventory_json,
@@ -641,7 +641,7 @@ def _run_agent(
 ) -> None:
     fs = node_fs(ctx, log_level=AGENT_LOG_LEVEL)
     from nodecheck.agent.config import DEFAULT_PATH, ConfigError
-    from nodecheck.agent.daemon import Agent, ListenError
+    from nodecheck.agent.daemon.agent import Agent, ListenError
 
     _config_or_exit(config_path)  # refuse a bad file before starting anything
     overrides: dict[str, Any] = {}
@@ -681,7 +681,7 @@ def snapshot(ctx: click.Context, output: Path) -> None:
     jobs, the kernel log's SXids), a nodecheck.facts/v1 document.
     """
     fs = node_fs(ctx)
-    from nodecheck.agent.snapshot import root_checks, take_snapshot, write_snapshot
+    from nodecheck.agent.daemon.snapshot import root_checks, take_snapshot, write_snapshot
     from nodecheck.checks.node.facts import NodeSources
     from nodecheck.checks.registry import load_checks
 
@@ -1070,7 +1070,7 @@ def tune(
         plan = _tune_plan_of_capture(ctx, facts_path, nodes, single_switch, with_smt_siblings)
     else:
         plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
-    from nodecheck.agent.tune_view import RENDERERS, refused_rank
+    from nodecheck.agent.cli.tune_view import RENDERERS, refused_rank
 
     if local_rank is not None and plan.rank(local_rank) is None:
         visible = len(plan.ranks)
@@ -1118,7 +1118,7 @@ def exec_command(
     """
     import os
 
-    from nodecheck.agent.rank_exec import ExecError, local_rank_from, prepare, rank_plan_for
+    from nodecheck.agent.cli.rank_exec import ExecError, local_rank_from, prepare, rank_plan_for
 
     try:
         if not command:
@@ -1126,7 +1126,7 @@ def exec_command(
         rank = local_rank_from(local_rank, os.environ)
         plan = _tune_plan(ctx, nodes, single_switch, with_smt_siblings)
         launch = prepare(plan, rank_plan_for(plan, rank), list(command), os.environ)
-        from nodecheck.agent.rank_exec import replace_process
+        from nodecheck.agent.cli.rank_exec import replace_process
 
         replace_process(launch, quiet)
     except ExecError as err:
@@ -1298,7 +1298,7 @@ def bench(
     if gpus is not None and (device == "cpu" or len(set(gpus)) != len(gpus)):
         fail_usage("--gpus takes distinct GPU indices, and only with --device cuda")
     fs = node_fs(ctx)
-    from nodecheck.agent.report import (
+    from nodecheck.agent.cli.report import (
         EXIT_UNDETERMINED,
         exit_code,
         render_json,
@@ -1379,7 +1379,7 @@ def _run_gate(
 ) -> int:
     """Run a gate's checks on this node and say its verdict on stderr; its exit status."""
     fs = node_fs(ctx)
-    from nodecheck.agent.slurm_prolog import run_gate, say
+    from nodecheck.agent.slurm.prolog import run_gate, say
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.nvml import NvmlSession
 
@@ -1411,7 +1411,7 @@ def slurm_prolog(
     and requeues the job. Anything else (warn, error, a slow link) passes with a line
     on stderr. It never calls a Slurm command.
     """
-    from nodecheck.agent.slurm_prolog import gate_checks
+    from nodecheck.agent.slurm.prolog import gate_checks
 
     ctx.exit(_run_gate(ctx, "prolog", gate_checks(), expected_gpus, budget_s, kernel_log))
 
@@ -1429,7 +1429,7 @@ def slurm_epilog(
     Runs every quick check (never a benchmark) under a budget; exits 1, and Slurm drains
     the node, only on what makes it unusable (as the prolog); the rest on stderr.
     """
-    from nodecheck.agent.slurm_prolog import NO_BENCHMARKS_HERE
+    from nodecheck.agent.slurm.prolog import NO_BENCHMARKS_HERE
 
     click.echo(f"nodecheck epilog: {NO_BENCHMARKS_HERE}", err=True)
     ctx.exit(_run_gate(ctx, "epilog", None, expected_gpus, budget_s, kernel_log))
@@ -1456,7 +1456,7 @@ def slurm_task_prolog(
     at all; a task beyond the node's GPUs, or on a node without GPUs, gets nothing set
     and exit status 0.
     """
-    from nodecheck.agent.slurm_task import (
+    from nodecheck.agent.slurm.task import (
         EXIT_MUST_NOT_RUN,
         TaskPrologError,
         local_rank_of_task,
@@ -1526,7 +1526,7 @@ def slurm_health_check(
     config = _config_or_exit(config_path)
     if "nvml_timeout" in given(ctx):
         config = replace(config, nvml_timeout_s=given(ctx)["nvml_timeout"])
-    from nodecheck.agent.slurm_health import node_name, run_health_check
+    from nodecheck.agent.slurm.health import node_name, run_health_check
 
     ctx.exit(
         run_health_check(
@@ -1593,7 +1593,7 @@ def npd(
     judged, or a usage or configuration error), 3 internal error (unknown too).
     """
     fs = node_fs(ctx)
-    from nodecheck.agent.npd import run_npd
+    from nodecheck.agent.kubernetes.npd import run_npd
 
     verdict = run_npd(
         fs=fs,
