@@ -21,7 +21,6 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.daemon.scheduler import StoredRun
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
@@ -31,6 +30,15 @@ from nodecheck.checks.runner import CheckRun
 CHECK_SCHEMA = "nodecheck.check/v2"
 RESULTS_LIMIT = 8 << 20  # bytes; an 8-GPU node's results are tens of kB
 LINE_MAX_BYTES = 4096  # a finding's line anywhere one is shown whole
+
+
+@record
+class StoredRun:
+    """A check's run as stored: in the agent's store, its results file, or one `check`."""
+
+    run: CheckRun
+    finished_at: float  # wall clock
+    interval_s: float
 
 
 @record

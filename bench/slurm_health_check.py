@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.cli_latency import nodecheck_command
 from nodecheck.agent.daemon.results_file import stored_document
-from nodecheck.agent.daemon.scheduler import StoredRun
+from nodecheck.agent.findings import StoredRun
 from nodecheck.checks.config import DEFAULT_NVML_TIMEOUT_S
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import NodeFS

@@ -1,4 +1,5 @@
-"""Layers point one way: checks/ imports nothing above it, tuning/ imports checks/, agent/ both."""
+"""Layers point one way: checks/ imports nothing above it, tuning/ imports checks/, agent/ both;
+inside agent/, each group imports only what it talks to."""
 
 from __future__ import annotations
 
@@ -12,12 +13,40 @@ ROOT = Path(__file__).resolve().parent.parent
 # judged results, not rules; tuning shares the rules (checks/rules/) and the facts
 # (checks/node/), never a check module; nor do the rules and the context import them.
 CHECK_MODULES = ("nodecheck.checks.host", "nodecheck.checks.gpu", "nodecheck.checks.bench")
+AGENT_GROUPS = (
+    "nodecheck.agent.cli",
+    "nodecheck.agent.daemon",
+    "nodecheck.agent.web",
+    "nodecheck.agent.slurm",
+    "nodecheck.agent.kubernetes",
+)
 FORBIDDEN = {
     "checks": ("nodecheck.agent", "nodecheck.tuning"),
     "tuning": ("nodecheck.agent", *CHECK_MODULES),
     "checks/rules": CHECK_MODULES,
     "checks/node": CHECK_MODULES,
     "checks/context.py": ("nodecheck.checks.bench",),
+    # Inside agent/, grouped by what each part talks to: the web server knows nothing of
+    # what it serves; Slurm and Kubernetes read findings, never the daemon's insides or
+    # each other; the daemon drives the web server and the Kubernetes reporter, never a
+    # command; the shared modules (findings, config, logs) none of the groups but web's
+    # parsers, which the configuration validates its files with.
+    "agent/web": (
+        *(g for g in AGENT_GROUPS if g != "nodecheck.agent.web"),
+        "nodecheck.agent.findings",
+    ),
+    "agent/slurm": ("nodecheck.agent.daemon", "nodecheck.agent.web", "nodecheck.agent.kubernetes"),
+    "agent/kubernetes": (
+        "nodecheck.agent.daemon",
+        "nodecheck.agent.web",
+        "nodecheck.agent.slurm",
+        "nodecheck.agent.cli",
+    ),
+    "agent/daemon": ("nodecheck.agent.cli", "nodecheck.agent.slurm"),
+    "agent/findings.py": AGENT_GROUPS,
+    "agent/logs.py": AGENT_GROUPS,
+    "agent/interruption.py": AGENT_GROUPS,
+    "agent/config.py": tuple(g for g in AGENT_GROUPS if g != "nodecheck.agent.web"),
 }
 
 

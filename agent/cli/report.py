@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import click
 
-from nodecheck.agent.daemon.scheduler import StoredRun
-from nodecheck.agent.findings import check_document, overall_status, report_rows
+from nodecheck.agent.findings import StoredRun, check_document, overall_status, report_rows
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Status

@@ -47,9 +47,9 @@ from nodecheck.agent.daemon.exporter import (
     write_textfile,
 )
 from nodecheck.agent.daemon.results_file import ResultsFile, served_document, stored_document
-from nodecheck.agent.daemon.scheduler import ResultStore, Scheduler, StoredRun
+from nodecheck.agent.daemon.scheduler import ResultStore, Scheduler
 from nodecheck.agent.daemon.snapshot import from_snapshot
-from nodecheck.agent.findings import findings_of
+from nodecheck.agent.findings import StoredRun, findings_of
 from nodecheck.agent.web.auth import BasicAuth, parse_basic_auth
 from nodecheck.agent.web.server import serve
 from nodecheck.checks.context import CheckContext, SharedReads

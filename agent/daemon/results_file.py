@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from nodecheck.agent.config import DEFAULT_RESULTS_FILE
-from nodecheck.agent.daemon.scheduler import ResultStore, StoredRun
-from nodecheck.agent.findings import check_document, document_text
+from nodecheck.agent.daemon.scheduler import ResultStore
+from nodecheck.agent.findings import StoredRun, check_document, document_text
 from nodecheck.checks.node.output import OutputPathError, write_output
 from nodecheck.checks.record import record
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from nodecheck.agent.findings import StoredRun
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
@@ -23,13 +24,6 @@ from nodecheck.checks.runner import CheckRun, run_checks
 
 log = logging.getLogger(__name__)
 JITTER = 0.1  # up to 10 % of the interval, so a fleet's nodes do not all run at once
-
-
-@record
-class StoredRun:
-    run: CheckRun
-    finished_at: float  # wall clock
-    interval_s: float
 
 
 class ResultStore:

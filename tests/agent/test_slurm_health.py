@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.config import SlurmSettings
-from nodecheck.agent.daemon.scheduler import StoredRun
 from nodecheck.agent.findings import (
     Finding,
     ResultsUnusableError,
+    StoredRun,
     check_document,
     document_text,
     fresh_results,

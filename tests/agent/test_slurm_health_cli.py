@@ -20,8 +20,13 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.daemon.scheduler import StoredRun
-from nodecheck.agent.findings import CHECK_SCHEMA, check_document, document_text, fresh_results
+from nodecheck.agent.findings import (
+    CHECK_SCHEMA,
+    StoredRun,
+    check_document,
+    document_text,
+    fresh_results,
+)
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import CheckRun
 from tests.conftest import CLEAN_ENVIRON, Node

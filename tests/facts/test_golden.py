@@ -32,8 +32,7 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.daemon.scheduler import StoredRun
-from nodecheck.agent.findings import check_document
+from nodecheck.agent.findings import StoredRun, check_document
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import LiveFacts, dumps, facts_document, loads
 from nodecheck.checks.registry import load_checks

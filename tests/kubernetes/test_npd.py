@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.daemon.scheduler import StoredRun
-from nodecheck.agent.findings import Finding, check_document, document_text, findings_of_named
+from nodecheck.agent.findings import (
+    Finding,
+    StoredRun,
+    check_document,
+    document_text,
+    findings_of_named,
+)
 from nodecheck.agent.kubernetes.fault_classes import checks_of, condition_type
 from nodecheck.agent.kubernetes.npd import EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN, Verdict, judge
 from nodecheck.checks.printable import one_line
