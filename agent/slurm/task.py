@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from nodecheck.agent.cli.rank_exec import applied_environment
 from nodecheck.agent.cli.tune_view import SHELL_NAME, refused_rank
 from nodecheck.checks.node.variables import parse_count
-from nodecheck.checks.printable import printable
+from nodecheck.checks.printable import one_line
 from nodecheck.tuning.plan import Plan
 
 LOCAL_RANK_VARIABLE = "SLURM_LOCALID"
@@ -73,8 +73,8 @@ def export_line(name: str, value: str) -> str:
 
 
 def print_line(text: str) -> str:
-    """A `print` line: shown on the task's stdout."""
-    return f"print {printable(text)}"[:MAX_LINE]
+    """A `print` line: shown on the task's stdout, one line within fgets' buffer."""
+    return "print " + one_line(text, MAX_LINE - len("print "))
 
 
 def task_prolog_lines(

@@ -19,27 +19,6 @@ from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import Action, FaultClass, MetricSpec, Result, Sample, Status
 
-
-def _gauge(name: str, help_text: str) -> MetricSpec:
-    return MetricSpec(name, "gauge", help_text, GPU_LABELS)
-
-
-GENERATION = _gauge(
-    "nodecheck_gpu_pcie_link_generation",
-    "Current PCIe generation (nvmlDeviceGetCurrPcieLinkGeneration)",
-)
-MAX_GENERATION = _gauge(
-    "nodecheck_gpu_pcie_link_max_generation",
-    "Highest PCIe generation of GPU and slot (nvmlDeviceGetMaxPcieLinkGeneration)",
-)
-WIDTH = _gauge(
-    "nodecheck_gpu_pcie_link_width",
-    "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)",
-)
-MAX_WIDTH = _gauge(
-    "nodecheck_gpu_pcie_link_max_width",
-    "Maximum PCIe link width in lanes (nvmlDeviceGetMaxPcieLinkWidth)",
-)
 REPLAYS = MetricSpec(
     "nodecheck_gpu_pcie_replays_total",
     "counter",
@@ -51,21 +30,14 @@ REPLAYS_PER_MINUTE_WARN = 8.0  # DCGM_LIMIT_MAX_PCIREPLAY_RATE
 
 
 def judge_pcie(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
-    """The replay rate. NVML's generation and width are evidence here (details and
-    metrics), not judged: pcie_link owns the link's judgement, from sysfs, for GPUs,
-    NICs and the switch ports between them alike, so one link is judged once."""
+    """The replay rate. NVML's generation and width are evidence here (details only, not
+    judged nor exported): pcie_link owns the link's judgement and its metrics, from
+    sysfs, for GPUs, NICs and the switch ports between them alike, so one link is judged
+    and exported once."""
     verdict = Verdict("PCIe replays within limits")
     labels = gpu.labels()
     link = gpu.pcie
     if link is not None:
-        for spec, value in (
-            (GENERATION, link.generation),
-            (MAX_GENERATION, link.max_generation),
-            (WIDTH, link.width),
-            (MAX_WIDTH, link.max_width),
-        ):
-            if value is not None:
-                verdict.samples.append(Sample(spec, value, labels))
         verdict.details["link"] = vars(link)
         shown = (
             f"Gen{link.generation} x{link.width} (max Gen{link.max_generation} x{link.max_width})"
