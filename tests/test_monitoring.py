@@ -79,10 +79,16 @@ def alerts_tested_in(path: Path) -> set[str]:
     return set(re.findall(r"alertname: (\w+)\n\s+exp_alerts:\n", path.read_text()))
 
 
+def alerts_tested_quiet_in(path: Path) -> set[str]:
+    """The alerts a promtool test file expects not to fire at some evaluation time."""
+    return set(re.findall(r"alertname: (\w+)\n\s+exp_alerts: \[\]", path.read_text()))
+
+
 def test_every_alert_is_unit_tested() -> None:
+    """Each alert is tested firing and, at another time or on other series, not firing."""
     alerts = alerts_of(RULES)
-    tested = alerts_tested_in(RULE_TESTS)
-    assert alerts and alerts == tested
+    assert alerts and alerts == alerts_tested_in(RULE_TESTS)
+    assert alerts == alerts_tested_quiet_in(RULE_TESTS)
     done = promtool("test", "rules", RULE_TESTS.name)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -97,6 +103,8 @@ def test_every_fleet_alert_is_unit_tested() -> None:
         "NodecheckNodeStoppedReporting",
     }
     assert alerts == tested
+    quiet = set().union(*(alerts_tested_quiet_in(path) for path in FLEET_TESTS))
+    assert alerts == quiet
     done = promtool("test", "rules", *(path.name for path in FLEET_TESTS))
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -272,18 +280,118 @@ def test_a_broken_fleet_rule_fails_its_test(
     assert noticed in promtool_test_with(tmp_path, rules, replace)
 
 
-def test_a_broken_alert_fails_its_test(tmp_path: Path) -> None:
-    """The unit tests would notice: read the wrong action and the slow-GPU alert goes quiet."""
-    broken = tmp_path / "alerts.yml"
+# The template every verdict alert takes its severity from; the first is NodecheckRebootNeeded's.
+SEVERITY = '(ne $labels.class "node-config") }}critical'
+
+
+@pytest.mark.parametrize(
+    ("replace", "noticed"),
+    [
+        # A reboot's failure would go unalerted.
+        (('action="reboot",status', 'action="rebooot",status'), "NodecheckRebootNeeded"),
+        # A job's finding would page like the node's.
+        (
+            ('verdict{origin="node",action="reboot"', 'verdict{action="reboot"'),
+            "NodecheckRebootNeeded",
+        ),
+        # Severity from the class the wrong way round: a GPU's failure a warning.
+        ((SEVERITY, '(eq $labels.class "node-config") }}critical'), "NodecheckRebootNeeded"),
+        (('action="reset-gpu"', 'action="reset_gpu"'), "NodecheckGpuResetNeeded"),
+        # A link that retrained once would page at once.
+        (
+            (
+                'action="inspect-hardware",status=~"fail|warn|error"} == 1\n        for: 5m',
+                'action="inspect-hardware",status=~"fail|warn|error"} == 1\n        for: 2m',
+            ),
+            "NodecheckHardwareInspectionNeeded",
+        ),
+        # An XID NVIDIA says to report would be left out.
+        (
+            (
+                'action="contact-support",status=~"fail|warn|error"',
+                'action="contact-support",status=~"fail|error"',
+            ),
+            "NodecheckVendorSupportNeeded",
+        ),
+        (
+            (
+                'action="fix-node-config",status=~"fail|warn|error"} == 1\n        for: 10m',
+                'action="fix-node-config",status=~"fail|warn|error"} == 1\n        for: 2m',
+            ),
+            "NodecheckNodeConfigWrong",
+        ),
+        # A check that cannot judge would say nothing.
+        (
+            (
+                'action="investigate",status=~"fail|warn|error"',
+                'action="investigate",status=~"fail|warn"',
+            ),
+            "NodecheckInvestigationNeeded",
+        ),
+        # A failure asking for an action no other alert takes would go unalerted.
+        (('|investigate"} == 1', '|investigate|restart-app"} == 1'), "NodecheckCheckFailing"),
+        (("severity: info", "severity: critical"), "NodecheckJobSettingFailing"),
+        (
+            ("> 3 * nodecheck_check_interval_seconds", "> 30 * nodecheck_check_interval_seconds"),
+            "NodecheckResultsStale",
+        ),
+        (
+            (
+                "nodecheck_config_last_reload_successful == 0",
+                "nodecheck_config_last_reload_successful < 0",
+            ),
+            "NodecheckConfigReloadFailed",
+        ),
+        (
+            (
+                "nodecheck_results_last_write_successful == 0",
+                "nodecheck_results_last_write_successful < 0",
+            ),
+            "NodecheckResultsNotWritten",
+        ),
+        (
+            (
+                "nodecheck_exposition_dropped_samples > 0\n        for: 15m",
+                "nodecheck_exposition_dropped_samples > 0\n        for: 5m",
+            ),
+            "NodecheckSamplesDropped",
+        ),
+        (('up{job="nodecheck"} == 0', 'up{job="nodecheck"} == 1'), "NodecheckAgentDown"),
+        (
+            ("link_downed_total[15m]) > 0", "link_downed_total[15m]) > 1"),
+            "NodecheckRdmaLinkFlapping",
+        ),
+        (
+            (
+                "nodecheck_rdma_port_link_downed_total >= 255",
+                "nodecheck_rdma_port_link_downed_total > 255",
+            ),
+            "NodecheckRdmaCounterSaturated",
+        ),
+        (
+            (
+                "link_error_recovery_total[10m]) > 0\n        for: 20m",
+                "link_error_recovery_total[10m]) > 0\n        for: 10m",
+            ),
+            "NodecheckRdmaLinkErrors",
+        ),
+    ],
+)
+def test_a_broken_alert_fails_its_test(
+    tmp_path: Path, replace: tuple[str, str], noticed: str
+) -> None:
+    """The unit tests notice each alert broken: the wrong action, status, origin, severity,
+    `for` or threshold, and the test of the alert broken is the one that fails."""
     text = RULES.read_text()
-    assert 'status="warn",action!="none"}' in text
-    broken.write_text(text.replace('status="warn",action!="none"}', 'status="warn",action="none"}'))
+    assert replace[0] in text, replace
+    broken = tmp_path / "alerts.yml"
+    broken.write_text(text.replace(*replace, 1))
     tests = tmp_path / "alerts_test.yml"
     tests.write_text(RULE_TESTS.read_text().replace("../../monitoring/alerts.yml", str(broken)))
     done = subprocess.run(
         ["promtool", "test", "rules", str(tests)], capture_output=True, text=True, check=False
     )
-    assert done.returncode != 0 and "NodecheckGpuSlow" in done.stdout + done.stderr
+    assert done.returncode != 0 and f"alertname: {noticed}," in done.stdout + done.stderr
 
 
 def metric_specs() -> list[MetricSpec]:
@@ -345,41 +453,124 @@ def test_alerts_use_metrics_that_exist() -> None:
         assert set(RECORDED_NAME.findall(text)) - records <= recorded_names(), path.name
 
 
-def alert_block(name: str) -> str:
-    """The text of one alert rule of alerts.yml, up to the next rule."""
-    text = RULES.read_text()
-    start = text.index(f"- alert: {name}\n")
-    end = text.find("- alert: ", start + 1)
-    return text[start : end if end != -1 else len(text)]
+# The alert each action a node's finding asks for reaches; the actions that ask nobody for
+# anything about the node (a job to restart or reconfigure, nothing at all) reach none but
+# NodecheckCheckFailing, when such a finding fails anyway. A new Action must be put in one.
+ACTION_ALERTS = {
+    "reboot": "NodecheckRebootNeeded",
+    "reset-gpu": "NodecheckGpuResetNeeded",
+    "inspect-hardware": "NodecheckHardwareInspectionNeeded",
+    "contact-support": "NodecheckVendorSupportNeeded",
+    "fix-node-config": "NodecheckNodeConfigWrong",
+    "investigate": "NodecheckInvestigationNeeded",
+}
+NOBODY_ABOUT_THE_NODE = {"none", "restart-app", "fix-job-environment"}
 
 
-def matched_actions(block: str) -> set[str]:
-    """The action label values the block's `action=~"a|b"` matchers name."""
-    return {a for group in re.findall(r'action=~"([^"]+)"', block) for a in group.split("|")}
+def expected_alerts(
+    status: str, fault_class: str, action: str, origin: str
+) -> set[tuple[str, str]]:
+    """(alert, severity) a verdict series with these labels fires, held for 30 minutes."""
+    if origin == "job":
+        return {("NodecheckJobSettingFailing", "info")} if status == "fail" else set()
+    if action in ACTION_ALERTS and status in ("fail", "warn", "error"):
+        critical = status == "fail" and fault_class != "node-config"
+        return {(ACTION_ALERTS[action], "critical" if critical else "warning")}
+    if status == "fail":
+        return {("NodecheckCheckFailing", "warning")}
+    return set()
 
 
-def test_every_xid_action_that_needs_someone_alerts() -> None:
-    """Every action of the XID catalog that gpu_xid judges as pending beyond an application
-    restart is matched by an alert: a reset, a reboot or the driver's recovery action (XID
-    154) pages; an XID the catalog does not settle pages with a recovery action pending and
-    warns without one. The label value is the action's name, as gpu_xid exports it."""
-    from nodecheck.checks.gpu.xid import NO_ACTION, UNSETTLED_ACTIONS, WINDOWED_ACTIONS
-    from nodecheck.checks.node.xid_catalog import XID_CATALOG, XidAction
+def test_every_verdict_reaches_the_alert_its_action_names(tmp_path: Path) -> None:
+    """Every combination of the verdict's labels (each Status, FaultClass, Action and Origin
+    of checks/result.py), held for 30 minutes, fires exactly the alerts expected_alerts
+    says, with that severity, and no other alert: an action's alert whatever the check, a
+    failure of the GPUs critical, a job's finding never critical (ALERTS, as promtool's
+    rule evaluation records it)."""
+    from nodecheck.checks.result import Action, FaultClass, Origin, Status
 
-    drain = alert_block("NodecheckXidNeedsDrain")
-    unexpected = alert_block("NodecheckXidUnexpected")
-    assert "nodecheck_gpu_recovery_action > 0" in drain and "severity: critical" in drain
-    paged, unsettled = (matched_actions(b) for b in (drain, unexpected))
-    assert unsettled <= paged  # they page too while the driver asks for recovery
-    names = {action.name.lower() for action in XidAction}
-    assert paged | unsettled <= names
-    quiet = {a.name.lower() for a in (*NO_ACTION, XidAction.RESTART_APP)}
-    windowed = {a.name.lower() for a in WINDOWED_ACTIONS} - quiet
-    assert unsettled == windowed == {a.name.lower() for a in UNSETTLED_ACTIONS}
-    assert paged == names - quiet
-    # The catalog's reset and restart XIDs are among them (NVIDIA's XID catalog).
-    for xid in (46, 48, 79, 110, 119, 140, 151, 154):
-        assert XID_CATALOG[xid].action.name.lower() in paged - unsettled, xid
+    assert set(ACTION_ALERTS) | NOBODY_ABOUT_THE_NODE == {a.value for a in Action}
+    assert not set(ACTION_ALERTS) & NOBODY_ABOUT_THE_NODE
+    series = []
+    firing = []
+    for number, (status, fault_class, action, origin) in enumerate(
+        (s.value, c.value, a.value, o.value)
+        for s in Status
+        for c in FaultClass
+        for a in Action
+        for o in Origin
+    ):
+        labels = (
+            f'instance="n:19410",job="nodecheck",check="check{number}",subject="gpu {number}",'
+            f'status="{status}",class="{fault_class}",action="{action}",origin="{origin}"'
+        )
+        series.append(
+            f"      - series: 'nodecheck_check_verdict{{{labels}}}'\n        values: 1x40"
+        )
+        for alert, severity in expected_alerts(status, fault_class, action, origin):
+            firing.append(
+                "          - labels: 'ALERTS{"
+                f'alertname="{alert}",alertstate="firing",severity="{severity}",{labels}'
+                "}'\n            value: 1"
+            )
+    assert any("critical" in line for line in firing) and len(series) == 270
+    test = tmp_path / "verdicts_test.yml"
+    test.write_text(
+        f"rule_files: [{RULES}]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n"
+        "    input_series:\n" + "\n".join(series) + "\n    promql_expr_test:\n"
+        "      - expr: 'ALERTS{alertstate=\"firing\"}'\n        eval_time: 30m\n"
+        "        exp_samples:\n" + "\n".join(firing) + "\n"
+    )
+    done = promtool("test", "rules", str(test))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+def alert_exprs(path: Path) -> dict[str, str]:
+    """Each alert's expression in a rule file (YAML, as Prometheus reads it)."""
+    import yaml
+
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for g in groups for rule in g["rules"] if "alert" in rule}
+
+
+# A matcher on the check label (check="gpu_xid", check=~"matmul|h2d", check!="..."): a list
+# of check names in a rule. Grouping by it, or label_replace reading it, is no matcher.
+CHECK_MATCHER = re.compile(r'\bcheck\s*(=~|!~|!=|=)\s*"')
+# The check-specific series an alert may still read, each with why no verdict says it: what
+# one check result cannot see (a rate over a window longer than the check's interval, an
+# event a later reading has passed, a counter that stopped counting for good), or a fleet's
+# judgement that no node can make.
+NOT_JUDGED_BY_A_CHECK = {
+    # rdma_ports warns on an increase between two of its readings (one interval): a flap
+    # 15 minutes back, and errors that come back every few minutes for 20, it cannot see.
+    "nodecheck_rdma_port_link_downed_total": "a flap within the past 15 minutes",
+    "nodecheck_rdma_port_link_error_recovery_total": "errors recurring over 20 minutes",
+    "nodecheck_rdma_port_symbol_errors_total": "errors recurring over 20 minutes",
+    "nodecheck_rdma_port_receive_errors_total": "errors recurring over 20 minutes",
+    # The benchmarks' freshness: whether a node measured at all, across the fleet.
+    "nodecheck_bench_last_success_timestamp_seconds": "a node's results gone stale",
+}
+
+
+def test_no_alert_re_judges_what_a_check_judged() -> None:
+    """No alert expression (alerts.yml, fleet_alerts.yml) selects on a value of the `check`
+    label, and none reads a series a check exports (a MetricSpec of a check or benchmark
+    module) unless NOT_JUDGED_BY_A_CHECK names it with its reason: what a check judged,
+    an alert reads from nodecheck_check_verdict. The agent's own families (OWN_FAMILIES)
+    and the fleet's recorded series are no check's judgement."""
+    specs = {spec.name for spec in metric_specs()}
+    assert set(NOT_JUDGED_BY_A_CHECK) <= specs | FLEET_AGENT_METRICS
+    used: set[str] = set()
+    for path in (RULES, FLEET_ALERTS):
+        for alert, expr in alert_exprs(path).items():
+            assert not CHECK_MATCHER.search(expr), (path.name, alert)
+            read = set(re.findall(r"\bnodecheck_[a-z0-9_]+", RECORDED_NAME.sub("", expr)))
+            judged = (read & specs) - set(NOT_JUDGED_BY_A_CHECK)
+            assert judged == set(), (path.name, alert, judged)
+            used |= read
+    assert set(NOT_JUDGED_BY_A_CHECK) <= used  # no stale exception
+    assert CHECK_MATCHER.search('x{check=~"matmul|h2d"}') and CHECK_MATCHER.search('{check="a"}')
+    assert not CHECK_MATCHER.search('label_replace(x, "benchmark", "$1", "check", "(.*)")')
 
 
 DASHBOARD = ROOT / "monitoring" / "grafana" / "nodecheck.json"

@@ -34,7 +34,7 @@ from nodecheck.agent.daemon.results_file import ResultsWrites
 from nodecheck.agent.daemon.scheduler import ResultStore
 from nodecheck.agent.findings import findings_of_check, fold
 from nodecheck.checks.node.output import write_output
-from nodecheck.checks.result import MetricSpec, Sample, Status, worst
+from nodecheck.checks.result import MetricSpec, Origin, Result, Sample, Status, worst
 
 log = logging.getLogger(__name__)
 STATUSES = [status.value for status in Status]
@@ -256,11 +256,13 @@ class ResultCollector(Collector):
         )
         # What each subject's latest finding means, as the check declared it or the result
         # set it (agent/findings.py): what the alert rules read instead of re-judging a
-        # threshold. One series per check and subject, value 1.
+        # threshold. One series per check, subject and origin, value 1: the node's own
+        # findings apart from a job's, so a job's failure on a subject never hides the
+        # node's (or stands in for it) where the alerts page on origin="node".
         verdict = GaugeMetricFamily(
             "nodecheck_check_verdict",
-            "1 for the latest finding of this check on this subject: its status, fault class, "
-            "the action it asks for and whether the evidence is the node's or a job's",
+            "1 for the latest finding of this check on this subject from the node's or a "
+            "job's evidence (origin): its status, fault class and the action it asks for",
             labels=["check", "subject", "status", "class", "action", "origin"],
         )
         success = GaugeMetricFamily(
@@ -289,7 +291,12 @@ class ResultCollector(Collector):
             run = stored.run
             name = run.check.name
             dropped[name] = 0
-            failing_checks += any(result.status is Status.FAIL for result in run.results)
+            meant = [run.check.meant(result) for result in run.results]
+            # A check fails the node when a finding of the node's own evidence fails; a
+            # job's failure (a variable a user set) never counts (Finding.node_failing).
+            failing_checks += any(
+                result.status is Status.FAIL and result.origin is Origin.NODE for result in meant
+            )
             success.add_metric([name], 1 if run.completed else 0)
             duration.add_metric([name], run.duration_s)
             last.add_metric([name], stored.finished_at)
@@ -306,7 +313,11 @@ class ResultCollector(Collector):
             for subject, current in by_subject.items():
                 for value in STATUSES:
                     status.add_metric([name, subject, value], int(current.value == value))
-            for one in findings_of_check(run.check, fold(run.results)):
+            by_origin: dict[Origin | None, list[Result]] = {}
+            for result in meant:
+                by_origin.setdefault(result.origin, []).append(result)
+            folded = [one for results in by_origin.values() for one in fold(results)]
+            for one in findings_of_check(run.check, folded):
                 verdict.add_metric(
                     [
                         name,
@@ -320,11 +331,11 @@ class ResultCollector(Collector):
                 )
         yield from (status, verdict, success, duration, last, interval)
         # One series a node for the fleet's "is it failing": a rule that reads it need not
-        # reduce the node's ~117 status series (nodecheck:node_failing).
+        # reduce the node's ~117 verdict series (nodecheck:node_failing).
         failing = GaugeMetricFamily(
             "nodecheck_checks_failing",
-            "How many checks have fail as the status of at least one subject in their latest "
-            "result",
+            "How many checks have a failing finding of the node's own evidence (origin node) "
+            "in their latest result; a job's failure does not count",
         )
         failing.add_metric([], failing_checks)
         yield failing

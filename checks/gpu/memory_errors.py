@@ -120,8 +120,8 @@ def judge_memory(gpu: GpuReading, previous: GpuReading | None) -> Verdict:
 def _judge_uncorrectable(gpu: GpuReading, volatile: int, verdict: Verdict) -> None:
     """Volatile uncorrectable errors: the count stays above 0 until a reset, so it alone
     does not say the GPU must stop. The driver's recovery action does (Hopper and later;
-    nvmlDeviceGpuRecoveryAction_t in nvml.h): any action pending fails, as gpu_state and
-    the NodecheckGpuRecoveryAction alert do. Without one, running and new work may go on
+    nvmlDeviceGpuRecoveryAction_t in nvml.h): any action pending fails, with that action, as
+    gpu_state does. Without one, running and new work may go on
     (NVIDIA's GPU memory error management, https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/:
     with a remap pending, "running and new workloads may continue"): reset when idle, as
     for a pending row remap."""

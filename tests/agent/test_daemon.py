@@ -322,13 +322,20 @@ def test_the_alert_names_gpu_3_and_only_gpu_3(agent: RunningAgent, prometheus: s
         return [a for a in alerts if a["state"] == "firing"]
 
     def xid_alert() -> list[dict[str, Any]]:
-        return [a for a in firing() if a["labels"]["alertname"] == "NodecheckXidNeedsDrain"]
+        return [
+            a
+            for a in firing()
+            if a["labels"]["alertname"] == "NodecheckRebootNeeded"
+            and a["labels"]["check"] == "gpu_xid"
+        ]
 
-    [alert] = wait_for(xid_alert, 60, "NodecheckXidNeedsDrain to fire")
-    assert alert["labels"]["bus_id"] == "0000:3c:00.0" and alert["labels"]["xid"] == "79"
-    assert "drain 127.0.0.1:" in alert["annotations"]["description"]
-    about_gpus = {a["labels"].get("bus_id") for a in firing()} - {None}
-    assert about_gpus == {"0000:3c:00.0"}  # the other seven GPUs stay healthy
+    # XID 79: NVIDIA's catalog asks for a reboot, and gpu_xid's verdict says so.
+    [alert] = wait_for(xid_alert, 60, "NodecheckRebootNeeded to fire for gpu_xid")
+    assert alert["labels"]["subject"] == "gpu 0000:3c:00.0"
+    assert alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["description"].startswith("Drain 127.0.0.1:")
+    about_gpus = {a["labels"].get("subject") for a in firing()} - {None, "node"}
+    assert about_gpus == {"gpu 0000:3c:00.0"}  # the other seven GPUs stay healthy
 
 
 def test_every_dashboard_panel_has_data(agent: RunningAgent, prometheus: str) -> None:

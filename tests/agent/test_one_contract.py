@@ -132,8 +132,9 @@ def test_a_new_checks_declaration_reaches_everything_that_acts(
     fault = fault_of([(widget_check, findings)])
     assert fault is not None and fault.fault_class is FaultClass.GPU_HARDWARE
     assert judge(FaultClass.GPU_HARDWARE, findings, "test").exit_status == EXIT_PROBLEM
+    # Its action, not its name, picks the alert: a reboot's, and no other.
     firing = _alerts_firing(tmp_path, _scrape(widget_check))
-    assert "NodecheckCheckFailing" in firing
+    assert firing == {"NodecheckRebootNeeded"}
 
 
 @needs_promtool
@@ -148,8 +149,47 @@ def test_a_jobs_finding_takes_no_node_out_of_service(widget_check: str, tmp_path
     assert fault_of([(widget_check, findings)]) is None
     assert judge(FaultClass.GPU_HARDWARE, findings, "test").exit_status == EXIT_OK
     firing = _alerts_firing(tmp_path, _scrape(widget_check))
-    assert "NodecheckCheckFailing" not in firing
-    assert "NodecheckJobSettingFailing" in firing
+    assert firing == {"NodecheckJobSettingFailing"}  # a reboot's action, yet no page
+
+
+def _both(_: CheckContext) -> list[Result]:
+    """A job's failure first, then the node's own, on one subject."""
+    return [
+        Result(
+            Status.FAIL,
+            SUBJECT,
+            "a job's variable",
+            action=Action.FIX_JOB_ENVIRONMENT,
+            origin=Origin.JOB,
+        ),
+        Result(Status.FAIL, SUBJECT, "widget broken", "replace the widget"),
+    ]
+
+
+@needs_promtool
+def test_a_jobs_failure_never_hides_the_nodes(tmp_path: Path) -> None:
+    """One subject failing from a job's evidence and from the node's: both verdicts are
+    exported, the node's pages for its reboot, and only the node's counts as failing."""
+    name = "test_widget_both"
+    register(
+        name,
+        fault_class=FaultClass.GPU_HARDWARE,
+        action=Action.REBOOT,
+        interval_s=60,
+        timeout_s=5,
+        needs=(),
+    )(_both)
+    try:
+        metrics = _scrape(name)
+    finally:
+        unregister(name)
+    origins = re.findall(r'^nodecheck_check_verdict\{[^}]*origin="(\w+)"', metrics, re.M)
+    assert sorted(origins) == ["job", "node"]
+    assert "nodecheck_checks_failing 1.0" in metrics
+    assert _alerts_firing(tmp_path, metrics) == {
+        "NodecheckRebootNeeded",
+        "NodecheckJobSettingFailing",
+    }
 
 
 def _string_literals(path: Path) -> set[str]:

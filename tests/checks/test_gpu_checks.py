@@ -134,7 +134,7 @@ def test_memory_errors(dgx_faulty: Node) -> None:
 def test_uncorrectable_ecc_without_a_recovery_action_warns(dgx: Node, tmp_path: Path) -> None:
     """The volatile count stays above 0 until a reset; with the driver asking for nothing,
     running work may go on: a warning to reset when idle, not a drain (NVIDIA's memory
-    error docs), as NodecheckUncorrectableEcc says."""
+    error docs): NodecheckGpuResetNeeded at warning."""
     scenario = modified(
         dgx_healthy(),
         gpu=1,
