@@ -11,7 +11,7 @@ TORCH_VERSION = 2.13.0
 # systemd-analyze verifies the units; openssl makes a test certificate; slurmctld,
 # slurmd, slurm-client and munge run the one-node Slurm cluster of tests/slurm.
 DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl numactl \
-  slurmctld slurmd slurm-client munge
+  slurmctld slurmd slurm-client munge prometheus-node-exporter
 
 .PHONY: run demo test lint typecheck unit system-packages venv-package clean gpu
 

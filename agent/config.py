@@ -15,6 +15,8 @@ file prints every default, and checks/config.py is where the checks' are declare
     tls_cert_file = ""           # HTTPS when both are set
     tls_key_file = ""
     basic_auth_file = ""         # "user:<bcrypt hash>" lines, as htpasswd -B writes them
+    web_config_file = ""         # or node_exporter's web-config.yml (agent/web/config.py)
+                                 # instead of the three keys above
 
     [checks.pcie_acs]            # any registered check
     enabled = true
@@ -371,6 +373,8 @@ class AgentConfig:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     basic_auth_file: Path | None = None  # "user:<bcrypt hash>" lines (htpasswd -B)
+    # Or all of that from the exporter toolkit's web configuration (agent/web/config.py).
+    web_config_file: Path | None = None
     checks: dict[str, CheckSettings] = field(default_factory=dict)
     benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
@@ -444,6 +448,11 @@ class AgentConfig:
             ),
             optional("tls_key_file", self.tls_key_file, "none; HTTPS when both TLS files are set"),
             optional("basic_auth_file", self.basic_auth_file, "none; no authentication"),
+            optional(
+                "web_config_file",
+                self.web_config_file,
+                "none; TLS and basic auth from the keys above",
+            ),
         ]
         names = sorted(set(self.checks) | set(registered or {}))
         for name in names:
@@ -617,6 +626,38 @@ class _Reader:
     def done(self) -> None:
         for key in self.data:
             raise self.fail(key, "unknown key")
+
+
+WEB_KEYS = ("tls_cert_file", "tls_key_file", "basic_auth_file")
+
+
+def web_config_conflict(config: AgentConfig) -> tuple[str, str] | None:
+    """(key, why) when web_config_file is set with a key it replaces, else None."""
+    if config.web_config_file is None:
+        return None
+    given = [key for key in WEB_KEYS if getattr(config, key) is not None]
+    if not given:
+        return None
+    moves = {
+        "tls_cert_file": "tls_server_config: cert_file",
+        "tls_key_file": "tls_server_config: key_file",
+        "basic_auth_file": "basic_auth_users (user: <bcrypt hash>)",
+    }
+    return given[0], (
+        f"set with web_config_file: write {', '.join(moves[key] for key in given)} in "
+        f"{config.web_config_file} and remove {', '.join(given)}"
+    )
+
+
+def web_config_problem(path: Path) -> str | None:
+    """Why the web configuration file cannot be used (file:line: key: why), or None."""
+    from nodecheck.agent.web.config import WebConfigError, load_web_config
+
+    try:
+        load_web_config(path)
+    except WebConfigError as err:
+        return str(err)
+    return None
 
 
 def _named_file_problem(key: str, path: Path) -> str | None:
@@ -810,6 +851,17 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         key: section.path_value(key) for key in ("tls_cert_file", "tls_key_file", "basic_auth_file")
     }
     cert, key = web["tls_cert_file"], web["tls_key_file"]
+    web_config = section.path_value("web_config_file")
+    conflict = web_config_conflict(
+        AgentConfig(
+            tls_cert_file=cert,
+            tls_key_file=key,
+            basic_auth_file=web["basic_auth_file"],
+            web_config_file=web_config,
+        )
+    )
+    if conflict is not None:
+        raise section.fail(*conflict)
     if (cert is None) != (key is None):
         missing = "tls_key_file" if cert else "tls_cert_file"
         raise section.fail(missing, "TLS needs both tls_cert_file and tls_key_file")
@@ -828,6 +880,10 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         except (ValueError, TypeError) as err:  # tls_context names the file
             blamed = "tls_cert_file" if str(cert) in str(err) and str(key) not in str(err) else ""
             raise section.fail(blamed or "tls_key_file", str(err)) from None
+    if web_config is not None:
+        problem = web_config_problem(web_config)
+        if problem:
+            raise section.fail("web_config_file", problem)
     section.done()
 
     settings: dict[str, CheckSettings] = {}
@@ -894,6 +950,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         tls_cert_file=cert,
         tls_key_file=key,
         basic_auth_file=web["basic_auth_file"],
+        web_config_file=web_config,
         checks=settings,
         benchmarks=bench_settings,
     )

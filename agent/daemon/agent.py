@@ -5,7 +5,8 @@
 - WATCHDOG=1 is sent only while the scheduler loop turns: a stalled scheduler
   stops the pings and systemd restarts the agent.
 - SIGTERM/SIGINT stop it within 2 s; SIGHUP reloads the configuration, the basic-auth
-  users and the TLS certificate and key; nvml_timeout applies to the next NVML call.
+  users and the TLS certificate and key, or the web configuration file (its TLS
+  settings, headers and users); nvml_timeout applies to the next NVML call.
   A bad file (or any failure while reloading) keeps the old configuration, says so in
   the log (event=reload_failed) and in nodecheck_config_last_reload_successful 0; the
   agent keeps serving. Changing listen, or turning TLS or basic auth on or off, takes
@@ -39,6 +40,7 @@ from nodecheck.agent.config import (
     load_config,
     parse_listen,
     read_text_file,
+    web_config_conflict,
 )
 from nodecheck.agent.daemon.exporter import (
     CachedExposition,
@@ -51,6 +53,7 @@ from nodecheck.agent.daemon.scheduler import ResultStore, Scheduler
 from nodecheck.agent.daemon.snapshot import from_snapshot
 from nodecheck.agent.findings import StoredRun, findings_of
 from nodecheck.agent.web.auth import BasicAuth, parse_basic_auth
+from nodecheck.agent.web.config import WebConfig, WebConfigError, load_web_config
 from nodecheck.agent.web.server import serve
 from nodecheck.checks.context import CheckContext, SharedReads
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
@@ -101,6 +104,9 @@ class HttpServing(Protocol):
     def reload_tls(self) -> None:
         """Re-read the certificate and key it was started with; ValueError naming the
         file when they are unusable (the old ones stay)."""
+
+    def apply_web_config(self, web: WebConfig) -> None:
+        """Serve a web configuration read again: its TLS context and headers."""
 
 
 # What errno means to an operator choosing an address (errno(3), bind(2), getaddrinfo(3)).
@@ -176,7 +182,8 @@ class Agent:
         # What every check is judged under: built once per configuration (again on each
         # reload), shared by every context.
         self.check_config = self.config.check_config()
-        self.auth = self._auth(self.config)
+        self.web = self._web(self.config)
+        self.auth = self._auth(self.config, self.web)
         self.reload_ok = True
         self.store = ResultStore()
         self.history = GpuHistory()
@@ -342,6 +349,8 @@ class Agent:
         tls = None
         if config.tls_cert_file and config.tls_key_file:
             tls = (config.tls_cert_file, config.tls_key_file)
+        web = self.web
+        https = tls is not None or (web is not None and web.tls is not None)
         host, port = parse_listen(config.listen)
         try:
             server = serve(
@@ -356,20 +365,25 @@ class Agent:
                 tls,
                 self.auth,
                 problems=self.health_problems,
+                web=web,
             )
         except (OSError, ValueError, OverflowError) as err:  # socket.gaierror is an OSError
             raise listen_failure(config.listen, err) from None
         shown = f"[{host}]" if ":" in host else host or "0.0.0.0"
-        address = f"{'https' if tls else 'http'}://{shown}:{port}/metrics"
+        address = f"{'https' if https else 'http'}://{shown}:{port}/metrics"
         log.info("event=listening address=%s", address)
-        if tls is None and self.auth is None and _reaches_other_hosts(host):
+        if web is not None:
+            for note in web.notes:
+                log.info("event=web_config_note file=%s note=%r", web.source, note)
+        if not https and self.auth is None and _reaches_other_hosts(host):
             log.warning(
                 "event=unprotected address=%s reason=%r",
                 address,
                 "serving without TLS or basic auth"
                 + (" on all interfaces" if host in ("", "0.0.0.0", "::") else " beyond loopback")
                 + ": anyone who reaches this port can read the results "
-                "(set tls_cert_file, tls_key_file and basic_auth_file, or listen on 127.0.0.1)",
+                "(set tls_cert_file, tls_key_file and basic_auth_file, or web_config_file, "
+                "or listen on 127.0.0.1)",
             )
         return server
 
@@ -407,8 +421,21 @@ class Agent:
                     )
 
     @staticmethod
-    def _auth(config: AgentConfig) -> BasicAuth | None:
-        """The basic-auth users; ConfigError naming the file and line when unusable."""
+    def _web(config: AgentConfig) -> WebConfig | None:
+        """The web configuration file, read; ConfigError naming file, line and key."""
+        if config.web_config_file is None:
+            return None
+        try:
+            return load_web_config(config.web_config_file)
+        except WebConfigError as err:
+            raise ConfigError(config.source, None, "agent.web_config_file", str(err)) from None
+
+    @staticmethod
+    def _auth(config: AgentConfig, web: WebConfig | None = None) -> BasicAuth | None:
+        """The basic-auth users (of the web configuration, where there is one);
+        ConfigError naming the file and line when unusable."""
+        if web is not None:
+            return BasicAuth(web.users_dict()) if web.users else None
         path = config.basic_auth_file
         if path is None:
             return None
@@ -421,7 +448,11 @@ class Agent:
 
     def _load(self) -> AgentConfig:
         config = load_config(self.config_path, set(self.available))
-        return replace(config, **self.overrides)  # type: ignore[arg-type]
+        config = replace(config, **self.overrides)  # type: ignore[arg-type]
+        conflict = web_config_conflict(config)  # --web.config.file over the file's keys
+        if conflict is not None:
+            raise ConfigError(config.source, None, f"agent.{conflict[0]}", conflict[1])
+        return config
 
     def reload(self) -> None:
         """SIGHUP. Never raises: whatever goes wrong keeps the running configuration,
@@ -440,15 +471,29 @@ class Agent:
 
     def _reload(self) -> None:
         config = self._load()
-        auth = self._auth(config)
-        served = (self.config.listen, self.config.tls_cert_file, self.config.tls_key_file)
-        wanted = (config.listen, config.tls_cert_file, config.tls_key_file)
+        web = self._web(config)
+        auth = self._auth(config, web)
+        served = (
+            self.config.listen,
+            self.config.tls_cert_file,
+            self.config.tls_key_file,
+            self.config.web_config_file,
+            self.web is not None and self.web.tls is not None,
+        )
+        wanted = (
+            config.listen,
+            config.tls_cert_file,
+            config.tls_key_file,
+            config.web_config_file,
+            web is not None and web.tls is not None,
+        )
         if served != wanted or (auth is None) != (self.auth is None):
             raise ConfigError(
                 config.source,
                 None,
                 "",
-                "listen, the TLS files' paths and turning basic auth on or off take a restart",
+                "listen, the TLS files' paths, the web configuration file's path, and "
+                "turning TLS or basic auth on or off take a restart",
             )
         if config.kubernetes != self.config.kubernetes:
             raise ConfigError(config.source, None, "kubernetes", "changes take a restart")
@@ -463,6 +508,9 @@ class Agent:
         # Nothing can fail from here on: the new configuration is applied whole.
         if auth is not None and self.auth is not None:
             self.auth.users = auth.users  # the running server's check, updated in place
+        if self.server is not None and web is not None:
+            self.server.apply_web_config(web)  # its context was built when it was read
+        self.web = web
         # Read by every NVML call as it starts; a call already waiting keeps its deadline.
         self.nvml.deadline_s = check_config.nvml_timeout_s
         self.reload_ok = True

@@ -44,19 +44,27 @@ def parse_basic_auth(text: str, source: str) -> dict[str, bytes]:
         user, _, hashed = line.partition(":")
         if not user or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
             raise ValueError(f"{source}:{number}: expected user:<bcrypt hash>")
-        if not BCRYPT_HASH.fullmatch(hashed):
-            raise ValueError(f"{source}:{number}: {user}: not a whole bcrypt hash (htpasswd -B)")
-        cost = _bcrypt_cost(hashed.encode())
-        if cost > BCRYPT_MAX_COST:
-            raise ValueError(
-                f"{source}:{number}: {user}: bcrypt cost {cost} is above {BCRYPT_MAX_COST} "
-                f"(htpasswd -B's maximum): every check would take minutes; "
-                f"hash it again with htpasswd -B -C 12"
-            )
+        problem = bcrypt_hash_problem(hashed)
+        if problem:
+            raise ValueError(f"{source}:{number}: {user}: {problem}")
         users[user] = hashed.encode()
     if not users:
         raise ValueError(f"{source}: no users")
     return users
+
+
+def bcrypt_hash_problem(hashed: str) -> str | None:
+    """Why `hashed` is no bcrypt hash the agent checks passwords against, or None: not a
+    whole one, or a cost above BCRYPT_MAX_COST."""
+    if not BCRYPT_HASH.fullmatch(hashed):
+        return "not a whole bcrypt hash (htpasswd -B)"
+    cost = _bcrypt_cost(hashed.encode())
+    if cost > BCRYPT_MAX_COST:
+        return (
+            f"bcrypt cost {cost} is above {BCRYPT_MAX_COST} (htpasswd -B's maximum): every "
+            "check would take minutes; hash it again with htpasswd -B -C 12"
+        )
+    return None
 
 
 class AuthVerdict(enum.Enum):

@@ -22,12 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from nodecheck.agent.web.auth import AuthVerdict, BasicAuth
 from nodecheck.agent.web.intake import REQUEST_DEADLINE_S, Arrival, KnownClients, RequestIntake
 from nodecheck.agent.web.tls import tls_context
 from nodecheck.checks.record import record
+
+if TYPE_CHECKING:
+    from nodecheck.agent.web.config import WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +202,15 @@ class AgentServer(ThreadingHTTPServer):
         address: tuple[str, int],
         handler: type[BaseHTTPRequestHandler],
         tls: tuple[Path, Path] | None,
+        web: WebConfig | None = None,
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._tls_paths = tls
         self._tls = tls_context(*tls) if tls is not None else None
+        # The web configuration's response headers, sent on every answer of a handler.
+        self.response_headers: tuple[tuple[str, str], ...] = ()
+        if web is not None:
+            self._tls, self.response_headers = web.context, web.headers
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._served = 0  # connections on a handler thread
@@ -224,6 +232,13 @@ class AgentServer(ThreadingHTTPServer):
             return
         self._tls = tls_context(*self._tls_paths)
         log.info("event=tls_reloaded cert=%s key=%s", *self._tls_paths)
+
+    def apply_web_config(self, web: WebConfig) -> None:
+        """A web configuration read again (SIGHUP): its TLS context (certificate, client
+        CA, versions, ciphers) for new connections, its headers for every response from
+        now on. Turning TLS on or off takes a restart: the caller refuses it."""
+        self._tls, self.response_headers = web.context, web.headers
+        log.info("event=web_config_reloaded file=%s", web.source)
 
     def get_request(self) -> tuple[socket.socket, Any]:
         connection, address = self.socket.accept()
@@ -447,13 +462,15 @@ def serve(
     tls: tuple[Path, Path] | None = None,
     auth: BasicAuth | None = None,
     problems: Callable[[], Sequence[str]] = tuple,
+    web: WebConfig | None = None,
 ) -> AgentServer:
     """Start the HTTP(S) server on a thread: /metrics, /results (behind basic auth when
     configured), /livez and /healthz (never: they tell nothing but whether the agent does
     its work). /livez is 503 "scheduler stalled" when not `healthy()` (a restart mends
     that: the liveness probe); /healthz also with `problems()`, one a line (what a restart
     would not mend: the readiness probe). ValueError naming the file when the TLS
-    certificate or key is unusable."""
+    certificate or key is unusable. `web`: a web configuration's TLS context and
+    response headers (agent/web/config.py), instead of `tls`."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
 
@@ -546,7 +563,7 @@ def serve(
             self.send_response(code)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
-            for name, value in headers:
+            for name, value in (*cast(AgentServer, self.server).response_headers, *headers):
                 self.send_header(name, value)
             # An error (a 401 or 429 above all) ends the connection: a client without the
             # password must not keep a thread by asking again and again; so do the
@@ -566,6 +583,6 @@ def serve(
                     "event=http client=%s message=%r", _client(self.client_address), format % args
                 )
 
-    server = AgentServer((host, int(port)), Handler, tls)
+    server = AgentServer((host, int(port)), Handler, tls, web)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

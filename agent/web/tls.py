@@ -99,3 +99,25 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     except OSError as err:  # replaced between the reads above and OpenSSL's
         raise ValueError(f"{cert}, {key}: cannot read: {err.strerror}") from err
     return context
+
+
+def pem_certificates(path: Path, what: str) -> str:
+    """The certificate blocks of a PEM file joined, as SSLContext.load_verify_locations
+    takes them (cadata); ValueError naming the file when it is no regular, readable, small
+    file, holds no certificate, or one OpenSSL cannot read. For a file of CA certificates
+    (a client CA): text outside the blocks is ignored (RFC 7468 §2)."""
+    text = _read_pem(path, what)
+    blocks = PEM_CERTIFICATE_BLOCK.findall(text)
+    if not blocks:
+        raise ValueError(f"{path}: no PEM certificate in the {what} (no BEGIN/END CERTIFICATE)")
+    for number, block in enumerate(blocks, start=1):
+        if not block.isascii():
+            raise ValueError(
+                f"{path}: certificate {number} of the {what} has bytes outside ASCII: not base64"
+            )
+    joined = "\n".join(blocks)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=joined)
+    except ssl.SSLError as err:
+        raise ValueError(f"{path}: not a usable {what}: {err.reason or err}") from err
+    return joined
