@@ -4,9 +4,10 @@ CheckConfig reaches every check as `ctx.config`: the GPU count the node should h
 the NVML deadline, and how benchmarks run (devices, durations, the gate's limits,
 thresholds). This module is the only place those defaults are written: the agent's
 TOML (agent/config.py: AgentConfig, `nodecheck config show`) and the command's options
-(agent/cli/__init__.py: --nvml-timeout, --expected-gpus, `nodecheck bench`'s options) take
-theirs from the fields below (a field's default is the class attribute of the same
-name: `BenchOptions.duration_s`), and tests/agent/test_defaults.py checks that they do.
+(agent/cli/options.py: --nvml-timeout, --expected-gpus; agent/cli/bench.py: `nodecheck
+bench`'s options) take theirs from the fields below (a field's default is the class
+attribute of the same name: `BenchOptions.duration_s`), and tests/agent/test_defaults.py
+checks that they do.
 """
 
 from __future__ import annotations

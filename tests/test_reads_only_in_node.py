@@ -92,12 +92,14 @@ OWN_FILES = (
     # slurm health-check acts on this node's Slurm state now: its intervals are on this
     # boot's clock, keyed by its boot id (checks/node/boot.py), which no capture holds.
     Allowed("agent/slurm/health.py", "run_health_check", "read_boot_moment", "its boot clock"),
-    Allowed("agent/cli/__init__.py", "*", "load", "a capture named by --facts FILE"),
-    Allowed("agent/cli/__init__.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
-    Allowed("agent/cli/__init__.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),
-    Allowed("agent/cli/__init__.py", "node_fs", "exists", "--sysfs-root etc. must be directories"),
+    Allowed("agent/cli/options.py", "*", "load", "a capture named by --facts FILE"),
+    Allowed("agent/cli/options.py", "_remember_regular_file", "stat", "--nvml-library: a file?"),
+    Allowed("agent/cli/options.py", "node_fs", "is_dir", "--sysfs-root etc. must be directories"),
+    Allowed("agent/cli/options.py", "node_fs", "exists", "--sysfs-root etc. must be directories"),
     # A command closes the NVML session it opened for its context (a source, not a read).
-    Allowed("agent/cli/__init__.py", "*", "nvml", "closes the command's NVML session"),
+    Allowed("agent/cli/check.py", "check", "nvml", "closes the command's NVML session"),
+    Allowed("agent/cli/mfu.py", "mfu", "nvml", "closes the command's NVML session"),
+    Allowed("agent/cli/bench.py", "bench", "nvml", "closes the command's NVML session"),
     Allowed("checks/bench/state.py", "*", "read_text", "the benchmark state file"),
     Allowed("checks/bench/state.py", "*", "open", "the state directory's lock files"),
     # The benchmark's own NCCL debug log, in the ranks' private temporary folder.

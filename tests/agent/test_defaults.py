@@ -13,9 +13,9 @@ from pathlib import Path
 import click
 import pytest
 
-from nodecheck.agent import cli as cli_module
 from nodecheck.agent import config as config_module
 from nodecheck.agent.cli import cli
+from nodecheck.agent.cli.options import check_config, settings
 from nodecheck.agent.config import AgentConfig, load_config
 from nodecheck.checks.config import (
     AGENT_IDLE_WINDOW_S,
@@ -39,6 +39,13 @@ DECLARING_MODULE = Path("checks/config.py")
 DEFAULTS = CheckConfig()
 
 
+def command_named(name: str) -> click.Command:
+    """A command of `nodecheck`, imported as running it would (agent/cli/lazy.py)."""
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None, name
+    return command
+
+
 def default_of(command: click.Command, name: str) -> object:
     """What the command gets for option `name` when it is not given."""
     [param] = [param for param in command.params if param.name == name]
@@ -46,7 +53,7 @@ def default_of(command: click.Command, name: str) -> object:
 
 
 def test_the_bench_options_defaults_are_bench_options() -> None:
-    bench = cli.commands["bench"]
+    bench = command_named("bench")
     options = DEFAULTS.bench
     # Each option of `nodecheck bench`, and the BenchOptions value it sets.
     expected = {
@@ -72,15 +79,15 @@ def test_the_snapshot_output_default_is_the_one_whose_folder_is_created() -> Non
     """`snapshot` creates the folder of its default output only (its own /run/nodecheck)."""
     from nodecheck.agent.daemon.snapshot import DEFAULT_SNAPSHOT_PATH
 
-    assert default_of(cli.commands["snapshot"], "output") == DEFAULT_SNAPSHOT_PATH
+    assert default_of(command_named("snapshot"), "output") == DEFAULT_SNAPSHOT_PATH
 
 
 def test_the_check_options_defaults_are_check_configs() -> None:
-    assert default_of(cli.commands["check"], "expected_gpus") == DEFAULTS.expected_gpus
+    assert default_of(command_named("check"), "expected_gpus") == DEFAULTS.expected_gpus
     # --nvml-timeout is left None when not given (an option given wins over the agent's
     # file); what a command then uses is settings()' value, and its help says so.
-    assert cli_module.settings(click.Context(cli))["nvml_timeout"] == DEFAULTS.nvml_timeout_s
-    assert cli_module.check_config(click.Context(cli)) == DEFAULTS
+    assert settings(click.Context(cli))["nvml_timeout"] == DEFAULTS.nvml_timeout_s
+    assert check_config(click.Context(cli)) == DEFAULTS
     help_text = " ".join(run("check", "--help").stdout.split())
     assert f"bus can hang them. [default: {DEFAULTS.nvml_timeout_s:g}]" in help_text, help_text
 
@@ -267,7 +274,7 @@ def test_no_module_but_checks_config_writes_the_nvml_timeout_default() -> None:
         for path in (ROOT / directory).rglob("*.py")
         if path.relative_to(ROOT) != DECLARING_MODULE
     )
-    assert len(files) > 50 and ROOT / "agent" / "cli.py" in files
+    assert len(files) > 50 and ROOT / "agent" / "cli" / "options.py" in files
     offenders = [
         f"{path.relative_to(ROOT)}:{line}"
         for path in files

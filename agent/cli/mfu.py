@@ -1,0 +1,148 @@
+"""`nodecheck mfu`: achieved TFLOPS per GPU and MFU (tuning/mfu.py)."""
+
+from __future__ import annotations
+
+import click
+
+from nodecheck.agent.cli.options import (
+    FiniteFloatRange,
+    check_config,
+    fail_usage,
+    global_options,
+    node_fs,
+    nvml_session,
+    say,
+)
+
+# A bound on what a user types, far beyond any real job but short of absurd.
+MAX_JOB_GPUS = 1 << 20
+
+
+@click.command("mfu")
+@click.option(
+    "--params",
+    type=FiniteFloatRange(min=1, max=1e15),
+    required=True,
+    help="Model parameters (70e9 for 70B).",
+)
+@click.option(
+    "--seqlen", type=click.IntRange(min=1, max=1 << 24), required=True, help="Sequence length."
+)
+@click.option(
+    "--global-batch",
+    type=click.IntRange(min=1, max=1 << 24),
+    required=True,
+    help="Sequences per iteration, across all GPUs.",
+)
+@click.option(
+    "--iter-time",
+    type=FiniteFloatRange(min=1e-3, max=86400),
+    required=True,
+    metavar="SECONDS",
+    help="Seconds per iteration.",
+)
+@click.option(
+    "--gpus",
+    "job_gpus",
+    type=click.IntRange(min=1, max=MAX_JOB_GPUS),
+    required=True,
+    help="GPUs in the job.",
+)
+@click.option(
+    "--no-recompute", is_flag=True, help="Activations are not recomputed (x3 instead of x4)."
+)
+@click.option(
+    "--gpu-model",
+    default=None,
+    metavar="NAME",
+    help="H100-SXM, A100-PCIe, ... (one the peak-rate table knows; exit 2 for another). "
+    "[default: this node's GPU, through NVML]",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    default="bf16",
+    show_default=True,
+    help="The data type whose dense peak MFU is against.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@global_options
+@click.pass_context
+def mfu(
+    ctx: click.Context,
+    params: float,
+    seqlen: int,
+    global_batch: int,
+    iter_time: float,
+    job_gpus: int,
+    no_recompute: bool,
+    gpu_model: str | None,
+    dtype: str,
+    as_json: bool,
+) -> None:
+    """Achieved TFLOPS per GPU and MFU of a training run.
+
+    By the estimate in Stas Bekman's Machine Learning Engineering book
+    (github.com/stas00/ml-engineering, training/performance, "TFLOPS as a
+    performance metric"), shown with the figures. Exit status: 0; 1 when the MFU
+    is above 100 % (impossible: the inputs are wrong); 2 usage error (a --gpu-model
+    with no known peak, or none for --dtype, included).
+    """
+    import json
+
+    from nodecheck.tuning.mfu import compute_mfu, named_model_problem
+
+    if gpu_model is not None:
+        problem = named_model_problem(gpu_model, dtype)
+        if problem is not None:
+            fail_usage(f"{problem[0]} {problem[1]}")
+    else:
+        from nodecheck.checks.context import CheckContext
+
+        context = CheckContext(fs=node_fs(ctx), nvml=nvml_session(ctx), config=check_config(ctx))
+        try:
+            readings = [g for g in context.gpus.snapshot.gpus if g.name]
+        finally:
+            context.nvml.close()
+        gpu_model = readings[0].name if readings else None
+    try:
+        figures = compute_mfu(
+            params,
+            seqlen,
+            global_batch,
+            iter_time,
+            job_gpus,
+            recompute=not no_recompute,
+            gpu_model=gpu_model,
+            dtype=dtype,
+        )
+    except ValueError as err:
+        fail_usage(f"mfu: {err}")
+    warning = figures.warning()
+    if as_json:
+        document = {
+            "schema": "nodecheck.mfu/v1",
+            "tflops_per_gpu": figures.tflops_per_gpu,
+            "mfu": figures.mfu,
+            "peak_tflops": figures.peak_tflops,
+            "gpu_model": figures.model,
+            "dtype": dtype,
+            "formula": figures.formula(),
+            "plausible": figures.plausible,
+            "warning": warning,
+        }
+        click.echo(json.dumps(document, indent=2, allow_nan=False))
+    else:
+        click.echo(f"achieved: {figures.tflops_per_gpu:.1f} TFLOPS per GPU")
+        click.echo(f"  = {figures.formula()} / 1e12")
+        if figures.mfu is None:
+            what = f"the peak of {figures.model!r} is not known" if figures.model else "no GPU here"
+            say(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
+        else:
+            say(
+                f"MFU: {figures.mfu:.1%} of the {figures.model}'s {figures.peak_tflops:g} "
+                f"TFLOPS dense {dtype} peak"
+            )
+    if warning:
+        say(f"nodecheck: {warning}", err=True)
+        ctx.exit(1)

@@ -1,0 +1,70 @@
+"""`nodecheck slurm task-prolog`: one task's tune environment as TaskProlog lines
+(agent/slurm/task.py)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from nodecheck.agent.cli.options import global_options, job_options, local_rank_option, log
+from nodecheck.agent.cli.tune import tune_plan
+
+# A task waits for its prolog: a few seconds at most (a healthy node plans in 0.1 s).
+TASK_PROLOG_TIMEOUT_S = 5.0
+
+
+@click.command("task-prolog")
+@local_rank_option("The task's local rank. [default: SLURM_LOCALID]")
+@job_options
+@global_options
+@click.pass_context
+def slurm_task_prolog(
+    ctx: click.Context,
+    local_rank: int | None,
+    nodes: int | None,
+    single_switch: bool,
+    with_smt_siblings: bool,
+) -> None:
+    """This task's tune environment, for slurm.conf's TaskProlog=.
+
+    Prints the export NAME=value and unset NAME lines slurmstepd applies to the task
+    (its local rank from SLURM_LOCALID, its GPU from CUDA_VISIBLE_DEVICES or
+    SLURM_STEP_GPUS), and print lines for what the user should see. Exit status 2, with
+    nothing exported, for a rank that must not run here (its GPU lost) or no local rank
+    at all; a task beyond the node's GPUs, or on a node without GPUs, gets nothing set
+    and exit status 0.
+    """
+    from nodecheck.agent.slurm.task import (
+        EXIT_MUST_NOT_RUN,
+        TaskPrologError,
+        local_rank_of_task,
+        print_line,
+        task_prolog_lines,
+    )
+
+    try:
+        rank = local_rank_of_task(local_rank, os.environ)
+    except TaskPrologError as err:
+        click.echo(print_line(f"nodecheck task-prolog: {err}"))
+        ctx.exit(EXIT_MUST_NOT_RUN)
+    # Tuning is advice: a node that cannot be read in time, or a plan that fails, must
+    # not cancel every task (a non-zero TaskProlog exit does). The task runs as it is,
+    # and its user reads why in a `print` line.
+    try:
+        plan = tune_plan(
+            ctx, nodes, single_switch, with_smt_siblings, timeout_s=TASK_PROLOG_TIMEOUT_S
+        )
+    except SystemExit:
+        click.echo(
+            print_line("nodecheck task-prolog: the node could not be read in time; no tuning")
+        )
+        ctx.exit(0)
+    except Exception as err:
+        log.debug("event=task_prolog_failed", exc_info=err)
+        click.echo(print_line(f"nodecheck task-prolog: no tuning ({type(err).__name__}: {err})"))
+        ctx.exit(0)
+    lines, code = task_prolog_lines(plan, rank, os.environ)
+    for line in lines:
+        click.echo(line)
+    ctx.exit(code)
