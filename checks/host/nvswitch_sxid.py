@@ -131,11 +131,13 @@ def judge_sxid(
     if fatal_now:
         always = info.kind is SxidKind.ALWAYS_FATAL
         remedy = REBOOT_REMEDY if always else RESET_REMEDY
-        action = Action.REBOOT if always else Action.RESET_GPU
         if shown.at is None:
             text += ": the log gives no time, so it may be from this boot"
         summary = f"{text}: fails until the next boot"
-        return SxidJudgement(Status.FAIL, summary, remedy, True, action)
+        # A reboot either way: the partition's GPUs and NVSwitches need a reset that only
+        # a reboot is seen to give here (this check clears on the next boot), so asking
+        # for a GPU reset would leave the check, and its alert, failing after it.
+        return SxidJudgement(Status.FAIL, summary, remedy, True, Action.REBOOT)
     if fatal:
         text += ": the fatal ones before the last boot"
         if not current:

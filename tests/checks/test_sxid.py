@@ -17,7 +17,7 @@ from nodecheck.checks.host.nvswitch_sxid import (
 )
 from nodecheck.checks.node.kernel_log import parse_boot_time
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
-from nodecheck.checks.result import Status
+from nodecheck.checks.result import Action, Status
 from tests.conftest import Node
 
 BOOT = 1_790_000_000.0
@@ -192,6 +192,9 @@ def test_the_fatal_remedy_is_the_reboot_that_clears_the_check(remedy: str) -> No
     assert "clears after the reboot" in remedy and "nvidia-smi -r" not in remedy
     judged = judge_sxid(24007, [sxid(24007, True, 60)], NOW, NOW - 86_400)
     assert judged.summary.endswith(": fails until the next boot"), judged.summary
+    # Its action too: a reset-only fatal SXid asks for the reboot that clears it.
+    always_fatal = judge_sxid(22003, [sxid(22003, True, 60)], NOW, NOW - 86_400)
+    assert (judged.action, always_fatal.action) == (Action.REBOOT, Action.REBOOT)
     # The alert is the verdict's (monitoring/alerts.yml: by its action, pointing to this
     # remedy), not one of its own about nodecheck_nvswitch_sxid_fatal.
     alerts = (Path(__file__).parents[2] / "monitoring" / "alerts.yml").read_text()
