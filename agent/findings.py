@@ -123,16 +123,17 @@ def _merged_details(results: list[Result]) -> dict[str, object]:
 
 
 def fold(results: Sequence[Result]) -> list[Result]:
-    """One result per subject, in the order subjects first appear. A check may judge one
-    subject several ways (cpu: the governors and SMT, both about "node"); a report shows
-    one row for it: the worst status and the worst finding's meaning (action, class,
-    origin), the findings' summaries worst first (joined "; "), their remedies, details
-    and metric samples all kept."""
-    by_subject: dict[str, list[Result]] = {}
+    """One result per subject and origin, in the order they first appear. A check may
+    judge one subject several ways (cpu: the governors and SMT, both about "node"); a
+    report shows one row for it: the worst status and the worst finding's meaning (action,
+    class), the findings' summaries worst first (joined "; "), their remedies, details and
+    metric samples all kept. The node's own findings and a job's are never one row: a
+    job's failure must not hide the node's (which drains) nor lend it its origin."""
+    by_subject: dict[tuple[str, Origin | None], list[Result]] = {}
     for result in results:
-        by_subject.setdefault(result.subject, []).append(result)
+        by_subject.setdefault((result.subject, result.origin), []).append(result)
     folded = []
-    for subject, members in by_subject.items():
+    for (subject, _), members in by_subject.items():
         if len(members) == 1:
             folded.append(members[0])
             continue

@@ -53,3 +53,19 @@ def one_line(text: str, max_bytes: int) -> str:
     if len(encoded) <= max_bytes:
         return shown
     return encoded[: max(max_bytes - len(ELLIPSIS), 0)].decode("utf-8", "ignore") + ELLIPSIS
+
+
+def text_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell, indented two spaces; each cell escaped
+    (printable()) before it is measured, so that a column stays aligned."""
+    headers = [printable(header) for header in headers]
+    rows = [[printable(cell) for cell in row] for row in rows]
+    widths = [
+        max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)
+    ]
+    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+        for row in rows
+    ]
+    return lines

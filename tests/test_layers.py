@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECK_MODULES = ("nodecheck.checks.host", "nodecheck.checks.gpu", "nodecheck.checks.bench")
 AGENT_GROUPS = (
     "nodecheck.agent.cli",
+    "nodecheck.agent.launch",
     "nodecheck.agent.daemon",
     "nodecheck.agent.web",
     "nodecheck.agent.slurm",
@@ -28,21 +29,31 @@ FORBIDDEN = {
     "checks/context.py": ("nodecheck.checks.bench",),
     # Inside agent/, grouped by what each part talks to: the web server knows nothing of
     # what it serves; Slurm and Kubernetes read findings, never the daemon's insides or
-    # each other; the daemon drives the web server and the Kubernetes reporter, never a
-    # command; the shared modules (findings, config, logs) none of the groups but web's
-    # parsers, which the configuration validates its files with.
+    # each other (Slurm's task prolog gives a job what exec does: launch/); the daemon
+    # drives the web server and the Kubernetes reporter, never a command; the shared
+    # modules (findings, config, logs) none of the groups but web's parsers, which the
+    # configuration validates its files with.
     "agent/web": (
         *(g for g in AGENT_GROUPS if g != "nodecheck.agent.web"),
         "nodecheck.agent.findings",
     ),
-    "agent/slurm": ("nodecheck.agent.daemon", "nodecheck.agent.web", "nodecheck.agent.kubernetes"),
+    "agent/slurm": (
+        "nodecheck.agent.daemon",
+        "nodecheck.agent.web",
+        "nodecheck.agent.kubernetes",
+        "nodecheck.agent.cli",
+    ),
+    # What a job's launch is given (tune's renderings, exec, the task prolog's
+    # environment): read by the tune and exec commands and by Slurm's task prolog.
+    "agent/launch": tuple(g for g in AGENT_GROUPS if g != "nodecheck.agent.launch"),
     "agent/kubernetes": (
         "nodecheck.agent.daemon",
         "nodecheck.agent.web",
         "nodecheck.agent.slurm",
         "nodecheck.agent.cli",
+        "nodecheck.agent.launch",
     ),
-    "agent/daemon": ("nodecheck.agent.cli", "nodecheck.agent.slurm"),
+    "agent/daemon": ("nodecheck.agent.cli", "nodecheck.agent.slurm", "nodecheck.agent.launch"),
     "agent/findings.py": AGENT_GROUPS,
     "agent/logs.py": AGENT_GROUPS,
     "agent/interruption.py": AGENT_GROUPS,

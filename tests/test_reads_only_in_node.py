@@ -60,7 +60,7 @@ LIVE = {
     # (registry.register_benchmark); their child/ package is the benchmark process itself
     "checks/bench/": "checks/bench/child/",
     # `nodecheck exec` runs the job here: it reads its own process's allowed memory nodes
-    "agent/cli/rank_exec.py": None,
+    "agent/launch/rank_exec.py": None,
 }
 
 
@@ -113,10 +113,12 @@ OWN_FILES = (
     Allowed("checks/bench/child_runner.py", "child_module", "is_file", "a test double's file"),
     # `nodecheck exec -- CMD`: whether CMD is there and can be run (126 or 127), as execvp
     # would find it; the job's command, no file of the node judged.
-    Allowed("agent/cli/rank_exec.py", "_not_runnable", "isdir", "exec: CMD is a directory?"),
-    Allowed("agent/cli/rank_exec.py", "_not_runnable", "access", "exec: CMD executable?"),
-    Allowed("agent/cli/rank_exec.py", "check_command", "exists", "exec: CMD there?"),
-    Allowed("agent/cli/rank_exec.py", "check_command", "isfile", "exec: CMD on PATH, not runnable"),
+    Allowed("agent/launch/rank_exec.py", "_not_runnable", "isdir", "exec: CMD is a directory?"),
+    Allowed("agent/launch/rank_exec.py", "_not_runnable", "access", "exec: CMD executable?"),
+    Allowed("agent/launch/rank_exec.py", "check_command", "exists", "exec: CMD there?"),
+    Allowed(
+        "agent/launch/rank_exec.py", "check_command", "isfile", "exec: CMD on PATH, not runnable"
+    ),
 )
 
 

@@ -13,7 +13,7 @@ from nodecheck.checks.node.facts import FactsSource, PartUnavailableError
 from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot, NvmlFailure
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.pci import PciDevice, PcieLink
-from nodecheck.checks.printable import printable
+from nodecheck.checks.printable import printable, text_table
 from nodecheck.checks.record import record
 
 INVENTORY_SCHEMA = "nodecheck.inventory/v1"
@@ -66,22 +66,6 @@ def _link_text(link: PcieLink | None) -> str:
     return (
         f"{one(link.current_width, link.current_speed)} (max {one(link.max_width, link.max_speed)})"
     )
-
-
-def text_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell, indented two spaces; each cell escaped
-    (checks/printable.py) before it is measured, so that a column stays aligned."""
-    headers = [printable(header) for header in headers]
-    rows = [[printable(cell) for cell in row] for row in rows]
-    widths = [
-        max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)
-    ]
-    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
-    lines += [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
-        for row in rows
-    ]
-    return lines
 
 
 def _numa_text(inventory: Inventory, device: PciDevice) -> str:

@@ -26,6 +26,11 @@ class LazyCommand(NamedTuple):
     summary: str
 
 
+def command_in(module: str, attribute: str, summary: str) -> LazyCommand:
+    """A command defined in agent/cli/<module>.py."""
+    return LazyCommand(f"nodecheck.agent.cli.{module}", attribute, summary)
+
+
 # click 8.4 made an unknown command its own error, suggesting close names from the
 # group's `commands` (empty here, the commands being in the table); before 8.4 it is a
 # plain UsageError with no suggestions, and nothing to do.

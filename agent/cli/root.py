@@ -16,66 +16,61 @@ from typing import Any, NoReturn
 
 import click
 
-from nodecheck.agent.cli.lazy import LazyCommand, LazyGroup
+from nodecheck.agent.cli.lazy import LazyGroup, command_in
 from nodecheck.agent.cli.options import EXIT_INTERNAL, global_options, log, say
 from nodecheck.agent.interruption import Interrupted, raise_on_stop_signals
 from nodecheck.checks.printable import printable
 
-
-def _here(module: str, attribute: str, summary: str) -> LazyCommand:
-    return LazyCommand(f"nodecheck.agent.cli.{module}", attribute, summary)
-
-
 # Each command's module, and the first sentence of its help, as `nodecheck --help` lists it.
 COMMANDS = {
-    "agent": _here(
+    "agent": command_in(
         "agent", "agent", "Run the checks on their schedule and serve them to Prometheus."
     ),
-    "bench": _here(
+    "bench": command_in(
         "bench",
         "bench",
         "Run micro-benchmarks: matmul TFLOPS, all_reduce bus bandwidth, host-device copies.",
     ),
-    "capture": _here(
+    "capture": command_in(
         "capture",
         "capture",
         "Write this node's facts: everything the checks, inventory and tune judge.",
     ),
-    "check": _here(
+    "check": command_in(
         "check",
         "check",
         "Run the health checks and print a verdict (of this node, or of a capture).",
     ),
-    "config": _here("config", "config", "Show or validate the agent's configuration."),
-    "exec": _here(
+    "config": command_in("config", "config", "Show or validate the agent's configuration."),
+    "exec": command_in(
         "tune",
         "exec_command",
         "Run CMD bound to its local rank's CPUs and NUMA node, with that rank's environment.",
     ),
-    "inventory": _here(
+    "inventory": command_in(
         "inventory",
         "inventory",
         "Show the node (or a capture): GPUs (with NVML's view), NICs, NUMA nodes and their "
         "PCIe relations.",
     ),
-    "mfu": _here("mfu", "mfu", "Achieved TFLOPS per GPU and MFU of a training run."),
-    "npd": _here(
+    "mfu": command_in("mfu", "mfu", "Achieved TFLOPS per GPU and MFU of a training run."),
+    "npd": command_in(
         "npd",
         "npd",
         "A node-problem-detector custom plugin: judge one class of fault on this node.",
     ),
-    "slurm": _here(
+    "slurm": command_in(
         "slurm",
         "slurm",
         "Slurm's hooks: the health check (drain and resume), a prolog gate, a task prolog "
         "with tune's environment, an epilog.",
     ),
-    "snapshot": _here(
+    "snapshot": command_in(
         "snapshot",
         "snapshot",
         "Capture what the checks that need root judge, for the agent to judge.",
     ),
-    "tune": _here(
+    "tune": command_in(
         "tune",
         "tune",
         "Recommend CPU/NUMA bindings and NCCL, allocator and thread settings per local rank.",

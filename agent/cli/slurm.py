@@ -5,32 +5,27 @@ from __future__ import annotations
 
 import click
 
-from nodecheck.agent.cli.lazy import LazyCommand, LazyGroup
+from nodecheck.agent.cli.lazy import LazyGroup, command_in
 from nodecheck.agent.cli.options import global_options
-
-
-def _here(module: str, attribute: str, summary: str) -> LazyCommand:
-    return LazyCommand(f"nodecheck.agent.cli.{module}", attribute, summary)
-
 
 # Each subcommand's module, and the first sentence of its help, as `slurm --help` lists it.
 SLURM_COMMANDS = {
-    "epilog": _here(
+    "epilog": command_in(
         "slurm_gate",
         "slurm_epilog",
         "The checks after a job, for slurm.conf's Epilog= (as root, on the node).",
     ),
-    "health-check": _here(
+    "health-check": command_in(
         "slurm_health",
         "slurm_health_check",
         "For HealthCheckProgram: judge this node, drain it on a failure, undrain it when healthy.",
     ),
-    "prolog": _here(
+    "prolog": command_in(
         "slurm_gate",
         "slurm_prolog",
         "The gate before a job, for slurm.conf's Prolog= (as root, on the node).",
     ),
-    "task-prolog": _here(
+    "task-prolog": command_in(
         "slurm_task",
         "slurm_task_prolog",
         "This task's tune environment, for slurm.conf's TaskProlog=.",

@@ -1,5 +1,5 @@
 """`nodecheck tune` and `nodecheck exec`: a node's plan for a job's ranks (tuning/plan.py),
-shown (agent/cli/tune_view.py) or applied to one rank's command (agent/cli/rank_exec.py)."""
+shown (agent/launch/tune_view.py) or applied to one rank's command (agent/launch/rank_exec.py)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def tune(
         plan = _tune_plan_of_capture(ctx, facts_path, nodes, single_switch, with_smt_siblings)
     else:
         plan = tune_plan(ctx, nodes, single_switch, with_smt_siblings)
-    from nodecheck.agent.cli.tune_view import RENDERERS, refused_rank
+    from nodecheck.agent.launch.tune_view import RENDERERS, refused_rank
 
     if local_rank is not None and plan.rank(local_rank) is None:
         visible = len(plan.ranks)
@@ -162,7 +162,7 @@ def exec_command(
     node this process may not use); 2 for a bad or missing rank, no GPU for it, a rank
     that must not run, or no CMD; 126 when CMD cannot be run; 127 when CMD is not found.
     """
-    from nodecheck.agent.cli.rank_exec import ExecError, local_rank_from, prepare, rank_plan_for
+    from nodecheck.agent.launch.rank_exec import ExecError, local_rank_from, prepare, rank_plan_for
 
     try:
         if not command:
@@ -170,7 +170,7 @@ def exec_command(
         rank = local_rank_from(local_rank, os.environ)
         plan = tune_plan(ctx, nodes, single_switch, with_smt_siblings)
         launch = prepare(plan, rank_plan_for(plan, rank), list(command), os.environ)
-        from nodecheck.agent.cli.rank_exec import replace_process
+        from nodecheck.agent.launch.rank_exec import replace_process
 
         replace_process(launch, quiet)
     except ExecError as err:

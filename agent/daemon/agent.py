@@ -95,7 +95,7 @@ class ListenError(Exception):
 
 
 class HttpServing(Protocol):
-    """What the agent needs of the server exporter.serve() started."""
+    """What the agent needs of the server web.server.serve() started."""
 
     def shutdown(self) -> None: ...
 
@@ -119,7 +119,7 @@ _BIND_REASONS = {
 
 def listen_failure(listen: str, err: Exception) -> ListenError:
     """A bind or resolution failure as one sentence naming the address."""
-    if isinstance(err, ValueError):  # exporter.serve(): the TLS files it was given
+    if isinstance(err, ValueError):  # web.server.serve(): the TLS files it was given
         return ListenError(f"cannot serve on {listen}: {err}")
     if isinstance(err, socket.gaierror):
         reason = f"host not found ({err.strerror or err})"
@@ -160,6 +160,12 @@ def _version() -> str:
         return metadata.version("nodecheck")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _log_web_notes(web: WebConfig) -> None:
+    """What the agent serves differently from node_exporter for this file (http2)."""
+    for note in web.notes:
+        log.info("event=web_config_note file=%s note=%r", web.source, note)
 
 
 class Agent:
@@ -373,8 +379,7 @@ class Agent:
         address = f"{'https' if https else 'http'}://{shown}:{port}/metrics"
         log.info("event=listening address=%s", address)
         if web is not None:
-            for note in web.notes:
-                log.info("event=web_config_note file=%s note=%r", web.source, note)
+            _log_web_notes(web)
         if not https and self.auth is None and _reaches_other_hosts(host):
             log.warning(
                 "event=unprotected address=%s reason=%r",
@@ -420,14 +425,16 @@ class Agent:
                         str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}",
                     )
 
-    @staticmethod
-    def _web(config: AgentConfig) -> WebConfig | None:
-        """The web configuration file, read; ConfigError naming file, line and key."""
+    def _web(self, config: AgentConfig) -> WebConfig | None:
+        """The web configuration file, read; ConfigError naming file, line and key, and
+        where the file was named: --web.config.file, or the configuration's key."""
         if config.web_config_file is None:
             return None
         try:
             return load_web_config(config.web_config_file)
         except WebConfigError as err:
+            if "web_config_file" in self.overrides:
+                raise ConfigError("--web.config.file", None, "", str(err)) from None
             raise ConfigError(config.source, None, "agent.web_config_file", str(err)) from None
 
     @staticmethod
@@ -510,6 +517,7 @@ class Agent:
             self.auth.users = auth.users  # the running server's check, updated in place
         if self.server is not None and web is not None:
             self.server.apply_web_config(web)  # its context was built when it was read
+            _log_web_notes(web)
         self.web = web
         # Read by every NVML call as it starts; a call already waiting keeps its deadline.
         self.nvml.deadline_s = check_config.nvml_timeout_s

@@ -1,17 +1,11 @@
-"""Prometheus exposition of the cached results: over HTTP and as a textfile.
+"""Prometheus exposition of the cached results: a collector (served by agent/web/server.py)
+and a textfile.
 
 Built from the ResultStore (the prometheus_client custom-collector pattern): a
 scrape never runs a check, and one check's odd sample never fails the scrape:
 it is left out, logged once and counted in nodecheck_exposition_dropped_samples.
 Whatever the checks or the root snapshot hand in, the exposition stays valid for
 Prometheus and clean for `promtool check metrics`.
-
-The HTTP server is written for hostile clients too: a real listen backlog, a
-bounded number of handler threads that only complete requests reach (one thread
-holds the connections still sending theirs: agent/web/intake.py), one deadline
-from accept() to the end of the request head (TLS handshake included) and one
-for the whole response, bcrypt work bounded to one core, and every connection
-failure one key=value log line, never a traceback.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nodecheck.agent.cli.rank_exec import applied_environment
-from nodecheck.agent.cli.tune_view import SHELL_NAME, refused_rank
+from nodecheck.agent.launch.rank_exec import applied_environment
+from nodecheck.agent.launch.tune_view import SHELL_NAME, refused_rank
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.printable import one_line
 from nodecheck.tuning.plan import Plan

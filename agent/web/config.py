@@ -38,6 +38,7 @@ import yaml
 from nodecheck.agent.config import UnreadableFileError, read_text_file
 from nodecheck.agent.web.auth import bcrypt_hash_problem
 from nodecheck.agent.web.tls import pem_certificates, tls_context
+from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 
 WEB_CONFIG_LIMIT = 1 << 20  # a web configuration is a few hundred bytes
@@ -198,8 +199,19 @@ class _Loader(yaml.SafeLoader):
     each key's line for the error messages."""
 
 
+class _MergeKeyError(yaml.YAMLError):
+    def __init__(self, line: int) -> None:
+        super().__init__("a merge key")
+        self.line = line
+
+
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Mapping:
-    loader.flatten_mapping(node)  # YAML merge keys (<<), as yaml.v2 reads them
+    for key_node, _ in node.value:
+        # YAML merge keys (<<) are refused: PyYAML releases before 6.0.1 copy every merged
+        # pair (nested merges grow exponentially from a few hundred bytes), and an
+        # explicit key beside a merged one means different things to yaml.v2 and here.
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            raise _MergeKeyError(key_node.start_mark.line + 1)
     mapping = _Mapping()
     mapping.lines, mapping.raw = {}, {}
     for key_node, value_node in node.value:
@@ -240,7 +252,7 @@ class _Section:
     def fail(self, key: str | None, reason: str) -> WebConfigError:
         line = self.mapping.lines.get(key, self.line) if key else self.line
         dotted = ".".join(part for part in (self.prefix, key) if part)
-        return WebConfigError(self.path, line, dotted, reason)
+        return WebConfigError(self.path, line, printable(dotted), reason)
 
     def refuse_unknown(self, known: tuple[str, ...]) -> None:
         for key in self.mapping:
@@ -316,6 +328,10 @@ def _document(text: str, path: Path) -> _Mapping:
         raise WebConfigError(path, err.line, err.key, "given twice") from None
     except _NonScalarKeyError as err:
         raise WebConfigError(path, err.line, "", "a key that is not a name") from None
+    except _MergeKeyError as err:
+        raise WebConfigError(
+            path, err.line, "<<", "YAML merge keys are not read: write the keys out"
+        ) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         reason = " ".join(str(part) for part in (err.context, err.problem) if part)
@@ -466,6 +482,10 @@ def _headers(http: _Section) -> tuple[tuple[str, str], ...]:
             )
         if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F for char in value):
             raise headers.fail(name, "a control character in the value")
+        if not value.isascii():
+            # http.server writes headers as Latin-1 (BaseHTTPRequestHandler.send_header),
+            # Go's net/http the bytes as given: only ASCII means the same to both.
+            raise headers.fail(name, "only ASCII in a header value")
         found.append((name, value))
     return tuple(found)
 

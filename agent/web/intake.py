@@ -1,5 +1,5 @@
 """Accepted connections until their request head is complete: one thread and one
-selector for all of them, never a handler thread each (agent/daemon/exporter.py, AgentServer).
+selector for all of them, never a handler thread each (agent/web/server.py, AgentServer).
 
 A client that connects and stays silent, or drips its headers (slowloris), costs a
 socket here and at most HEAD_BUFFER_LIMIT bytes, never one of the handler threads: a
@@ -57,7 +57,7 @@ def head_complete(head: bytes | bytearray, start: int = 0) -> bool:
 
 
 class KnownClients:
-    """Client keys (agent/daemon/exporter.py, client_key) whose request passed authentication
+    """Client keys (agent/web/server.py, client_key) whose request passed authentication
     and was answered below 400 within the last `hold_s` seconds, `limit` at most (the
     least recently answered forgotten first)."""
 
@@ -85,7 +85,7 @@ class Arrival:
 
     connection: socket.socket
     address: Any
-    key: str  # whose it is: agent/daemon/exporter.py, client_key
+    key: str  # whose it is: agent/web/server.py, client_key
     accepted: float  # time.monotonic() at accept()
     head: bytearray = field(default_factory=bytearray)
     handshaken: bool = False

@@ -46,7 +46,7 @@ RESERVED_THREADS = 4
 # Prometheus needs one per target; 8 leave room for a second scraper and curl.
 CONNECTIONS_PER_CLIENT = 8
 # Complete requests waiting for a handler thread, all clients together. With the
-# connections still sending their head (http_intake.PRE_REQUEST_CONNECTIONS) and the
+# connections still sending their head (agent/web/intake.py: PRE_REQUEST_CONNECTIONS) and the
 # threads, under the 1024 file descriptors systemd gives a service by default
 # (DefaultLimitNOFILE's soft limit, systemd-system.conf(5)).
 WAITING_CONNECTIONS = 256
@@ -205,9 +205,12 @@ class AgentServer(ThreadingHTTPServer):
         web: WebConfig | None = None,
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        if tls is not None and web is not None:
+            raise ValueError("TLS files and a web configuration file given together")
         self._tls_paths = tls
         self._tls = tls_context(*tls) if tls is not None else None
-        # The web configuration's response headers, sent on every answer of a handler.
+        # The web configuration's response headers, sent on every answer (Handler's
+        # end_headers: the ones http.server writes itself, a 400 or 501, too).
         self.response_headers: tuple[tuple[str, str], ...] = ()
         if web is not None:
             self._tls, self.response_headers = web.context, web.headers
@@ -563,7 +566,7 @@ def serve(
             self.send_response(code)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
-            for name, value in (*cast(AgentServer, self.server).response_headers, *headers):
+            for name, value in headers:
                 self.send_header(name, value)
             # An error (a 401 or 429 above all) ends the connection: a client without the
             # password must not keep a thread by asking again and again; so do the
@@ -576,6 +579,11 @@ def serve(
                 self.send_header("Connection", "close")  # sets close_connection
             self.end_headers()
             self.wfile.write(body)
+
+        def end_headers(self) -> None:
+            for name, value in cast(AgentServer, self.server).response_headers:
+                self.send_header(name, value)
+            super().end_headers()
 
         def log_message(self, format: str, *args: Any) -> None:
             if log.isEnabledFor(logging.DEBUG):  # every request: format only when shown

@@ -65,23 +65,8 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     )
     if "ENCRYPTED" in key_header.group(1) or "Proc-Type: 4,ENCRYPTED" in key_text:
         raise ValueError(encrypted_hint)
-    # Only the certificate blocks (RFC 7468 §2: text outside them is explanatory and may be
-    # anything): cadata takes an ASCII string only, and raises TypeError otherwise.
-    blocks = PEM_CERTIFICATE_BLOCK.findall(cert_text)
-    if not blocks:
-        raise ValueError(f"{cert}: not a PEM certificate (no END CERTIFICATE line)")
-    for number, block in enumerate(blocks, start=1):
-        if not block.isascii():
-            raise ValueError(
-                f"{cert}: certificate {number} of the file has bytes outside ASCII inside "
-                "its BEGIN/END CERTIFICATE lines: not base64"
-            )
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata="\n".join(blocks))
-    except ssl.SSLError as err:
-        raise ValueError(f"{cert}: not a usable PEM certificate: {err.reason or err}") from err
-    except (TypeError, UnicodeError) as err:
-        raise ValueError(f"{cert}: not a usable PEM certificate: {err}") from err
+    # Only the certificate blocks: cadata takes an ASCII string only.
+    _certificate_blocks(cert_text, cert, "certificate")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -105,19 +90,27 @@ def pem_certificates(path: Path, what: str) -> str:
     """The certificate blocks of a PEM file joined, as SSLContext.load_verify_locations
     takes them (cadata); ValueError naming the file when it is no regular, readable, small
     file, holds no certificate, or one OpenSSL cannot read. For a file of CA certificates
-    (a client CA): text outside the blocks is ignored (RFC 7468 §2)."""
-    text = _read_pem(path, what)
+    (a client CA)."""
+    return _certificate_blocks(_read_pem(path, what), path, what)
+
+
+def _certificate_blocks(text: str, path: Path, what: str) -> str:
+    """The BEGIN/END CERTIFICATE blocks of `text`, joined, each checked by OpenSSL; text
+    outside them is explanatory and may be anything (RFC 7468 §2)."""
     blocks = PEM_CERTIFICATE_BLOCK.findall(text)
     if not blocks:
         raise ValueError(f"{path}: no PEM certificate in the {what} (no BEGIN/END CERTIFICATE)")
     for number, block in enumerate(blocks, start=1):
         if not block.isascii():
             raise ValueError(
-                f"{path}: certificate {number} of the {what} has bytes outside ASCII: not base64"
+                f"{path}: certificate {number} of the file has bytes outside ASCII inside "
+                "its BEGIN/END CERTIFICATE lines: not base64"
             )
     joined = "\n".join(blocks)
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=joined)
     except ssl.SSLError as err:
-        raise ValueError(f"{path}: not a usable {what}: {err.reason or err}") from err
+        raise ValueError(f"{path}: not a usable PEM {what}: {err.reason or err}") from err
+    except (TypeError, UnicodeError) as err:
+        raise ValueError(f"{path}: not a usable PEM {what}: {err}") from err
     return joined

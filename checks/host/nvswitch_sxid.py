@@ -68,7 +68,7 @@ AFTER_REBOOT = (
     "status nvidia-fabricmanager) and that every GPU's fabric state is Completed "
     "(nvidia-smi -q | grep -A3 Fabric)"
 )
-RESET_REMEDY = (
+PARTITION_REBOOT_REMEDY = (
     "drain the node and reboot it: a fatal SXid leaves the GPUs and NVSwitches of its "
     f"partition needing a reset; {AFTER_REBOOT}"
 )
@@ -130,7 +130,7 @@ def judge_sxid(
         text += f" ({shown.message})"
     if fatal_now:
         always = info.kind is SxidKind.ALWAYS_FATAL
-        remedy = REBOOT_REMEDY if always else RESET_REMEDY
+        remedy = REBOOT_REMEDY if always else PARTITION_REBOOT_REMEDY
         if shown.at is None:
             text += ": the log gives no time, so it may be from this boot"
         summary = f"{text}: fails until the next boot"

@@ -16,7 +16,14 @@ import pytest
 from nodecheck.agent.config import SlurmSettings
 from nodecheck.agent.daemon.exporter import ResultCollector, exposition, make_registry
 from nodecheck.agent.daemon.scheduler import ResultStore
-from nodecheck.agent.findings import Finding, findings_of
+from nodecheck.agent.findings import (
+    Finding,
+    StoredRun,
+    check_document,
+    document_text,
+    findings_of,
+    parse_document,
+)
 from nodecheck.agent.kubernetes.npd import EXIT_OK, EXIT_PROBLEM, judge
 from nodecheck.agent.kubernetes.reporter import fault_of, judge_classes
 from nodecheck.agent.slurm.health import SlurmAction, decide
@@ -181,8 +188,15 @@ def test_a_jobs_failure_never_hides_the_nodes(tmp_path: Path) -> None:
     )(_both)
     try:
         metrics = _scrape(name)
+        check = load_checks()[name]
+        run = CheckRun(check, list(check.run(CheckContext())), 0.01, True)
     finally:
         unregister(name)
+    # The results file Slurm and NPD read keeps the node's failure as the node's.
+    text = document_text(check_document("gpu01", [StoredRun(run, 100.0, 60.0)], 100.0))
+    _, [stored] = parse_document(text)
+    assert sorted(f.origin.value for f in stored.findings) == ["job", "node"]
+    assert _slurm(list(stored.findings)) is SlurmAction.REBOOT
     origins = re.findall(r'^nodecheck_check_verdict\{[^}]*origin="(\w+)"', metrics, re.M)
     assert sorted(origins) == ["job", "node"]
     assert "nodecheck_checks_failing 1.0" in metrics

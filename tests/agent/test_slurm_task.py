@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.cli.tune_view import cpus_of_cpu_bind, render_shell, render_text, srun_binding
+from nodecheck.agent.launch.tune_view import (
+    cpus_of_cpu_bind,
+    render_shell,
+    render_text,
+    srun_binding,
+)
 from nodecheck.agent.slurm.task import MAX_LINE, export_line
 from nodecheck.checks.node.cpulist import parse_cpulist
 from nodecheck.tuning.plan import TuneOptions, make_plan

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.cli.rank_exec import applied_environment
-from nodecheck.agent.cli.tune_view import env_file_value, render_env
+from nodecheck.agent.launch.rank_exec import applied_environment
+from nodecheck.agent.launch.tune_view import env_file_value, render_env
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Recommendation
 from tests.agent.test_cli import NODECHECK, run

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from nodecheck.checks.host.nvswitch_sxid import (
+    PARTITION_REBOOT_REMEDY,
     REBOOT_REMEDY,
     REPEAT_REMEDY,
-    RESET_REMEDY,
     THERMAL_REMEDY,
     judge_sxid,
 )
@@ -130,15 +130,15 @@ HOUR = 3600.0
     ("events", "status", "remedy", "says"),
     [
         # fatal (the line's word) from this boot: reset the partition's GPUs and NVSwitches
-        ([sxid(24007, True, 60)], Status.FAIL, RESET_REMEDY, "(1 fatal)"),
+        ([sxid(24007, True, 60)], Status.FAIL, PARTITION_REBOOT_REMEDY, "(1 fatal)"),
         # the line says Fatal though the catalog calls the code non-fatal: the line wins
-        ([sxid(12028, True, 60)], Status.FAIL, RESET_REMEDY, "(1 fatal)"),
+        ([sxid(12028, True, 60)], Status.FAIL, PARTITION_REBOOT_REMEDY, "(1 fatal)"),
         # always fatal: the whole fabric, the host restarts
         ([sxid(22003, True, 60)], Status.FAIL, REBOOT_REMEDY, "minion halt"),
         # no word on the line: the catalog's
         ([sxid(22003, None, 60)], Status.FAIL, REBOOT_REMEDY, "(1 fatal)"),
         # a time unknown may be of this boot: still a failure, said so
-        ([sxid(24007, True, None)], Status.FAIL, RESET_REMEDY, "may be from this boot"),
+        ([sxid(24007, True, None)], Status.FAIL, PARTITION_REBOOT_REMEDY, "may be from this boot"),
         # before the last boot: cleared by it
         ([sxid(24007, True, 2 * 86_400)], Status.OK, "", "before the last boot"),
         # non-fatal: counted, no action
@@ -183,7 +183,7 @@ def test_a_fatal_line_from_before_the_boot_hides_nothing_of_this_boot() -> None:
     assert judged.status is Status.FAIL and "may be from this boot" in judged.summary, judged
 
 
-@pytest.mark.parametrize("remedy", [RESET_REMEDY, REBOOT_REMEDY])
+@pytest.mark.parametrize("remedy", [PARTITION_REBOOT_REMEDY, REBOOT_REMEDY])
 def test_the_fatal_remedy_is_the_reboot_that_clears_the_check(remedy: str) -> None:
     """The check fails until the next boot (nothing in the kernel log shows a reset), so its
     remedy is a reboot and says the check clears then; a reset alone would leave it (and its
@@ -249,7 +249,7 @@ def test_a_fatal_sxid_fails_its_nvswitch_only(dgx: Node, tmp_path: Path) -> None
     checked = time.time()
     assert set(results) == {f"nvswitch {bdf}" for bdf in DGX_SWITCHES}
     fatal = results["nvswitch 0000:05:00.0"]
-    assert fatal.status is Status.FAIL and fatal.remedy == RESET_REMEDY, fatal
+    assert fatal.status is Status.FAIL and fatal.remedy == PARTITION_REBOOT_REMEDY, fatal
     assert re.match(
         r"SXid 24007 sourcetrack timeout error x1 \(1 fatal\), last \d+ (s|min) ago \(Link 44 ",
         fatal.summary,

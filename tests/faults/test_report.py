@@ -97,10 +97,10 @@ def test_a_folded_row_keeps_every_finding() -> None:
     """Four findings about one subject become one row: the worst status, summaries worst
     first, the remedies of what is not ok, every detail (a key given twice takes the worst
     finding's value; each finding's own are under "findings"), every metric sample and
-    the worst finding's meaning (action, class, origin); another subject stays its own
-    row."""
+    the worst finding's meaning (action, class); another subject stays its own row, and
+    so does a job's finding about the same subject."""
     spec = MetricSpec("nodecheck_test_value", "gauge", "a test series", ("n",))
-    meaning = (Action.REBOOT, FaultClass.GPU_PERFORMANCE, Origin.JOB)
+    meaning = (Action.REBOOT, FaultClass.GPU_PERFORMANCE, Origin.NODE)
     findings = [
         Result(
             Status.OK,
@@ -114,11 +114,27 @@ def test_a_folded_row_keeps_every_finding() -> None:
             Origin.NODE,
         ),  # listed first, not the worst: not the row's meaning
         Result(Status.FAIL, NODE, "broken", "fix it", {"shared": 2, "only": "here"}, (), *meaning),
-        Result(Status.WARN, NODE, "odd", "look at it", {}, (Sample(spec, 3, {"n": "3"}),)),
-        Result(Status.SKIP, NODE, "not here"),
+        Result(
+            Status.WARN,
+            NODE,
+            "odd",
+            "look at it",
+            {},
+            (Sample(spec, 3, {"n": "3"}),),
+            origin=Origin.NODE,
+        ),
+        Result(Status.SKIP, NODE, "not here", origin=Origin.NODE),
         Result(Status.OK, "gpu 0000:18:00.0", "fine too"),
+        Result(
+            Status.FAIL,
+            NODE,
+            "a job's variable",
+            "unset it",
+            action=Action.FIX_JOB_ENVIRONMENT,
+            origin=Origin.JOB,
+        ),
     ]
-    node, gpu = fold(findings)
+    node, gpu, job = fold(findings)
     assert (node.status, node.subject) == (Status.FAIL, NODE)
     assert node.summary == "broken; odd; fine; not here"
     assert node.remedy == "fix it; look at it"
@@ -132,4 +148,5 @@ def test_a_folded_row_keeps_every_finding() -> None:
     assert details == {"shared": 2, "only": "here"}  # the worst finding's value, one type
     assert [sample.value for sample in node.samples] == [1, 3]
     assert (node.action, node.fault_class, node.origin) == meaning
-    assert gpu == findings[-1]
+    assert gpu == findings[-2]
+    assert job == findings[-1]  # a job's failure neither hides the node's nor joins it

@@ -86,6 +86,14 @@ REFUSALS: list[tuple[str, str, str]] = [
         "3: http_server_config.headers.Content-Security-Policy",
         "control character",
     ),
+    (
+        "http_server_config:\n  headers:\n"
+        '    Content-Security-Policy: "default-src \u2019self\u2019"\n',
+        "3: http_server_config.headers.Content-Security-Policy",
+        "only ASCII",
+    ),
+    ("a: &x {b: 1}\nc:\n  <<: *x\n", "3: <<", "merge keys"),
+    ('"tls\\x1b[2Jserver": {}\n', "1: tls\\x1b[2Jserver", "unknown key"),
     ("basic_auth_users: [a]\n", "1: basic_auth_users", "expected a mapping"),
     ("basic_auth_users:\n  p: plain\n", "2: basic_auth_users.p", "bcrypt"),
     (
@@ -272,3 +280,36 @@ def test_the_toml_keys_and_the_web_config_file_are_not_set_together(
     done = run_agent(node, "config", "show", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f'web_config_file = "{web}"' in done.stdout
+
+
+def test_the_configured_headers_are_on_answers_http_server_writes_itself() -> None:
+    """A 501 (a method the agent does not serve) and a 431 (over 100 header lines) are
+    written by http.server's send_error, not by the agent's routes: the file's headers are
+    on them too, as exporter-toolkit sets them on every response."""
+    import socket
+
+    from nodecheck.agent.web.server import serve
+
+    web = parse_web_config("http_server_config:\n  headers:\n    X-Frame-Options: deny\n", SOURCE)
+    port = free_port()
+    server = serve(f"127.0.0.1:{port}", lambda: b"", dict, lambda: True, web=web)
+    try:
+        many = b"".join(b"X-%d: y\r\n" % n for n in range(101))
+        for request in (
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\n" + many + b"\r\n",
+        ):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+                connection.sendall(request)
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    chunk = connection.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+            head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+            assert head.split(" ", 2)[1] in ("431", "501"), head
+            assert "\r\nX-Frame-Options: deny" in head, head
+    finally:
+        server.shutdown()
+        server.server_close()

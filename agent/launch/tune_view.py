@@ -9,9 +9,8 @@ import shlex
 import textwrap
 from typing import Any
 
-from nodecheck.agent.cli.inventory_view import text_table
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
-from nodecheck.checks.printable import printable
+from nodecheck.checks.printable import printable, text_table
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action, Recommendation
 
