@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
 T = TypeVar("T")
@@ -369,12 +370,12 @@ ABANDONED_TEMPORARY_S = 3600.0
 _TEMPORARY_SUFFIX = ".tmp"
 # pid_max is at most PID_MAX_LIMIT, 4194304 (include/linux/threads.h): seven digits, and
 # never 0 (os.kill(0, ...) would signal our whole process group).
-_TEMPORARY_TAIL = re.compile(r"\.([0-9a-f]{12})\.([1-9][0-9]{0,6})\.[a-z0-9_]+\.tmp")
+_TEMPORARY_TAIL = LazyPattern(r"\.([0-9a-f]{12})\.([1-9][0-9]{0,6})\.[a-z0-9_]+\.tmp")
 # Versions before the writer-named temporaries used tempfile.mkstemp's default name,
 # ".<name>.<8 random characters>" (CPython Lib/tempfile.py, _RandomNameSequence): those
 # left by a kill -9 then carry no pid, so they are removed only once older than
 # ABANDONED_TEMPORARY_S.
-_UNNAMED_TEMPORARY_TAIL = re.compile(r"\.[a-z0-9_]{8}")
+_UNNAMED_TEMPORARY_TAIL = LazyPattern(r"\.[a-z0-9_]{8}")
 
 
 @functools.lru_cache(maxsize=1)
