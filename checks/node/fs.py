@@ -24,10 +24,11 @@ import os
 import posixpath
 import re
 import stat
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from threading import get_ident
+from time import monotonic
 from typing import TypeVar
 
 from nodecheck.checks.node.patterns import LazyPattern
@@ -104,14 +105,16 @@ def describe_kind(mode: int) -> str:
 
 
 # Reads in progress: thread id -> (path, monotonic start). One entry per thread:
-# a thread reads one file at a time.
+# a thread reads one file at a time, and writes only its own entry. No lock: setting and
+# popping a key and copying the dict are each atomic in CPython (a dict of ints and
+# tuples calls no Python code), and a lock per read cost a tenth of a read.
 _in_flight: dict[int, tuple[str, float]] = {}
-_in_flight_lock = threading.Lock()
 
 
 class reading:  # noqa: N801 - used as `with reading(path):`, like a function
     """Record that this thread is reading `path` until the block ends. A class, not a
-    generator: it wraps every one of the thousands of reads of a pass."""
+    generator: it wraps thousands of reads a pass (_read, the hottest, does the same
+    inline)."""
 
     __slots__ = ("_ident", "_path")
 
@@ -119,14 +122,11 @@ class reading:  # noqa: N801 - used as `with reading(path):`, like a function
         self._path = path
 
     def __enter__(self) -> None:
-        self._ident = threading.get_ident()
-        entry = (str(self._path), time.monotonic())
-        with _in_flight_lock:
-            _in_flight[self._ident] = entry
+        self._ident = ident = get_ident()
+        _in_flight[ident] = (str(self._path), monotonic())
 
     def __exit__(self, *exc_info: object) -> None:
-        with _in_flight_lock:
-            _in_flight.pop(self._ident, None)
+        _in_flight.pop(self._ident, None)
 
 
 @record
@@ -138,8 +138,9 @@ class InFlightRead:
 
 def reads_in_flight() -> list[InFlightRead]:
     """Every read in progress, oldest first."""
-    with _in_flight_lock:
-        entries = [InFlightRead(ident, path, start) for ident, (path, start) in _in_flight.items()]
+    entries = [
+        InFlightRead(ident, path, start) for ident, (path, start) in _in_flight.copy().items()
+    ]
     return sorted(entries, key=lambda entry: entry.started)
 
 
@@ -168,7 +169,10 @@ def read_prefix(path: NodePath, limit: int = DEFAULT_LIMIT) -> Contents:
 
 
 def _read(path: NodePath, limit: int) -> tuple[bytes, bool]:
-    with reading(path):
+    # As `with reading(path):`, inline: this runs for every file a pass reads.
+    ident = get_ident()
+    _in_flight[ident] = (path if isinstance(path, str) else str(path), monotonic())
+    try:
         try:
             # The kind first: opening a device node is not harmless (/dev/watchdog arms
             # the watchdog, a tape rewinds: Documentation/watchdog/watchdog-api.rst), so
@@ -196,6 +200,8 @@ def _read(path: NodePath, limit: int) -> tuple[bytes, bool]:
             raise ReadError(path, os_error_reason(err)) from err
         finally:
             os.close(fd)
+    finally:
+        _in_flight.pop(ident, None)
     data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     return (data, False) if total <= limit else (data[:limit], True)
 
