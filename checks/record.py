@@ -5,9 +5,13 @@ so by generating four methods per class from source text (`__init__` that bypass
 assignment, `__setattr__`, `__delattr__`, `__hash__`), each compiled at import: with
 ninety such classes that was a third of `nodecheck check --facts`. A record is an
 ordinary dataclass (`dataclasses.fields`, `replace`, the codec, `==` and `repr` see no
-difference) for which nothing is compiled: `dataclasses.dataclass` collects its fields
-but generates no method (a fifth of its cost without `__init__`), and
+difference) for which nothing is compiled, and
 
+- its fields are collected as `dataclasses.dataclass(init=False, repr=False, eq=False)`
+  collects them, the same Field objects, class attributes and parameters, without the
+  checks for ClassVar, InitVar and KW_ONLY (regular expressions over every annotation,
+  a quarter of a record's cost) where none of those words is in an annotation, and by
+  dataclasses itself where one is (_as_dataclass);
 - `__init__` is the code of one function of this module, `_init_template`, given the
   class's `__init__` parameters (the fields, in order) and their defaults, so keywords,
   defaults, the errors for a missing or unknown argument and `inspect.signature` are a
@@ -32,6 +36,7 @@ Type checkers treat `@record` as `@dataclass(frozen=True)` (PEP 681,
 
 from __future__ import annotations
 
+import abc
 import builtins
 import dataclasses
 import inspect  # dataclasses imports it: free
@@ -140,6 +145,8 @@ def _make_init(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callabl
     taken = [spec for spec in fields if spec.init]
     defaults: list[object] = []
     for spec in taken:
+        if spec.kw_only is True:
+            raise TypeError(f"{cls.__name__}.{spec.name}: a record takes no kw_only field")
         if spec.default is not dataclasses.MISSING:
             defaults.append(spec.default)
         elif spec.default_factory is not dataclasses.MISSING:
@@ -176,6 +183,78 @@ def _make_init(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callabl
     init.__annotations__ = {spec.name: spec.type for spec in taken}
     init.__annotations__["return"] = None
     return init
+
+
+@dataclasses.dataclass(init=False, repr=False, eq=False)
+class _Made:
+    """What `dataclasses.dataclass(cls, init=False, repr=False, eq=False)` gives every
+    record alike: its parameters, and the mark of a real field."""
+
+    field: int
+
+
+_PARAMS = _Made.__dataclass_params__  # type: ignore[attr-defined]
+_FIELD_MARK = _Made.__dataclass_fields__["field"]._field_type  # type: ignore[attr-defined]
+# Annotations dataclasses reads a meaning in (a pseudo-field, a marker): such a class is
+# made by dataclasses itself.
+_SPECIAL = ("ClassVar", "InitVar", "KW_ONLY")
+
+
+def _as_dataclass(cls: type) -> Any:
+    """`dataclasses.dataclass(cls, init=False, repr=False, eq=False)`: the same fields,
+    class attributes and `__match_args__`, made without its per-field checks where they
+    cannot apply (a quarter of a record's import cost): every annotation a string (`from
+    __future__ import annotations`) naming no ClassVar, InitVar or KW_ONLY, and every
+    dataclass base a record. Any other class is made by dataclasses."""
+    annotations = inspect.get_annotations(cls)
+    fields: dict[str, dataclasses.Field[Any]] = {}
+    for base in cls.__mro__[-1:0:-1]:
+        inherited = base.__dict__.get("__dataclass_fields__")
+        if inherited is not None:
+            if base.__dict__.get("__dataclass_params__") is not _PARAMS:
+                return dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+            fields.update(inherited)
+    own = []
+    for name, kind in annotations.items():
+        if type(kind) is not str or any(word in kind for word in _SPECIAL):
+            return dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+        default: Any = getattr(cls, name, dataclasses.MISSING)
+        if isinstance(default, dataclasses.Field):
+            spec = default
+        elif isinstance(default, types.MemberDescriptorType):
+            return dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+        else:
+            spec = dataclasses.field(default=default)
+        spec.name = name
+        spec.type = kind
+        spec._field_type = _FIELD_MARK  # type: ignore[attr-defined]
+        if spec.kw_only is dataclasses.MISSING:
+            spec.kw_only = False
+        if spec.default.__class__.__hash__ is None:  # as dataclasses refuses a list
+            raise ValueError(
+                f"mutable default {type(spec.default)} for field {name} is not allowed: "
+                "use default_factory"
+            )
+        own.append(spec)
+    for spec in own:
+        fields[spec.name] = spec
+        if isinstance(cls.__dict__.get(spec.name), dataclasses.Field):
+            if spec.default is dataclasses.MISSING:
+                delattr(cls, spec.name)
+            else:
+                setattr(cls, spec.name, spec.default)
+    for name, value in cls.__dict__.items():
+        if isinstance(value, dataclasses.Field) and name not in annotations:
+            raise TypeError(f"{name!r} is a field but has no type annotation")
+    made: dict[str, object] = {"__dataclass_params__": _PARAMS, "__dataclass_fields__": fields}
+    if "__match_args__" not in cls.__dict__:
+        made["__match_args__"] = tuple(spec.name for spec in fields.values() if spec.init)
+    if "__replace__" in _Made.__dict__ and "__replace__" not in cls.__dict__:
+        made["__replace__"] = _Made.__dict__["__replace__"]  # Python 3.13: copy.replace
+    for name, value in made.items():
+        setattr(cls, name, value)
+    abc.update_abstractmethods(cls)
+    return cls
 
 
 class _SignatureDoc:
@@ -225,15 +304,15 @@ def record(cls: type[T] | None = None, /, *, frozen: bool = True) -> Any:
         documented = bool(cls.__dict__.get("__doc__"))
         if not documented:
             cls.__doc__ = "-"
-        made: Any = dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+        made = _as_dataclass(cls)
         fields = dataclasses.fields(made)
-        for spec in made.__dataclass_fields__.values():
-            # What its __init__ does not make: refused rather than ignored.
-            initvar = isinstance(spec.type, dataclasses.InitVar) or (
-                isinstance(spec.type, str) and spec.type.split("[")[0].endswith("InitVar")
-            )
-            if initvar or spec.kw_only is True:
-                raise TypeError(f"{cls.__name__}.{spec.name}: a record takes no InitVar or kw_only")
+        if len(made.__dataclass_fields__) != len(fields):  # a ClassVar, or an InitVar
+            for spec in made.__dataclass_fields__.values():
+                # What its __init__ does not make: refused rather than ignored.
+                if isinstance(spec.type, dataclasses.InitVar) or (
+                    isinstance(spec.type, str) and spec.type.split("[")[0].endswith("InitVar")
+                ):
+                    raise TypeError(f"{cls.__name__}.{spec.name}: a record takes no InitVar")
         made.__record_frozen__ = frozen
         made.__record_compared__ = tuple(spec.name for spec in fields if spec.compare)
         made.__record_shown__ = tuple(spec.name for spec in fields if spec.repr)

@@ -225,8 +225,14 @@ def test_fields_an_init_cannot_make_are_refused() -> None:
             x: int = 0
             y: int  # type: ignore[misc]  # mypy refuses it too
 
-    with pytest.raises(TypeError, match="InitVar or kw_only"):
+    with pytest.raises(TypeError, match="no kw_only field"):
 
         @record
         class KeywordOnly:
             x: int = dataclasses.field(kw_only=True)
+
+    with pytest.raises(TypeError, match="no InitVar"):
+
+        @record
+        class WithInitVar:
+            x: dataclasses.InitVar[int]
