@@ -3,13 +3,23 @@ on the 8-GPU replica node.
 
     .venv/bin/python -m bench.cli_latency [--runs 15]
 
-Prints a table: median, fastest and slowest of several runs of the installed
-console script, against the goals (`--help` and `check --json`
-150 ms, `check --facts` 100 ms, `tune` 300 ms). `check` runs every check, the GPU ones
-through the fake NVML of tests/fake_nvml; `check --facts` judges a capture of the same
-node (taken once with `nodecheck capture`), reading neither the tree nor NVML; `tune`
-reads the inventory and the variables of every GPU process, as an engineer's
-`nodecheck tune` does before a launch.
+Users install a wheel, so that is what the goals are for: the checkout is built
+into a wheel and installed into a temporary virtual environment (no pip, no
+editable install; a .pth file there names this environment's site-packages for
+the dependencies, and a path in a .pth file does not run that folder's own .pth
+files, so the editable install's import hook stays out). Each command is timed
+through that environment's console script ("wheel" rows) and, for reference,
+through this environment's editable one ("editable" rows), which no user runs:
+its import hook (a .pth file) costs a bare interpreter about 12 ms at start-up,
+most of it modules a command imports anyway (about 3 ms of `nodecheck --help`).
+
+Prints a table: median, fastest and slowest of several runs of each, against
+the goals, which the wheel rows are held to (`--help` 150 ms, `check --json`
+120 ms, `check --facts` 100 ms, `tune` 300 ms). `check` runs every check, the
+GPU ones through the fake NVML of tests/fake_nvml; `check --facts` judges a
+capture of the same node (taken once with `nodecheck capture`), reading neither
+the tree nor NVML; `tune` reads the inventory and the variables of every GPU
+process, as an engineer's `nodecheck tune` does before a launch.
 """
 
 from __future__ import annotations
@@ -20,9 +30,15 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from tests.fake_nvml.build import build_fake_nvml
 from tests.fixtures.nodegen import build_node
@@ -36,6 +52,44 @@ def nodecheck_command() -> str:
     if not found:
         sys.exit("nodecheck is not installed (make .venv/bin/.installed)")
     return found
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def install_wheel(dest: Path) -> str:
+    """The checkout built into a wheel and installed into a new virtual environment
+    under `dest`, as a user installs it; returns that environment's console script."""
+    # A copy of what the wheel is built from (pyproject.toml, the files beside it and
+    # the package folders), so setuptools' build/ folder lands in `dest`, not the checkout.
+    source = dest / "source"
+    source.mkdir(parents=True)
+    pyproject = CHECKOUT / "pyproject.toml"
+    for path in CHECKOUT.iterdir():
+        if path.is_file():
+            shutil.copy2(path, source / path.name)
+    folders = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"]
+    for folder in sorted(set(folders.values())):
+        shutil.copytree(
+            CHECKOUT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    venv = dest / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    paths = sysconfig.get_paths()
+    dependencies = dict.fromkeys([paths["purelib"], paths["platlib"]])
+    Path(site, "nodecheck-dependencies.pth").write_text("".join(f"{p}\n" for p in dependencies))
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+    subprocess.run(
+        [*pip, "--no-deps", "--no-build-isolation", "--ignore-installed", str(source)], check=True
+    )
+    return str(venv / "bin" / "nodecheck")
 
 
 def time_runs(command: list[str], runs: int, extra_env: dict[str, str]) -> list[float]:
@@ -61,7 +115,7 @@ def main() -> None:
         build_node(dgx_h100(), root)
         library = build_fake_nvml(root / "fake-nvml")
         scenario = write_scenario(dgx_healthy(), root / "nvml-scenario.json")
-        nodecheck = nodecheck_command()
+        installs = [("wheel", install_wheel(root / "wheel")), ("editable", nodecheck_command())]
         roots = [
             "--sysfs-root",
             f"{root}/sys",
@@ -74,42 +128,44 @@ def main() -> None:
         ]
         capture = root / "capture.json"
         subprocess.run(
-            [nodecheck, *roots, "capture", "-o", str(capture)],
+            [installs[0][1], *roots, "capture", "-o", str(capture)],
             env={"PATH": os.environ.get("PATH", "/usr/bin"), "FAKE_NVML_SCENARIO": str(scenario)},
             check=True,
             capture_output=True,
         )
         cases = [
-            ("nodecheck --help", [nodecheck, "--help"], 0.150),
-            (
-                "nodecheck check --json (8-GPU replica)",
-                [nodecheck, *roots, "check", "--json"],
-                0.150,
-            ),
+            ("nodecheck --help", ["--help"], 0.150),
+            ("nodecheck check --json (8-GPU replica)", [*roots, "check", "--json"], 0.120),
             (
                 "nodecheck check --facts (its capture)",
-                [nodecheck, "check", "--json", "--facts", str(capture)],
+                ["check", "--json", "--facts", str(capture)],
                 0.100,
             ),
             (
                 "nodecheck tune --format json (8-GPU replica)",
-                [nodecheck, *roots, "tune", "--format", "json"],
+                [*roots, "tune", "--format", "json"],
                 0.300,
             ),
         ]
-        header = ("command", "runs", "median ms", "min ms", "max ms", "goal ms")
+        header = ("command", "install", "runs", "median ms", "min ms", "max ms", "goal ms")
         print(
-            f"{header[0]:<44} {header[1]:>4} {header[2]:>10} "
-            + " ".join(f"{h:>8}" for h in header[3:])
+            f"{header[0]:<44} {header[1]:<8} {header[2]:>4} {header[3]:>10} "
+            + " ".join(f"{h:>8}" for h in header[4:])
             + "  ok"
         )
-        for label, command, goal in cases:
-            timings = time_runs(command, runs, {"FAKE_NVML_SCENARIO": str(scenario)})
-            median = statistics.median(timings)
-            print(
-                f"{label:<44} {runs:>4} {median * 1e3:>10.1f} {min(timings) * 1e3:>8.1f} "
-                f"{max(timings) * 1e3:>8.1f} {goal * 1e3:>8.0f}  {'yes' if median < goal else 'NO'}"
-            )
+        for label, arguments, goal in cases:
+            for install, nodecheck in installs:
+                timings = time_runs(
+                    [nodecheck, *arguments], runs, {"FAKE_NVML_SCENARIO": str(scenario)}
+                )
+                median = statistics.median(timings)
+                # The goals are the wheel's; an editable install is shown for reference.
+                ok = ("yes" if median <= goal else "NO") if install == "wheel" else "-"
+                spread = f"{min(timings) * 1e3:>8.1f} {max(timings) * 1e3:>8.1f}"
+                print(
+                    f"{label:<44} {install:<8} {runs:>4} {median * 1e3:>10.1f} "
+                    f"{spread} {goal * 1e3:>8.0f}  {ok}"
+                )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -8,6 +8,34 @@ framework, NVML, torch) are imported inside the commands, so `nodecheck --help` 
 fast.
 """
 
-from nodecheck.agent.cli.root import cli, main
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nodecheck.agent.cli.root import cli
 
 __all__ = ["cli", "main"]
+
+
+def main() -> None:
+    """The console script: root.main, imported with the cyclic collector already off.
+
+    root.main turns it off for the command's run; off before click, logging and the
+    options load too, it never walks what they allocate (all of it lives as long as the
+    process). A long-lived command turns it back on (options.long_lived)."""
+    gc.disable()
+    from nodecheck.agent.cli.root import main as run
+
+    run()
+
+
+def __getattr__(name: str) -> Any:
+    # `cli`, the group, for those that drive it (tests): imported when asked for, so the
+    # console script's main() comes first.
+    if name == "cli":
+        from nodecheck.agent.cli.root import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

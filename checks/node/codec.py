@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from nodecheck.checks.node.patterns import LazyPattern
+
 Decoder = Callable[[Any, str], Any]
 
 # How encode writes a float that is not finite; what decode refuses in its place.
@@ -169,8 +171,8 @@ CPULIST_BOUND = 1 << 22
 # (every PCI device's local CPUs, every CPU's siblings) stays far below it.
 EXPANSION_BUDGET = 4_000_000
 
-_NUMBER = re.compile(r"0|[1-9][0-9]*", re.ASCII)
-_INTEGER_KEY = re.compile(r"0|-?[1-9][0-9]*", re.ASCII)
+_NUMBER = LazyPattern(r"0|[1-9][0-9]*", re.ASCII)
+_INTEGER_KEY = LazyPattern(r"0|-?[1-9][0-9]*", re.ASCII)
 _budget = threading.local()
 
 

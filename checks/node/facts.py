@@ -41,6 +41,7 @@ from nodecheck.checks.node.codec import (
     refuse_repeated_key,
 )
 from nodecheck.checks.node.fs import NodeFS, reads_in_flight
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ SCHEMA_PREFIX = "nodecheck.facts/v"
 SCHEMA_VERSION = 1
 SCHEMA = f"{SCHEMA_PREFIX}{SCHEMA_VERSION}"
 # v1, v2, ...: ASCII digits, no leading zero, few enough to be a version.
-_SCHEMA_PATTERN = re.compile(r"nodecheck\.facts/v([1-9][0-9]{0,8})", re.ASCII)
+_SCHEMA_PATTERN = LazyPattern(r"nodecheck\.facts/v([1-9][0-9]{0,8})", re.ASCII)
 CAPTURE_LIMIT = 64 << 20  # bytes: an 8-GPU node's capture is a few hundred kB
 PART_TIMEOUT_S = 20.0  # how long `capture` waits for one part before calling it unread
 

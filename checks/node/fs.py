@@ -24,12 +24,14 @@ import os
 import posixpath
 import re
 import stat
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from threading import get_ident
+from time import monotonic
 from typing import TypeVar
 
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
 T = TypeVar("T")
@@ -103,14 +105,16 @@ def describe_kind(mode: int) -> str:
 
 
 # Reads in progress: thread id -> (path, monotonic start). One entry per thread:
-# a thread reads one file at a time.
+# a thread reads one file at a time, and writes only its own entry. No lock: setting and
+# popping a key and copying the dict are each atomic in CPython (a dict of ints and
+# tuples calls no Python code), and a lock per read cost a tenth of a read.
 _in_flight: dict[int, tuple[str, float]] = {}
-_in_flight_lock = threading.Lock()
 
 
 class reading:  # noqa: N801 - used as `with reading(path):`, like a function
     """Record that this thread is reading `path` until the block ends. A class, not a
-    generator: it wraps every one of the thousands of reads of a pass."""
+    generator: it wraps thousands of reads a pass (_read, the hottest, does the same
+    inline)."""
 
     __slots__ = ("_ident", "_path")
 
@@ -118,14 +122,11 @@ class reading:  # noqa: N801 - used as `with reading(path):`, like a function
         self._path = path
 
     def __enter__(self) -> None:
-        self._ident = threading.get_ident()
-        entry = (str(self._path), time.monotonic())
-        with _in_flight_lock:
-            _in_flight[self._ident] = entry
+        self._ident = ident = get_ident()
+        _in_flight[ident] = (str(self._path), monotonic())
 
     def __exit__(self, *exc_info: object) -> None:
-        with _in_flight_lock:
-            _in_flight.pop(self._ident, None)
+        _in_flight.pop(self._ident, None)
 
 
 @record
@@ -137,8 +138,9 @@ class InFlightRead:
 
 def reads_in_flight() -> list[InFlightRead]:
     """Every read in progress, oldest first."""
-    with _in_flight_lock:
-        entries = [InFlightRead(ident, path, start) for ident, (path, start) in _in_flight.items()]
+    entries = [
+        InFlightRead(ident, path, start) for ident, (path, start) in _in_flight.copy().items()
+    ]
     return sorted(entries, key=lambda entry: entry.started)
 
 
@@ -167,7 +169,10 @@ def read_prefix(path: NodePath, limit: int = DEFAULT_LIMIT) -> Contents:
 
 
 def _read(path: NodePath, limit: int) -> tuple[bytes, bool]:
-    with reading(path):
+    # As `with reading(path):`, inline: this runs for every file a pass reads.
+    ident = get_ident()
+    _in_flight[ident] = (path if isinstance(path, str) else str(path), monotonic())
+    try:
         try:
             # The kind first: opening a device node is not harmless (/dev/watchdog arms
             # the watchdog, a tape rewinds: Documentation/watchdog/watchdog-api.rst), so
@@ -195,6 +200,8 @@ def _read(path: NodePath, limit: int) -> tuple[bytes, bool]:
             raise ReadError(path, os_error_reason(err)) from err
         finally:
             os.close(fd)
+    finally:
+        _in_flight.pop(ident, None)
     data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     return (data, False) if total <= limit else (data[:limit], True)
 
@@ -369,12 +376,12 @@ ABANDONED_TEMPORARY_S = 3600.0
 _TEMPORARY_SUFFIX = ".tmp"
 # pid_max is at most PID_MAX_LIMIT, 4194304 (include/linux/threads.h): seven digits, and
 # never 0 (os.kill(0, ...) would signal our whole process group).
-_TEMPORARY_TAIL = re.compile(r"\.([0-9a-f]{12})\.([1-9][0-9]{0,6})\.[a-z0-9_]+\.tmp")
+_TEMPORARY_TAIL = LazyPattern(r"\.([0-9a-f]{12})\.([1-9][0-9]{0,6})\.[a-z0-9_]+\.tmp")
 # Versions before the writer-named temporaries used tempfile.mkstemp's default name,
 # ".<name>.<8 random characters>" (CPython Lib/tempfile.py, _RandomNameSequence): those
 # left by a kill -9 then carry no pid, so they are removed only once older than
 # ABANDONED_TEMPORARY_S.
-_UNNAMED_TEMPORARY_TAIL = re.compile(r"\.[a-z0-9_]{8}")
+_UNNAMED_TEMPORARY_TAIL = LazyPattern(r"\.[a-z0-9_]{8}")
 
 
 @functools.lru_cache(maxsize=1)

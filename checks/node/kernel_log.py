@@ -38,6 +38,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from nodecheck.checks.node.fs import ReadError
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 
@@ -48,34 +49,36 @@ _WEEKDAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 # The sequence number and the microseconds are bounded: a line of digits is no record, and
 # int() of more than 4300 digits raises (Python 3.11, sys.int_info.str_digits_check_threshold).
 KMSG_PREFIX = re.compile(r"^\d{1,20},\d{1,20},(\d{1,20}),[^;]*;")
-RFC5424_PREFIX = re.compile(r"^<\d{1,3}>1 (\S+) ")
-PRIORITY_PREFIX = re.compile(r"^<\d{1,3}>")
+RFC5424_PREFIX = LazyPattern(r"^<\d{1,3}>1 (\S+) ")
+PRIORITY_PREFIX = LazyPattern(r"^<\d{1,3}>")
 # dmesg -x: "kern  :warn  : " (facility and level padded to 6 and 7 columns).
-DECODE_PREFIX = re.compile(
+DECODE_PREFIX = LazyPattern(
     r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])\s*:"
     r"(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s?"
 )
-ISO_PREFIX = re.compile(
+ISO_PREFIX = LazyPattern(
     r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?"
     r"(Z|[+-]\d\d(?::?\d\d)?)?(?=[\s\]]|$)"
 )
-SHORT_FULL_PREFIX = re.compile(
+SHORT_FULL_PREFIX = LazyPattern(
     rf"^{_WEEKDAY} (\d{{4}})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{{1,9}}))?"
     r" ([A-Za-z][\w+/-]*) "
 )
-CTIME_PREFIX = re.compile(rf"^\[{_WEEKDAY} ({_MONTH}) ([ \d]\d) (\d\d:\d\d:\d\d) (\d{{4}})\]")
-RELTIME_BASE = re.compile(rf"^\[({_MONTH}) ?([ \d]?\d) (\d\d):(\d\d)\]")
-RELTIME_STEP = re.compile(r"^\[\s*\+(\d+\.\d+)\]")
-DELTA_ONLY = re.compile(r"^\[<\s*\d+\.\d+>\]")
-SINCE_BOOT = re.compile(r"^\[\s*(\d+\.\d+)(?:\s*<\s*\d+\.\d+>)?\]")
-SYSLOG_PREFIX = re.compile(rf"^({_MONTH}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{{1,9}}))? ")
-UNIX_PREFIX = re.compile(r"^(\d{9,11}\.\d{1,9}) \S+ \S+: ")
+CTIME_PREFIX = LazyPattern(rf"^\[{_WEEKDAY} ({_MONTH}) ([ \d]\d) (\d\d:\d\d:\d\d) (\d{{4}})\]")
+RELTIME_BASE = LazyPattern(rf"^\[({_MONTH}) ?([ \d]?\d) (\d\d):(\d\d)\]")
+RELTIME_STEP = LazyPattern(r"^\[\s*\+(\d+\.\d+)\]")
+DELTA_ONLY = LazyPattern(r"^\[<\s*\d+\.\d+>\]")
+SINCE_BOOT = LazyPattern(r"^\[\s*(\d+\.\d+)(?:\s*<\s*\d+\.\d+>)?\]")
+SYSLOG_PREFIX = LazyPattern(rf"^({_MONTH}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{{1,9}}))? ")
+UNIX_PREFIX = LazyPattern(r"^(\d{9,11}\.\d{1,9}) \S+ \S+: ")
 
 # Lines of a log with no stamp at all (dmesg -t) are known by the NVIDIA driver's own
 # prefixes: nothing else tells such a file from any text.
-NVIDIA_MESSAGE = re.compile(r"^(?:NVRM: |nvidia-nvswitch\d*: |nvidia-nvlink: |nvidia [0-9a-f]{4}:)")
+NVIDIA_MESSAGE = LazyPattern(
+    r"^(?:NVRM: |nvidia-nvswitch\d*: |nvidia-nvlink: |nvidia [0-9a-f]{4}:)"
+)
 
-STAMPED_FORMS = (
+STAMPED_FORMS: tuple[re.Pattern[str] | LazyPattern, ...] = (
     KMSG_PREFIX,
     RFC5424_PREFIX,
     ISO_PREFIX,

@@ -15,12 +15,12 @@ NCCL docs, Environment Variables: NCCL_IB_GID_INDEX).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
@@ -38,9 +38,9 @@ LIBRARY_DIRS = (
     "/usr/local/lib",
     "/usr/local/cuda/lib64",
 )
-LIBRARY_NAME = re.compile(r"^libnccl\.so\.(\d+)\.(\d+)\.(\d+)$")
-BUNDLED_NAME = re.compile(r"^nvidia-nccl-cu\d+$")
-BUNDLED_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+LIBRARY_NAME = LazyPattern(r"^libnccl\.so\.(\d+)\.(\d+)\.(\d+)$")
+BUNDLED_NAME = LazyPattern(r"^nvidia-nccl-cu\d+$")
+BUNDLED_VERSION = LazyPattern(r"^(\d+)\.(\d+)\.(\d+)")
 GID_DISCOVERY = (2, 21)  # NCCL finds the RoCE v2 GID itself from this release
 
 

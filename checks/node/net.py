@@ -115,8 +115,10 @@ class RdmaDevice:
         return any(port.state == "ACTIVE" for port in self.ports)
 
 
-def _pci_of(fs: NodeFS, real_path: str) -> str | None:
-    _, chain = split_device_path(real_path, os.path.realpath(fs.sys("devices")))
+def _pci_of(devices_root: str, real_path: str) -> str | None:
+    """The PCI function a resolved sysfs path is under; `devices_root`: os.path.realpath
+    of `<sysfs>/devices`."""
+    _, chain = split_device_path(real_path, devices_root)
     return chain[-1] if chain else None
 
 
@@ -141,11 +143,12 @@ def virtual_kind(directory: Path) -> str | None:
 def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
     """Every interface of `<sysfs>/class/net`; ReadError when that cannot be listed."""
     interfaces = []
+    root = os.path.realpath(fs.sys("devices"))
     for name in list_dir(fs.sys("class", "net")):
         real = os.path.realpath(fs.sys("class", "net", name))
         virtual = os.sep + "virtual" + os.sep in real
         interface = NetInterface(
-            name=name, pci_bdf=None if virtual else _pci_of(fs, real), virtual=virtual
+            name=name, pci_bdf=None if virtual else _pci_of(root, real), virtual=virtual
         )
         directory = fs.sys("class", "net", name)
         if virtual:
@@ -227,9 +230,10 @@ def read_addressed_interfaces(fs: NodeFS) -> set[str] | None:
 def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:
     """Every RDMA device of `<sysfs>/class/infiniband`; ReadError when that cannot be listed."""
     devices = []
+    root = os.path.realpath(fs.sys("devices"))
     for name in list_dir(fs.sys("class", "infiniband")):
         directory = fs.sys("class", "infiniband", name)
-        device = RdmaDevice(name=name, pci_bdf=_pci_of(fs, os.path.realpath(directory)))
+        device = RdmaDevice(name=name, pci_bdf=_pci_of(root, os.path.realpath(directory)))
         try:
             port_names = list_dir(directory / "ports")
         except ReadError as err:

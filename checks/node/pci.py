@@ -287,11 +287,17 @@ def _parse_id(text: str) -> int:
     return value
 
 
-def read_pci_device(fs: NodeFS, bdf: str, cpu_bound: int | None = None) -> PciDevice:
-    """Read one device's identity, locality and link; problems are recorded, not raised."""
+def read_pci_device(
+    fs: NodeFS, bdf: str, cpu_bound: int | None = None, devices_root: str | None = None
+) -> PciDevice:
+    """Read one device's identity, locality and link; problems are recorded, not raised.
+    `devices_root`: os.path.realpath of `<sysfs>/devices`, when the caller reading every
+    device has it (resolved once, not once per device: realpath is pure Python)."""
     entry = fs.sys("bus", "pci", "devices", bdf)
     real = os.path.realpath(entry)
-    host_bridge, chain = split_device_path(real, os.path.realpath(fs.sys("devices")))
+    if devices_root is None:
+        devices_root = os.path.realpath(fs.sys("devices"))
+    host_bridge, chain = split_device_path(real, devices_root)
     if not chain or chain[-1] != bdf:
         chain = (bdf,)
     device = PciDevice(bdf=bdf, sysfs_dir=Path(real), chain=chain, host_bridge=host_bridge)
@@ -336,8 +342,11 @@ def read_pci_devices(fs: NodeFS) -> dict[str, PciDevice]:
     ReadError when the directory itself cannot be listed."""
     directory = fs.sys("bus", "pci", "devices")
     bound = cpu_id_bound(fs)
+    root = os.path.realpath(fs.sys("devices"))
     return {
-        bdf: read_pci_device(fs, bdf, bound) for bdf in list_dir(directory) if BDF_RE.match(bdf)
+        bdf: read_pci_device(fs, bdf, bound, root)
+        for bdf in list_dir(directory)
+        if BDF_RE.match(bdf)
     }
 
 
@@ -350,6 +359,7 @@ def read_nvidia_gpus(fs: NodeFS) -> list[PciDevice]:
     """
     directory = fs.sys("bus", "pci", "devices")
     bound = cpu_id_bound(fs)
+    root = os.path.realpath(fs.sys("devices"))
     gpus = []
     for bdf in list_dir(directory):
         if not BDF_RE.match(bdf):
@@ -360,7 +370,7 @@ def read_nvidia_gpus(fs: NodeFS) -> list[PciDevice]:
             vendor = None  # unreadable: read in full below, as the inventory would
         if vendor not in (VENDOR_NVIDIA, None):
             continue
-        device = read_pci_device(fs, bdf, bound)
+        device = read_pci_device(fs, bdf, bound, root)
         if device.is_gpu:
             gpus.append(device)
     return gpus

@@ -28,6 +28,7 @@ import re
 from dataclasses import field
 
 from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
 
@@ -178,9 +179,9 @@ SXID_LINE = re.compile(
     r"nvidia-(nvswitch\d{0,4}): SXid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):"
     r"([0-9a-fA-F]{2})(?:\.([0-7]))?\)\s*:\s*(\d{1,9})(?!\d)\s*,?\s*"
 )
-SEVERITY_WORD = re.compile(r"^(Non-fatal|Nonfatal|Fatal)\b,?\s*", re.IGNORECASE)
+SEVERITY_WORD = LazyPattern(r"^(Non-fatal|Nonfatal|Fatal)\b,?\s*", re.IGNORECASE)
 # The detail lines under an SXid: not errors of their own.
-DETAIL_LINE = re.compile(r"^(?:Severity \d+ Engine instance|Data \{)")
+DETAIL_LINE = LazyPattern(r"^(?:Severity \d+ Engine instance|Data \{)")
 
 
 def sxid_bus_id(domain: str, bus: str, device: str, function: str | None) -> str:

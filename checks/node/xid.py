@@ -38,6 +38,7 @@ from nodecheck.checks.node.kernel_log import (
     read_kernel_log,
 )
 from nodecheck.checks.node.nvml import NvmlHungError, NvmlSession, NvmlUnavailableError
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.node.xid_catalog import (
     NVLINK5_XIDS,
     XID_CATALOG,
@@ -99,7 +100,7 @@ XID_LINE = re.compile(
 # cross-containment domain: "RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (...)". NVIDIA's XID
 # catalog documents that word for those XIDs only: on any other XID the same text is
 # part of the message, never the driver's severity.
-DRIVER_SEVERITY = re.compile(r"\b[A-Z][A-Z0-9_]*(?:/[A-Z0-9_]+)? (Nonfatal|Fatal) XC\d")
+DRIVER_SEVERITY = LazyPattern(r"\b[A-Z][A-Z0-9_]*(?:/[A-Z0-9_]+)? (Nonfatal|Fatal) XC\d")
 # When a GPU stops answering, the driver logs XID 79 and then, on a line of its own,
 #   NVRM: GPU 0000:bc:00.0: GPU has fallen off the bus.
 # (NVIDIA/open-gpu-kernel-modules, src/nvidia/arch/nvalloc/unix/src/osinit.c,

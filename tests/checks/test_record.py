@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 import pickle
 from collections.abc import Callable
@@ -160,3 +161,78 @@ def test_post_init_sets_derived_fields_as_a_frozen_dataclass_does() -> None:
             object.__setattr__(self, "double", self.x * 2)
 
     assert Derived(3).double == 6 and Derived(3) == Derived(3)
+
+
+@record
+class Made:
+    index: int
+    errors: list[str] = dataclasses.field(default_factory=list)
+    label: str = "x"
+    seen: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
+    double: int = dataclasses.field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "double", self.index * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenMade:
+    index: int
+    errors: list[str] = dataclasses.field(default_factory=list)
+    label: str = "x"
+    seen: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
+    double: int = dataclasses.field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "double", self.index * 2)
+
+
+def test_init_is_a_dataclass_s() -> None:
+    """Parameters, defaults, factories (a new value each time), init=False fields and
+    __post_init__, the signature, the docstring and the errors of a dataclass."""
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = [
+        ((3,), {}),
+        ((3, ["e"]), {"label": "y"}),
+        ((), {"index": 4, "errors": []}),
+    ]
+    for args, kwargs in calls:
+        mine, theirs = Made(*args, **kwargs), FrozenMade(*args, **kwargs)  # type: ignore[arg-type]
+        assert list(vars(mine).items()) == list(vars(theirs).items())
+    assert Made(1).errors is not Made(1).errors
+    assert str(inspect.signature(Made)) == str(inspect.signature(FrozenMade))
+    assert Made.__doc__ == (FrozenMade.__doc__ or "").replace("FrozenMade", "Made")
+    assert Made.__doc__.startswith("Made(index: 'int', errors: 'list[str]' = <factory>")
+    assert dataclasses.replace(Made(1), index=5).double == 10
+    bad_calls: list[Callable[[type], object]] = [
+        lambda cls: cls(),
+        lambda cls: cls(1, [], "y", 4),
+        lambda cls: cls(1, seen={}),
+        lambda cls: cls(1, index=2),
+    ]
+    for bad in bad_calls:
+        with pytest.raises(TypeError) as mine_error:
+            bad(Made)
+        with pytest.raises(TypeError) as their_error:
+            bad(FrozenMade)
+        assert str(mine_error.value) == str(their_error.value).replace("FrozenMade", "Made")
+
+
+def test_fields_an_init_cannot_make_are_refused() -> None:
+    with pytest.raises(TypeError, match="non-default argument 'y' follows default argument"):
+
+        @record
+        class Unordered:
+            x: int = 0
+            y: int  # type: ignore[misc]  # mypy refuses it too
+
+    with pytest.raises(TypeError, match="no kw_only field"):
+
+        @record
+        class KeywordOnly:
+            x: int = dataclasses.field(kw_only=True)
+
+    with pytest.raises(TypeError, match="no InitVar"):
+
+        @record
+        class WithInitVar:
+            x: dataclasses.InitVar[int]
