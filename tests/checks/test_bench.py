@@ -257,8 +257,9 @@ def test_the_child_dies_with_nodecheck(build: Callable[..., Node], tmp_path: Pat
     try:
         child = wait_for_child(cli.pid)
         cli.send_signal(signal.SIGTERM)
-        cli.wait(10)
-        deadline = time.monotonic() + 5
+        # Generous: on a loaded 2-core machine the interpreter's exit alone can take seconds.
+        cli.wait(60)
+        deadline = time.monotonic() + 30
         while pid_alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not pid_alive(child)
