@@ -89,7 +89,10 @@ class ResultsFile:
         )
         not_installed = missing and path == DEFAULT_RESULTS_FILE
         with self._lock:
-            changed = (problem, not_installed) != (self._problem, self._not_installed)
+            # Logged once per change: a missing default folder is remembered as such, not
+            # as a problem (the agent run by hand), so compare with what was said last.
+            said = (None if self._not_installed else self._problem, self._not_installed)
+            changed = (None if not_installed else problem, not_installed) != said
             if not_installed:
                 self._problem, self._not_installed = None, True
             else:
