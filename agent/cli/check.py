@@ -91,7 +91,7 @@ def check(
         load_checks,
         select_checks,
     )
-    from nodecheck.checks.runner import run_checks
+    from nodecheck.checks.runner import one_cpu, run_checks
 
     try:
         selected = select_checks(load_checks(), only, skip)
@@ -105,12 +105,14 @@ def check(
     config = check_config(ctx, expected_gpus=expected_gpus)
     if facts is not None:
         context = CheckContext(facts=facts, config=config)
-        runs = run_checks(selected, context)
+        with one_cpu():
+            runs = run_checks(selected, context)
     else:
         assert fs is not None
         context = CheckContext(fs=fs, nvml=nvml_session(ctx), kernel_log=kernel_log, config=config)
         try:
-            runs = run_checks(selected, context)
+            with one_cpu():
+                runs = run_checks(selected, context)
         finally:
             context.nvml.close()
     # A part of its own: the inventory may be what a timed-out check is stuck on.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -12,7 +13,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node import variables as variables_module
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status
-from nodecheck.checks.runner import run_checks
+from nodecheck.checks.runner import one_cpu, run_checks
 from tests.conftest import Node
 
 RELEASE = threading.Event()
@@ -93,3 +94,20 @@ def test_a_hung_shared_read_holds_up_only_its_own_users(
         released.set()
     assert runs["healthy"].completed and runs["healthy"].results[0].summary == "8 GPUs"
     assert runs["stuck"].status is Status.ERROR
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs to run on",
+)
+def test_one_cpu_holds_the_threads_started_in_it_and_restores_the_caller() -> None:
+    before = os.sched_getaffinity(0)
+    seen: list[set[int]] = []
+    with one_cpu():
+        inside = os.sched_getaffinity(0)
+        thread = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        thread.start()
+        thread.join()
+    assert len(inside) == 1 and inside <= before
+    assert seen == [inside]  # a thread started inside inherits the one CPU
+    assert os.sched_getaffinity(0) == before
