@@ -145,9 +145,10 @@ def one_cpu() -> Iterator[None]:
     thread woken on another CPU, and the thread that released it, back from its read,
     waits for it (the "convoy effect" of the GIL since Python 3.2: Antoine Pitrou's
     report, https://bugs.python.org/issue7946, and David Beazley's "Understanding the
-    Python GIL", PyCon 2010): `nodecheck check` on the 8-GPU replica took a median
-    ~25 ms longer on two CPUs than on one, for the same work. On one CPU a thread back
-    from a short read takes the GIL again before the scheduler runs another.
+    Python GIL", PyCon 2010): the checks of `nodecheck check` on the 8-GPU replica
+    took a median 70 ms on two CPUs and 55 ms on one (40 runs each, a 2-CPU VM), the
+    same as running them one after another. On one CPU a thread back from a short read
+    takes the GIL again before the scheduler runs another.
 
     The affinity set is the calling thread's only (sched_setaffinity(2): pid 0 is the
     calling thread), and a thread started meanwhile inherits it (pthread_create(3): "The

@@ -212,15 +212,56 @@ class _RawCpu:
     package_cpus: frozenset[int] | None
 
 
+class _SharedId:
+    """An id the kernel prints alike for every CPU of one list, read once per list, as
+    hwloc's look_sysfscpu does: core_id for the CPUs of one thread siblings list,
+    physical_package_id for those of one package list (drivers/base/topology.c; the
+    lists are those CPUs by definition, Documentation/admin-guide/cputopology.rst). That
+    spares two reads of three per CPU on a machine with hundreds.
+
+    Firmware does not always agree with itself, so the first time a CPU could take an id
+    from its list, it reads its own as well; if the two differ, every CPU reads its own
+    from then on (`every`, also set from the start where the ids are known to differ:
+    AMD compute units), and the inferences about ids that disagree (_cores, _packages)
+    see each one as before."""
+
+    def __init__(self, file: str, every: bool = False) -> None:
+        self.file = file
+        self.every = every
+        self._probed = False
+        self._by_list: dict[frozenset[int], int | None] = {}
+
+    def read(self, topology: str, number: int, members: frozenset[int] | None) -> int | None:
+        shared = members is not None and number in members and not self.every
+        if shared and members in self._by_list:
+            known = self._by_list[members]
+            if self._probed:
+                return known
+            own = _read_id(f"{topology}/{self.file}")
+            self._probed = True
+            if own != known:
+                self.every = True
+            return own
+        own = _read_id(f"{topology}/{self.file}")
+        if shared:
+            self._by_list[members] = own  # type: ignore[index]
+        return own
+
+
 def _read_raw_cpu(
-    base: Path, number: int, bound: int, packages_read: dict[int, frozenset[int]]
+    base: Path,
+    number: int,
+    bound: int,
+    packages_read: dict[int, frozenset[int]],
+    ids: tuple[_SharedId, _SharedId],
 ) -> _RawCpu:
     """One CPU's topology files. `packages_read`: the package lists read so far, by each CPU
     they name; a CPU one of them names is not asked again (the kernel prints one list for
     all the CPUs of a package, drivers/base/topology.c; hwloc's look_sysfscpu skips such
     CPUs too), which spares a read per CPU on a machine with hundreds. Sibling lists are
-    read for every CPU: lists that disagree are joined into one core (_cores)."""
-    # Strings, not Paths: this runs for every CPU (hundreds), four reads each.
+    read for every CPU: lists that disagree are joined into one core (_cores). `ids`: the
+    package and core ids, each read once per list (_SharedId)."""
+    # Strings, not Paths: this runs for every CPU (hundreds).
     topology = f"{base}/cpu{number}/topology"
     threads, _ = _read_cpu_set(topology, THREAD_FILES, bound)
     package_cpus = packages_read.get(number)
@@ -228,10 +269,11 @@ def _read_raw_cpu(
         package_cpus, _ = _read_cpu_set(topology, PACKAGE_FILES, bound)
         if package_cpus is not None and number in package_cpus:
             packages_read.update(dict.fromkeys(package_cpus, package_cpus))
+    package_ids, core_ids = ids
     cpu = _RawCpu(
         number,
-        _read_id(f"{topology}/physical_package_id"),
-        _read_id(f"{topology}/core_id"),
+        package_ids.read(topology, number, package_cpus),
+        core_ids.read(topology, number, threads),
         threads,
         package_cpus,
     )
@@ -428,12 +470,15 @@ def read_cpu_topology(fs: NodeFS) -> CpuTopology:
     infer = _Inferences()
     raw: dict[int, _RawCpu] = {}
     packages_read: dict[int, frozenset[int]] = {}
+    compute_units = has_compute_units(fs)
+    # On compute-unit CPUs the threads of one list have core ids of their own: each read.
+    ids = (_SharedId("physical_package_id"), _SharedId("core_id", every=compute_units))
     for number in sorted(online):
         try:
-            raw[number] = _read_raw_cpu(base, number, bound, packages_read)
+            raw[number] = _read_raw_cpu(base, number, bound, packages_read, ids)
         except ReadError as err:
             problems[f"cpu{number}"] = str(err)
-    cores = _cores(raw, frozenset(raw), infer, has_compute_units(fs))
+    cores = _cores(raw, frozenset(raw), infer, compute_units)
     packages = _packages(raw, infer)
     cpus: dict[int, Cpu] = {}
     for number, cpu in raw.items():

@@ -75,7 +75,10 @@ def parse_cpulist(text: str, cpu_bound: int = NR_CPUS_MAX) -> frozenset[int]:
             raise ImplausibleValueError(
                 f"the ranges name more than the {cpu_bound} CPUs the kernel can have"
             )
-        cpus.update(cpu for cpu in range(first, last + 1) if (cpu - first) % group < used)
+        if group == 1:  # the usual "a-b": no stride to test each CPU against
+            cpus.update(range(first, last + 1))
+        else:
+            cpus.update(cpu for cpu in range(first, last + 1) if (cpu - first) % group < used)
     return frozenset(cpus)
 
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import math
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -238,7 +241,7 @@ class NvmlSession:
         (up to the deadline) instead of initialising again.
         """
         try:
-            import pynvml
+            pynvml = import_pynvml()
         except ImportError as err:
             raise NvmlUnavailableError(
                 NvmlUnavailableError.LIBRARY_MISSING, f"nvidia-ml-py is not installed ({err})"
@@ -287,6 +290,40 @@ class NvmlSession:
 
         with contextlib.suppress(NvmlHungError, pynvml.NVMLError):
             self.run(pynvml.nvmlShutdown, "nvmlShutdown")
+
+
+_IMPORTING = threading.Lock()
+
+
+def _find_library_when_called(name: str) -> str | None:
+    real: Any = importlib.import_module("ctypes.util")
+    return real.find_library(name)  # type: ignore[no-any-return]
+
+
+def import_pynvml() -> Any:
+    """pynvml, imported without ctypes.util where nothing has imported that yet.
+
+    pynvml (nvidia-ml-py 11 to 13, pynvml.py) begins `from ctypes.util import
+    find_library` and never calls it: it opens the library by name, "libnvidia-ml.so.1"
+    on Linux. ctypes.util imports subprocess, shutil and tempfile, and with them bz2, lzma
+    and random: as much as pynvml itself, a twentieth of `nodecheck check`. So for the
+    import alone, "ctypes.util" names a stand-in whose find_library imports the real
+    module when called; afterwards the name is taken out of sys.modules again, so any
+    later `import ctypes.util` gets the real one."""
+    with _IMPORTING:
+        if "pynvml" in sys.modules or "ctypes.util" in sys.modules:
+            import pynvml
+
+            return pynvml
+        stand_in = types.ModuleType("ctypes.util")
+        stand_in.find_library = _find_library_when_called  # type: ignore[attr-defined]
+        sys.modules["ctypes.util"] = stand_in
+        try:
+            import pynvml
+        finally:
+            if sys.modules.get("ctypes.util") is stand_in:
+                del sys.modules["ctypes.util"]
+        return pynvml
 
 
 def _load_library(path: str) -> ctypes.CDLL:

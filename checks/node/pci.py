@@ -225,7 +225,12 @@ def split_device_path(real_path: str, devices_root: str) -> tuple[str, tuple[str
     ("0000:15:01.0", "0000:16:00.0")). Components that are not bus addresses
     (a virtio or infiniband child directory) end the chain.
     """
-    relative = os.path.relpath(real_path, devices_root)
+    inside = devices_root.rstrip(os.sep) + os.sep
+    # Both resolved: a device under the root is a prefix away (relpath normalises again).
+    if real_path.startswith(inside):
+        relative = real_path[len(inside) :]
+    else:
+        relative = os.path.relpath(real_path, devices_root)
     parts = relative.split(os.sep)
     host_bridge = parts[0] if parts and HOST_BRIDGE_RE.match(parts[0]) else ""
     chain: list[str] = []
@@ -287,6 +292,34 @@ def _parse_id(text: str) -> int:
     return value
 
 
+def _resolved_device_link(entry: Path) -> str:
+    """The device directory `bus/pci/devices/<bdf>` leads to: os.path.realpath(entry).
+
+    realpath is pure Python and asks the kernel about each component of the path, a
+    dozen here, for each of a node's dozens of devices. The kernel says it at once for an
+    open file: the directory opened with O_PATH (which only names it, open(2)) and its
+    /proc/self/fd link read (proc(5): "a symbolic link containing the actual path"), in
+    three system calls. Where that cannot be done (a dangling or looping link, no
+    /proc), realpath answers, with its own way of saying so."""
+    if _O_PATH is None:
+        return os.path.realpath(entry)
+    try:
+        fd = os.open(entry, _O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(entry)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(entry)
+    finally:
+        os.close(fd)
+
+
+# Linux's (2.6.39). Never an ordinary open in its place: that would open what a tree
+# holds there whatever it is, a FIFO (which blocks) or a device node.
+_O_PATH: int | None = getattr(os, "O_PATH", None)
+
+
 def read_pci_device(
     fs: NodeFS, bdf: str, cpu_bound: int | None = None, devices_root: str | None = None
 ) -> PciDevice:
@@ -294,9 +327,9 @@ def read_pci_device(
     `devices_root`: os.path.realpath of `<sysfs>/devices`, when the caller reading every
     device has it (resolved once, not once per device: realpath is pure Python)."""
     entry = fs.sys("bus", "pci", "devices", bdf)
-    real = os.path.realpath(entry)
     if devices_root is None:
         devices_root = os.path.realpath(fs.sys("devices"))
+    real = _resolved_device_link(entry)
     host_bridge, chain = split_device_path(real, devices_root)
     if not chain or chain[-1] != bdf:
         chain = (bdf,)

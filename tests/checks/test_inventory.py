@@ -167,3 +167,53 @@ def test_memory_only_nodes_do_not_make_minus_one_unknown(tmp_path: Path) -> None
     assert two.cpu_node_numbers == {0, 1}
     assert [two.numa_node_of(gpu) for gpu in two.gpus] == [None, None]
     assert two.relation(*two.gpus) is Relation.SYS
+
+
+def test_topology_ids_are_read_once_per_core_and_package(
+    dgx: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """core_id once per thread siblings list and physical_package_id once per package list
+    (as hwloc's look_sysfscpu), plus one CPU that reads its own to check the firmware
+    agrees; every CPU still gets the id its own file holds."""
+    from nodecheck.checks.node import cpu as cpu_module
+
+    read: list[str] = []
+    real_read_id = cpu_module._read_id
+
+    def counted(path: str) -> int | None:
+        read.append(os.path.basename(path))
+        return real_read_id(path)
+
+    monkeypatch.setattr(cpu_module, "_read_id", counted)
+    topology = read_inventory(dgx.fs).cpu
+    assert len(topology.cores) == 112 and len(topology.packages) == 2
+    assert read.count("core_id") == 112 + 1
+    assert read.count("physical_package_id") == 2 + 1
+    cpu_dir = dgx.root / "sys/devices/system/cpu"
+    for number, cpu in topology.cpus.items():
+        assert cpu.core == int((cpu_dir / f"cpu{number}/topology/core_id").read_text())
+        ids = (cpu_dir / f"cpu{number}/topology/physical_package_id").read_text()
+        assert cpu.package == int(ids)
+
+
+def test_device_links_resolve_as_realpath(tmp_path: Path, dgx: Node) -> None:
+    """A device's directory is where its `bus/pci/devices` link leads, whatever the link:
+    the kernel's relative one, an absolute one, a link to a link, or a directory."""
+    from nodecheck.checks.node.pci import read_pci_devices
+
+    tree = tmp_path / "node"
+    shutil.copytree(dgx.root / "sys", tree / "sys", symlinks=True)
+    listing = tree / "sys/bus/pci/devices"
+    real = {bdf: os.path.realpath(listing / bdf) for bdf in os.listdir(listing)}
+    relative, absolute, chained, directory = sorted(real)[:4]
+    (listing / absolute).unlink()
+    (listing / absolute).symlink_to(real[absolute])
+    (listing / chained).unlink()
+    (tree / "elsewhere").symlink_to(os.path.relpath(real[chained], tree))
+    (listing / chained).symlink_to("../../../../elsewhere")
+    (listing / directory).unlink()
+    shutil.copytree(real[directory], listing / directory, symlinks=True)
+    real[directory] = str(listing / directory)
+    devices = read_pci_devices(NodeFS(sysfs=tree / "sys", procfs=tree / "proc", rootfs=tree))
+    assert os.readlink(listing / relative).startswith("../")
+    assert {bdf: str(device.sysfs_dir) for bdf, device in devices.items()} == real

@@ -94,3 +94,57 @@ out["after_close"] = initialised()
         "later": False,
         "after_close": False,
     }
+
+
+def test_pynvml_is_imported_without_ctypes_util() -> None:
+    """import_pynvml leaves out ctypes.util (and the subprocess, shutil and tempfile it
+    imports); pynvml's find_library still works, and a later `import ctypes.util` gets
+    the real module."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            """
+import json, sys
+from nodecheck.checks.node.nvml import import_pynvml
+pynvml = import_pynvml()
+out = {"imported": sorted(m for m in ("ctypes.util", "subprocess", "shutil", "tempfile")
+                          if m in sys.modules)}
+out["again_is_same"] = import_pynvml() is pynvml
+import ctypes.util
+out["real_after"] = getattr(ctypes.util, "__file__", None) is not None
+out["found_libc"] = pynvml.find_library("c") == ctypes.util.find_library("c")
+print(json.dumps(out))
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "imported": [],
+        "again_is_same": True,
+        "real_after": True,
+        "found_libc": True,
+    }
+
+
+def test_pynvml_comes_as_usual_where_ctypes_util_is_already_imported() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes.util, sys\n"
+            "from nodecheck.checks.node.nvml import import_pynvml\n"
+            "pynvml = import_pynvml()\n"
+            "print(pynvml.find_library is ctypes.util.find_library)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
