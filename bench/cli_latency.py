@@ -1,7 +1,7 @@
 """Wall time of `nodecheck --help`, `check --json`, `check --facts` and `tune --format json`
 on the 8-GPU replica node.
 
-    .venv/bin/python -m bench.cli_latency [--runs 15]
+    .venv/bin/python -m bench.cli_latency [--runs 15] [--baseline REV]
 
 Users install a wheel, so that is what the goals are for: the checkout is built
 into a wheel and installed into a temporary virtual environment (no pip, no
@@ -12,6 +12,13 @@ through that environment's console script ("wheel" rows) and, for reference,
 through this environment's editable one ("editable" rows), which no user runs:
 its import hook (a .pth file) costs a bare interpreter about 12 ms at start-up,
 most of it modules a command imports anyway (about 3 ms of `nodecheck --help`).
+
+The runs of every install and command take turns (one run of each, then the next
+round), so a machine that slows down for a while (a shared VM's neighbours: on the 2-CPU
+VMs used here the same run's median drifts by a fifth within the hour) slows every row
+alike. `--baseline REV` also builds the wheel of git revision REV and times it in the
+same rounds ("baseline" rows): whether a change made a command slower is read from
+those two rows, measured together, never from a table taken at another hour.
 
 Prints a table: median, fastest and slowest of several runs of each, against
 the goals, which the wheel rows are held to (`--help` 150 ms, `check --json`
@@ -57,21 +64,21 @@ def nodecheck_command() -> str:
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-def install_wheel(dest: Path) -> str:
-    """The checkout built into a wheel and installed into a new virtual environment
+def install_wheel(dest: Path, checkout: Path = CHECKOUT) -> str:
+    """`checkout` built into a wheel and installed into a new virtual environment
     under `dest`, as a user installs it; returns that environment's console script."""
     # A copy of what the wheel is built from (pyproject.toml, the files beside it and
     # the package folders), so setuptools' build/ folder lands in `dest`, not the checkout.
     source = dest / "source"
     source.mkdir(parents=True)
-    pyproject = CHECKOUT / "pyproject.toml"
-    for path in CHECKOUT.iterdir():
+    pyproject = checkout / "pyproject.toml"
+    for path in checkout.iterdir():
         if path.is_file():
             shutil.copy2(path, source / path.name)
     folders = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"]
     for folder in sorted(set(folders.values())):
         shutil.copytree(
-            CHECKOUT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+            checkout / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
         )
     venv = dest / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -92,23 +99,46 @@ def install_wheel(dest: Path) -> str:
     return str(venv / "bin" / "nodecheck")
 
 
-def time_runs(command: list[str], runs: int, extra_env: dict[str, str]) -> list[float]:
+def checkout_of(revision: str, dest: Path) -> Path:
+    """The files of git revision `revision` of this checkout, under `dest`."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "archive", "--format=tar", revision],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        sys.exit(f"git archive {revision}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def time_rounds(
+    commands: list[list[str]], runs: int, extra_env: dict[str, str]
+) -> list[list[float]]:
+    """Each command's wall times, `runs` of each, one run of every command per round."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HOME": "/nonexistent", **extra_env}
-    subprocess.run(command, capture_output=True, env=env, check=False)  # warm the page cache
-    timings = []
+    for command in commands:  # warm the page cache
+        subprocess.run(command, capture_output=True, env=env, check=False)
+    timings: list[list[float]] = [[] for _ in commands]
     for _ in range(runs):
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, env=env, check=False)
-        timings.append(time.perf_counter() - started)
-        if done.returncode not in (0, 1):
-            sys.exit(f"{' '.join(command)} exited {done.returncode}: {done.stderr.decode()}")
+        for command, times in zip(commands, timings, strict=True):
+            started = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, env=env, check=False)
+            times.append(time.perf_counter() - started)
+            if done.returncode not in (0, 1):
+                sys.exit(f"{' '.join(command)} exited {done.returncode}: {done.stderr.decode()}")
     return timings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
-    runs = parser.parse_args().runs
+    parser.add_argument(
+        "--baseline", metavar="REV", help="also time the wheel of this git revision (main~3)"
+    )
+    arguments = parser.parse_args()
+    runs = arguments.runs
     shm = Path("/dev/shm")
     root = Path(tempfile.mkdtemp(prefix="nodecheck-bench-", dir=shm if shm.is_dir() else None))
     try:
@@ -116,6 +146,9 @@ def main() -> None:
         library = build_fake_nvml(root / "fake-nvml")
         scenario = write_scenario(dgx_healthy(), root / "nvml-scenario.json")
         installs = [("wheel", install_wheel(root / "wheel")), ("editable", nodecheck_command())]
+        if arguments.baseline:
+            base = checkout_of(arguments.baseline, root / "baseline-checkout")
+            installs.append(("baseline", install_wheel(root / "baseline", base)))
         roots = [
             "--sysfs-root",
             f"{root}/sys",
@@ -147,19 +180,24 @@ def main() -> None:
                 0.300,
             ),
         ]
+        if arguments.baseline:
+            print(f"baseline: the wheel of {arguments.baseline}")
         header = ("command", "install", "runs", "median ms", "min ms", "max ms", "goal ms")
         print(
             f"{header[0]:<44} {header[1]:<8} {header[2]:>4} {header[3]:>10} "
             + " ".join(f"{h:>8}" for h in header[4:])
             + "  ok"
         )
-        for label, arguments, goal in cases:
-            for install, nodecheck in installs:
-                timings = time_runs(
-                    [nodecheck, *arguments], runs, {"FAKE_NVML_SCENARIO": str(scenario)}
-                )
+        for label, command_arguments, goal in cases:
+            rounds = time_rounds(
+                [[nodecheck, *command_arguments] for _, nodecheck in installs],
+                runs,
+                {"FAKE_NVML_SCENARIO": str(scenario)},
+            )
+            for (install, _), timings in zip(installs, rounds, strict=True):
                 median = statistics.median(timings)
-                # The goals are the wheel's; an editable install is shown for reference.
+                # The goals are the wheel's; the editable install and the baseline are
+                # shown for reference.
                 ok = ("yes" if median <= goal else "NO") if install == "wheel" else "-"
                 spread = f"{min(timings) * 1e3:>8.1f} {max(timings) * 1e3:>8.1f}"
                 print(
