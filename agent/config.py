@@ -42,6 +42,11 @@ file prints every default, and checks/config.py is where the checks' are declare
     undrain_after = 0            # or seconds healthy since the first of them; 0: runs only
     reboot_on_xid = false        # reboot-class XIDs: scontrol reboot ASAP nextstate=RESUME
 
+    [remediation]                # what takes the node out of service (Slurm drain, taint)
+    performance = true           # a GPU performance failure does; hardware always, the node's
+                                 # configuration and a job's variables never (README.md)
+    dry_run = false              # log what it would do to the node, and do nothing
+
     [labels]                     # this node's place in the fleet, on nodecheck_node_info
     cluster = "c1"               # any names (at most 16), string values of 1 to 128
     partition = "gpu"            # printable characters; the fleet rules group by
@@ -103,8 +108,10 @@ from nodecheck.checks.node.fs import (
 from nodecheck.checks.node.output import NO_SUCH_DIRECTORY, output_directory_problem
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
+from nodecheck.checks.result import FaultClass
 
 if TYPE_CHECKING:
+    from nodecheck.agent.findings import Finding
     from nodecheck.checks.registry import Check
 
 if sys.version_info >= (3, 11):
@@ -318,6 +325,40 @@ class SlurmSettings:
     reboot_on_xid: bool = False
 
 
+# -- [remediation] -------------------------------------------------------------------
+
+
+@record
+class RemediationSettings:
+    """[remediation]: which findings take the node out of service, the same for every way
+    nodecheck does (`slurm health-check`'s drain, the Kubernetes taint), and whether it
+    only says what it would do.
+
+    Only a failure the node's own evidence shows ever does (Finding.node_failing: a job's
+    variable never). Of those: a GPU hardware fault always (a GPU lost, an XID whose
+    resolution is a reset or reboot, uncorrectable memory, NVLinks or NVSwitches down);
+    a GPU performance failure when `performance` is on (a PCIe link trained below its
+    width or speed, a compute RDMA rail down or slow, a GPU throttled by hardware, a
+    benchmark far below its peers or its baseline): the node runs jobs, at a pace that
+    holds every collective job spanning it back; the node's configuration (ACS on, a CPU
+    governor, NUMA balancing, NCCL and allocator variables in /etc) never: often a
+    fleet-wide default, reported (the log line, the metrics and alerts, the results file,
+    a Kubernetes condition) and never a reason for a wave of drains."""
+
+    performance: bool = True
+    dry_run: bool = False
+
+    def takes_out_of_service(self, finding: Finding) -> bool:
+        if not finding.node_failing:
+            return False
+        if finding.fault_class is FaultClass.GPU_HARDWARE:
+            return True
+        return finding.fault_class is FaultClass.GPU_PERFORMANCE and self.performance
+
+
+DEFAULT_POLICY = RemediationSettings()
+
+
 # -- [kubernetes] --------------------------------------------------------------------
 # The in-cluster service account's files (kubernetes-client/python
 # kubernetes/config/incluster_config.py; Kubernetes docs, "Accessing the Kubernetes API
@@ -378,6 +419,7 @@ class AgentConfig:
     checks: dict[str, CheckSettings] = field(default_factory=dict)
     benchmarks: BenchmarkSettings = field(default_factory=BenchmarkSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
     # [labels]: the operator's names for this node's place (cluster, partition, rack, ...).
     labels: dict[str, str] = field(default_factory=dict)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -495,6 +537,13 @@ class AgentConfig:
             f"undrain_after_runs = {slurm.undrain_after_runs}",
             f"undrain_after = {slurm.undrain_after_s}",
             f"reboot_on_xid = {str(slurm.reboot_on_xid).lower()}",
+        ]
+        remediation = self.remediation
+        lines += [
+            "",
+            "[remediation]",
+            f"performance = {str(remediation.performance).lower()}",
+            f"dry_run = {str(remediation.dry_run).lower()}",
         ]
         lines += ["", "[labels]"]
         lines += [f"{name} = {quoted(value)}" for name, value in sorted(self.labels.items())]
@@ -805,6 +854,7 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     checks = root.take("checks", dict, {})
     benchmarks = root.take("benchmarks", dict, {})
     slurm = root.take("slurm", dict, {})
+    remediation = root.take("remediation", dict, {})
     labels = root.take("labels", dict, {})
     kubernetes = root.take("kubernetes", dict, {})
     root.done()
@@ -934,7 +984,12 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
     bench.done()
     return replace(
         _with_kubernetes(
-            _with_labels(_with_slurm(config, path, text, slurm), path, text, labels),
+            _with_labels(
+                _with_remediation(_with_slurm(config, path, text, slurm), path, text, remediation),
+                path,
+                text,
+                labels,
+            ),
             path,
             text,
             kubernetes,
@@ -980,6 +1035,19 @@ def _with_slurm(config: AgentConfig, path: Path, text: str, values: dict[str, An
     )
     table.done()
     return replace(config, slurm=settings)
+
+
+def _with_remediation(
+    config: AgentConfig, path: Path, text: str, values: dict[str, Any]
+) -> AgentConfig:
+    table = _Reader(path, text, ("remediation",), values)
+    defaults = RemediationSettings()
+    settings = RemediationSettings(
+        performance=table.take("performance", bool, defaults.performance),
+        dry_run=table.take("dry_run", bool, defaults.dry_run),
+    )
+    table.done()
+    return replace(config, remediation=settings)
 
 
 def node_label_problem(name: str, value: object) -> str | None:

@@ -291,7 +291,7 @@ class Agent:
             return None
         from nodecheck.agent.kubernetes.reporter import KubernetesReporter
 
-        return KubernetesReporter.from_environment(config.kubernetes)
+        return KubernetesReporter.from_environment(config.kubernetes, config.remediation)
 
     def _write_results(self) -> list[StoredRun]:
         """The latest results, for `nodecheck slurm health-check`, whole or not at all
@@ -504,6 +504,9 @@ class Agent:
             )
         if config.kubernetes != self.config.kubernetes:
             raise ConfigError(config.source, None, "kubernetes", "changes take a restart")
+        if self.kubernetes is not None and config.remediation != self.config.remediation:
+            # What the taint is for, or a dry run turned on or off: from the next report.
+            self.kubernetes.policy = config.remediation
         if self.server is not None and config.tls_cert_file is not None:
             # The same paths, perhaps new files (certbot, cert-manager): swapped in for new
             # connections, or ValueError naming the file and the old ones kept.

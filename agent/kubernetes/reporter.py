@@ -75,7 +75,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from nodecheck.agent.config import ConfigError, KubernetesSettings
+from nodecheck.agent.config import (
+    DEFAULT_POLICY,
+    ConfigError,
+    KubernetesSettings,
+    RemediationSettings,
+)
 from nodecheck.agent.findings import Finding
 from nodecheck.agent.kubernetes.api import KubeClient, Reply
 from nodecheck.agent.kubernetes.fault_classes import (
@@ -229,11 +234,17 @@ class Fault:
     checks: tuple[str, ...] = ()
 
 
-def fault_of(checks: Iterable[CheckFindings]) -> Fault | None:
+def fault_of(
+    checks: Iterable[CheckFindings], policy: RemediationSettings = DEFAULT_POLICY
+) -> Fault | None:
     fails: list[tuple[FaultClass, str, str]] = []
     for check, findings in checks:
-        # Only the node's own evidence taints it (Finding.node_failing).
-        fails += [(f.fault_class, check, f.subject) for f in findings if f.node_failing]
+        # Only what takes the node out of service taints it ([remediation], the same as
+        # Slurm's drain): the node's own evidence of a GPU fault, never its configuration
+        # or a job's variable, which the conditions and Events report.
+        fails += [
+            (f.fault_class, check, f.subject) for f in findings if policy.takes_out_of_service(f)
+        ]
     if not fails:
         return None
     order = list(FaultClass)
@@ -549,8 +560,10 @@ class KubernetesReporter:
         node: str,
         client: KubeClient,
         clock: Callable[[], float] = time.monotonic,
+        policy: RemediationSettings = DEFAULT_POLICY,
     ) -> None:
         self.settings, self.node, self.client = settings, node, client
+        self.policy = policy  # what the taint is for, and whether it is only said
         self._clock = clock  # monotonic: the holds, the heartbeat, the retries
         self._lock = threading.Lock()
         self._latest: Sequence[CheckFindings] | None = None
@@ -575,7 +588,10 @@ class KubernetesReporter:
 
     @classmethod
     def from_settings(
-        cls, settings: KubernetesSettings, environ: Mapping[str, str]
+        cls,
+        settings: KubernetesSettings,
+        environ: Mapping[str, str],
+        policy: RemediationSettings = DEFAULT_POLICY,
     ) -> KubernetesReporter:
         """ConfigError when the node or the API server cannot be named."""
         node = settings.node_name or environ.get("NODE_NAME", "")
@@ -603,13 +619,15 @@ class KubernetesReporter:
             settings.timeout_s,
             settings.token_reread_s,
         )
-        return cls(settings, node, client)
+        return cls(settings, node, client, policy=policy)
 
     @classmethod
-    def from_environment(cls, settings: KubernetesSettings) -> KubernetesReporter:
+    def from_environment(
+        cls, settings: KubernetesSettings, policy: RemediationSettings = DEFAULT_POLICY
+    ) -> KubernetesReporter:
         # NODE_NAME and the KUBERNETES_SERVICE_* variables are read, never logged (no log
         # line names the node: the pod's log is the node's already).
-        return cls.from_settings(settings, os.environ)
+        return cls.from_settings(settings, os.environ, policy)
 
     # -- called by the daemon ------------------------------------------------------
 
@@ -671,7 +689,7 @@ class KubernetesReporter:
         succeeded (an Event refused is retried on its own, later)."""
         now = self._clock()
         states = self._condition_hold.observe(judge_classes(checks), now)
-        fault, unsure = fault_of(checks), undetermined_checks(checks)
+        fault, unsure = fault_of(checks, self.policy), undetermined_checks(checks)
         # Tainting off: no hold, any taint of ours is removed (plan_taint).
         step = self._fault_hold.observe(fault, now) if self.settings.taint else TaintStep.APPLY
         taint_fault = fault if step is TaintStep.APPLY else None
@@ -762,6 +780,15 @@ class KubernetesReporter:
             if not plan.writes:
                 if plan.action == "left_alone":
                     self._note("taint", f"left alone: {plan.why}", logging.INFO)
+                return True
+            if self.policy.dry_run:
+                log.info(
+                    "event=kubernetes_taint action=%s fault=%s why=%r dry_run=true "
+                    "(would write; [remediation] dry_run)",
+                    plan.action,
+                    fault.fault_class.value if fault else "none",
+                    plan.why,
+                )
                 return True
             reply = self.client.patch_node(self.node, taint_patch(node, plan))
             if reply.status == 409:

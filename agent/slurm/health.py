@@ -11,11 +11,14 @@ The rules, against NHC's failures (mej/nhc #134, #95, #161):
 - a state that cannot be read (scontrol fails, hangs, answers nonsense) changes nothing;
 - a node that is down, not responding, rebooting, powered down, in maintenance or drained
   for a reason not nodecheck's (by prefix and by the user who set it) is never touched;
-- a failure the node's own evidence shows (Finding.node_failing) drains with "nodecheck:
-  <check> <subject>: <summary>"; a job's (a variable a user set) never does; `error`
-  does not unless configured; a failure whose action is a reboot (an XID's catalog
-  resolution, a lost GPU, a fatal SXid) may ask for `scontrol reboot ASAP` (off by
-  default);
+- a failure that takes the node out of service ([remediation], RemediationSettings: the
+  node's own evidence of a GPU hardware fault, or of a GPU performance fault unless that
+  is turned off) drains with "nodecheck: <check> <subject>: <summary>"; the node's
+  configuration (ACS on, a governor) and a job's variables never do: they are reported
+  (the log line, exit status 1); `error` does not unless configured; a failure whose
+  action is a reboot (an XID's catalog resolution, a lost GPU, a fatal SXid) may ask for
+  `scontrol reboot ASAP` (off by default);
+- [remediation] dry_run: the log line says what would have been run, and nothing is;
 - UNDRAIN (never RESUME, which also clears DOWN) only a node nodecheck drained, after N
   healthy runs in a row or M seconds healthy (on this boot's clock, which no one can
   step): one healthy run between failing ones never returns the node to service, and a
@@ -38,7 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.config import DEFAULT_POLICY, RemediationSettings, SlurmSettings
 from nodecheck.agent.findings import (
     Finding,
     ResultsUnusableError,
@@ -50,7 +53,7 @@ from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
-from nodecheck.checks.result import Action, Result, Status
+from nodecheck.checks.result import Action, FaultClass, Result, Status
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,17 @@ HANDS_OFF_FLAGS = frozenset(
 )
 
 
+# The states nodecheck acts in: a base state a node in service has, and the flags that go
+# with one (scontrol.1 and sinfo.1's NODE STATE CODES; Slurm 22.05's
+# node_state_flag_string). A state or flag it does not know (one a later Slurm adds, such
+# as BLOCKED, or INVAL) leaves the node alone, saying so: acting on a state it cannot
+# read is acting blind.
+ACTED_ON_BASES = frozenset({"IDLE", "ALLOCATED", "MIXED", "COMPLETING"})
+ACTED_ON_FLAGS = frozenset(
+    {"DRAIN", "COMPLETING", "RESERVED", "CLOUD", "DYNAMIC_NORM", "NOT_RESPONDING"}
+)
+
+
 def slurm_reason(finding: Finding) -> str:
     """nodecheck: <check> <subject>: <summary>, on one line, cut to REASON_MAX_BYTES."""
     return one_line(f"{REASON_PREFIX} {finding.line()}", REASON_MAX_BYTES)
@@ -136,6 +150,15 @@ def _since(hysteresis: Hysteresis) -> str:
     return f" (since {time.strftime('%Y-%m-%dT%H:%M:%S%z', moment)})"
 
 
+def _why_not(finding: Finding, policy: RemediationSettings) -> str:
+    """Why a failing finding leaves the node in service, for the log line."""
+    if not finding.node_failing:
+        return "a job's setting: reported"
+    if finding.fault_class is FaultClass.GPU_PERFORMANCE and not policy.performance:
+        return "GPU performance, [remediation] performance = false: reported"
+    return f"{finding.fault_class.value}: reported"
+
+
 def decide(
     state: SlurmNodeState | None,
     state_problem: str,
@@ -145,19 +168,29 @@ def decide(
     own_user: str,
     now: float,
     unkept: str = "",
+    policy: RemediationSettings = DEFAULT_POLICY,
 ) -> Decision:
     """The one action for this run. `state` None: it could not be read (state_problem
     says why). `hysteresis` already counts this run; `now` and its times are on this
     boot's clock. `unkept`: why this healthy run could not be saved ("" when it was):
-    it never undrains on a count it could not keep, and it cannot determine (exit 3)."""
-    # Only the node's own evidence takes it out of service: a job's failing finding (a
-    # variable a user set) is a warning here (Finding.node_failing).
-    failing = [f for f in findings if f.node_failing]
+    it never undrains on a count it could not keep, and it cannot determine (exit 3).
+    `policy`: which failures take the node out of service."""
+    # Only what the policy names takes the node out of service: the node's own evidence
+    # of a hardware (or performance) fault. The rest of what fails (the node's
+    # configuration, a job's variable) is reported: exit 1 and the log line.
+    failing = [f for f in findings if policy.takes_out_of_service(f)]
+    reported = [f for f in findings if f.status is Status.FAIL and f not in failing]
     errors = _with_status(findings, Status.ERROR)
     if not findings:  # absence is never a pass
         errors = [Finding("health-check", Status.ERROR, "node", "no result at all")]
     unhealthy = bool(failing) or (settings.drain_on_error and bool(errors))
-    exit_status = EXIT_UNHEALTHY if failing else EXIT_UNDETERMINED if errors else EXIT_HEALTHY
+    exit_status = (
+        EXIT_UNHEALTHY
+        if failing or any(f.node_failing for f in reported)
+        else EXIT_UNDETERMINED
+        if errors
+        else EXIT_HEALTHY
+    )
     if unkept and exit_status == EXIT_HEALTHY:
         exit_status = EXIT_UNDETERMINED
     culprit = (failing or errors)[0] if failing or errors else None
@@ -165,6 +198,14 @@ def decide(
     if culprit is not None:
         count = f"{len(failing)} failing" if failing else f"{len(errors)} undetermined"
         health = f"{count}, first {culprit.check} {culprit.subject}: {culprit.summary[:160]}"
+    if reported:
+        first = reported[0]
+        not_taking = (
+            f"{len(reported)} failing that do not take the node out of service "
+            f"({_why_not(first, policy)}), first {first.check} {first.subject}: "
+            f"{first.summary[:160]}"
+        )
+        health = not_taking if culprit is None else f"{health}; {not_taking}"
 
     def nothing(why: str, status: int = exit_status) -> Decision:
         return Decision(SlurmAction.NOTHING, f"{health}; {why}", exit_status=status)
@@ -174,13 +215,17 @@ def decide(
             f"the Slurm state is unknown, changing nothing: {state_problem}", EXIT_UNDETERMINED
         )
     flags = state.flags
+    shown = (
+        state.base + ("*" if state.not_responding else "") + "".join(f"+{f}" for f in sorted(flags))
+    )
     if state.base in HANDS_OFF_BASES or state.not_responding or flags & HANDS_OFF_FLAGS:
-        shown = (
-            state.base
-            + ("*" if state.not_responding else "")
-            + "".join(f"+{f}" for f in sorted(flags))
-        )
         return nothing(f"the node is {shown}: not touching it")
+    unknown = ({state.base} - ACTED_ON_BASES) | (flags - ACTED_ON_FLAGS)
+    if unknown:
+        return nothing(
+            f"the node is {shown}: {', '.join(sorted(unknown))} is no state nodecheck "
+            "knows, not touching it"
+        )
     if state.drained:
         if not is_ours(state, own_user):
             by = f" by {state.reason_user}" if state.reason_user else ""
@@ -236,8 +281,9 @@ class HealthCheckRun:
 
     source: str  # "agent results" or "own run (<why the results were not used>)"
     decision: Decision
-    done: bool  # the action succeeded (or was nothing)
+    done: bool  # the action succeeded (or was nothing, or a dry run's)
     problem: str = ""
+    dry_run: bool = False  # the action was only said
 
 
 def own_findings(
@@ -261,12 +307,16 @@ def health_check(
     read_clock: Callable[[], BootMoment],
     now: Callable[[], float] = time.time,
     expected: Collection[str] = (),
+    policy: RemediationSettings = DEFAULT_POLICY,
+    command_of: Callable[[SlurmAction, str], str] | None = None,
 ) -> HealthCheckRun:
     """One HealthCheckProgram run, whole under the hysteresis lock (slurm_hysteresis),
     waited for within [slurm] budget: another run holding it longer changes nothing
     here. The callables are the node's side (the checks, scontrol, this boot's clock)
     so that the whole run is exercised with real files and a stand-in scontrol; `now`
-    is the wall clock, for the results' age and the log, never for an interval."""
+    is the wall clock, for the results' age and the log, never for an interval.
+    `policy`: what takes the node out of service, and whether this is a dry run, in
+    which `act` is never called and the log line says what `command_of` would have run."""
     from nodecheck.agent.slurm.hysteresis import HysteresisBusyError, HysteresisLock, lock_path
 
     lock: HysteresisLock | None = None
@@ -300,6 +350,8 @@ def health_check(
             act=act,
             read_clock=read_clock,
             now=now,
+            policy=policy,
+            command_of=command_of,
         )
     finally:
         if lock is not None:
@@ -338,6 +390,8 @@ def _judge_and_act(
     act: Callable[[SlurmAction, str], tuple[bool, str]],
     read_clock: Callable[[], BootMoment],
     now: Callable[[], float],
+    policy: RemediationSettings,
+    command_of: Callable[[SlurmAction, str], str] | None,
 ) -> HealthCheckRun:
     """Count this run (or reset the count), read the Slurm state, decide and act.
     `unkept`: why nothing may be saved ("" when it may)."""
@@ -353,8 +407,11 @@ def _judge_and_act(
     from nodecheck.checks.node.fs import ReadError
     from nodecheck.checks.node.slurm_state import SlurmStateError
 
+    # Healthy for the count that undrains: nothing the policy takes the node out for, and
+    # nothing undetermined (a node drained for a GPU, its GPU replaced, with ACS still on
+    # is healthy here: the ACS finding never drained it).
     healthy = bool(findings) and not any(
-        f.node_failing or f.status is Status.ERROR for f in findings
+        policy.takes_out_of_service(f) or f.status is Status.ERROR for f in findings
     )
     boot_id, at = "", 0.0
     try:
@@ -398,6 +455,7 @@ def _judge_and_act(
         own_user,
         at,
         unkept=unkept if healthy else "",
+        policy=policy,
     )
     if already_counted(previous, observation):
         decision = replace(
@@ -407,6 +465,13 @@ def _judge_and_act(
         )
     if decision.action is SlurmAction.NOTHING:
         return HealthCheckRun(source, decision, True, problem)
+    if policy.dry_run:
+        command = command_of(decision.action, decision.reason) if command_of else ""
+        would = f"dry run ([remediation] dry_run): would {decision.action.value}" + (
+            f" with: {command}" if command else ""
+        )
+        decision = replace(decision, why=f"{decision.why}; {would}")
+        return HealthCheckRun(source, decision, True, problem, dry_run=True)
     done, action_problem = act(decision.action, decision.reason)
     if not done and decision.action is SlurmAction.REBOOT:
         # A reboot Slurm will not do (no RebootProgram, scontrol failing) must not leave
@@ -460,6 +525,8 @@ def log_run(node: str, run: HealthCheckRun) -> None:
         run.source,
         decision.why,
     ]
+    if run.dry_run:
+        message += " dry_run=true"
     if decision.reason:
         message += " reason=%r"
         values.append(decision.reason)
@@ -505,14 +572,21 @@ def run_health_check(
         )
         return [(run.check.name, run.results) for run in run_checks(checks, context)]
 
-    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
-        argv = {
+    def argv_of(action: SlurmAction, reason: str) -> list[str]:
+        return {
             SlurmAction.DRAIN: lambda: slurm_actions.drain_argv(scontrol, node, reason),
             SlurmAction.UNDRAIN: lambda: slurm_actions.undrain_argv(scontrol, node),
             SlurmAction.REBOOT: lambda: slurm_actions.reboot_argv(scontrol, node, reason),
         }[action]()
-        outcome = slurm_actions.run_action(argv, settings.scontrol_timeout_s)
+
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
+        outcome = slurm_actions.run_action(argv_of(action, reason), settings.scontrol_timeout_s)
         return outcome.done, outcome.problem
+
+    def command_of(action: SlurmAction, reason: str) -> str:
+        import shlex
+
+        return shlex.join(argv_of(action, reason))
 
     run = health_check(
         node=node,
@@ -525,6 +599,8 @@ def run_health_check(
         act=act,
         read_clock=lambda: read_boot_moment(fs),
         expected=enabled,
+        policy=config.remediation,
+        command_of=command_of,
     )
     log_run(node, run)
     return run.decision.exit_status

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nodecheck.agent.config import SlurmSettings
+from nodecheck.agent.config import DEFAULT_POLICY, RemediationSettings, SlurmSettings
 from nodecheck.agent.findings import (
     Finding,
     ResultsUnusableError,
@@ -138,9 +139,17 @@ def run_decide(
     since: float | None = None,
     settings: SlurmSettings = SETTINGS,
     problem: str = "",
+    policy: RemediationSettings = DEFAULT_POLICY,
 ) -> tuple[SlurmAction, str, int]:
     decision = decide(
-        node, problem, findings, Hysteresis(healthy_runs, since), settings, "root", NOW
+        node,
+        problem,
+        findings,
+        Hysteresis(healthy_runs, since),
+        settings,
+        "root",
+        NOW,
+        policy=policy,
     )
     return decision.action, decision.reason, decision.exit_status
 
@@ -250,6 +259,19 @@ def test_healthy_and_in_service_does_nothing() -> None:
 def test_never_touches_a_node_slurm_or_an_admin_has(node: SlurmNodeState) -> None:
     assert run_decide(node, [FAIL])[0] is SlurmAction.NOTHING
     assert run_decide(node, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
+
+
+@pytest.mark.parametrize(
+    "node",
+    [state("INVAL"), state("IDLE", "BLOCKED"), state("MIXED", "DRAIN", "POWER_DRAIN_X")],
+)
+def test_a_state_nodecheck_does_not_know_is_left_alone(node: SlurmNodeState) -> None:
+    """A well-formed state or flag nodecheck does not know (a later Slurm's): no drain,
+    no undrain, and the log line says which."""
+    for findings, runs in (([FAIL], 0), ([OK], 10)):
+        decision = decide(node, "", findings, Hysteresis(runs), SETTINGS, "root", NOW)
+        assert decision.action is SlurmAction.NOTHING
+        assert "is no state nodecheck knows, not touching it" in decision.why
 
 
 def test_an_admin_drain_stays_through_healthy_and_unhealthy_runs() -> None:
@@ -369,6 +391,83 @@ def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path:
     assert acted == [SlurmAction.UNDRAIN], run.decision.why
     assert run.decision.exit_status == EXIT_HEALTHY
     assert load_hysteresis(tmp_path / "h.json", BOOT).healthy_runs == 1
+
+
+# The node's own evidence of each class, failing.
+ACS_ON = Finding(
+    "pcie_acs",
+    Status.FAIL,
+    "bridge 0000:16:00.0",
+    "ACS redirects peer-to-peer traffic through the root complex",
+    Action.FIX_NODE_CONFIG,
+    FaultClass.NODE_CONFIG,
+)
+LINK_X8 = Finding(
+    "pcie_link",
+    Status.FAIL,
+    "gpu 0000:3a:00.0",
+    "PCIe link x8 32 GT/s (max x16 32 GT/s)",
+    Action.INSPECT_HARDWARE,
+    FaultClass.GPU_PERFORMANCE,
+)
+
+
+def test_the_nodes_configuration_never_drains_and_is_reported() -> None:
+    """ACS on (often a fleet-wide BIOS default): exit 1 and the log line say it, the node
+    stays in service, whatever the settings; beside a hardware fault, the drain names
+    the hardware."""
+    everything = SlurmSettings(reboot_on_xid=True, drain_on_error=True)
+    decision = decide(state(), "", [OK, ACS_ON], Hysteresis(), everything, "root", NOW)
+    assert decision.action is SlurmAction.NOTHING
+    assert decision.exit_status == EXIT_UNHEALTHY
+    assert "1 failing that do not take the node out of service (node-config" in decision.why
+    assert "pcie_acs bridge 0000:16:00.0" in decision.why
+    action, reason, _ = run_decide(state(), [ACS_ON, FAIL])
+    assert action is SlurmAction.DRAIN and reason.startswith("nodecheck: gpu_xid ")
+    # Drained by nodecheck for the GPU, the GPU fixed, ACS still on: healthy, undrained.
+    assert run_decide(OURS, [OK, ACS_ON], healthy_runs=3)[0] is SlurmAction.UNDRAIN
+
+
+def test_a_performance_failure_drains_unless_turned_off() -> None:
+    action, reason, status = run_decide(state(), [LINK_X8])
+    assert action is SlurmAction.DRAIN and reason.startswith("nodecheck: pcie_link gpu ")
+    off = RemediationSettings(performance=False)
+    action, _, status = run_decide(state(), [LINK_X8], policy=off)
+    assert (action, status) == (SlurmAction.NOTHING, EXIT_UNHEALTHY)
+    # Turned off, it does not hold a node nodecheck drained for another fault either.
+    assert run_decide(OURS, [LINK_X8], healthy_runs=3, policy=off)[0] is SlurmAction.UNDRAIN
+    assert run_decide(OURS, [LINK_X8], healthy_runs=3)[0] is SlurmAction.NOTHING
+
+
+def test_a_dry_run_says_the_command_and_runs_nothing(tmp_path: Path) -> None:
+    acted: list[SlurmAction] = []
+
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
+        acted.append(action)
+        return True, ""
+
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "h.json",
+        settings=SETTINGS,
+        own_user="root",
+        run_quick_checks=lambda budget: [
+            ("gpu_count", [Result(Status.FAIL, "node", "7 of 8 GPUs")]),
+        ],
+        read_state=state,
+        act=act,
+        read_clock=this_boot(tmp_path / "proc"),
+        policy=RemediationSettings(dry_run=True),
+        command_of=lambda action, reason: shlex.join(drain_argv("scontrol", "gpu01", reason)),
+    )
+    assert acted == []
+    assert run.dry_run and run.done and run.decision.action is SlurmAction.DRAIN
+    assert run.decision.exit_status == EXIT_UNHEALTHY
+    assert (
+        "dry run ([remediation] dry_run): would drain with: scontrol update NodeName=gpu01 "
+        "State=DRAIN 'Reason=nodecheck: gpu_count node: 7 of 8 GPUs'" in run.decision.why
+    )
 
 
 def test_a_failure_whose_action_is_reboot_reboots_when_enabled(tmp_path: Path) -> None:
@@ -680,6 +779,25 @@ def test_the_slurm_settings_are_read_and_checked() -> None:
         assert f": {key}: " in str(raised.value), bad
     shown = parse_config(config.show(), where, set())
     assert shown.slurm == config.slurm and shown.results_file == config.results_file
+
+
+def test_the_remediation_settings_are_read_and_checked() -> None:
+    from nodecheck.agent.config import ConfigError, parse_config
+
+    where = Path("/etc/nodecheck/config.toml")
+    assert parse_config("", where, set()).remediation == RemediationSettings(True, False)
+    text = "[remediation]\nperformance = false\ndry_run = true\n"
+    config = parse_config(text, where, set())
+    assert config.remediation == RemediationSettings(performance=False, dry_run=True)
+    assert parse_config(config.show(), where, set()).remediation == config.remediation
+    for bad, key in [
+        ("[remediation]\nperformance = 0\n", "remediation.performance"),
+        ('[remediation]\ndry_run = "yes"\n', "remediation.dry_run"),
+        ("[remediation]\nconfig = false\n", "remediation.config"),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            parse_config(bad, where, set())
+        assert f"config.toml:2: {key}: " in str(raised.value), (bad, str(raised.value))
 
 
 @pytest.mark.parametrize(

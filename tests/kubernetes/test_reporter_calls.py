@@ -6,6 +6,7 @@ double: tests/kubernetes/test_reporter.py."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nodecheck.agent.config import KubernetesSettings
+from nodecheck.agent.config import DEFAULT_POLICY, KubernetesSettings, RemediationSettings
 from nodecheck.agent.findings import Finding, findings_of_named
 from nodecheck.agent.kubernetes.api import KubeClient
 from nodecheck.agent.kubernetes.reporter import CheckFindings, KubernetesReporter
@@ -76,6 +77,7 @@ def reporter(
     resend_s: float = 300,
     holds_s: tuple[float, float] = (0, 0),
     clock: Callable[[], float] = time.monotonic,
+    policy: RemediationSettings = DEFAULT_POLICY,
 ) -> KubernetesReporter:
     """A reporter as the agent makes one (tainting on); resend_s 0: every report is a
     heartbeat, so each one reads the node and plans the taint again. `holds_s`: its
@@ -95,7 +97,7 @@ def reporter(
         timeout_s=10,
     )
     client = KubeClient(api.url, token, api.cert, 10, 60)
-    return KubernetesReporter(settings, NODE, client, clock)
+    return KubernetesReporter(settings, NODE, client, clock, policy)
 
 
 def ours(api: KubeApiDouble) -> list[dict[str, Any]]:
@@ -127,6 +129,29 @@ def test_a_check_of_another_class_erroring_for_ever_does_not_keep_the_taint(
     # The link is back; pcie_acs (node-config) still errors, as it always will: removed.
     assert agent.report_once(run(*HEALTHY))
     assert ours(api) == [] and annotation(api) is None
+    assert api.violations == []
+
+
+def test_the_taint_follows_the_remediation_policy_and_its_dry_run(
+    api: KubeApiDouble, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ACS on (the node's configuration) never taints; a PCIe link at x8 (performance)
+    taints unless [remediation] performance is off; a dry run writes nothing and logs
+    what it would have written."""
+    acs_on = (*HEALTHY[:3], ("pcie_acs", "fail", "bridge 0000:16:00.0", "ACS on"))
+    assert reporter(api, tmp_path).report_once(run(*acs_on))
+    assert ours(api) == []
+    quiet = reporter(api, tmp_path, policy=RemediationSettings(performance=False))
+    assert quiet.report_once(run(*LINK_FAILS))
+    assert ours(api) == []
+    caplog.set_level(logging.INFO, logger="nodecheck.agent.kubernetes.reporter")
+    dry = reporter(api, tmp_path, policy=RemediationSettings(dry_run=True))
+    assert dry.report_once(run(*LINK_FAILS))
+    assert ours(api) == [] and annotation(api) is None
+    said = [r.getMessage() for r in caplog.records if "event=kubernetes_taint" in r.getMessage()]
+    assert said and "dry_run=true" in said[-1] and "fault=gpu-performance" in said[-1]
+    assert reporter(api, tmp_path).report_once(run(*LINK_FAILS))
+    assert ours(api) == [{"key": TAINT_KEY, "value": "gpu-performance", "effect": "NoSchedule"}]
     assert api.violations == []
 
 
