@@ -153,10 +153,10 @@ def _since(hysteresis: Hysteresis) -> str:
 def _why_not(finding: Finding, policy: RemediationSettings) -> str:
     """Why a failing finding leaves the node in service, for the log line."""
     if not finding.node_failing:
-        return "a job's setting: reported"
+        return "a job's setting"
     if finding.fault_class is FaultClass.GPU_PERFORMANCE and not policy.performance:
-        return "GPU performance, [remediation] performance = false: reported"
-    return f"{finding.fault_class.value}: reported"
+        return "gpu-performance with [remediation] performance = false"
+    return finding.fault_class.value
 
 
 def decide(
@@ -200,9 +200,10 @@ def decide(
         health = f"{count}, first {culprit.check} {culprit.subject}: {culprit.summary[:160]}"
     if reported:
         first = reported[0]
+        kinds = ", ".join(sorted({_why_not(f, policy) for f in reported}))
         not_taking = (
             f"{len(reported)} failing that do not take the node out of service "
-            f"({_why_not(first, policy)}), first {first.check} {first.subject}: "
+            f"({kinds}: reported), first {first.check} {first.subject}: "
             f"{first.summary[:160]}"
         )
         health = not_taking if culprit is None else f"{health}; {not_taking}"

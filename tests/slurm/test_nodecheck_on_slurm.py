@@ -17,12 +17,15 @@ import pytest
 
 from tests.agent.test_slurm_task import hostile_job, installed_hook
 from tests.conftest import Node
+from tests.fixtures import nodes
+from tests.fixtures.nodegen import build_node
+from tests.fixtures.nvml_scenarios import dgx_healthy, write_scenario
 from tests.fixtures.slurm_cluster import SlurmCluster
 
 NODECHECK = str(Path(sys.executable).parent / "nodecheck")
 
 
-def _config(folder: Path, **slurm: int) -> Path:
+def _config(folder: Path, remediation: str = "", **slurm: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
     (folder / "state").mkdir(exist_ok=True)  # a state directory it is given must exist
@@ -35,6 +38,9 @@ def _config(folder: Path, **slurm: int) -> Path:
         "",
         "[slurm]",
         *(f"{key} = {value}" for key, value in slurm.items()),
+        "",
+        "[remediation]",
+        remediation,
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -46,15 +52,18 @@ def _health_check(
     folder: Path,
     *extra: str,
     name: str = "health-check",
+    remediation: str = "",
     **slurm: int,
 ) -> tuple[Path, Path]:
-    """A HealthCheckProgram judging `node`, counting its runs in a file (one line each)."""
-    config = _config(folder, **slurm)
+    """A HealthCheckProgram judging `node`, counting its runs in a file (one line each,
+    its exit status) and keeping its log lines in `folder`/log."""
+    config = _config(folder, remediation, **slurm)
     runs = folder / "runs"
     command = " ".join(
         [NODECHECK, *node.cli_args, "slurm", "health-check", "--config", str(config), *extra]
     )
-    script = f'{command}; status=$?; echo "$status" >> {runs}; exit "$status"'
+    log = folder / "log"
+    script = f'{command} 2>>{log}; status=$?; echo "$status" >> {runs}; exit "$status"'
     return cluster.program(name, "/bin/sh", "-c", script, env=node.env), runs
 
 
@@ -88,6 +97,40 @@ def test_a_faulty_node_is_drained_and_returns_after_the_hysteresis(
     assert slurm_cluster.node_state().drained, "returned after one healthy run"
     back = slurm_cluster.wait_idle(180)
     assert back.reason is None and _runs(runs) >= 2
+
+
+def test_the_nodes_configuration_and_a_jobs_variable_drain_nothing(
+    slurm_cluster: SlurmCluster, fake_nvml_library: Path, tmp_path: Path
+) -> None:
+    """ACS on in two switch ports and a job's NCCL_P2P_DISABLE=1, no hardware fault: runs
+    after runs exit 1 (reported) and the node stays in service, the log line naming
+    why."""
+    root = build_node(nodes.dgx_h100(misconfigured=True), tmp_path / "node")
+    node = Node(root, fake_nvml_library, write_scenario(dgx_healthy(), root / "scenario.json"))
+    program, runs = _health_check(slurm_cluster, node, tmp_path / "hc")
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+    _wait_runs(slurm_cluster, runs, 3)
+    assert not slurm_cluster.node_state().drained
+    assert set(runs.read_text().split()) == {"1"}
+    log = (tmp_path / "hc" / "log").read_text()
+    assert "do not take the node out of service (a job's setting, node-config: reported)" in log
+    assert "action=nothing" in log and "action=drain" not in log
+
+
+def test_a_dry_run_drains_nothing_and_says_the_command(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    program, runs = _health_check(
+        slurm_cluster, dgx_faulty, tmp_path / "hc", remediation="dry_run = true"
+    )
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+    _wait_runs(slurm_cluster, runs, 3)
+    assert not slurm_cluster.node_state().drained
+    log = (tmp_path / "hc" / "log").read_text()
+    assert "dry_run=true" in log
+    assert re.search(
+        r"would drain with: \S*scontrol update NodeName=\S+ State=DRAIN 'Reason=nodecheck: ", log
+    ), log
 
 
 @pytest.mark.parametrize("which", ["dgx", "dgx_faulty"])
