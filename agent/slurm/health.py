@@ -10,7 +10,13 @@ drain, undrain, reboot or nothing, with why. One log line says what it did and w
 The rules, against NHC's failures (mej/nhc #134, #95, #161):
 - a state that cannot be read (scontrol fails, hangs, answers nonsense) changes nothing;
 - a node that is down, not responding, rebooting, powered down, in maintenance or drained
-  for a reason not nodecheck's (by prefix and by the user who set it) is never touched;
+  for a reason not nodecheck's is never touched; nodecheck's is the exact reason it set,
+  with the time slurmctld stamped on it (agent/slurm/ownership.py), never "any reason
+  with its prefix set by root": an admin's edit of it hands the node to the admin for
+  good; a new fault on a node nodecheck drained rewrites its reason;
+- a drain Slurm set for a failed Prolog or Epilog ("Prolog error", "Epilog error") is
+  taken over: its reason rewritten to nodecheck's, and undrained like nodecheck's own
+  after the healthy runs (the count starts again at the takeover);
 - a failure that takes the node out of service ([remediation], RemediationSettings: the
   node's own evidence of a GPU hardware fault, or of a GPU performance fault unless that
   is turned off) drains with "nodecheck: <check> <subject>: <summary>"; the node's
@@ -49,6 +55,15 @@ from nodecheck.agent.findings import (
     fresh_results,
 )
 from nodecheck.agent.slurm.hysteresis import Hysteresis
+from nodecheck.agent.slurm.ownership import (
+    DRAIN_RECORD_FILE,
+    DrainRecord,
+    forget_drain_record,
+    load_drain_record,
+    owns,
+    save_drain_record,
+    with_time_learned,
+)
 from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.printable import one_line
@@ -86,6 +101,7 @@ class Decision:
     why: str
     reason: str = ""  # the Slurm reason a drain or reboot sets
     exit_status: int = EXIT_HEALTHY
+    takeover: bool = False  # a Prolog or Epilog error's drain made nodecheck's: count anew
 
 
 # States nodecheck never acts on: Slurm or an admin has the node (scontrol.1, sinfo.1).
@@ -125,13 +141,16 @@ def slurm_reason(finding: Finding) -> str:
     return one_line(f"{REASON_PREFIX} {finding.line()}", REASON_MAX_BYTES)
 
 
-def is_ours(state: SlurmNodeState, own_user: str) -> bool:
-    """A reason nodecheck set: its prefix, and set by nodecheck's user (the prefix alone
-    can be typed by anyone, NHC #134)."""
-    return (
-        state.reason is not None
-        and state.reason.startswith(REASON_PREFIX)
-        and state.reason_user == own_user
+# What slurmd's node reason says when Prolog or Epilog exited non-zero (Slurm's
+# src/slurmd/slurmd/req.c and src/slurmctld: "Prolog error", "Epilog error").
+HOOK_FAILURE_REASONS = frozenset({"Prolog error", "Epilog error"})
+
+
+def takeover_reason(state: SlurmNodeState) -> str:
+    return one_line(
+        f"{REASON_PREFIX} took over Slurm's {state.reason!r} drain: undrained after the "
+        "healthy runs",
+        REASON_MAX_BYTES,
     )
 
 
@@ -165,7 +184,7 @@ def decide(
     findings: Sequence[Finding],
     hysteresis: Hysteresis,
     settings: SlurmSettings,
-    own_user: str,
+    owned: DrainRecord | None,
     now: float,
     unkept: str = "",
     policy: RemediationSettings = DEFAULT_POLICY,
@@ -174,7 +193,8 @@ def decide(
     says why). `hysteresis` already counts this run; `now` and its times are on this
     boot's clock. `unkept`: why this healthy run could not be saved ("" when it was):
     it never undrains on a count it could not keep, and it cannot determine (exit 3).
-    `policy`: which failures take the node out of service."""
+    `owned`: the drain nodecheck recorded setting (None: none). `policy`: which failures
+    take the node out of service."""
     # Only what the policy names takes the node out of service: the node's own evidence
     # of a hardware (or performance) fault. The rest of what fails (the node's
     # configuration, a job's variable) is reported: exit 1 and the log line.
@@ -228,9 +248,33 @@ def decide(
             "knows, not touching it"
         )
     if state.drained:
-        if not is_ours(state, own_user):
+        if not owns(state, owned) and state.reason in HOOK_FAILURE_REASONS:
+            reason = slurm_reason(culprit) if failing and culprit else takeover_reason(state)
+            return Decision(
+                SlurmAction.DRAIN,
+                f"{health}; drained by Slurm for {state.reason!r}: taking it over, "
+                "nodecheck's reason set, healthy runs counted from now",
+                reason,
+                exit_status,
+                takeover=True,
+            )
+        if not owns(state, owned):
             by = f" by {state.reason_user}" if state.reason_user else ""
             return nothing(f"drained for another reason ({state.reason!r}{by}): not touching it")
+        if failing:
+            new_reason = slurm_reason(failing[0])
+            if new_reason != state.reason and not any(
+                slurm_reason(f) == state.reason for f in failing
+            ):
+                # Another fault than the one the reason names: the reason says it now
+                # (NHC re-drains with the new note: helpers/node-mark-offline).
+                return Decision(
+                    SlurmAction.DRAIN,
+                    f"{health}; drained by nodecheck for a fault that cleared: the reason "
+                    "names the new one",
+                    new_reason,
+                    exit_status,
+                )
         if failing or errors:
             return nothing("drained by nodecheck, still not healthy")
         if unkept:
@@ -301,7 +345,6 @@ def health_check(
     results_file: Path | None,
     hysteresis_file: Path,
     settings: SlurmSettings,
-    own_user: str,
     run_quick_checks: Callable[[float], list[tuple[str, list[Result]]]],
     read_state: Callable[[], SlurmNodeState],
     act: Callable[[SlurmAction, str], tuple[bool, str]],
@@ -315,7 +358,8 @@ def health_check(
     waited for within [slurm] budget: another run holding it longer changes nothing
     here. The callables are the node's side (the checks, scontrol, this boot's clock)
     so that the whole run is exercised with real files and a stand-in scontrol; `now`
-    is the wall clock, for the results' age and the log, never for an interval.
+    is the wall clock, for the results' age and the log, never for an interval. The
+    record of nodecheck's drain (agent/slurm/ownership.py) is kept beside the count.
     `policy`: what takes the node out of service, and whether this is a dry run, in
     which `act` is never called and the log line says what `command_of` would have run."""
     from nodecheck.agent.slurm.hysteresis import HysteresisBusyError, HysteresisLock, lock_path
@@ -346,7 +390,6 @@ def health_check(
             unlocked,
             hysteresis_file=hysteresis_file,
             settings=settings,
-            own_user=own_user,
             read_state=read_state,
             act=act,
             read_clock=read_clock,
@@ -386,7 +429,6 @@ def _judge_and_act(
     *,
     hysteresis_file: Path,
     settings: SlurmSettings,
-    own_user: str,
     read_state: Callable[[], SlurmNodeState],
     act: Callable[[SlurmAction, str], tuple[bool, str]],
     read_clock: Callable[[], BootMoment],
@@ -447,13 +489,16 @@ def _judge_and_act(
         state = read_state()
     except SlurmStateError as err:
         state_problem = str(err)
+    record_file = hysteresis_file.with_name(DRAIN_RECORD_FILE)
+    owned, record_problem = _owned_drain(record_file, state)
+    problem = "; ".join(p for p in (problem, record_problem) if p)
     decision = decide(
         state,
         state_problem,
         findings,
         hysteresis,
         settings,
-        own_user,
+        owned,
         at,
         unkept=unkept if healthy else "",
         policy=policy,
@@ -487,9 +532,55 @@ def _judge_and_act(
         )
     if not done:
         decision = replace(decision, exit_status=EXIT_UNDETERMINED)
+    else:
+        kept = _keep_drain_record(record_file, hysteresis_file, decision)
+        action_problem = "; ".join(p for p in (action_problem, kept) if p)
     return HealthCheckRun(
         source, decision, done, "; ".join(p for p in (action_problem, problem) if p)
     )
+
+
+def _owned_drain(record_file: Path, state: SlurmNodeState | None) -> tuple[DrainRecord | None, str]:
+    """The record of nodecheck's drain as the node's state bears it out: its time learned
+    at the first read after the drain; dropped when the node no longer carries it (someone
+    undrained it, edited the reason or drained it again: theirs now, for good). A state
+    that could not be read changes nothing. And what could not be saved or removed."""
+    owned = load_drain_record(record_file)
+    if state is None or owned is None:
+        return owned, ""
+    try:
+        learned = with_time_learned(state, owned)
+        if learned is not None:
+            save_drain_record(record_file, learned)
+            return learned, ""
+        if not owns(state, owned):
+            forget_drain_record(record_file)
+            return None, ""
+    except OSError as err:
+        return owned, f"cannot update {record_file}: {err.strerror or err}"
+    return owned, ""
+
+
+def _keep_drain_record(record_file: Path, hysteresis_file: Path, decision: Decision) -> str:
+    """After a done action: a drain's reason recorded as nodecheck's (a takeover's count
+    started again), an undrain's or a reboot's record dropped; what could not be, or ""."""
+    from nodecheck.agent.slurm.hysteresis import forget_hysteresis
+
+    try:
+        if decision.action is SlurmAction.DRAIN:
+            save_drain_record(record_file, DrainRecord(decision.reason))
+            if decision.takeover:
+                forget_hysteresis(hysteresis_file)
+        elif decision.action in (SlurmAction.UNDRAIN, SlurmAction.REBOOT):
+            forget_drain_record(record_file)
+    except OSError as err:
+        return (
+            f"cannot record the drain in {record_file} ({err.strerror or err}): nodecheck "
+            "will not undrain it"
+            if decision.action is SlurmAction.DRAIN
+            else f"cannot remove {record_file}: {err.strerror or err}"
+        )
+    return ""
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -501,18 +592,6 @@ def node_name(environ: dict[str, str]) -> str:
     import socket
 
     return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
-def own_user_name() -> str:
-    """nodecheck's user as scontrol prints a reason's setter: the name, else the uid."""
-    import os
-    import pwd
-
-    uid = os.geteuid()
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def log_run(node: str, run: HealthCheckRun) -> None:
@@ -594,7 +673,6 @@ def run_health_check(
         results_file=config.results_file,
         hysteresis_file=Path(state_dir) / slurm_hysteresis.HYSTERESIS_FILE,
         settings=settings,
-        own_user=own_user_name(),
         run_quick_checks=run_quick_checks,
         read_state=lambda: read_slurm_node(node, scontrol, settings.scontrol_timeout_s),
         act=act,

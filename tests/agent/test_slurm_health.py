@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,12 @@ from nodecheck.agent.slurm.hysteresis import (
     load_hysteresis,
     next_hysteresis,
     save_hysteresis,
+)
+from nodecheck.agent.slurm.ownership import (
+    DRAIN_RECORD_FILE,
+    DrainRecord,
+    save_drain_record,
+    with_time_learned,
 )
 from nodecheck.checks.node.boot import BootMoment, read_boot_moment
 from nodecheck.checks.node.fs import NodeFS
@@ -115,6 +122,8 @@ def state(
 
 
 OURS = state("IDLE", "DRAIN", reason="nodecheck: gpu_count node: 7 of 8 GPUs", user="root")
+# nodecheck's record of the drain it set (agent/slurm/ownership.py): OURS is nodecheck's.
+OWNED = DrainRecord(str(OURS.reason))
 ADMIN = state("IDLE", "DRAIN", reason="ADMIN SHUTDOWN for cabling", user="alice")
 FAIL = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79 GPU has fallen off the bus")
 REBOOT = Finding("gpu_xid", Status.FAIL, "gpu 0000:3a:00.0", "XID 79", action=Action.REBOOT)
@@ -147,7 +156,7 @@ def run_decide(
         findings,
         Hysteresis(healthy_runs, since),
         settings,
-        "root",
+        OWNED,
         NOW,
         policy=policy,
     )
@@ -269,7 +278,7 @@ def test_a_state_nodecheck_does_not_know_is_left_alone(node: SlurmNodeState) -> 
     """A well-formed state or flag nodecheck does not know (a later Slurm's): no drain,
     no undrain, and the log line says which."""
     for findings, runs in (([FAIL], 0), ([OK], 10)):
-        decision = decide(node, "", findings, Hysteresis(runs), SETTINGS, "root", NOW)
+        decision = decide(node, "", findings, Hysteresis(runs), SETTINGS, OWNED, NOW)
         assert decision.action is SlurmAction.NOTHING
         assert "is no state nodecheck knows, not touching it" in decision.why
 
@@ -321,9 +330,52 @@ def test_undrains_ours_after_m_seconds_healthy_when_configured() -> None:
     )
 
 
+# The fault OURS's reason names, still there.
+STILL_7_OF_8 = Finding("gpu_count", Status.FAIL, "node", "7 of 8 GPUs")
+
+
 def test_ours_stays_drained_while_not_healthy() -> None:
-    for findings in ([FAIL], [ERROR], []):
+    for findings in ([STILL_7_OF_8], [STILL_7_OF_8, FAIL], [ERROR], []):
         assert run_decide(OURS, findings, healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
+
+
+def test_a_new_fault_on_a_node_nodecheck_drained_rewrites_its_reason() -> None:
+    """The GPUs are back, an XID is not: the reason names the XID now."""
+    action, reason, status = run_decide(OURS, [FAIL], healthy_runs=0)
+    assert (action, status) == (SlurmAction.DRAIN, EXIT_UNHEALTHY)
+    assert reason == "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 GPU has fallen off the bus"
+
+
+def test_ownership_is_the_recorded_reason_and_time_not_the_user() -> None:
+    """An admin, as root, edits nodecheck's reason, or sets the same text again (a new
+    time): the node is theirs; nodecheck's own, unedited, is its to undrain."""
+    stamped = replace(OURS, reason_time="2026-12-01T15:00:00")
+    owned = with_time_learned(stamped, OWNED)
+    assert owned == DrainRecord(str(OURS.reason), "2026-12-01T15:00:00")
+    edited = replace(stamped, reason=f"{OURS.reason} -- RMA 4711, keep drained")
+    again = replace(stamped, reason_time="2026-12-02T08:00:00")
+    for node in (stamped, edited, again):
+        decision = decide(node, "", [OK], Hysteresis(100, 0), SETTINGS, owned, NOW)
+        expected = SlurmAction.UNDRAIN if node is stamped else SlurmAction.NOTHING
+        assert decision.action is expected, decision.why
+    # No record at all (another tool, an older nodecheck): not nodecheck's.
+    assert decide(OURS, "", [OK], Hysteresis(100, 0), SETTINGS, None, NOW).action is (
+        SlurmAction.NOTHING
+    )
+
+
+@pytest.mark.parametrize("reason", ["Prolog error", "Epilog error"])
+def test_a_prolog_or_epilog_errors_drain_is_taken_over(reason: str) -> None:
+    """Slurm's drain for a failed hook: healthy, nodecheck sets its own reason and counts
+    healthy runs anew; failing, the reason names the fault."""
+    hook = state("IDLE", "DRAIN", reason=reason, user="slurm")
+    decision = decide(hook, "", [OK], Hysteresis(100, 0), SETTINGS, None, NOW)
+    assert decision.action is SlurmAction.DRAIN and decision.takeover
+    assert decision.reason == (
+        f"nodecheck: took over Slurm's {reason!r} drain: undrained after the healthy runs"
+    )
+    failing = decide(hook, "", [FAIL], Hysteresis(), SETTINGS, None, NOW)
+    assert failing.action is SlurmAction.DRAIN and failing.reason.startswith("nodecheck: gpu_xid")
 
 
 def test_alternate_runs_never_resume() -> None:
@@ -333,11 +385,11 @@ def test_alternate_runs_never_resume() -> None:
     for findings in [[OK], [FAIL], [OK], [ERROR], [OK], [OK], [FAIL], [OK], []] * 3:
         healthy = bool(findings) and all(f.status is Status.OK for f in findings)
         hysteresis = next_hysteresis(hysteresis, Observation(healthy, NOW, NOW))
-        actions.append(decide(OURS, "", findings, hysteresis, SETTINGS, "root", NOW).action)
+        actions.append(decide(OURS, "", findings, hysteresis, SETTINGS, OWNED, NOW).action)
     assert SlurmAction.UNDRAIN not in actions
     for _ in range(3):  # and three in a row do
         hysteresis = next_hysteresis(hysteresis, Observation(True, NOW, NOW))
-    assert decide(OURS, "", [OK], hysteresis, SETTINGS, "root", NOW).action is SlurmAction.UNDRAIN
+    assert decide(OURS, "", [OK], hysteresis, SETTINGS, OWNED, NOW).action is SlurmAction.UNDRAIN
 
 
 def test_reboot_class_xid_reboots_only_when_enabled() -> None:
@@ -374,12 +426,12 @@ def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path:
         acted.append(action)
         return True, ""
 
+    record_ours(tmp_path / "h.json")
     run = health_check(
         node="gpu01",
         results_file=None,
         hysteresis_file=tmp_path / "h.json",
         settings=SlurmSettings(undrain_after_runs=1, reboot_on_xid=True),
-        own_user="root",
         run_quick_checks=lambda budget: [
             ("cpu", [Result(Status.OK, "node", "fine")]),
             ("nccl_env", [Result(Status.FAIL, "node", "NCCL_P2P_DISABLE=1 set in the job")]),
@@ -417,7 +469,7 @@ def test_the_nodes_configuration_never_drains_and_is_reported() -> None:
     stays in service, whatever the settings; beside a hardware fault, the drain names
     the hardware."""
     everything = SlurmSettings(reboot_on_xid=True, drain_on_error=True)
-    decision = decide(state(), "", [OK, ACS_ON], Hysteresis(), everything, "root", NOW)
+    decision = decide(state(), "", [OK, ACS_ON], Hysteresis(), everything, OWNED, NOW)
     assert decision.action is SlurmAction.NOTHING
     assert decision.exit_status == EXIT_UNHEALTHY
     assert "1 failing that do not take the node out of service (node-config" in decision.why
@@ -436,7 +488,9 @@ def test_a_performance_failure_drains_unless_turned_off() -> None:
     assert (action, status) == (SlurmAction.NOTHING, EXIT_UNHEALTHY)
     # Turned off, it does not hold a node nodecheck drained for another fault either.
     assert run_decide(OURS, [LINK_X8], healthy_runs=3, policy=off)[0] is SlurmAction.UNDRAIN
-    assert run_decide(OURS, [LINK_X8], healthy_runs=3)[0] is SlurmAction.NOTHING
+    # On: the node stays out, its reason now the link's.
+    action, reason, _ = run_decide(OURS, [LINK_X8], healthy_runs=3)
+    assert action is SlurmAction.DRAIN and reason.startswith("nodecheck: pcie_link gpu ")
 
 
 def test_a_dry_run_says_the_command_and_runs_nothing(tmp_path: Path) -> None:
@@ -451,7 +505,6 @@ def test_a_dry_run_says_the_command_and_runs_nothing(tmp_path: Path) -> None:
         results_file=None,
         hysteresis_file=tmp_path / "h.json",
         settings=SETTINGS,
-        own_user="root",
         run_quick_checks=lambda budget: [
             ("gpu_count", [Result(Status.FAIL, "node", "7 of 8 GPUs")]),
         ],
@@ -497,7 +550,6 @@ def test_a_failure_whose_action_is_reboot_reboots_when_enabled(tmp_path: Path) -
         results_file=None,
         hysteresis_file=tmp_path / "h.json",
         settings=rebooting,
-        own_user="root",
         run_quick_checks=lambda budget: [("gpu_xid", [result])],
         read_state=state,
         act=act,
@@ -715,7 +767,6 @@ def test_a_run_without_fresh_results_runs_the_checks_and_acts(tmp_path: Path) ->
         results_file=tmp_path / "absent.json",
         hysteresis_file=tmp_path / "h.json",
         settings=SlurmSettings(budget_s=7),
-        own_user="root",
         run_quick_checks=checks,
         read_state=state,
         act=act,
@@ -735,7 +786,6 @@ def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
         results_file=tmp_path / "r.json",
         hysteresis_file=tmp_path / "h.json",
         settings=SETTINGS,
-        own_user="root",
         run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
         read_state=state,
         act=lambda action, reason: (False, "scontrol exited 1"),
@@ -836,7 +886,6 @@ def test_a_reboot_slurm_will_not_do_drains_instead(tmp_path: Path) -> None:
         results_file=tmp_path / "r.json",
         hysteresis_file=tmp_path / "h.json",
         settings=SlurmSettings(reboot_on_xid=True),
-        own_user="root",
         run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
         read_state=state,
         act=act,
@@ -863,6 +912,12 @@ def test_results_without_every_quick_check_are_no_healthy_run(tmp_path: Path) ->
 HEALTHY_CHECKS: list[tuple[str, list[Result]]] = [("cpu", [Result(Status.OK, "node", "fine")])]
 
 
+def record_ours(hysteresis_file: Path) -> None:
+    """nodecheck's record that it drained OURS, beside the count, where it can be made."""
+    with contextlib.suppress(OSError):
+        save_drain_record(hysteresis_file.with_name(DRAIN_RECORD_FILE), OWNED)
+
+
 def healthy_run(
     tmp_path: Path,
     settings: SlurmSettings,
@@ -870,8 +925,11 @@ def healthy_run(
     wall: float,
     hysteresis_file: Path | None = None,
 ) -> tuple[HealthCheckRun, list[SlurmAction]]:
-    """One run on a node nodecheck drained, its checks healthy; what it decided and did."""
+    """One run on a node nodecheck drained (its record of the drain beside the count), its
+    checks healthy; what it decided and did."""
     acted: list[SlurmAction] = []
+    hysteresis_file = hysteresis_file or tmp_path / "state" / "h.json"
+    record_ours(hysteresis_file)
 
     def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
         acted.append(action)
@@ -880,9 +938,8 @@ def healthy_run(
     run = health_check(
         node="gpu01",
         results_file=None,
-        hysteresis_file=hysteresis_file or tmp_path / "state" / "h.json",
+        hysteresis_file=hysteresis_file,
         settings=settings,
-        own_user="root",
         run_quick_checks=lambda budget: HEALTHY_CHECKS,
         read_state=lambda: OURS,
         act=act,
@@ -934,16 +991,27 @@ def test_undrain_after_counts_on_the_boot_clock_and_restarts_on_a_new_boot(
 
 
 def test_a_run_that_cannot_save_its_count_never_undrains_on_it(tmp_path: Path) -> None:
-    """undrain_after_runs = 1, but the state's folder is a regular file: the healthy run
-    is counted nowhere, so it undrains nothing, says why, and could not determine."""
-    (tmp_path / "state").write_text("not a folder\n")
+    """undrain_after_runs = 1, but the count's file is a folder: the healthy run is
+    counted nowhere, so it undrains nothing, says why, and could not determine."""
+    (tmp_path / "state" / "h.json").mkdir(parents=True)
     clock = this_boot(tmp_path / "proc")
     run, acted = healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
     assert acted == []
     assert run.decision.action is SlurmAction.NOTHING
     assert run.decision.exit_status == EXIT_UNDETERMINED
-    assert "this healthy run could not be saved (cannot lock " in run.decision.why
+    assert "this healthy run could not be saved (cannot save " in run.decision.why
     assert "not undraining on a count it cannot keep" in run.decision.why
+    assert run.problem.startswith(f"cannot save {tmp_path / 'state' / 'h.json'}: ")
+
+
+def test_a_state_folder_it_cannot_use_proves_no_drain_nodecheck_s(tmp_path: Path) -> None:
+    """The state's folder is a regular file: neither the count nor the record of the drain
+    can be read, so the drain is not provably nodecheck's: left alone, and said."""
+    (tmp_path / "state").write_text("not a folder\n")
+    clock = this_boot(tmp_path / "proc")
+    run, acted = healthy_run(tmp_path, SlurmSettings(undrain_after_runs=1), clock, wall=NOW)
+    assert acted == [] and run.decision.action is SlurmAction.NOTHING
+    assert "drained for another reason" in run.decision.why
     assert run.problem.startswith(f"cannot lock {tmp_path / 'state' / 'h.json.lock'}: ")
 
 
@@ -1003,7 +1071,6 @@ def test_a_failure_still_drains_where_nothing_can_be_saved(tmp_path: Path) -> No
         results_file=None,
         hysteresis_file=tmp_path / "state" / "h.json",
         settings=SETTINGS,
-        own_user="root",
         run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
         read_state=state,
         act=act,

@@ -27,6 +27,7 @@ from nodecheck.agent.findings import (
     document_text,
     fresh_results,
 )
+from nodecheck.agent.slurm.ownership import DRAIN_RECORD_FILE, DrainRecord, save_drain_record
 from nodecheck.checks.result import Result, Status
 from nodecheck.checks.runner import CheckRun
 from tests.conftest import CLEAN_ENVIRON, Node
@@ -333,13 +334,20 @@ def test_an_agent_without_the_results_folder_says_so_once_and_runs_on(
 # -- runs at once, and a state that cannot be saved -----------------------------------------
 
 
-def drained_by_nodecheck(slurm: Slurm) -> None:
-    slurm.set_state(
-        "IDLE",
-        "DRAIN",
-        reason="nodecheck: gpu_count node: 7 of 8 GPUs",
-        user=pwd.getpwuid(os.geteuid()).pw_name,
-    )
+# The reason health-check sets on the faulty replica (its first failing finding), so a
+# run on it finds the fault its reason names and keeps the reason.
+FAULTY_REASON = (
+    "nodecheck: gpu_count node: 1 GPU(s) on the bus are not usable: 7 GPU(s) answering "
+    "NVML, 8 on the PCI bus for this host"
+)
+
+
+def drained_by_nodecheck(slurm: Slurm, tmp_path: Path) -> None:
+    """The node drained by nodecheck: the reason in Slurm, and nodecheck's record of it in
+    the state folder (agent/slurm/ownership.py)."""
+    slurm.set_state("IDLE", "DRAIN", reason=FAULTY_REASON, user=pwd.getpwuid(os.geteuid()).pw_name)
+    (tmp_path / "state").mkdir(exist_ok=True)
+    save_drain_record(tmp_path / "state" / DRAIN_RECORD_FILE, DrainRecord(FAULTY_REASON))
 
 
 def saved_runs(tmp_path: Path) -> int:
@@ -376,7 +384,7 @@ def test_runs_at_once_on_the_same_agent_results_are_one_healthy_run(
     first counts it, the others say they do not, and none undrains at 2 runs in a row.
     The agent's next results are the second."""
     slurm = Slurm(tmp_path / "slurm")
-    drained_by_nodecheck(slurm)
+    drained_by_nodecheck(slurm, tmp_path)
     fine = Result(Status.OK, "node", "8 of 8 GPUs")
     write_agent_results(tmp_path / "results.json", fine)
     config = "[slurm]\nundrain_after_runs = 2\n"
@@ -396,7 +404,7 @@ def test_runs_at_once_take_turns_and_lose_no_count(dgx: Node, tmp_path: Path) ->
     every run judged is counted (none lost) and exactly one undrains, at the fifth. A
     run that waited past the budget changed nothing and said so."""
     slurm = Slurm(tmp_path / "slurm")
-    drained_by_nodecheck(slurm)
+    drained_by_nodecheck(slurm, tmp_path)
     runs = at_once(10, dgx, slurm, tmp_path, "[slurm]\nundrain_after_runs = 5\nbudget = 55\n")
     judged = [done for done in runs if done.returncode == 0]
     waited = [done for done in runs if done.returncode != 0]
@@ -456,7 +464,7 @@ def fill(folder: Path) -> Path:
 
 
 def four_healthy_runs(dgx: Node, slurm: Slurm, tmp_path: Path, config: str) -> None:
-    drained_by_nodecheck(slurm)
+    drained_by_nodecheck(slurm, tmp_path)
     for run in range(1, 5):
         done = health_check(dgx, slurm, tmp_path, config=config)
         assert f"healthy {run} of 5 runs in a row" in line_of(done), done.stderr

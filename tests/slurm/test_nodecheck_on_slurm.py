@@ -20,7 +20,7 @@ from tests.conftest import Node
 from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
 from tests.fixtures.nvml_scenarios import dgx_healthy, write_scenario
-from tests.fixtures.slurm_cluster import SlurmCluster
+from tests.fixtures.slurm_cluster import NodeState, SlurmCluster
 
 NODECHECK = str(Path(sys.executable).parent / "nodecheck")
 
@@ -223,7 +223,7 @@ def test_the_task_prologs_environment_reaches_the_task(
 
 
 def test_a_prolog_failure_drains_the_node_and_requeues_the_job(
-    slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, dgx: Node, tmp_path: Path
 ) -> None:
     program = slurm_cluster.program(
         "prolog", NODECHECK, *dgx_faulty.cli_args, "slurm", "prolog", env=dgx_faulty.env
@@ -247,3 +247,41 @@ def test_a_prolog_failure_drains_the_node_and_requeues_the_job(
 
     shown = slurm_cluster.wait_for(requeued, 180, "the job requeued")
     assert "JobState=COMPLETED" not in shown
+    # health-check takes Slurm's "Prolog error" drain over: the prolog gone, the node
+    # healthy (the healthy twin), it sets its own reason, then undrains after the runs.
+    slurm_cluster.reconfigure(Prolog=None)
+    healthy, runs = _health_check(slurm_cluster, dgx, tmp_path / "hc", undrain_after_runs=2)
+    slurm_cluster.reconfigure(HealthCheckProgram=str(healthy), HealthCheckInterval=2)
+
+    def taken_over() -> NodeState | None:
+        state = slurm_cluster.node_state()
+        return state if (state.reason or "").startswith("nodecheck:") else None
+
+    taken = slurm_cluster.wait_for(taken_over, 180, "the takeover")
+    assert taken.drained and "took over Slurm's 'Prolog error' drain" in str(taken.reason)
+    back = slurm_cluster.wait_idle(180)
+    assert back.reason is None and _runs(runs) >= 3
+
+
+def test_an_admins_edit_of_nodecheck_s_reason_keeps_the_node_drained(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, dgx: Node, tmp_path: Path
+) -> None:
+    """nodecheck drains the faulty node; an admin, as the same user (root), appends to
+    its reason: however many healthy runs follow, the node stays drained, the admin's."""
+    program, _ = _health_check(slurm_cluster, dgx_faulty, tmp_path, undrain_after_runs=1)
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+    drained = slurm_cluster.wait_for(
+        lambda: s if (s := slurm_cluster.node_state()).drained else None, 180, "the drain"
+    )
+    edited = f"{drained.reason} -- RMA 4711, keep drained"
+    slurm_cluster.run(
+        "scontrol", "update", f"NodeName={slurm_cluster.node}", "State=DRAIN", f"Reason={edited}"
+    )
+    healthy, runs = _health_check(
+        slurm_cluster, dgx, tmp_path, name="health-check-healthy", undrain_after_runs=1
+    )
+    slurm_cluster.reconfigure(HealthCheckProgram=str(healthy))
+    _wait_runs(slurm_cluster, runs, 3)
+    after = slurm_cluster.node_state()
+    assert after.drained and after.reason == edited
+    assert "drained for another reason" in (tmp_path / "log").read_text()

@@ -1,0 +1,82 @@
+"""Which drain is nodecheck's: the record of the exact reason it set, not who set it.
+
+On a cluster every admin is root, and so is nodecheck: a reason's setter says nothing
+(an admin who appends "-- RMA 4711, keep drained" to nodecheck's reason, as root, must
+keep the node). So `slurm health-check` keeps, in its state folder, the reason it set
+and, from the first read after its drain, the time slurmctld stamped on it (scontrol
+prints both: `Reason=<text> [<user>@<time>]`). A drained node is nodecheck's while its
+reason is that text with that time; any change, an edit, the same text set again by
+someone else, another drain, hands the node to whoever made it, for good: the record
+is dropped and health-check never touches that drain again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from nodecheck.checks.node.slurm_state import SlurmNodeState
+from nodecheck.checks.record import record
+
+DRAIN_RECORD_FILE = "slurm_drain.json"
+RECORD_LIMIT = 4096  # bytes: a reason is at most 255 of them
+
+
+@record
+class DrainRecord:
+    """The drain nodecheck set: its exact reason, and slurmctld's time for it once read."""
+
+    reason: str
+    reason_time: str | None = None
+
+
+def owns(state: SlurmNodeState, drained: DrainRecord | None) -> bool:
+    """Whether the node's drain is the one nodecheck recorded: the same reason text and,
+    once learned, the same time."""
+    if drained is None or state.reason != drained.reason:
+        return False
+    return drained.reason_time is None or state.reason_time == drained.reason_time
+
+
+def with_time_learned(state: SlurmNodeState, drained: DrainRecord | None) -> DrainRecord | None:
+    """The record with slurmctld's time for its reason, the first time the node is read
+    with that reason after the drain; None when there is nothing to learn."""
+    if (
+        drained is None
+        or drained.reason_time is not None
+        or state.reason != drained.reason
+        or state.reason_time is None
+    ):
+        return None
+    return DrainRecord(drained.reason, state.reason_time)
+
+
+def load_drain_record(path: Path) -> DrainRecord | None:
+    """The saved record; None when there is none or it is damaged (then no drain is
+    nodecheck's: the safe side, it never undrains what it cannot prove it set)."""
+    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
+
+    try:
+        document = json.loads(read_regular_file(path, RECORD_LIMIT).decode("utf-8"))
+        reason, reason_time = document["reason"], document["reason_time"]
+    except (OSError, NotRegularFileError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if not isinstance(reason, str) or not (reason_time is None or isinstance(reason_time, str)):
+        return None
+    return DrainRecord(reason, reason_time)
+
+
+def save_drain_record(path: Path, drained: DrainRecord) -> None:
+    """Replace the record (atomically); OSError when it cannot be."""
+    from nodecheck.checks.node.fs import write_atomically
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"reason": drained.reason, "reason_time": drained.reason_time}
+    write_atomically(path, json.dumps(document) + "\n", mode=0o600)
+
+
+def forget_drain_record(path: Path) -> None:
+    """Drop the record; nothing to drop is no error. OSError when it cannot be removed."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        path.unlink()
