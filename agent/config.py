@@ -46,6 +46,9 @@ file prints every default, and checks/config.py is where the checks' are declare
     performance = true           # a GPU performance failure does; hardware always, the node's
                                  # configuration and a job's variables never (README.md)
     dry_run = false              # log what it would do to the node, and do nothing
+    breaker_fraction = 0.1       # at most this share of the cluster's nodes, (0, 1],
+    breaker_nodes = 50           # and this many, 1 to 100000, drained by nodecheck
+    breaker_window = 3600        # in this many seconds, 60 to 7 days; past it: reported
 
     [labels]                     # this node's place in the fleet, on nodecheck_node_info
     cluster = "c1"               # any names (at most 16), string values of 1 to 128
@@ -347,6 +350,12 @@ class RemediationSettings:
 
     performance: bool = True
     dry_run: bool = False
+    # The fleet-wide circuit breaker (agent/slurm/breaker.py): at most this share of the
+    # cluster's nodes, and this many, drained by nodecheck within the window; past it a
+    # drain is withheld and reported.
+    breaker_fraction: float = 0.1
+    breaker_nodes: int = 50
+    breaker_window_s: float = 3600.0
 
     def takes_out_of_service(self, finding: Finding) -> bool:
         if not finding.node_failing:
@@ -544,6 +553,9 @@ class AgentConfig:
             "[remediation]",
             f"performance = {str(remediation.performance).lower()}",
             f"dry_run = {str(remediation.dry_run).lower()}",
+            f"breaker_fraction = {remediation.breaker_fraction}",
+            f"breaker_nodes = {remediation.breaker_nodes}",
+            f"breaker_window = {remediation.breaker_window_s}",
         ]
         lines += ["", "[labels]"]
         lines += [f"{name} = {quoted(value)}" for name, value in sorted(self.labels.items())]
@@ -1042,9 +1054,18 @@ def _with_remediation(
 ) -> AgentConfig:
     table = _Reader(path, text, ("remediation",), values)
     defaults = RemediationSettings()
+    nodes = table.take("breaker_nodes", int, defaults.breaker_nodes)
+    if not 1 <= nodes <= 100_000:
+        raise table.fail("breaker_nodes", f"must be from 1 to 100000, got {_shown(nodes)}")
+    fraction = table.number(
+        "breaker_fraction", defaults.breaker_fraction, 0.0, 1.0, low_open=True, unit=""
+    )
     settings = RemediationSettings(
         performance=table.take("performance", bool, defaults.performance),
         dry_run=table.take("dry_run", bool, defaults.dry_run),
+        breaker_fraction=fraction,
+        breaker_nodes=nodes,
+        breaker_window_s=table.number("breaker_window", defaults.breaker_window_s, 60.0, 7 * DAY_S),
     )
     table.done()
     return replace(config, remediation=settings)

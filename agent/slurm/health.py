@@ -102,6 +102,7 @@ class Decision:
     reason: str = ""  # the Slurm reason a drain or reboot sets
     exit_status: int = EXIT_HEALTHY
     takeover: bool = False  # a Prolog or Epilog error's drain made nodecheck's: count anew
+    withheld: bool = False  # a drain the circuit breaker held back (agent/slurm/breaker.py)
 
 
 # States nodecheck never acts on: Slurm or an admin has the node (scontrol.1, sinfo.1).
@@ -347,6 +348,7 @@ def health_check(
     settings: SlurmSettings,
     run_quick_checks: Callable[[float], list[tuple[str, list[Result]]]],
     read_state: Callable[[], SlurmNodeState],
+    read_fleet: Callable[[], Sequence[SlurmNodeState]],
     act: Callable[[SlurmAction, str], tuple[bool, str]],
     read_clock: Callable[[], BootMoment],
     now: Callable[[], float] = time.time,
@@ -391,6 +393,7 @@ def health_check(
             hysteresis_file=hysteresis_file,
             settings=settings,
             read_state=read_state,
+            read_fleet=read_fleet,
             act=act,
             read_clock=read_clock,
             now=now,
@@ -430,6 +433,7 @@ def _judge_and_act(
     hysteresis_file: Path,
     settings: SlurmSettings,
     read_state: Callable[[], SlurmNodeState],
+    read_fleet: Callable[[], Sequence[SlurmNodeState]],
     act: Callable[[SlurmAction, str], tuple[bool, str]],
     read_clock: Callable[[], BootMoment],
     now: Callable[[], float],
@@ -509,6 +513,11 @@ def _judge_and_act(
             why=f"{decision.why}; the same agent results as the last counted run: "
             "not counted again",
         )
+    if decision.action in (SlurmAction.DRAIN, SlurmAction.REBOOT) and (
+        state is not None and not state.drained
+    ):
+        # A node leaving service: the fleet-wide cap first.
+        decision = _past_the_breaker(decision, read_fleet, policy, now())
     if decision.action is SlurmAction.NOTHING:
         return HealthCheckRun(source, decision, True, problem)
     if policy.dry_run:
@@ -537,6 +546,34 @@ def _judge_and_act(
         action_problem = "; ".join(p for p in (action_problem, kept) if p)
     return HealthCheckRun(
         source, decision, done, "; ".join(p for p in (action_problem, problem) if p)
+    )
+
+
+def _past_the_breaker(
+    decision: Decision,
+    read_fleet: Callable[[], Sequence[SlurmNodeState]],
+    policy: RemediationSettings,
+    now: float,
+) -> Decision:
+    """`decision` when the circuit breaker lets it through, else nothing done, reported:
+    the breaker open, or the cluster's nodes unreadable (it cannot tell)."""
+    from nodecheck.agent.slurm.breaker import read_breaker
+    from nodecheck.checks.node.slurm_state import SlurmStateError
+
+    try:
+        reading = read_breaker(read_fleet(), policy, REASON_PREFIX, now)
+    except SlurmStateError as err:
+        held = f"the cluster's nodes could not be read for the circuit breaker ({err})"
+    else:
+        if not reading.open:
+            return decision
+        held = f"the circuit breaker is open: {reading.says(policy.breaker_window_s)}"
+    return replace(
+        decision,
+        action=SlurmAction.NOTHING,
+        why=f"{decision.why}; withheld, reported instead of a {decision.action.value}: {held}",
+        reason="",
+        withheld=True,
     )
 
 
@@ -607,6 +644,8 @@ def log_run(node: str, run: HealthCheckRun) -> None:
     ]
     if run.dry_run:
         message += " dry_run=true"
+    if decision.withheld:
+        message += " breaker=open"
     if decision.reason:
         message += " reason=%r"
         values.append(decision.reason)
@@ -630,7 +669,7 @@ def run_health_check(
     from nodecheck.checks.config import BenchOptions
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.boot import read_boot_moment
-    from nodecheck.checks.node.slurm_state import read_slurm_node
+    from nodecheck.checks.node.slurm_state import read_slurm_node, read_slurm_nodes
     from nodecheck.checks.registry import load_checks
     from nodecheck.checks.runner import run_checks
 
@@ -675,6 +714,7 @@ def run_health_check(
         settings=settings,
         run_quick_checks=run_quick_checks,
         read_state=lambda: read_slurm_node(node, scontrol, settings.scontrol_timeout_s),
+        read_fleet=lambda: read_slurm_nodes(scontrol, settings.scontrol_timeout_s),
         act=act,
         read_clock=lambda: read_boot_moment(fs),
         expected=enabled,

@@ -180,3 +180,43 @@ def read_slurm_node(
             f"scontrol show node {node} exited {status}" + (f": {said[0][:200]}" if said else "")
         )
     return parse_scontrol_node(out, node)
+
+
+# `scontrol show node` for every node: about 1.5 KiB a node, so a cap of 32 MiB holds
+# some twenty thousand nodes, and bounds what a broken scontrol can make us read.
+FLEET_OUTPUT_LIMIT = 32 << 20
+
+
+def parse_scontrol_nodes(text: str) -> list[SlurmNodeState]:
+    """Every node of `scontrol show node` (no name: all of them); SlurmStateError when a
+    record cannot be read (one node's, named)."""
+    records: list[list[str]] = []
+    for line in text.splitlines():
+        if _NODE_NAME.match(line):
+            records.append([line])
+        elif records:
+            records[-1].append(line)
+        elif line.strip():
+            raise SlurmStateError("scontrol's output does not begin with a NodeName= record")
+    nodes = []
+    for lines in records:
+        name_match = _NODE_NAME.match(lines[0])
+        assert name_match is not None
+        nodes.append(parse_scontrol_node("\n".join(lines), name_match.group(1)))
+    return nodes
+
+
+def read_slurm_nodes(
+    scontrol: str = "scontrol", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[SlurmNodeState]:
+    """`scontrol show node`, every node, in one bounded read; SlurmStateError when
+    scontrol fails, hangs, says too much or something unreadable."""
+    status, out, err = run_bounded_command(
+        [scontrol, "show", "node"], timeout_s, limit=FLEET_OUTPUT_LIMIT
+    )
+    if status != 0:
+        said = (err.strip() or out.strip()).splitlines()[:1]
+        raise SlurmStateError(
+            f"scontrol show node exited {status}" + (f": {said[0][:200]}" if said else "")
+        )
+    return parse_scontrol_nodes(out)

@@ -77,7 +77,7 @@ def _idle_node() -> SlurmNodeState:
 
 def _slurm(findings: list[Finding]) -> SlurmAction:
     settings = SlurmSettings(reboot_on_xid=True)
-    decision = decide(_idle_node(), "", findings, Hysteresis(), settings, "root", 100.0)
+    decision = decide(_idle_node(), "", findings, Hysteresis(), settings, None, 100.0)
     return decision.action
 
 

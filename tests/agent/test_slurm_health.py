@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import sys
@@ -26,6 +27,7 @@ from nodecheck.agent.findings import (
     fresh_results,
 )
 from nodecheck.agent.slurm.actions import drain_argv, reboot_argv, run_action, undrain_argv
+from nodecheck.agent.slurm.breaker import REASON_TIME_FORMAT, BreakerReading, read_breaker
 from nodecheck.agent.slurm.health import (
     EXIT_HEALTHY,
     EXIT_UNDETERMINED,
@@ -35,6 +37,7 @@ from nodecheck.agent.slurm.health import (
     SlurmAction,
     decide,
     health_check,
+    log_run,
     slurm_reason,
 )
 from nodecheck.agent.slurm.hysteresis import (
@@ -56,6 +59,7 @@ from nodecheck.checks.node.slurm_state import (
     SlurmNodeState,
     SlurmStateError,
     parse_scontrol_node,
+    parse_scontrol_nodes,
     read_slurm_node,
     run_bounded_command,
 )
@@ -119,6 +123,11 @@ def state(
     not_responding: bool = False,
 ) -> SlurmNodeState:
     return SlurmNodeState("gpu01", base, frozenset(flags), not_responding, reason, user, None)
+
+
+def one_node() -> list[SlurmNodeState]:
+    """The cluster as the circuit breaker reads it: this node alone, in service."""
+    return [state()]
 
 
 OURS = state("IDLE", "DRAIN", reason="nodecheck: gpu_count node: 7 of 8 GPUs", user="root")
@@ -437,6 +446,7 @@ def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path:
             ("nccl_env", [Result(Status.FAIL, "node", "NCCL_P2P_DISABLE=1 set in the job")]),
         ],
         read_state=lambda: OURS,
+        read_fleet=one_node,
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
@@ -509,6 +519,7 @@ def test_a_dry_run_says_the_command_and_runs_nothing(tmp_path: Path) -> None:
             ("gpu_count", [Result(Status.FAIL, "node", "7 of 8 GPUs")]),
         ],
         read_state=state,
+        read_fleet=one_node,
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
         policy=RemediationSettings(dry_run=True),
@@ -552,6 +563,7 @@ def test_a_failure_whose_action_is_reboot_reboots_when_enabled(tmp_path: Path) -
         settings=rebooting,
         run_quick_checks=lambda budget: [("gpu_xid", [result])],
         read_state=state,
+        read_fleet=one_node,
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
@@ -769,6 +781,7 @@ def test_a_run_without_fresh_results_runs_the_checks_and_acts(tmp_path: Path) ->
         settings=SlurmSettings(budget_s=7),
         run_quick_checks=checks,
         read_state=state,
+        read_fleet=one_node,
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
@@ -788,6 +801,7 @@ def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
         settings=SETTINGS,
         run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
         read_state=state,
+        read_fleet=one_node,
         act=lambda action, reason: (False, "scontrol exited 1"),
         read_clock=this_boot(tmp_path / "proc"),
     )
@@ -836,14 +850,21 @@ def test_the_remediation_settings_are_read_and_checked() -> None:
 
     where = Path("/etc/nodecheck/config.toml")
     assert parse_config("", where, set()).remediation == RemediationSettings(True, False)
-    text = "[remediation]\nperformance = false\ndry_run = true\n"
+    text = (
+        "[remediation]\nperformance = false\ndry_run = true\nbreaker_fraction = 0.25\n"
+        "breaker_nodes = 8\nbreaker_window = 600\n"
+    )
     config = parse_config(text, where, set())
-    assert config.remediation == RemediationSettings(performance=False, dry_run=True)
+    assert config.remediation == RemediationSettings(False, True, 0.25, 8, 600.0)
     assert parse_config(config.show(), where, set()).remediation == config.remediation
     for bad, key in [
         ("[remediation]\nperformance = 0\n", "remediation.performance"),
         ('[remediation]\ndry_run = "yes"\n', "remediation.dry_run"),
         ("[remediation]\nconfig = false\n", "remediation.config"),
+        ("[remediation]\nbreaker_fraction = 0\n", "remediation.breaker_fraction"),
+        ("[remediation]\nbreaker_fraction = 1.5\n", "remediation.breaker_fraction"),
+        ("[remediation]\nbreaker_nodes = 0\n", "remediation.breaker_nodes"),
+        ("[remediation]\nbreaker_window = 10\n", "remediation.breaker_window"),
     ]:
         with pytest.raises(ConfigError) as raised:
             parse_config(bad, where, set())
@@ -888,6 +909,7 @@ def test_a_reboot_slurm_will_not_do_drains_instead(tmp_path: Path) -> None:
         settings=SlurmSettings(reboot_on_xid=True),
         run_quick_checks=lambda budget: pytest.fail("fresh results: no checks run"),
         read_state=state,
+        read_fleet=one_node,
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
@@ -942,6 +964,7 @@ def healthy_run(
         settings=settings,
         run_quick_checks=lambda budget: HEALTHY_CHECKS,
         read_state=lambda: OURS,
+        read_fleet=one_node,
         act=act,
         read_clock=read_clock,
         now=lambda: wall,
@@ -1073,9 +1096,110 @@ def test_a_failure_still_drains_where_nothing_can_be_saved(tmp_path: Path) -> No
         settings=SETTINGS,
         run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
         read_state=state,
+        read_fleet=one_node,
         act=act,
         read_clock=this_boot(tmp_path / "proc"),
     )
     assert acted == [(SlurmAction.DRAIN, "nodecheck: gpu_count node: 7 of 8")]
     assert run.decision.exit_status == EXIT_UNHEALTHY
     assert run.problem.endswith("; removed h.json instead: no healthy run is counted")
+
+
+# -- the circuit breaker -------------------------------------------------------------------
+
+
+def fleet(drained_recently: int, drained_long_ago: int, total: int) -> list[SlurmNodeState]:
+    """`total` nodes: some drained by nodecheck a minute ago, some a week ago, one by an
+    admin, the rest in service."""
+    recent = time.strftime(REASON_TIME_FORMAT, time.localtime(NOW - 60))
+    old = time.strftime(REASON_TIME_FORMAT, time.localtime(NOW - 7 * 86400))
+    nodes = []
+    for index in range(total):
+        name = f"gpu{index + 2:03d}"
+        if index < drained_recently:
+            reason, when = "nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79", recent
+        elif index < drained_recently + drained_long_ago:
+            reason, when = "nodecheck: gpu_count node: 7 of 8 GPUs", old
+        elif index == drained_recently + drained_long_ago:
+            reason, when = "cabling", recent
+        else:
+            nodes.append(SlurmNodeState(name, "IDLE", frozenset(), False, None, None, None))
+            continue
+        nodes.append(
+            SlurmNodeState(name, "IDLE", frozenset({"DRAIN"}), False, reason, "root", when)
+        )
+    return nodes
+
+
+def test_the_breaker_counts_nodecheck_s_drains_within_its_window() -> None:
+    tenth = RemediationSettings()  # 10 % of the nodes, at most 50, within the hour
+    assert read_breaker(fleet(2, 5, 20), tenth, "nodecheck:", NOW) == BreakerReading(2, 20, 2)
+    assert read_breaker(fleet(2, 5, 20), tenth, "nodecheck:", NOW).open
+    assert not read_breaker(fleet(1, 5, 20), tenth, "nodecheck:", NOW).open
+    wider = RemediationSettings(breaker_fraction=0.2)
+    assert not read_breaker(fleet(2, 5, 20), wider, "nodecheck:", NOW).open
+    few = RemediationSettings(breaker_fraction=1.0, breaker_nodes=2)
+    assert read_breaker(fleet(2, 0, 100), few, "nodecheck:", NOW).cap == 2
+    # One node alone: the first drain goes through, never a second at once.
+    assert read_breaker(one_node(), tenth, "nodecheck:", NOW) == BreakerReading(0, 1, 1)
+    # A reason whose time cannot be read counts.
+    unread = [replace(node, reason_time="yesterday") for node in fleet(2, 0, 20)]
+    assert read_breaker(unread, tenth, "nodecheck:", NOW).drained_recently == 2
+
+
+@pytest.mark.parametrize("open_or_unreadable", ["open", "unreadable"])
+def test_a_drain_past_the_breaker_is_withheld_and_reported(
+    open_or_unreadable: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    acted: list[SlurmAction] = []
+
+    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
+        acted.append(action)
+        return True, ""
+
+    def read_fleet() -> list[SlurmNodeState]:
+        if open_or_unreadable == "unreadable":
+            raise SlurmStateError("scontrol show node did not finish within 5 s")
+        return [state(), *fleet(2, 0, 19)]
+
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "h.json",
+        settings=SETTINGS,
+        run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
+        read_state=state,
+        read_fleet=read_fleet,
+        act=act,
+        read_clock=this_boot(tmp_path / "proc"),
+        now=lambda: NOW,
+    )
+    assert acted == [] and run.decision.action is SlurmAction.NOTHING
+    assert run.decision.withheld and run.decision.exit_status == EXIT_UNHEALTHY
+    assert "withheld, reported instead of a drain: " in run.decision.why
+    if open_or_unreadable == "open":
+        assert "2 of 20 nodes drained by nodecheck in the last 3600 s, the cap 2" in (
+            run.decision.why
+        )
+    else:
+        assert "could not be read for the circuit breaker" in run.decision.why
+    caplog.set_level(logging.INFO, logger="nodecheck.agent.slurm.health")
+    log_run("gpu01", run)
+    assert "breaker=open" in caplog.records[-1].getMessage()
+
+
+def test_every_node_of_scontrol_show_node_is_read() -> None:
+    text = (
+        DRAINED_BY_NODECHECK
+        + IDLE.replace("gpu01", "gpu02")
+        + DOWN_NOT_RESPONDING.replace("gpu01", "gpu03")
+    )
+    nodes = parse_scontrol_nodes(text)
+    assert [(n.name, n.base, n.drained) for n in nodes] == [
+        ("gpu01", "IDLE", True),
+        ("gpu02", "IDLE", False),
+        ("gpu03", "DOWN", True),
+    ]
+    assert nodes[0].reason_time == "2026-12-01T15:00:00"
+    with pytest.raises(SlurmStateError):
+        parse_scontrol_nodes("garbage\n" + IDLE)

@@ -49,7 +49,10 @@ args = sys.argv[1:]
 me = pwd.getpwuid(os.geteuid()).pw_name
 if args[:2] == ["show", "node"]:
     flags = "".join("+" + f for f in state["flags"])
-    print(f"NodeName={args[2]} Arch=x86_64 CoresPerSocket=56")
+    if len(args) == 2 and os.path.exists(os.path.join(here, "others")):
+        # Every node: the cluster's other nodes first, as the test wrote them.
+        print(open(os.path.join(here, "others")).read())
+    print(f"NodeName={args[2] if len(args) > 2 else 'gpu01'} Arch=x86_64 CoresPerSocket=56")
     print("   CPUAlloc=0 CPUEfctv=224 CPUTot=224 CPULoad=0.10")
     print(f"   State={state['base']}{flags} ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A")
     print("   Partitions=debug")
@@ -171,6 +174,30 @@ def test_a_fault_drains_and_the_node_returns_after_three_healthy_runs(
     assert done.returncode == 0 and "action=undrain done=true" in line_of(done)
     assert slurm.updates()[-1] == ["update", "NodeName=gpu01", "State=UNDRAIN"]
     assert slurm.state() == {"base": "IDLE", "flags": [], "reason": None, "user": None}
+
+
+def test_a_drain_past_the_fleet_cap_is_withheld_and_reported(
+    dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """Ten other nodes, three drained by nodecheck a minute ago: the cap (10 % of 11, at
+    least one) is reached, so the faulty node stays in service, reported (exit 1,
+    breaker=open), and scontrol is asked for nothing but the nodes' state."""
+    slurm = Slurm(tmp_path / "slurm")
+    minute_ago = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
+    others = [
+        f"NodeName=gpu{index:02d} Arch=x86_64\n   State=IDLE+DRAIN ThreadsPerCore=2\n"
+        f"   Reason=nodecheck: gpu_xid gpu 0000:3a:00.0: XID 79 [root@{minute_ago}]\n"
+        if index < 3
+        else f"NodeName=gpu{index:02d} Arch=x86_64\n   State=IDLE ThreadsPerCore=2\n"
+        for index in range(10)
+    ]
+    (slurm.folder / "others").write_text("".join(others))
+    done = health_check(dgx_faulty, slurm, tmp_path)
+    assert done.returncode == 1, done.stderr
+    line = line_of(done)
+    assert "action=nothing" in line and "breaker=open" in line
+    assert "3 of 11 nodes drained by nodecheck in the last 3600 s, the cap 1" in line
+    assert slurm.updates() == [] and slurm.state()["flags"] == []
 
 
 def test_an_admin_drain_stays_through_healthy_and_unhealthy_runs(
