@@ -30,7 +30,8 @@ def slurm_task_prolog(
 
     Prints the export NAME=value and unset NAME lines slurmstepd applies to the task
     (its local rank from SLURM_LOCALID, its GPU from CUDA_VISIBLE_DEVICES or
-    SLURM_STEP_GPUS), and print lines for what the user should see. Exit status 2, with
+    SLURM_STEP_GPUS; its threads from its own CPUs), a print line only for a rank that
+    must not run, and its notes on stderr (never into the job's output). Exit status 2, with
     nothing exported, for a rank that must not run here (its GPU lost) or no local rank
     at all; a task beyond the node's GPUs, or on a node without GPUs, gets nothing set
     and exit status 0.
@@ -64,7 +65,34 @@ def slurm_task_prolog(
         log.debug("event=task_prolog_failed", exc_info=err)
         click.echo(print_line(f"nodecheck task-prolog: no tuning ({type(err).__name__}: {err})"))
         ctx.exit(0)
-    lines, code = task_prolog_lines(plan, rank, os.environ)
+    affinity = _task_affinity(ctx)
+    lines, notes, code = task_prolog_lines(plan, rank, os.environ, affinity)
     for line in lines:
         click.echo(line)
+    for note in notes:
+        say_on_stderr(note)
     ctx.exit(code)
+
+
+def _task_affinity(ctx: click.Context) -> set[int] | None:
+    """The CPUs this process may run on, slurmstepd's for the task, when the node read
+    is this machine (a replica's or a capture's tasks have no affinity here)."""
+    from nodecheck.agent.cli.options import node_fs
+    from nodecheck.checks.node.inventory import is_live_procfs
+
+    if not is_live_procfs(node_fs(ctx)):
+        return None
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
+def say_on_stderr(line: str) -> None:
+    """A note for slurmd's log; nothing lost when slurmstepd gave no stderr."""
+    import contextlib
+
+    from nodecheck.checks.printable import printable
+
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(printable(line), err=True)

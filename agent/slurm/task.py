@@ -10,25 +10,35 @@ and its parser, `_proc_stdout` in src/slurmd/slurmstepd/task.c of SchedMD/slurm)
     undone, so a value is written as it is, never shell-quoted (quotes would reach the
     task). Spaces before '=' are dropped; spaces after it are part of the value.
   - `unset NAME` removes NAME.
-  - `print ...` writes the rest of the line to the task's stdout: what the user sees
-    (slurmstepd closes the task prolog's stderr).
+  - `print ...` writes the rest of the line to the task's stdout, into the job's output
+    files: nodecheck prints nothing there (a job's output is its user's data); its
+    warnings go to the task prolog's stderr, which slurmd logs, and only a refusal (a
+    rank that must not run, its task cancelled) is a `print` line, the one thing the
+    user must read.
   - anything else is ignored; stdout is read with fgets into a 4096-byte buffer, so a
     longer line would be cut and its rest read as a line of its own.
 The task prolog runs as the job's user, in the task's environment (its SLURM_LOCALID,
 and CUDA_VISIBLE_DEVICES / SLURM_STEP_GPUS as Slurm's gres plugin set them), once per
 task before it starts. The CPU binding is not set here: that is srun's --cpu-bind
-(`nodecheck tune` prints the option that equals its numactl lines).
+(`nodecheck tune` prints the option that equals its numactl lines). The threads are the
+task's own, though: slurmstepd applies the task's affinity before its TaskProlog
+(src/slurmd/slurmstepd/task.c, exec_task: the task plugin's pre-launch, then the
+TaskProlog), so the CPUs this process may run on, capped by SLURM_CPUS_PER_TASK, are the
+task's (`srun --cpus-per-task=7 --gpus-per-task=1` gives each task 7, not the 56 CPUs of
+its GPU's socket that tune's binding would give a rank).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 
 from nodecheck.agent.launch.rank_exec import applied_environment
 from nodecheck.agent.launch.tune_view import SHELL_NAME, refused_rank
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.printable import one_line
-from nodecheck.tuning.plan import Plan
+from nodecheck.tuning import pytorch
+from nodecheck.tuning.plan import Plan, RankPlan
 
 LOCAL_RANK_VARIABLE = "SLURM_LOCALID"
 # fgets(buf, sizeof(buf) - 1, f) with char buf[4096]: at most 4094 characters and the
@@ -77,53 +87,93 @@ def print_line(text: str) -> str:
     return "print " + one_line(text, MAX_LINE - len("print "))
 
 
+def task_cpu_count(environ: Mapping[str, str], affinity: Collection[int] | None) -> int | None:
+    """How many CPUs the task has: its affinity's, capped by SLURM_CPUS_PER_TASK; None
+    when neither says (the rank's binding from tune stands)."""
+    counts = [len(affinity)] if affinity else []
+    per_task = parse_count(environ.get("SLURM_CPUS_PER_TASK", ""))
+    if per_task:
+        counts.append(per_task)
+    return min(counts) if counts else None
+
+
+def with_task_threads(rank: RankPlan, cpus: int | None, environ: Mapping[str, str]) -> RankPlan:
+    """The rank's thread counts from the task's `cpus` where it has fewer than the rank's
+    binding: OMP_NUM_THREADS and the DataLoader's workers from that budget. The physical
+    cores among them in the binding's proportion (a task's CPUs are whole cores as often
+    as the binding's are)."""
+    if cpus is None or cpus >= rank.budget.cpus:
+        return rank
+    binding = rank.budget
+    cores = None
+    if binding.cores and binding.cores < binding.cpus:
+        cores = max(1, cpus * binding.cores // binding.cpus)
+    budget = pytorch.cpu_budget(cpus, cores)
+    others = [r for r in rank.env if r.name != "OMP_NUM_THREADS"]
+    threads = pytorch.omp_threads(budget, environ).against(environ)
+    return replace(
+        rank, env=[*others, threads], budget=budget, dataloader=pytorch.dataloader(budget)
+    )
+
+
 def task_prolog_lines(
-    plan: Plan, local_rank: int, environ: Mapping[str, str]
-) -> tuple[list[str], int]:
+    plan: Plan,
+    local_rank: int,
+    environ: Mapping[str, str],
+    affinity: Collection[int] | None = None,
+) -> tuple[list[str], list[str], int]:
     """The lines for this task and the exit status: what `nodecheck exec` would apply to
     the task's environment (`environ`), as export and unset lines: its rank's `tune`
     environment, less what the job set itself and works (an advisory change, a value
     the checks only warn about: kept, and said in a print line, as exec does), and the
     variables the checks fail unset. With nothing of the job's own, the task's
-    environment is `tune --format shell --local-rank N`'s. Warnings are print lines. A
-    rank that must not run (CUDA cannot drive its GPU, no CPU for it) gets no
-    environment, a print line saying why and exit status 2: a failed task prolog
+    environment is `tune --format shell --local-rank N`'s, its threads from the task's
+    own CPUs (`affinity`, this process's, and SLURM_CPUS_PER_TASK). Returns the stdout
+    lines, the stderr lines (warnings and notes: never into the job's output) and the
+    exit status. A rank that must not run (CUDA cannot drive its GPU, no CPU for it)
+    gets no environment, a print line saying why and exit status 2: a failed task prolog
     cancels the task (Slurm's prolog_epilog.shtml), and the print line is what its user
     reads."""
+    said = "nodecheck task-prolog"
     if not plan.ranks:
         # TaskProlog= is the whole cluster's: a CPU-only node's tasks run as they are.
-        return [], 0
+        return [], [], 0
     if plan.rank(local_rank) is None:
         # More tasks than GPUs (a CPU step in a GPU job): nothing of tune's fits it, and
         # it is no reason to cancel the task.
         visible = len(plan.ranks)
-        return [
-            print_line(
-                f"nodecheck task-prolog: local rank {local_rank}: this node has {visible} GPU "
-                f"rank(s), 0-{visible - 1}: nothing set"
-            )
-        ], 0
+        return (
+            [],
+            [
+                f"{said}: local rank {local_rank}: this node has {visible} GPU rank(s), "
+                f"0-{visible - 1}: nothing set"
+            ],
+            0,
+        )
     refusal = refused_rank(plan, local_rank)
     if refusal:
-        return [print_line(f"nodecheck task-prolog: must not run here: {refusal}")], (
-            EXIT_MUST_NOT_RUN
-        )
+        return [print_line(f"{said}: must not run here: {refusal}")], [], EXIT_MUST_NOT_RUN
     rank = plan.rank(local_rank)
     assert rank is not None
+    notes = [
+        f"{said}: warning: {problem}"
+        for problem in dict.fromkeys(p for p in (*plan.unusable, rank.warning) if p)
+    ]
+    cpus = task_cpu_count(environ, affinity)
+    tasked = with_task_threads(rank, cpus, environ)
+    if tasked is not rank:
+        notes.append(
+            f"{said}: threads from the task's {cpus} CPU(s) (its affinity, "
+            f"SLURM_CPUS_PER_TASK), not the rank's {rank.budget.cpus}: {tasked.budget.split()}"
+        )
     lines = []
-    for problem in dict.fromkeys(p for p in (*plan.unusable, rank.warning) if p):
-        lines.append(print_line(f"nodecheck task-prolog: warning: {problem}"))
-    env, changed, removed, kept = applied_environment(plan, rank, environ)
-    skipped = []
+    env, changed, removed, kept = applied_environment(plan, tasked, environ)
     for name in changed:
         try:
             lines.append(export_line(name, env[name]))
         except ValueError as err:
-            skipped.append(str(err))
+            notes.append(f"{said}: not exported: {err}")
     lines += [f"unset {name}" for name in removed if SHELL_NAME.match(name)]
-    lines += [print_line(f"nodecheck task-prolog: not exported: {why}") for why in skipped]
     if kept:
-        lines.append(
-            print_line(f"nodecheck task-prolog: kept your {', '.join(kept)} (see nodecheck tune)")
-        )
-    return lines, 0
+        notes.append(f"{said}: kept your {', '.join(kept)} (see nodecheck tune)")
+    return lines, notes, 0

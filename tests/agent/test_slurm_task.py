@@ -20,7 +20,7 @@ from nodecheck.agent.launch.tune_view import (
     render_text,
     srun_binding,
 )
-from nodecheck.agent.slurm.task import MAX_LINE, export_line
+from nodecheck.agent.slurm.task import MAX_LINE, export_line, task_prolog_lines
 from nodecheck.checks.node.cpulist import parse_cpulist
 from nodecheck.tuning.plan import TuneOptions, make_plan
 from tests.agent.test_cli import NODECHECK, run
@@ -98,7 +98,9 @@ def test_a_job_s_own_working_values_are_kept_as_exec_keeps_them(dgx: Node) -> No
     assert prolog.returncode == 0, prolog.stdout + prolog.stderr
     task_env, printed = slurmstepd_applies(prolog.stdout, task_environ(**job))
     assert task_env["NCCL_DEBUG"] == "INFO" and "NCCL_P2P_DISABLE" not in task_env
-    assert printed == ["nodecheck task-prolog: kept your NCCL_DEBUG (see nodecheck tune)"]
+    # Said on stderr (slurmd's log), never printed into the job's output.
+    assert printed == []
+    assert "nodecheck task-prolog: kept your NCCL_DEBUG (see nodecheck tune)" in prolog.stderr
     assert task_env["OMP_NUM_THREADS"] == "14"
 
 
@@ -132,10 +134,8 @@ def test_no_rank_fails_and_no_gpu_for_it_sets_nothing(dgx: Node, tmp_path: Path)
     # More tasks than GPUs: the task runs as it is, told why nothing was set.
     beyond = run(*dgx.cli_args, "slurm", "task-prolog", env={"SLURM_LOCALID": "8"})
     assert beyond.returncode == 0, beyond.stdout
-    assert slurmstepd_applies(beyond.stdout, {}) == (
-        {},
-        ["nodecheck task-prolog: local rank 8: this node has 8 GPU rank(s), 0-7: nothing set"],
-    )
+    assert slurmstepd_applies(beyond.stdout, {}) == ({}, [])
+    assert "local rank 8: this node has 8 GPU rank(s), 0-7: nothing set" in beyond.stderr
     # A node without GPUs (TaskProlog= is the whole cluster's): nothing, and no failure.
     cpu_only = build_node(nodes.NODES["cpu-only"](), tmp_path / "cpu-only")
     node = Node(cpu_only)
@@ -382,3 +382,30 @@ def test_a_plan_that_fails_never_cancels_the_task(
     assert done.exit_code == 0, done.output
     assert done.output.startswith("print nodecheck task-prolog: no tuning (OSError: EIO")
     assert "export " not in done.output
+
+
+@pytest.mark.parametrize(
+    ("affinity", "per_task", "threads"),
+    [
+        (None, None, "14"),  # no affinity known: tune's binding, 28 CPUs (14 cores)
+        (frozenset(range(7)), "7", "3"),  # srun --cpus-per-task=7: 7 CPUs, 3 cores' worth
+        (frozenset(range(56)), "7", "3"),  # a wider affinity, SLURM_CPUS_PER_TASK=7
+        (frozenset(range(112)), None, "14"),  # more than the rank's: the binding's stands
+    ],
+)
+def test_a_task_s_threads_come_from_its_own_cpus(
+    dgx: Node,
+    affinity: frozenset[int] | None,
+    per_task: str | None,
+    threads: str,
+) -> None:
+    """srun --gpus-per-task=1 --cpus-per-task=N: each task's OMP_NUM_THREADS from its N
+    CPUs (the affinity slurmstepd applied, SLURM_CPUS_PER_TASK), said on stderr."""
+    from tests.tuning.test_plan import plan_for
+
+    environ = {"SLURM_LOCALID": "3", **({"SLURM_CPUS_PER_TASK": per_task} if per_task else {})}
+    lines, notes, code = task_prolog_lines(plan_for(dgx, environ), 3, environ, affinity)
+    assert code == 0 and f"export OMP_NUM_THREADS={threads}" in lines
+    assert not any(line.startswith("print ") for line in lines)
+    said = [n for n in notes if "threads from the task's" in n]
+    assert bool(said) is (threads != "14"), notes
