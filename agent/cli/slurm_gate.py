@@ -22,10 +22,16 @@ from nodecheck.checks.config import BUDGET_RANGE_S, DEFAULT_EPILOG_BUDGET_S, DEF
 
 
 def gate_options(default_budget_s: float) -> Callable[[F], F]:
-    """What `slurm prolog` and `slurm epilog` are told: the GPUs expected, the budget."""
+    """What `slurm prolog` and `slurm epilog` are told: the GPUs expected, the budget,
+    whether this is a dry run."""
 
     def decorate(function: F) -> F:
         function = expected_gpus_option("stops the job")(function)
+        function = click.option(
+            "--dry-run",
+            is_flag=True,
+            help="Say on stderr whether it would fail (and Slurm drain the node), and pass.",
+        )(function)
         return click.option(
             "--budget",
             "budget_s",
@@ -46,8 +52,10 @@ def _run_gate(
     expected_gpus: int | None,
     budget_s: float,
     kernel_log: Path | None,
+    dry_run: bool,
 ) -> int:
-    """Run a gate's checks on this node and say its verdict on stderr; its exit status."""
+    """Run a gate's checks on this node and say its verdict on stderr; its exit status
+    (0 on a dry run, which says what it would have been)."""
     fs = node_fs(ctx)
     from nodecheck.agent.slurm.prolog import run_gate, say
     from nodecheck.checks.context import CheckContext
@@ -60,8 +68,20 @@ def _run_gate(
         library_path=settings(ctx)["nvml_library"],
     )
     context = CheckContext(fs=fs, nvml=nvml, kernel_log=kernel_log, config=config)
-    outcome = run_gate(command, context, names, budget_s)
+    # The prolog judges the job's GPUs only (SLURM_JOB_GPUS, in its environment).
+    import os
+
+    outcome = run_gate(
+        command, context, names, budget_s, os.environ if command == "prolog" else None
+    )
     say(outcome)
+    if dry_run and outcome.code != 0:
+        click.echo(
+            f"nodecheck {command}: dry run (--dry-run): would exit {outcome.code}, and Slurm "
+            f"drain the node ({command.capitalize()} error); passing",
+            err=True,
+        )
+        return 0
     return outcome.code
 
 
@@ -71,7 +91,11 @@ def _run_gate(
 @global_options
 @click.pass_context
 def slurm_prolog(
-    ctx: click.Context, expected_gpus: int | None, budget_s: float, kernel_log: Path | None
+    ctx: click.Context,
+    expected_gpus: int | None,
+    budget_s: float,
+    kernel_log: Path | None,
+    dry_run: bool,
 ) -> None:
     """The gate before a job, for slurm.conf's Prolog= (as root, on the node).
 
@@ -83,7 +107,7 @@ def slurm_prolog(
     """
     from nodecheck.agent.slurm.prolog import gate_checks
 
-    ctx.exit(_run_gate(ctx, "prolog", gate_checks(), expected_gpus, budget_s, kernel_log))
+    ctx.exit(_run_gate(ctx, "prolog", gate_checks(), expected_gpus, budget_s, kernel_log, dry_run))
 
 
 @click.command("epilog")
@@ -92,7 +116,11 @@ def slurm_prolog(
 @global_options
 @click.pass_context
 def slurm_epilog(
-    ctx: click.Context, expected_gpus: int | None, budget_s: float, kernel_log: Path | None
+    ctx: click.Context,
+    expected_gpus: int | None,
+    budget_s: float,
+    kernel_log: Path | None,
+    dry_run: bool,
 ) -> None:
     """The checks after a job, for slurm.conf's Epilog= (as root, on the node).
 
@@ -102,4 +130,4 @@ def slurm_epilog(
     from nodecheck.agent.slurm.prolog import NO_BENCHMARKS_HERE
 
     click.echo(f"nodecheck epilog: {NO_BENCHMARKS_HERE}", err=True)
-    ctx.exit(_run_gate(ctx, "epilog", None, expected_gpus, budget_s, kernel_log))
+    ctx.exit(_run_gate(ctx, "epilog", None, expected_gpus, budget_s, kernel_log, dry_run))

@@ -24,7 +24,7 @@ job's own failing finding (a variable a user set): nothing a user sets drains a 
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 # Light on purpose: the CLI reads the budgets below when it builds its options.
@@ -53,26 +53,43 @@ def gate_checks() -> tuple[str, ...]:
     return tuple(name for name, check in load_checks().items() if check.gate)
 
 
+def not_the_jobs(finding: Finding, job_gpus: Collection[str] | None) -> bool:
+    """A finding about one GPU the job was not given (`job_gpus`: the bus ids of those it
+    was; None: not known, every GPU counts)."""
+    if job_gpus is None or not finding.subject.startswith("gpu "):
+        return False
+    return finding.subject.removeprefix("gpu ") not in job_gpus
+
+
 def unusable_results(
-    results: Sequence[Finding], gates: Collection[str] | None = None
+    results: Sequence[Finding],
+    gates: Collection[str] | None = None,
+    job_gpus: Collection[str] | None = None,
 ) -> list[Finding]:
     """The findings that make the node unusable for a job (the gate fails on them): a GPU
     hardware failure on the node's own evidence, from a check that declares itself a gate
     (`gates`: their names, None for the registered ones). Another check's hardware
     failure (NVLinks down, a recovery action gpu_state reads) leaves the GPUs usable,
     slower or until the next reset: the epilog, which runs every quick check, says it
-    and passes, and `slurm health-check` drains for it."""
+    and passes, and `slurm health-check` drains for it. With `job_gpus` (the prolog's,
+    from SLURM_JOB_GPUS), a fault of a GPU the job was not given does not stop it: the
+    job never touches that GPU, and health-check drains the node for it."""
     gated = set(gate_checks() if gates is None else gates)
     return [
         f
         for f in results
-        if f.node_failing and f.fault_class is FaultClass.GPU_HARDWARE and f.check in gated
+        if f.node_failing
+        and f.fault_class is FaultClass.GPU_HARDWARE
+        and f.check in gated
+        and not not_the_jobs(f, job_gpus)
     ]
 
 
-def noted_results(results: Sequence[Finding]) -> list[Finding]:
+def noted_results(
+    results: Sequence[Finding], job_gpus: Collection[str] | None = None
+) -> list[Finding]:
     """The results the gate lets pass but says: every other warn, error and fail."""
-    unusable = unusable_results(results)
+    unusable = unusable_results(results, job_gpus=job_gpus)
     return [
         f
         for f in results
@@ -88,13 +105,18 @@ class GateOutcome:
     lines: tuple[str, ...]
 
 
-def judge_gate(command: str, results: Sequence[Finding]) -> GateOutcome:
-    """The exit status and stderr lines of `nodecheck slurm <command>` for these results."""
-    unusable = unusable_results(results)
+def judge_gate(
+    command: str, results: Sequence[Finding], job_gpus: Collection[str] | None = None
+) -> GateOutcome:
+    """The exit status and stderr lines of `nodecheck slurm <command>` for these results
+    (`job_gpus`: the bus ids of the job's GPUs, when known)."""
+    unusable = unusable_results(results, job_gpus=job_gpus)
     lines = [f"nodecheck {command}: node unusable: {f.line()}" for f in unusable]
     lines += [
-        f"nodecheck {command}: passing despite {f.status.value}: {f.line()}"
-        for f in noted_results(results)
+        f"nodecheck {command}: passing despite {f.status.value}"
+        + (" (not one of the job's GPUs)" if not_the_jobs(f, job_gpus) else "")
+        + f": {f.line()}"
+        for f in noted_results(results, job_gpus)
     ]
     if not results:
         # Absence is never a pass, but it is no reason to drain either: said.
@@ -102,8 +124,29 @@ def judge_gate(command: str, results: Sequence[Finding]) -> GateOutcome:
     return GateOutcome(EXIT_UNUSABLE if unusable else EXIT_PASS, tuple(lines))
 
 
+def job_gpu_bus_ids(context: CheckContext, environ: Mapping[str, str]) -> frozenset[str] | None:
+    """The bus ids of the GPUs SLURM_JOB_GPUS gives the job (Slurm sets it in the
+    prolog's environment: indices of the host's GPUs in bus order, as
+    tuning/bindings.py's slurm_gpus reads them); None when it is not set, not a list, or
+    the GPUs cannot be read (then every GPU counts)."""
+    from nodecheck.checks.node.facts import PartUnavailableError
+    from nodecheck.tuning.bindings import parse_gpu_indices, slurm_gpus
+
+    if parse_gpu_indices(environ.get("SLURM_JOB_GPUS", "")) is None:
+        return None
+    try:
+        host = context.part("pci_gpus")
+    except PartUnavailableError:
+        return None
+    return frozenset(gpu.bdf for gpu in slurm_gpus(host, environ, "SLURM_JOB_GPUS"))
+
+
 def run_gate(
-    command: str, context: CheckContext, names: Sequence[str] | None, budget_s: float
+    command: str,
+    context: CheckContext,
+    names: Sequence[str] | None,
+    budget_s: float,
+    environ: Mapping[str, str] | None = None,
 ) -> GateOutcome:
     """Run the checks (`names`; None: every quick check, never a benchmark) on the node,
     each within `budget_s` (they run side by side, so the whole run is within it too),
@@ -120,7 +163,8 @@ def run_gate(
     selected = [available[n] for n in names] if names is not None else list(available.values())
     bounded = [replace(check, timeout_s=min(check.timeout_s, budget_s)) for check in selected]
     runs = run_checks(bounded, context)
-    return judge_gate(command, [f for run in runs for f in findings_of(run)])
+    job_gpus = job_gpu_bus_ids(context, environ) if environ is not None else None
+    return judge_gate(command, [f for run in runs for f in findings_of(run)], job_gpus)
 
 
 def say(outcome: GateOutcome, stream: TextIO | None = None) -> None:

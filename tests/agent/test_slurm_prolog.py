@@ -143,6 +143,45 @@ def test_prolog_on_the_faulty_node_exits_1_with_the_reasons(dgx_faulty: Node) ->
     assert elapsed < 30  # the budget (5 s) plus the interpreter, on a loaded machine
 
 
+def test_prolog_judges_only_the_job_s_gpus(dgx_faulty: Node) -> None:
+    """SLURM_JOB_GPUS=0,2 (indices in bus order: 0000:18:00.0 and 0000:3a:00.0): the
+    faults of GPUs 1, 6 and 7 are not this job's, said and passed; the node-wide one (a GPU
+    lost: fewer GPUs than on the bus) still stops it."""
+    done = run(
+        *dgx_faulty.cli_args, "slurm", "prolog", env={**dgx_faulty.env, "SLURM_JOB_GPUS": "0,2"}
+    )
+    assert done.returncode == 1, done.stderr
+    unusable = [
+        line.removeprefix("nodecheck prolog: node unusable: ").split(": ")[0]
+        for line in done.stderr.splitlines()
+        if line.startswith("nodecheck prolog: node unusable: ")
+    ]
+    assert unusable == ["gpu_count node"]
+    assert (
+        "passing despite fail (not one of the job's GPUs): gpu_xid gpu 0000:bc:00.0" in done.stderr
+    )
+    # Given only healthy GPUs on a node that has lost none but faults elsewhere: passes.
+    xid_only = run(
+        *dgx_faulty.cli_args,
+        "slurm",
+        "prolog",
+        "--expected-gpus",
+        "7",
+        env={**dgx_faulty.env, "SLURM_JOB_GPUS": "0"},
+    )
+    assert "node unusable: gpu_xid" not in xid_only.stderr
+
+
+def test_a_dry_run_passes_and_says_it_would_fail(dgx_faulty: Node) -> None:
+    done = run(*dgx_faulty.cli_args, "slurm", "prolog", "--dry-run", env=dgx_faulty.env)
+    assert done.returncode == 0, done.stderr
+    assert "nodecheck prolog: node unusable: gpu_xid gpu 0000:bc:00.0" in done.stderr
+    assert (
+        "nodecheck prolog: dry run (--dry-run): would exit 1, and Slurm drain the node "
+        "(Prolog error); passing" in done.stderr
+    )
+
+
 def test_prolog_on_the_healthy_node_exits_0(dgx: Node) -> None:
     done = run(*dgx.cli_args, "slurm", "prolog", env=dgx.env)
     assert done.returncode == 0, done.stderr
