@@ -548,6 +548,11 @@ class Agent:
             self.kubernetes.stop()
         if self.listener is not None:
             self.listener.stop()
+        # The driver's handles let go: a GPU Operator driver upgrade unloads the driver
+        # once every NVML client on the node has left (k8s-driver-manager evicts them by
+        # the nvidia.com/gpu.deploy.client label the DaemonSet selects on), and a client
+        # that keeps its handles open holds the upgrade up.
+        log.info("event=nvml_released outcome=%r", self.nvml.close())
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

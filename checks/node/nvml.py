@@ -279,17 +279,23 @@ class NvmlSession:
         with self._lock:
             self._initialized = True
 
-    def close(self) -> None:
-        """Shut NVML down, unless a call is stuck in it (then shutdown would hang too)."""
+    def close(self) -> str:
+        """Shut NVML down, unless a call is stuck in it (then shutdown would hang too);
+        what became of it: "closed", "not open", "left open: <why>"."""
         with self._lock:
             initialized, self._initialized = self._initialized, False
             self._bus_ids.clear()  # the next nvmlInit may number the GPUs differently
-        if not initialized or self.wedged:
-            return
+        if not initialized:
+            return "not open"
+        if self.wedged:
+            return "left open: a call is stuck in it"
         import pynvml
 
-        with contextlib.suppress(NvmlHungError, pynvml.NVMLError):
+        try:
             self.run(pynvml.nvmlShutdown, "nvmlShutdown")
+        except (NvmlHungError, pynvml.NVMLError) as err:
+            return f"left open: nvmlShutdown: {describe_error(err)}"
+        return "closed"
 
 
 _IMPORTING = threading.Lock()

@@ -377,6 +377,8 @@ def test_sigterm_stops_it_promptly(agent: RunningAgent) -> None:
     assert agent.process.wait(30) == 0
     assert time.monotonic() - started < 15
     assert any("STOPPING=1" in n for n in agent.notifications)
+    # NVML let go of on the way out (a driver upgrade waits for every client to).
+    assert "event=nvml_released outcome='closed'" in (agent.config.parent / "agent.log").read_text()
 
 
 def test_a_hung_check_stalls_nothing() -> None:

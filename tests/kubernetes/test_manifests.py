@@ -388,6 +388,17 @@ def test_it_tolerates_its_own_taint_and_runs_critical_on_gpu_nodes() -> None:
     assert {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # Off a node whose driver the GPU Operator is upgrading, as NVML clients must be.
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {
+            "key": "nvidia.com/gpu.deploy.client",
+            "operator": "NotIn",
+            "values": ["false", "paused-for-driver-upgrade"],
+        }
+    ]
     assert spec["hostPID"] is True
     assert daemonset()["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     resources = agent_container()["resources"]
