@@ -105,6 +105,10 @@ class Decision:
     withheld: bool = False  # a drain the circuit breaker held back (agent/slurm/breaker.py)
 
 
+# The reasons Slurm itself gives a node it marks DOWN or NOT_RESPONDING (slurmctld's
+# node_mgr.c: "Not responding"; ReturnToService=0's "Node unexpectedly rebooted"), or
+# none: a failing node down for one of them is drained so it stays out when it registers.
+SLURMS_OWN_DOWN_REASONS = frozenset({None, "Not responding", "Node unexpectedly rebooted"})
 # States nodecheck never acts on: Slurm or an admin has the node (scontrol.1, sinfo.1).
 HANDS_OFF_BASES = frozenset({"DOWN", "ERROR", "FUTURE", "UNKNOWN"})
 HANDS_OFF_FLAGS = frozenset(
@@ -240,6 +244,28 @@ def decide(
     shown = (
         state.base + ("*" if state.not_responding else "") + "".join(f"+{f}" for f in sorted(flags))
     )
+    if (
+        (state.base == "DOWN" or state.not_responding)
+        and state.reason in SLURMS_OWN_DOWN_REASONS
+        and not flags & HANDS_OFF_FLAGS
+        and not flags - ACTED_ON_FLAGS
+        and failing
+        and culprit is not None
+    ):
+        # Down by Slurm's own doing (not responding, restarted, slurmd registering, which
+        # runs this program before it registers), and failing: DRAIN now, which a DOWN
+        # node keeps, so that ReturnToService's IDLE after registration stays drained
+        # instead of taking jobs. Healthy, or drained already, Slurm returns it as usual.
+        if state.drained and owns(state, owned):
+            return nothing(f"the node is {shown}, drained by nodecheck: it stays out")
+        if not state.drained:
+            return Decision(
+                SlurmAction.DRAIN,
+                f"{health}; the node is {shown} ({state.reason or 'no reason'}): draining so "
+                "that it stays out once slurmd registers",
+                slurm_reason(culprit),
+                exit_status,
+            )
     if state.base in HANDS_OFF_BASES or state.not_responding or flags & HANDS_OFF_FLAGS:
         return nothing(f"the node is {shown}: not touching it")
     unknown = ({state.base} - ACTED_ON_BASES) | (flags - ACTED_ON_FLAGS)

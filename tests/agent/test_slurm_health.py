@@ -260,8 +260,8 @@ def test_healthy_and_in_service_does_nothing() -> None:
 @pytest.mark.parametrize(
     "node",
     [
-        state("DOWN"),
-        state("IDLE", not_responding=True),
+        state("DOWN", reason="cabling, back Monday", user="alice"),
+        state("IDLE", not_responding=True, reason="moved racks", user="alice"),
         state("IDLE", "REBOOT_REQUESTED"),
         state("DOWN", "REBOOT_ISSUED"),
         state("IDLE", "MAINTENANCE"),
@@ -277,6 +277,30 @@ def test_healthy_and_in_service_does_nothing() -> None:
 def test_never_touches_a_node_slurm_or_an_admin_has(node: SlurmNodeState) -> None:
     assert run_decide(node, [FAIL])[0] is SlurmAction.NOTHING
     assert run_decide(node, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        state("DOWN"),
+        state("DOWN", "NOT_RESPONDING", reason="Not responding", user="slurm"),
+        state("IDLE", not_responding=True, reason="Not responding", user="slurm"),
+        state("DOWN", reason="Node unexpectedly rebooted", user="slurm"),
+    ],
+)
+def test_a_failing_node_down_by_slurm_s_doing_is_drained_to_stay_out(
+    node: SlurmNodeState,
+) -> None:
+    """Not responding, restarted, slurmd registering (it runs the health check first):
+    failing, the node gets nodecheck's DRAIN, which a DOWN node keeps, so registration
+    does not return it to service; healthy, Slurm returns it as usual."""
+    action, reason, status = run_decide(node, [FAIL])
+    assert (action, status) == (SlurmAction.DRAIN, EXIT_UNHEALTHY)
+    assert reason.startswith("nodecheck: gpu_xid ")
+    assert run_decide(node, [OK], healthy_runs=100, since=0)[0] is SlurmAction.NOTHING
+    # Drained already (by nodecheck, when it went down): it stays so.
+    ours = replace(node, flags=node.flags | {"DRAIN"}, reason=OURS.reason, reason_user="root")
+    assert run_decide(ours, [STILL_7_OF_8])[0] is SlurmAction.NOTHING
 
 
 @pytest.mark.parametrize(

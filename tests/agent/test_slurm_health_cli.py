@@ -214,10 +214,23 @@ def test_an_admin_drain_stays_through_healthy_and_unhealthy_runs(
 
 def test_a_down_node_is_not_touched(dgx_faulty: Node, tmp_path: Path) -> None:
     slurm = Slurm(tmp_path / "slurm")
-    slurm.set_state("DOWN")
+    slurm.set_state("DOWN", reason="PSU swap", user="alice")
     done = health_check(dgx_faulty, slurm, tmp_path)
     assert done.returncode == 1 and "the node is DOWN: not touching it" in line_of(done)
     assert slurm.updates() == []
+
+
+def test_a_failing_node_slurm_marked_down_is_drained_to_stay_out(
+    dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """slurmd restarting on a node with a lost GPU: HealthCheckProgram runs before it
+    registers, the node DOWN and not responding: drained, so it is not returned."""
+    slurm = Slurm(tmp_path / "slurm")
+    slurm.set_state("DOWN", "NOT_RESPONDING", reason="Not responding", user="slurm")
+    done = health_check(dgx_faulty, slurm, tmp_path)
+    assert done.returncode == 1 and "action=drain done=true" in line_of(done)
+    assert "draining so that it stays out once slurmd registers" in line_of(done)
+    assert slurm.state()["flags"] == ["DRAIN", "NOT_RESPONDING"]
 
 
 def test_a_failing_or_hanging_scontrol_changes_nothing(dgx_faulty: Node, tmp_path: Path) -> None:

@@ -117,6 +117,35 @@ def test_the_nodes_configuration_and_a_jobs_variable_drain_nothing(
     assert "action=nothing" in log and "action=drain" not in log
 
 
+def test_a_failing_node_slurm_set_down_stays_out_when_slurmd_registers(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """The node DOWN as slurmctld marks one that stopped answering: the health check
+    drains it (DRAIN holds on a DOWN node); slurmd registering again (ReturnToService=2
+    would make it IDLE) leaves it drained with nodecheck's reason."""
+    node = slurm_cluster.node
+    slurm_cluster.run(
+        "scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=Not responding"
+    )
+    program, _ = _health_check(slurm_cluster, dgx_faulty, tmp_path)
+    # slurm.conf's default HealthCheckNodeState=ANY runs it on a DOWN node too.
+    slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+
+    def drained_down() -> NodeState | None:
+        state = slurm_cluster.node_state()
+        return state if state.drained and (state.reason or "").startswith("nodecheck:") else None
+
+    slurm_cluster.wait_for(drained_down, 180, "the drain of the DOWN node")
+    # slurmd registers again on a reconfigure: ReturnToService=2 lifts DOWN, not DRAIN.
+    slurm_cluster.reconfigure(HealthCheckProgram=None)
+    back = slurm_cluster.wait_for(
+        lambda: s if (s := slurm_cluster.node_state()).state != "DOWN" else None,
+        180,
+        "the registration",
+    )
+    assert back.drained and (back.reason or "").startswith("nodecheck: "), back
+
+
 def test_a_dry_run_drains_nothing_and_says_the_command(
     slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path
 ) -> None:
