@@ -92,6 +92,10 @@ OWN_FILES = (
     Allowed("agent/daemon/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
     Allowed("agent/slurm/hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
     Allowed("agent/slurm/hysteresis.py", "__init__", "open", "its hysteresis lock file"),
+    Allowed("agent/slurm/ownership.py", "load_drain_record", "read_regular_file", "its drain"),
+    # The task prolog's threads come from this process's affinity only on the live node:
+    # whether the node read is this machine (a replica's tasks have no affinity here).
+    Allowed("agent/cli/slurm_task.py", "_task_affinity", "is_live_procfs", "live node?"),
     # slurm health-check acts on this node's Slurm state now: its intervals are on this
     # boot's clock, keyed by its boot id (checks/node/boot.py), which no capture holds.
     Allowed("agent/slurm/health.py", "run_health_check", "read_boot_moment", "its boot clock"),

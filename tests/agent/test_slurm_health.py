@@ -125,6 +125,14 @@ def state(
     return SlurmNodeState("gpu01", base, frozenset(flags), not_responding, reason, user, None)
 
 
+class Acted(list[SlurmAction]):
+    """A stand-in for scontrol's actions: each one asked for, recorded, done."""
+
+    def __call__(self, action: SlurmAction, reason: str) -> tuple[bool, str]:
+        self.append(action)
+        return True, ""
+
+
 def one_node() -> list[SlurmNodeState]:
     """The cluster as the circuit breaker reads it: this node alone, in service."""
     return [state()]
@@ -453,11 +461,7 @@ def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path:
     assert run_decide(OURS, [OK, JOB_FAIL], healthy_runs=3)[0] is SlurmAction.UNDRAIN
     # Over a whole run: nccl_env's registered declaration (origin job) decides, and the
     # healthy run is counted and undrains.
-    acted: list[SlurmAction] = []
-
-    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
-        acted.append(action)
-        return True, ""
+    acted = Acted()
 
     record_ours(tmp_path / "h.json")
     run = health_check(
@@ -471,7 +475,7 @@ def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path:
         ],
         read_state=lambda: OURS,
         read_fleet=one_node,
-        act=act,
+        act=acted,
         read_clock=this_boot(tmp_path / "proc"),
     )
     assert acted == [SlurmAction.UNDRAIN], run.decision.why
@@ -528,11 +532,7 @@ def test_a_performance_failure_drains_unless_turned_off() -> None:
 
 
 def test_a_dry_run_says_the_command_and_runs_nothing(tmp_path: Path) -> None:
-    acted: list[SlurmAction] = []
-
-    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
-        acted.append(action)
-        return True, ""
+    acted = Acted()
 
     run = health_check(
         node="gpu01",
@@ -544,7 +544,7 @@ def test_a_dry_run_says_the_command_and_runs_nothing(tmp_path: Path) -> None:
         ],
         read_state=state,
         read_fleet=one_node,
-        act=act,
+        act=acted,
         read_clock=this_boot(tmp_path / "proc"),
         policy=RemediationSettings(dry_run=True),
         command_of=lambda action, reason: shlex.join(drain_argv("scontrol", "gpu01", reason)),
@@ -973,13 +973,9 @@ def healthy_run(
 ) -> tuple[HealthCheckRun, list[SlurmAction]]:
     """One run on a node nodecheck drained (its record of the drain beside the count), its
     checks healthy; what it decided and did."""
-    acted: list[SlurmAction] = []
+    acted = Acted()
     hysteresis_file = hysteresis_file or tmp_path / "state" / "h.json"
     record_ours(hysteresis_file)
-
-    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
-        acted.append(action)
-        return True, ""
 
     run = health_check(
         node="gpu01",
@@ -989,7 +985,7 @@ def healthy_run(
         run_quick_checks=lambda budget: HEALTHY_CHECKS,
         read_state=lambda: OURS,
         read_fleet=one_node,
-        act=act,
+        act=acted,
         read_clock=read_clock,
         now=lambda: wall,
     )
@@ -1175,11 +1171,7 @@ def test_the_breaker_counts_nodecheck_s_drains_within_its_window() -> None:
 def test_a_drain_past_the_breaker_is_withheld_and_reported(
     open_or_unreadable: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    acted: list[SlurmAction] = []
-
-    def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
-        acted.append(action)
-        return True, ""
+    acted = Acted()
 
     def read_fleet() -> list[SlurmNodeState]:
         if open_or_unreadable == "unreadable":
@@ -1194,7 +1186,7 @@ def test_a_drain_past_the_breaker_is_withheld_and_reported(
         run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
         read_state=state,
         read_fleet=read_fleet,
-        act=act,
+        act=acted,
         read_clock=this_boot(tmp_path / "proc"),
         now=lambda: NOW,
     )
