@@ -288,20 +288,16 @@ def decide(
         if not owns(state, owned):
             by = f" by {state.reason_user}" if state.reason_user else ""
             return nothing(f"drained for another reason ({state.reason!r}{by}): not touching it")
-        if failing:
-            new_reason = slurm_reason(failing[0])
-            if new_reason != state.reason and not any(
-                slurm_reason(f) == state.reason for f in failing
-            ):
-                # Another fault than the one the reason names: the reason says it now
-                # (NHC re-drains with the new note: helpers/node-mark-offline).
-                return Decision(
-                    SlurmAction.DRAIN,
-                    f"{health}; drained by nodecheck for a fault that cleared: the reason "
-                    "names the new one",
-                    new_reason,
-                    exit_status,
-                )
+        if failing and not any(slurm_reason(f) == state.reason for f in failing):
+            # Another fault than the one the reason names: the reason says it now
+            # (NHC re-drains with the new note: helpers/node-mark-offline).
+            return Decision(
+                SlurmAction.DRAIN,
+                f"{health}; drained by nodecheck for a fault that cleared: the reason "
+                "names the new one",
+                slurm_reason(failing[0]),
+                exit_status,
+            )
         if failing or errors:
             return nothing("drained by nodecheck, still not healthy")
         if unkept:
