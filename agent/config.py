@@ -40,7 +40,7 @@ file prints every default, and checks/config.py is where the checks' are declare
     drain_on_error = false       # drain on `error` (could not determine) too
     undrain_after_runs = 3       # healthy runs in a row before UNDRAIN, 1 to 1000
     undrain_after = 0            # or seconds healthy since the first of them; 0: runs only
-    reboot_on_xid = false        # reboot-class XIDs: scontrol reboot ASAP nextstate=RESUME
+    reboot_on_xid = false        # reboot-class faults: drain, then scontrol reboot
 
     [remediation]                # what takes the node out of service (Slurm drain, taint)
     performance = true           # a GPU performance failure does; hardware always, the node's

@@ -3,8 +3,18 @@
 The argv is built here, never through a shell: a reason is one argument whatever it holds.
 scontrol.1: State=DRAIN takes the node out of scheduling (running jobs finish) and needs a
 Reason; State=UNDRAIN clears DRAIN "but will not change the node's base state (e.g. DOWN)",
-unlike RESUME, which also returns a DOWN node to service; `reboot ASAP nextstate=RESUME
-reason=...` drains the node, reboots it once idle and returns it to service after.
+unlike RESUME, which also returns a DOWN node to service.
+
+A reboot is a drain, then `scontrol reboot reason=... <node>`, which reboots the node
+once it is idle. Neither ASAP nor nextstate: with either, slurmctld clears DRAIN when the
+node registers after the reboot (scontrol.1: "The node's DRAIN state flag will be cleared
+if the reboot was ASAP, nextstate=resume or down"; SchedMD/slurm
+src/slurmctld/node_mgr.c, validate_node_specs: `if (node_ptr->next_state != NO_VAL)
+node_flags &= (~NODE_STATE_DRAIN)`, and ASAP sets next_state to RESUME), and a node
+rebooted for a fault would be back in service before a single healthy run. Without
+them the drain outlives the reboot, and health-check undrains it after its healthy runs
+like any drain of its own (agent/slurm/ownership.py follows its reason through the
+reboot).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ def undrain_argv(scontrol: str, node: str) -> list[str]:
 
 
 def reboot_argv(scontrol: str, node: str, reason: str) -> list[str]:
-    return [scontrol, "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node]
+    return [scontrol, "reboot", f"reason={reason}", node]
 
 
 def run_action(argv: Sequence[str], timeout_s: float) -> ActionOutcome:

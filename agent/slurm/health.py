@@ -22,8 +22,9 @@ The rules, against NHC's failures (mej/nhc #134, #95, #161):
   is turned off) drains with "nodecheck: <check> <subject>: <summary>"; the node's
   configuration (ACS on, a governor) and a job's variables never do: they are reported
   (the log line, exit status 1); `error` does not unless configured; a failure whose
-  action is a reboot (an XID's catalog resolution, a lost GPU, a fatal SXid) may ask for
-  `scontrol reboot ASAP` (off by default);
+  action is a reboot (an XID's catalog resolution, a lost GPU, a fatal SXid) may drain
+  and ask for `scontrol reboot` (off by default): the drain outlives the reboot, and the
+  node comes back to service only after the healthy runs (agent/slurm/actions.py);
 - [remediation] dry_run: the log line says what would have been run, and nothing is;
 - UNDRAIN (never RESUME, which also clears DOWN) only a node nodecheck drained, after N
   healthy runs in a row or M seconds healthy (on this boot's clock, which no one can
@@ -57,6 +58,7 @@ from nodecheck.agent.findings import (
 from nodecheck.agent.slurm.hysteresis import Hysteresis
 from nodecheck.agent.slurm.ownership import (
     DRAIN_RECORD_FILE,
+    REBOOT_ISSUED_SUFFIX,
     DrainRecord,
     forget_drain_record,
     load_drain_record,
@@ -288,7 +290,8 @@ def decide(
         if not owns(state, owned):
             by = f" by {state.reason_user}" if state.reason_user else ""
             return nothing(f"drained for another reason ({state.reason!r}{by}): not touching it")
-        if failing and not any(slurm_reason(f) == state.reason for f in failing):
+        named = (state.reason or "").removesuffix(REBOOT_ISSUED_SUFFIX)
+        if failing and not any(slurm_reason(f) == named for f in failing):
             # Another fault than the one the reason names: the reason says it now
             # (NHC re-drains with the new note: helpers/node-mark-offline).
             return Decision(
@@ -333,7 +336,7 @@ def decide(
         reason = slurm_reason(rebooting[0])
         return Decision(
             SlurmAction.REBOOT,
-            f"{health}; {rebooting[0].check} asks for a reboot: rebooting ASAP",
+            f"{health}; {rebooting[0].check} asks for a reboot: draining, rebooting once idle",
             reason,
             exit_status,
         )
@@ -630,13 +633,16 @@ def _keep_drain_record(record_file: Path, hysteresis_file: Path, decision: Decis
             save_drain_record(record_file, DrainRecord(decision.reason))
             if decision.takeover:
                 forget_hysteresis(hysteresis_file)
-        elif decision.action in (SlurmAction.UNDRAIN, SlurmAction.REBOOT):
+        elif decision.action is SlurmAction.REBOOT:
+            # Drained first (act), so the node stays out through the reboot.
+            save_drain_record(record_file, DrainRecord(decision.reason, rebooting=True))
+        elif decision.action is SlurmAction.UNDRAIN:
             forget_drain_record(record_file)
     except OSError as err:
         return (
             f"cannot record the drain in {record_file} ({err.strerror or err}): nodecheck "
             "will not undrain it"
-            if decision.action is SlurmAction.DRAIN
+            if decision.action in (SlurmAction.DRAIN, SlurmAction.REBOOT)
             else f"cannot remove {record_file}: {err.strerror or err}"
         )
     return ""
@@ -713,21 +719,26 @@ def run_health_check(
         )
         return [(run.check.name, run.results) for run in run_checks(checks, context)]
 
-    def argv_of(action: SlurmAction, reason: str) -> list[str]:
-        return {
-            SlurmAction.DRAIN: lambda: slurm_actions.drain_argv(scontrol, node, reason),
-            SlurmAction.UNDRAIN: lambda: slurm_actions.undrain_argv(scontrol, node),
-            SlurmAction.REBOOT: lambda: slurm_actions.reboot_argv(scontrol, node, reason),
-        }[action]()
+    def argvs_of(action: SlurmAction, reason: str) -> list[list[str]]:
+        drain = slurm_actions.drain_argv(scontrol, node, reason)
+        if action is SlurmAction.DRAIN:
+            return [drain]
+        if action is SlurmAction.UNDRAIN:
+            return [slurm_actions.undrain_argv(scontrol, node)]
+        # A reboot: the drain first, which the reboot leaves in place (actions.py).
+        return [drain, slurm_actions.reboot_argv(scontrol, node, reason)]
 
     def act(action: SlurmAction, reason: str) -> tuple[bool, str]:
-        outcome = slurm_actions.run_action(argv_of(action, reason), settings.scontrol_timeout_s)
-        return outcome.done, outcome.problem
+        for argv in argvs_of(action, reason):
+            outcome = slurm_actions.run_action(argv, settings.scontrol_timeout_s)
+            if not outcome.done:
+                return False, outcome.problem
+        return True, ""
 
     def command_of(action: SlurmAction, reason: str) -> str:
         import shlex
 
-        return shlex.join(argv_of(action, reason))
+        return " && ".join(shlex.join(argv) for argv in argvs_of(action, reason))
 
     run = health_check(
         node=node,

@@ -8,48 +8,71 @@ prints both: `Reason=<text> [<user>@<time>]`). A drained node is nodecheck's whi
 reason is that text with that time; any change, an edit, the same text set again by
 someone else, another drain, hands the node to whoever made it, for good: the record
 is dropped and health-check never touches that drain again.
+
+A drain nodecheck set before asking for a reboot (agent/slurm/actions.py) stays
+nodecheck's through it: slurmctld stamps a new time on the reason when it takes the
+request, and appends REBOOT_ISSUED_SUFFIX with another when it issues the reboot
+(SchedMD/slurm src/slurmctld/node_mgr.c, set_node_reboot_reason; the reason is kept
+when the node registers again). The record follows both, once each, and holds the new
+text and time from then on: an edit after that is an admin's as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.record import record
 
 DRAIN_RECORD_FILE = "slurm_drain.json"
+# What slurmctld appends to a node's reason when it issues a reboot (node_mgr.c:
+# set_node_reboot_reason(node_ptr, "reboot issued") formats " : %s").
+REBOOT_ISSUED_SUFFIX = " : reboot issued"
 RECORD_LIMIT = 4096  # bytes: a reason is at most 255 of them
 
 
 @record
 class DrainRecord:
-    """The drain nodecheck set: its exact reason, and slurmctld's time for it once read."""
+    """The drain nodecheck set: its exact reason, and slurmctld's time for it once read;
+    `rebooting`: nodecheck requested a reboot with it, not yet issued by slurmctld."""
 
     reason: str
     reason_time: str | None = None
+    rebooting: bool = False
+
+    @property
+    def reason_once_issued(self) -> str:
+        return self.reason + REBOOT_ISSUED_SUFFIX
 
 
 def owns(state: SlurmNodeState, drained: DrainRecord | None) -> bool:
     """Whether the node's drain is the one nodecheck recorded: the same reason text and,
-    once learned, the same time."""
-    if drained is None or state.reason != drained.reason:
+    once learned, the same time; or, a reboot asked for, the reason as slurmctld issues
+    it (its time is slurmctld's then)."""
+    if drained is None:
+        return False
+    if drained.rebooting and state.reason == drained.reason_once_issued:
+        return True
+    if state.reason != drained.reason:
         return False
     return drained.reason_time is None or state.reason_time == drained.reason_time
 
 
 def with_time_learned(state: SlurmNodeState, drained: DrainRecord | None) -> DrainRecord | None:
     """The record with slurmctld's time for its reason, the first time the node is read
-    with that reason after the drain; None when there is nothing to learn."""
-    if (
-        drained is None
-        or drained.reason_time is not None
-        or state.reason != drained.reason
-        or state.reason_time is None
-    ):
+    with that reason after the drain (a reboot asked for in the same run has stamped it
+    already), and the issued reboot's reason and time the first time they show; None
+    when there is nothing to learn."""
+    if drained is None or state.reason_time is None:
         return None
-    return DrainRecord(drained.reason, state.reason_time)
+    if drained.rebooting and state.reason == drained.reason_once_issued:
+        return DrainRecord(state.reason, state.reason_time)
+    if drained.reason_time is not None or state.reason != drained.reason:
+        return None
+    return replace(drained, reason_time=state.reason_time)
 
 
 def load_drain_record(path: Path) -> DrainRecord | None:
@@ -60,11 +83,24 @@ def load_drain_record(path: Path) -> DrainRecord | None:
     try:
         document = json.loads(read_regular_file(path, RECORD_LIMIT).decode("utf-8"))
         reason, reason_time = document["reason"], document["reason_time"]
-    except (OSError, NotRegularFileError, ValueError, KeyError, TypeError, RecursionError):
+        rebooting = document.get("rebooting", False)
+    except (
+        OSError,
+        NotRegularFileError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+    ):
         return None
-    if not isinstance(reason, str) or not (reason_time is None or isinstance(reason_time, str)):
+    if (
+        not isinstance(reason, str)
+        or not (reason_time is None or isinstance(reason_time, str))
+        or not isinstance(rebooting, bool)
+    ):
         return None
-    return DrainRecord(reason, reason_time)
+    return DrainRecord(reason, reason_time, rebooting)
 
 
 def save_drain_record(path: Path, drained: DrainRecord) -> None:
@@ -72,7 +108,11 @@ def save_drain_record(path: Path, drained: DrainRecord) -> None:
     from nodecheck.checks.node.fs import write_atomically
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"reason": drained.reason, "reason_time": drained.reason_time}
+    document = {
+        "reason": drained.reason,
+        "reason_time": drained.reason_time,
+        "rebooting": drained.rebooting,
+    }
     write_atomically(path, json.dumps(document) + "\n", mode=0o600)
 
 

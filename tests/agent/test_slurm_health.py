@@ -49,7 +49,9 @@ from nodecheck.agent.slurm.hysteresis import (
 )
 from nodecheck.agent.slurm.ownership import (
     DRAIN_RECORD_FILE,
+    REBOOT_ISSUED_SUFFIX,
     DrainRecord,
+    load_drain_record,
     save_drain_record,
     with_time_learned,
 )
@@ -443,6 +445,71 @@ def test_reboot_class_xid_reboots_only_when_enabled() -> None:
     assert run_decide(state(), [FAIL], settings=rebooting)[0] is SlurmAction.DRAIN
 
 
+def test_a_reboot_keeps_the_node_out_until_the_healthy_runs(tmp_path: Path) -> None:
+    """reboot_on_xid through a whole reboot, as slurmctld shows the node at each step
+    (SchedMD/slurm node_mgr.c): the request stamps the reason anew, the issue appends
+    " : reboot issued" with another time, the registration keeps the drain. The drain
+    stays nodecheck's throughout; still failing after the reboot, the node stays drained
+    and is neither rebooted again nor given a rewritten reason; healthy, it is undrained
+    after the hysteresis, counted from the new boot. An admin's edit after the reboot
+    makes the drain theirs."""
+    hysteresis_file = tmp_path / "h.json"
+    record_file = tmp_path / DRAIN_RECORD_FILE
+    settings = SlurmSettings(reboot_on_xid=True, undrain_after_runs=2)
+    clock = this_boot(tmp_path / "proc")
+    reason = slurm_reason(REBOOT)
+
+    def run(node: SlurmNodeState, findings: list[Finding]) -> tuple[Acted, HealthCheckRun]:
+        acted = Acted()
+        outcome = health_check(
+            node="gpu01",
+            results_file=None,
+            hysteresis_file=hysteresis_file,
+            settings=settings,
+            run_quick_checks=lambda budget: [
+                (f.check, [Result(f.status, f.subject, f.summary, action=f.action)])
+                for f in findings
+            ],
+            read_state=lambda: node,
+            read_fleet=one_node,
+            act=acted,
+            read_clock=clock,
+        )
+        return acted, outcome
+
+    def shown(base: str, *flags: str, text: str, at: str) -> SlurmNodeState:
+        return replace(state(base, *flags, reason=text, user="slurm"), reason_time=at)
+
+    acted, _ = run(state(), [REBOOT])
+    assert acted == [SlurmAction.REBOOT]
+    assert load_drain_record(record_file) == DrainRecord(reason, rebooting=True)
+    requested = shown("IDLE", "DRAIN", "REBOOT_REQUESTED", text=reason, at="T1")
+    acted, outcome = run(requested, [REBOOT])
+    assert acted == [] and "not touching it" in outcome.decision.why
+    issued_reason = reason + REBOOT_ISSUED_SUFFIX
+    issued = shown("DOWN", "DRAIN", "REBOOT_ISSUED", text=issued_reason, at="T2")
+    clock = this_boot(tmp_path / "proc", "7c1e2b4a-9d3f-4a6e-8b5c-2f1d0e9a8b7c")  # a new boot
+    acted, _ = run(issued, [REBOOT])
+    assert acted == []
+    assert load_drain_record(record_file) == DrainRecord(issued_reason, "T2")
+    registered = shown("IDLE", "DRAIN", text=issued_reason, at="T2")
+    for _ in range(3):  # the fault survived the reboot: out, not rebooted again
+        acted, outcome = run(registered, [REBOOT])
+        assert acted == [], outcome.decision.why
+        assert "drained by nodecheck, still not healthy" in outcome.decision.why
+    acted, outcome = run(registered, [OK])
+    assert acted == [] and "healthy 1 of 2 runs" in outcome.decision.why
+    acted, _ = run(registered, [OK])
+    assert acted == [SlurmAction.UNDRAIN]
+    # The same reboot, then an admin's note on the reason: theirs, never undrained.
+    run(state(), [REBOOT])
+    run(issued, [REBOOT])
+    edited = shown("IDLE", "DRAIN", text=issued_reason + " -- RMA 4711", at="T3")
+    for _ in range(3):
+        acted, outcome = run(edited, [OK])
+        assert acted == [] and "drained for another reason" in outcome.decision.why
+
+
 def test_a_job_origin_failure_never_drains_and_the_node_counts_healthy(tmp_path: Path) -> None:
     """A failure from a job's environment (a variable any user can set) is no verdict on
     the node: it never drains, nor reboots, whatever the settings; the node is healthy
@@ -619,11 +686,10 @@ def test_the_actions_argv() -> None:
         "NodeName=gpu01",
         "State=UNDRAIN",
     ]
+    # Neither ASAP nor nextstate: either clears DRAIN when the node registers again.
     assert reboot_argv("scontrol", "gpu01", "nodecheck: x") == [
         "scontrol",
         "reboot",
-        "ASAP",
-        "nextstate=RESUME",
         "reason=nodecheck: x",
         "gpu01",
     ]

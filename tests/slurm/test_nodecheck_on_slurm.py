@@ -25,7 +25,7 @@ from tests.fixtures.slurm_cluster import NodeState, SlurmCluster
 NODECHECK = str(Path(sys.executable).parent / "nodecheck")
 
 
-def _config(folder: Path, remediation: str = "", **slurm: int) -> Path:
+def _config(folder: Path, remediation: str = "", **slurm: int | str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
     (folder / "state").mkdir(exist_ok=True)  # a state directory it is given must exist
@@ -53,7 +53,7 @@ def _health_check(
     *extra: str,
     name: str = "health-check",
     remediation: str = "",
-    **slurm: int,
+    **slurm: int | str,
 ) -> tuple[Path, Path]:
     """A HealthCheckProgram judging `node`, counting its runs in a file (one line each,
     its exit status) and keeping its log lines in `folder`/log."""
@@ -144,6 +144,50 @@ def test_a_failing_node_slurm_set_down_stays_out_when_slurmd_registers(
         "the registration",
     )
     assert back.drained and (back.reason or "").startswith("nodecheck: "), back
+
+
+def test_a_node_rebooted_for_a_fault_stays_out_until_the_healthy_runs(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, dgx: Node, tmp_path: Path
+) -> None:
+    """reboot_on_xid on a GPU fallen off the bus: nodecheck drains and asks Slurm for a
+    reboot, which slurmctld issues through RebootProgram (a stand-in that writes a file;
+    slurmd is then restarted as after a boot). Registered again, the node is still
+    drained with nodecheck's reason; still faulty, it stays out and is not rebooted
+    again; healthy, it returns after the healthy runs."""
+    marker = tmp_path / "rebooted"
+    reboot = slurm_cluster.program("reboot", "/bin/sh", "-c", f"echo rebooted >> {marker}")
+    program, runs = _health_check(
+        slurm_cluster, dgx_faulty, tmp_path, reboot_on_xid="true", undrain_after_runs=2
+    )
+    slurm_cluster.reconfigure(
+        HealthCheckProgram=str(program),
+        HealthCheckInterval=2,
+        RebootProgram=str(reboot),
+        ResumeTimeout=600,  # a reboot not back within it is DOWN: generous, for a loaded CI
+    )
+    slurm_cluster.reboot_when_asked(marker)
+
+    def registered() -> NodeState | None:
+        state = slurm_cluster.node_state()
+        rebooting = {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & state.flags
+        return state if state.state != "DOWN" and not rebooting else None
+
+    back = slurm_cluster.wait_for(registered, 180, "the registration after the reboot")
+    assert back.drained, back
+    assert (back.reason or "").startswith("nodecheck: gpu_count "), back
+    assert (back.reason or "").endswith(" : reboot issued"), back
+    seen = _runs(runs)
+    _wait_runs(slurm_cluster, runs, seen + 2)  # still faulty: out, and no second reboot
+    still = slurm_cluster.node_state()
+    assert still.drained and not {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & still.flags, still
+    assert marker.read_text().splitlines() == ["rebooted"]
+    healthy, healthy_runs = _health_check(
+        slurm_cluster, dgx, tmp_path, name="health-check-healthy", undrain_after_runs=2
+    )
+    slurm_cluster.reconfigure(HealthCheckProgram=str(healthy))
+    _wait_runs(slurm_cluster, healthy_runs, 1)
+    assert slurm_cluster.node_state().drained, "returned after one healthy run"
+    assert slurm_cluster.wait_idle(180).reason is None
 
 
 def test_a_dry_run_drains_nothing_and_says_the_command(
