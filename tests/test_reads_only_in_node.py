@@ -93,6 +93,9 @@ OWN_FILES = (
     Allowed("agent/slurm/hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
     Allowed("agent/slurm/hysteresis.py", "__init__", "open", "its hysteresis lock file"),
     Allowed("agent/slurm/ownership.py", "load_drain_record", "read_regular_file", "its drain"),
+    Allowed(
+        "agent/slurm/hook_failure.py", "load_hook_failure", "read_regular_file", "its hook failure"
+    ),
     # The task prolog's threads come from this process's affinity only on the live node:
     # whether the node read is this machine (a replica's tasks have no affinity here).
     Allowed("agent/cli/slurm_task.py", "_task_affinity", "is_live_procfs", "live node?"),

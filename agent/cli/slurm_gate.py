@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from nodecheck.agent.cli.options import (
+    CONFIG_OPTION,
     F,
     FiniteFloatRange,
     check_config,
@@ -26,6 +27,7 @@ def gate_options(default_budget_s: float) -> Callable[[F], F]:
     whether this is a dry run."""
 
     def decorate(function: F) -> F:
+        function = CONFIG_OPTION(function)  # its state_dir, where a failure is recorded
         function = expected_gpus_option("stops the job")(function)
         function = click.option(
             "--dry-run",
@@ -47,6 +49,7 @@ def gate_options(default_budget_s: float) -> Callable[[F], F]:
 
 def _run_gate(
     ctx: click.Context,
+    config_path: Path | None,
     command: str,
     names: tuple[str, ...] | None,
     expected_gpus: int | None,
@@ -82,6 +85,14 @@ def _run_gate(
             err=True,
         )
         return 0
+    if outcome.code != 0:
+        import time
+
+        from nodecheck.agent.slurm.prolog import record_failure
+
+        problem = record_failure(config_path, command, outcome, os.environ, time.time())
+        if problem:
+            click.echo(problem, err=True)
     return outcome.code
 
 
@@ -92,6 +103,7 @@ def _run_gate(
 @click.pass_context
 def slurm_prolog(
     ctx: click.Context,
+    config_path: Path | None,
     expected_gpus: int | None,
     budget_s: float,
     kernel_log: Path | None,
@@ -107,7 +119,11 @@ def slurm_prolog(
     """
     from nodecheck.agent.slurm.prolog import gate_checks
 
-    ctx.exit(_run_gate(ctx, "prolog", gate_checks(), expected_gpus, budget_s, kernel_log, dry_run))
+    ctx.exit(
+        _run_gate(
+            ctx, config_path, "prolog", gate_checks(), expected_gpus, budget_s, kernel_log, dry_run
+        )
+    )
 
 
 @click.command("epilog")
@@ -117,6 +133,7 @@ def slurm_prolog(
 @click.pass_context
 def slurm_epilog(
     ctx: click.Context,
+    config_path: Path | None,
     expected_gpus: int | None,
     budget_s: float,
     kernel_log: Path | None,
@@ -130,4 +147,6 @@ def slurm_epilog(
     from nodecheck.agent.slurm.prolog import NO_BENCHMARKS_HERE
 
     click.echo(f"nodecheck epilog: {NO_BENCHMARKS_HERE}", err=True)
-    ctx.exit(_run_gate(ctx, "epilog", None, expected_gpus, budget_s, kernel_log, dry_run))
+    ctx.exit(
+        _run_gate(ctx, config_path, "epilog", None, expected_gpus, budget_s, kernel_log, dry_run)
+    )

@@ -15,8 +15,10 @@ The rules, against NHC's failures (mej/nhc #134, #95, #161):
   with its prefix set by root": an admin's edit of it hands the node to the admin for
   good; a new fault on a node nodecheck drained rewrites its reason;
 - a drain Slurm set for a failed Prolog or Epilog ("Prolog error", "Epilog error") is
-  taken over: its reason rewritten to nodecheck's, and undrained like nodecheck's own
-  after the healthy runs (the count starts again at the takeover);
+  taken over when nodecheck's own hook recorded that failure at that time
+  (agent/slurm/hook_failure.py): its reason rewritten to nodecheck's, and undrained like
+  nodecheck's own after the healthy runs (the count starts again at the takeover);
+  another hook's failure is left to whoever runs that hook;
 - a failure that takes the node out of service ([remediation], RemediationSettings: the
   node's own evidence of a GPU hardware fault, or of a GPU performance fault unless that
   is turned off) drains with "nodecheck: <check> <subject>: <summary>"; the node's
@@ -54,6 +56,13 @@ from nodecheck.agent.findings import (
     ResultsUnusableError,
     findings_of_named,
     fresh_results,
+)
+from nodecheck.agent.slurm.hook_failure import (
+    HOOK_FAILURE_FILE,
+    HookFailure,
+    behind,
+    forget_hook_failure,
+    load_hook_failure,
 )
 from nodecheck.agent.slurm.hysteresis import Hysteresis
 from nodecheck.agent.slurm.ownership import (
@@ -153,10 +162,11 @@ def slurm_reason(finding: Finding) -> str:
 HOOK_FAILURE_REASONS = frozenset({"Prolog error", "Epilog error"})
 
 
-def takeover_reason(state: SlurmNodeState) -> str:
+def takeover_reason(state: SlurmNodeState, failure: HookFailure) -> str:
+    job = f" job {failure.job}" if failure.job else " a job"
     return one_line(
         f"{REASON_PREFIX} took over Slurm's {state.reason!r} drain: undrained after the "
-        "healthy runs",
+        f"healthy runs; the {failure.hook} failed{job} on {failure.reason}",
         REASON_MAX_BYTES,
     )
 
@@ -195,13 +205,16 @@ def decide(
     now: float,
     unkept: str = "",
     policy: RemediationSettings = DEFAULT_POLICY,
+    hook_failure: HookFailure | None = None,
 ) -> Decision:
     """The one action for this run. `state` None: it could not be read (state_problem
     says why). `hysteresis` already counts this run; `now` and its times are on this
     boot's clock. `unkept`: why this healthy run could not be saved ("" when it was):
     it never undrains on a count it could not keep, and it cannot determine (exit 3).
     `owned`: the drain nodecheck recorded setting (None: none). `policy`: which failures
-    take the node out of service."""
+    take the node out of service. `hook_failure`: the failure of nodecheck's Prolog or
+    Epilog that a "Prolog error" or "Epilog error" drain is Slurm's reason for (None:
+    none is, agent/slurm/hook_failure.py's `behind`)."""
     # Only what the policy names takes the node out of service: the node's own evidence
     # of a hardware (or performance) fault. The rest of what fails (the node's
     # configuration, a job's variable) is reported: exit 1 and the log line.
@@ -278,7 +291,17 @@ def decide(
         )
     if state.drained:
         if not owns(state, owned) and state.reason in HOOK_FAILURE_REASONS:
-            reason = slurm_reason(culprit) if failing and culprit else takeover_reason(state)
+            if hook_failure is None:
+                return nothing(
+                    f"drained by Slurm for {state.reason!r}, and no failure of nodecheck's "
+                    "own Prolog or Epilog is recorded at that time (another hook's, or one "
+                    "that could not say): not touching it"
+                )
+            reason = (
+                slurm_reason(culprit)
+                if failing and culprit
+                else takeover_reason(state, hook_failure)
+            )
             return Decision(
                 SlurmAction.DRAIN,
                 f"{health}; drained by Slurm for {state.reason!r}: taking it over, "
@@ -520,6 +543,8 @@ def _judge_and_act(
         state_problem = str(err)
     record_file = hysteresis_file.with_name(DRAIN_RECORD_FILE)
     owned, record_problem = _owned_drain(record_file, state)
+    hook_file = hysteresis_file.with_name(HOOK_FAILURE_FILE)
+    hook_failure = load_hook_failure(hook_file)
     problem = "; ".join(p for p in (problem, record_problem) if p)
     decision = decide(
         state,
@@ -531,6 +556,9 @@ def _judge_and_act(
         at,
         unkept=unkept if healthy else "",
         policy=policy,
+        hook_failure=hook_failure
+        if state is not None and behind(hook_failure, state, now())
+        else None,
     )
     if already_counted(previous, observation):
         decision = replace(
@@ -568,6 +596,8 @@ def _judge_and_act(
         decision = replace(decision, exit_status=EXIT_UNDETERMINED)
     else:
         kept = _keep_drain_record(record_file, hysteresis_file, decision)
+        if decision.takeover:
+            kept = "; ".join(p for p in (kept, _forget_hook_failure(hook_file)) if p)
         action_problem = "; ".join(p for p in (action_problem, kept) if p)
     return HealthCheckRun(
         source, decision, done, "; ".join(p for p in (action_problem, problem) if p)
@@ -621,6 +651,16 @@ def _owned_drain(record_file: Path, state: SlurmNodeState | None) -> tuple[Drain
     except OSError as err:
         return owned, f"cannot update {record_file}: {err.strerror or err}"
     return owned, ""
+
+
+def _forget_hook_failure(hook_file: Path) -> str:
+    """The hook's failure taken over: dropped, so that a later drain of Slurm's is matched
+    only by a later failure; what could not be, or ""."""
+    try:
+        forget_hook_failure(hook_file)
+    except OSError as err:
+        return f"cannot remove {hook_file}: {err.strerror or err}"
+    return ""
 
 
 def _keep_drain_record(record_file: Path, hysteresis_file: Path, decision: Decision) -> str:

@@ -7,8 +7,10 @@ doc/html/prolog_epilog.shtml, https://slurm.schedmd.com/prolog_epilog.html. The 
 page asks that they "be designed to be as short as possible and should not call Slurm
 commands (e.g. squeue, scontrol, sacctmgr, etc)": a Prolog that hangs on a busy
 slurmctld holds the job and the node. So neither calls Slurm: the exit status is the
-whole answer, and the reason goes to stderr, which slurmd logs. The readable drain
-reason (`nodecheck: <check> <subject>: <summary>`) is `slurm health-check`'s to write.
+whole answer, and the reason goes to stderr, which slurmd logs. A failure is also
+recorded in the state folder (agent/slurm/hook_failure.py), from which `slurm
+health-check` takes Slurm's "Prolog error" drain over and writes the readable reason
+(`nodecheck: <check> <subject>: <summary>`).
 
 Which results stop a job is `unusable_results`, a pure function of the findings: only
 what makes the node unusable for any job, a GPU hardware failure on the node's own
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 # Light on purpose: the CLI reads the budgets below when it builds its options.
@@ -99,10 +102,12 @@ def noted_results(
 
 @record
 class GateOutcome:
-    """What a gate decided: its exit status and the lines for stderr."""
+    """What a gate decided: its exit status, the lines for stderr and, failing, the first
+    finding it failed on ("<check> <subject>: <summary>")."""
 
     code: int
     lines: tuple[str, ...]
+    failed_on: str = ""
 
 
 def judge_gate(
@@ -121,7 +126,44 @@ def judge_gate(
     if not results:
         # Absence is never a pass, but it is no reason to drain either: said.
         lines.append(f"nodecheck {command}: passing, but no check gave a result")
-    return GateOutcome(EXIT_UNUSABLE if unusable else EXIT_PASS, tuple(lines))
+    if not unusable:
+        return GateOutcome(EXIT_PASS, tuple(lines))
+    return GateOutcome(EXIT_UNUSABLE, tuple(lines), unusable[0].line())
+
+
+def record_failure(
+    config_path: Path | None,
+    command: str,
+    outcome: GateOutcome,
+    environ: Mapping[str, str],
+    now: float,
+) -> str:
+    """Record a failed gate in the configuration's state folder (`config_path` None: the
+    default file, else the embedded defaults) for health-check's takeover of the drain
+    it causes; what could not be recorded, or "". The job is SLURM_JOB_ID, which Prolog
+    and Epilog get. The configuration is read only now, and is never a reason to fail:
+    a gate that exited 2 on a bad one would have Slurm drain every node it runs on."""
+    from nodecheck.agent.config import DEFAULT_PATH, ConfigError, load_config
+    from nodecheck.agent.slurm.hook_failure import (
+        HOOK_FAILURE_FILE,
+        HookFailure,
+        save_hook_failure,
+    )
+    from nodecheck.checks.config import BenchOptions
+    from nodecheck.checks.registry import load_checks
+
+    not_taken_over = "slurm health-check will not take Slurm's drain over"
+    try:
+        config = load_config(config_path or DEFAULT_PATH, set(load_checks()))
+    except ConfigError as err:
+        return f"nodecheck {command}: bad configuration ({err}): {not_taken_over}"
+    path = Path(config.state_dir or BenchOptions().state_dir) / HOOK_FAILURE_FILE
+    job = environ.get("SLURM_JOB_ID", "") or environ.get("SLURM_JOBID", "")
+    try:
+        save_hook_failure(path, HookFailure(command, now, job, outcome.failed_on))
+    except OSError as err:
+        return f"nodecheck {command}: cannot record the failure in {path} ({err}): {not_taken_over}"
+    return ""
 
 
 def job_gpu_bus_ids(context: CheckContext, environ: Mapping[str, str]) -> frozenset[str] | None:

@@ -40,6 +40,12 @@ from nodecheck.agent.slurm.health import (
     log_run,
     slurm_reason,
 )
+from nodecheck.agent.slurm.hook_failure import (
+    HOOK_FAILURE_FILE,
+    HookFailure,
+    behind,
+    save_hook_failure,
+)
 from nodecheck.agent.slurm.hysteresis import (
     Hysteresis,
     Observation,
@@ -409,16 +415,74 @@ def test_ownership_is_the_recorded_reason_and_time_not_the_user() -> None:
 
 @pytest.mark.parametrize("reason", ["Prolog error", "Epilog error"])
 def test_a_prolog_or_epilog_errors_drain_is_taken_over(reason: str) -> None:
-    """Slurm's drain for a failed hook: healthy, nodecheck sets its own reason and counts
-    healthy runs anew; failing, the reason names the fault."""
+    """Slurm's drain for a failure of nodecheck's hook: healthy, nodecheck sets its own
+    reason (naming the job and the finding) and counts healthy runs anew; failing, the
+    reason names the fault. Another hook's failure, none of nodecheck's recorded, is left
+    alone."""
     hook = state("IDLE", "DRAIN", reason=reason, user="slurm")
-    decision = decide(hook, "", [OK], Hysteresis(100, 0), SETTINGS, None, NOW)
+    failure = HookFailure(
+        reason.split(maxsplit=1)[0].lower(), NOW, "4242", "gpu_count node: 7 of 8"
+    )
+    decision = decide(hook, "", [OK], Hysteresis(100, 0), SETTINGS, None, NOW, hook_failure=failure)
     assert decision.action is SlurmAction.DRAIN and decision.takeover
     assert decision.reason == (
-        f"nodecheck: took over Slurm's {reason!r} drain: undrained after the healthy runs"
+        f"nodecheck: took over Slurm's {reason!r} drain: undrained after the healthy runs; "
+        f"the {failure.hook} failed job 4242 on gpu_count node: 7 of 8"
     )
-    failing = decide(hook, "", [FAIL], Hysteresis(), SETTINGS, None, NOW)
+    failing = decide(hook, "", [FAIL], Hysteresis(), SETTINGS, None, NOW, hook_failure=failure)
     assert failing.action is SlurmAction.DRAIN and failing.reason.startswith("nodecheck: gpu_xid")
+    others = decide(hook, "", [OK], Hysteresis(100, 0), SETTINGS, None, NOW)
+    assert others.action is SlurmAction.NOTHING and "not touching it" in others.why
+
+
+def test_a_hook_failure_is_behind_the_drain_slurm_set_at_that_time() -> None:
+    """The drain's time (scontrol's, slurmctld's local time) within MATCH_S of the
+    recorded failure, for that hook's reason; anything else, or a time that cannot be
+    read, is no match."""
+    failed_at = time.mktime(time.strptime("2026-12-01T15:00:00", REASON_TIME_FORMAT))
+    prolog = HookFailure("prolog", failed_at, "12", "gpu_count node: 7 of 8")
+    later = failed_at + 7200.0
+
+    def drained(reason: str, at: str | None) -> SlurmNodeState:
+        return replace(state("IDLE", "DRAIN", reason=reason, user="slurm"), reason_time=at)
+
+    assert behind(prolog, drained("Prolog error", "2026-12-01T15:00:02"), later)
+    assert behind(prolog, drained("Prolog error", "2026-12-01T14:59:00"), later)
+    assert not behind(prolog, drained("Epilog error", "2026-12-01T15:00:02"), later)
+    assert not behind(prolog, drained("Prolog error", "2026-12-01T15:20:00"), later)
+    assert not behind(prolog, drained("Prolog error", None), later)
+    assert not behind(prolog, drained("Prolog error", "yesterday"), later)
+    assert not behind(None, drained("Prolog error", "2026-12-01T15:00:02"), later)
+
+
+def test_a_takeover_over_a_whole_run_drops_the_hooks_record(tmp_path: Path) -> None:
+    """The record the prolog left, matched by the drain's time: taken over, and dropped;
+    the next run counts healthy runs towards the undrain of nodecheck's own drain."""
+    hysteresis_file = tmp_path / "h.json"
+    hook_file = tmp_path / HOOK_FAILURE_FILE
+    now = time.mktime(time.strptime("2026-12-01T15:00:00", REASON_TIME_FORMAT))
+    save_hook_failure(hook_file, HookFailure("prolog", now - 5, "77", "gpu_xid gpu x: XID 79"))
+    slurms = replace(
+        state("IDLE", "DRAIN", reason="Prolog error", user="slurm"),
+        reason_time="2026-12-01T14:59:58",
+    )
+    acted = Acted()
+    run = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=hysteresis_file,
+        settings=SETTINGS,
+        run_quick_checks=lambda budget: [("cpu", [Result(Status.OK, "node", "fine")])],
+        read_state=lambda: slurms,
+        read_fleet=one_node,
+        act=acted,
+        read_clock=this_boot(tmp_path / "proc"),
+        now=lambda: now,
+    )
+    assert acted == [SlurmAction.DRAIN] and run.decision.takeover, run.decision.why
+    assert "the prolog failed job 77 on gpu_xid gpu x: XID 79" in run.decision.reason
+    assert not hook_file.exists()
+    assert load_drain_record(tmp_path / DRAIN_RECORD_FILE) == DrainRecord(run.decision.reason)
 
 
 def test_alternate_runs_never_resume() -> None:

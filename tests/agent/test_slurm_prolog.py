@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.findings import Finding, findings_of_named
+from nodecheck.agent.slurm.hook_failure import HOOK_FAILURE_FILE, load_hook_failure
 from nodecheck.agent.slurm.prolog import (
     EXIT_PASS,
     EXIT_UNUSABLE,
@@ -22,6 +23,17 @@ from nodecheck.checks.result import Action, FaultClass, Origin, Result, Status
 from tests.agent.test_cli import run
 from tests.conftest import Node
 from tests.fixtures.nvml_scenarios import dgx_healthy
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """A configuration whose state folder is the test's: a gate that fails records the
+    failure there (agent/slurm/hook_failure.py), never in root's /var/lib/nodecheck."""
+    state = tmp_path / "state"
+    state.mkdir()
+    path = tmp_path / "config.toml"
+    path.write_text(f'[agent]\nstate_dir = "{state}"\n')
+    return path
 
 
 def said(check: str, subject: str, status: Status, summary: str) -> Finding:
@@ -115,9 +127,16 @@ def test_gate_of_healthy_results_is_silent_and_of_none_says_so() -> None:
     assert nothing.code == EXIT_PASS and "no check gave a result" in nothing.lines[0]
 
 
-def test_prolog_on_the_faulty_node_exits_1_with_the_reasons(dgx_faulty: Node) -> None:
+def test_prolog_on_the_faulty_node_exits_1_with_the_reasons(dgx_faulty: Node, config: Path) -> None:
     started = time.monotonic()
-    done = run(*dgx_faulty.cli_args, "slurm", "prolog", env=dgx_faulty.env)
+    done = run(
+        *dgx_faulty.cli_args,
+        "slurm",
+        "prolog",
+        "--config",
+        str(config),
+        env={**dgx_faulty.env, "SLURM_JOB_ID": "4242"},
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
@@ -141,14 +160,38 @@ def test_prolog_on_the_faulty_node_exits_1_with_the_reasons(dgx_faulty: Node) ->
     # Only the GPU checks run: the slow link and ACS are not the prolog's to judge.
     assert "gpu_pcie" not in done.stderr and "pcie_acs" not in done.stderr
     assert elapsed < 30  # the budget (5 s) plus the interpreter, on a loaded machine
+    # Recorded for health-check's takeover of Slurm's "Prolog error" drain.
+    recorded = load_hook_failure(config.parent / "state" / HOOK_FAILURE_FILE)
+    assert recorded is not None and (recorded.hook, recorded.job) == ("prolog", "4242")
+    assert recorded.reason == next(line for line in unusable) and started - 60 < recorded.at
 
 
-def test_prolog_judges_only_the_job_s_gpus(dgx_faulty: Node) -> None:
+def test_a_gate_with_a_bad_configuration_still_judges_and_says_it_records_nothing(
+    dgx_faulty: Node, dgx: Node, tmp_path: Path
+) -> None:
+    """The configuration is read only to record a failure, and never fails the gate: exit
+    2 would have Slurm drain a healthy node, everywhere the file is bad."""
+    bad = tmp_path / "config.toml"
+    bad.write_text("[agent]\nstate_dir = 7\n")
+    done = run(*dgx_faulty.cli_args, "slurm", "prolog", "--config", str(bad), env=dgx_faulty.env)
+    assert done.returncode == 1, done.stderr
+    assert "nodecheck prolog: bad configuration (" in done.stderr
+    assert f"{bad}" in done.stderr and "will not take Slurm's drain over" in done.stderr
+    healthy = run(*dgx.cli_args, "slurm", "prolog", "--config", str(bad), env=dgx.env)
+    assert healthy.returncode == 0 and "bad configuration" not in healthy.stderr
+
+
+def test_prolog_judges_only_the_job_s_gpus(dgx_faulty: Node, config: Path) -> None:
     """SLURM_JOB_GPUS=0,2 (indices in bus order: 0000:18:00.0 and 0000:3a:00.0): the
     faults of GPUs 1, 6 and 7 are not this job's, said and passed; the node-wide one (a GPU
     lost: fewer GPUs than on the bus) still stops it."""
     done = run(
-        *dgx_faulty.cli_args, "slurm", "prolog", env={**dgx_faulty.env, "SLURM_JOB_GPUS": "0,2"}
+        *dgx_faulty.cli_args,
+        "slurm",
+        "prolog",
+        "--config",
+        str(config),
+        env={**dgx_faulty.env, "SLURM_JOB_GPUS": "0,2"},
     )
     assert done.returncode == 1, done.stderr
     unusable = [
@@ -165,6 +208,8 @@ def test_prolog_judges_only_the_job_s_gpus(dgx_faulty: Node) -> None:
         *dgx_faulty.cli_args,
         "slurm",
         "prolog",
+        "--config",
+        str(config),
         "--expected-gpus",
         "7",
         env={**dgx_faulty.env, "SLURM_JOB_GPUS": "0"},
@@ -188,14 +233,27 @@ def test_prolog_on_the_healthy_node_exits_0(dgx: Node) -> None:
     assert "node unusable" not in done.stderr
 
 
-def test_prolog_fails_on_fewer_gpus_than_expected(dgx: Node) -> None:
-    done = run(*dgx.cli_args, "slurm", "prolog", "--expected-gpus", "9", env=dgx.env)
+def test_prolog_fails_on_fewer_gpus_than_expected(dgx: Node, config: Path) -> None:
+    done = run(
+        *dgx.cli_args,
+        "slurm",
+        "prolog",
+        "--config",
+        str(config),
+        "--expected-gpus",
+        "9",
+        env=dgx.env,
+    )
     assert done.returncode == 1, done.stderr
     assert "nodecheck prolog: node unusable: gpu_count node:" in done.stderr
 
 
-def test_epilog_runs_the_quick_checks_and_no_benchmark(dgx_faulty: Node, dgx: Node) -> None:
-    faulty = run(*dgx_faulty.cli_args, "slurm", "epilog", env=dgx_faulty.env)
+def test_epilog_runs_the_quick_checks_and_no_benchmark(
+    dgx_faulty: Node, dgx: Node, config: Path
+) -> None:
+    faulty = run(
+        *dgx_faulty.cli_args, "slurm", "epilog", "--config", str(config), env=dgx_faulty.env
+    )
     assert faulty.returncode == 1, faulty.stderr
     assert f"nodecheck epilog: {NO_BENCHMARKS_HERE}" in faulty.stderr
     assert "nodecheck epilog: node unusable: gpu_xid gpu 0000:bc:00.0: XID 79" in faulty.stderr

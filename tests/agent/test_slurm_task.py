@@ -217,11 +217,12 @@ def hostile_job(folder: Path) -> dict[str, str]:
 
 
 def run_hook(
-    hook: Path, node: Node, cwd: Path, env: dict[str, str]
+    hook: Path, node: Node, cwd: Path, env: dict[str, str], *args: str
 ) -> subprocess.CompletedProcess[str]:
-    """The hook as Slurm runs it (no arguments: the node's roots are this test's)."""
+    """The hook as Slurm runs it (no arguments: the node's roots, and `args`, are this
+    test's)."""
     return subprocess.run(
-        [str(hook), *node.cli_args],
+        [str(hook), *node.cli_args, *args],
         cwd=cwd,
         env={**CLEAN_ENVIRON, "PATH": os.environ["PATH"], **node.env, **env},
         capture_output=True,
@@ -274,8 +275,11 @@ def test_the_root_hooks_run_isolated_too(dgx_faulty: Node, tmp_path: Path) -> No
     judges, with the same hostile environment; under a name it does not know, it says so."""
     job = tmp_path / "job"
     python = hostile_job(job)
+    config = tmp_path / "config.toml"  # a failure is recorded in its state folder
+    config.write_text(f'[agent]\nstate_dir = "{tmp_path}"\n')
     for name, hook in (("prolog", "nodecheck-prolog"), ("epilog", "nodecheck-epilog")):
-        done = run_hook(installed_hook(tmp_path / "sbin", hook), dgx_faulty, job, python)
+        installed = installed_hook(tmp_path / "sbin", hook)
+        done = run_hook(installed, dgx_faulty, job, python, "--config", str(config))
         assert done.returncode == 1, done.stderr
         assert f"nodecheck {name}: node unusable: gpu_count " in done.stderr
         assert "click.py" not in done.stderr and "LD_PRELOAD" not in done.stderr

@@ -298,8 +298,17 @@ def test_the_task_prologs_environment_reaches_the_task(
 def test_a_prolog_failure_drains_the_node_and_requeues_the_job(
     slurm_cluster: SlurmCluster, dgx_faulty: Node, dgx: Node, tmp_path: Path
 ) -> None:
+    # The prolog records its failure in the health check's state folder.
+    config = _config(tmp_path / "hc")
     program = slurm_cluster.program(
-        "prolog", NODECHECK, *dgx_faulty.cli_args, "slurm", "prolog", env=dgx_faulty.env
+        "prolog",
+        NODECHECK,
+        *dgx_faulty.cli_args,
+        "slurm",
+        "prolog",
+        "--config",
+        str(config),
+        env=dgx_faulty.env,
     )
     slurm_cluster.reconfigure(Prolog=str(program))
     tmp_path.chmod(0o755)
@@ -332,6 +341,7 @@ def test_a_prolog_failure_drains_the_node_and_requeues_the_job(
 
     taken = slurm_cluster.wait_for(taken_over, 180, "the takeover")
     assert taken.drained and "took over Slurm's 'Prolog error' drain" in str(taken.reason)
+    assert f"the prolog failed job {job.group(1)} on gpu_" in str(taken.reason)
     back = slurm_cluster.wait_idle(180)
     assert back.reason is None and _runs(runs) >= 3
 
