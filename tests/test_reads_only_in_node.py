@@ -90,6 +90,7 @@ OWN_FILES = (
     # agent/config.py's read_text_file read: the name is the facts loader's, not the call.
     Allowed("agent/web/config.py", "_document", "load", "the web configuration's YAML text"),
     Allowed("agent/daemon/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
+    Allowed("agent/breaker.py", "read_withheld", "read_regular_file", "health-check's note"),
     Allowed("agent/slurm/hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
     Allowed("agent/slurm/hysteresis.py", "__init__", "open", "its hysteresis lock file"),
     Allowed("agent/slurm/ownership.py", "load_drain_record", "read_regular_file", "its drain"),

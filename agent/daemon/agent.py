@@ -210,6 +210,7 @@ class Agent:
                 self._node_labels,
                 started_at=self.started_at,
                 results_writes=self.results_file.state,
+                remediation_withheld=self._remediation_withheld,
             )
         )
         self.scheduler = self._scheduler()
@@ -391,6 +392,22 @@ class Agent:
                 "or listen on 127.0.0.1)",
             )
         return server
+
+    def _remediation_withheld(self) -> dict[str, bool]:
+        """Whether the circuit breaker holds back taking this node out of service, by
+        integration: the Kubernetes taint (when tainting is on), and Slurm's drain as
+        the last `slurm health-check` run noted it in the state folder (when one ran)."""
+        from nodecheck.agent.breaker import SLURM_WITHHELD_FILE, read_withheld
+        from nodecheck.checks.config import BenchOptions
+
+        withheld: dict[str, bool] = {}
+        if self.kubernetes is not None and self.config.kubernetes.taint:
+            withheld["kubernetes"] = self.kubernetes.withheld
+        state_dir = Path(self.config.state_dir or BenchOptions().state_dir)
+        slurm = read_withheld(state_dir / SLURM_WITHHELD_FILE)
+        if slurm is not None:
+            withheld["slurm"] = slurm
+        return withheld
 
     def _node_labels(self) -> dict[str, str]:
         """[labels] of the configuration in force (a SIGHUP may change them)."""

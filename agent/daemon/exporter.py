@@ -55,6 +55,7 @@ OWN_FAMILIES = frozenset(
         "nodecheck_agent_start_time_seconds",
         "nodecheck_results_last_write_successful",
         "nodecheck_results_write_failures_total",
+        "nodecheck_remediation_withheld",
     }
 )
 METRIC_NAME = re.compile(r"nodecheck_[a-z0-9_]+")  # the project's convention, a subset of
@@ -214,15 +215,19 @@ class ResultCollector(Collector):
         node_labels: Callable[[], Mapping[str, str]] = dict,
         started_at: float | None = None,
         results_writes: Callable[[], ResultsWrites | None] = lambda: None,
+        remediation_withheld: Callable[[], Mapping[str, bool]] = dict,
     ) -> None:
         """`node_labels`: the configuration's [labels] now (a reload changes them);
         `started_at`: when the agent started (wall clock), else when this was made;
-        `results_writes`: how writing the results file goes (None: there is none)."""
+        `results_writes`: how writing the results file goes (None: there is none);
+        `remediation_withheld`: by integration, whether the circuit breaker holds back
+        taking the node out of service."""
         self.store = store
         self.version = version
         self.reload_ok = reload_ok
         self.node_labels = node_labels
         self.results_writes = results_writes
+        self.remediation_withheld = remediation_withheld
         self.started_at = time.time() if started_at is None else started_at
         # (check, metric, reason) already logged: a bad sample comes back on every
         # render of the exposition, its log line once (bounded, for a sample whose
@@ -355,6 +360,15 @@ class ResultCollector(Collector):
         reload_ok.add_metric([], 1 if self.reload_ok() else 0)
         yield reload_ok
         yield from self._results_file_families()
+        withheld = GaugeMetricFamily(
+            "nodecheck_remediation_withheld",
+            "1 while taking this node out of service (integration: slurm's drain, kubernetes' "
+            "taint) is held back by the fleet-wide circuit breaker ([remediation] breaker_*)",
+            labels=["integration"],
+        )
+        for integration, held in sorted(self.remediation_withheld().items()):
+            withheld.add_metric([integration], 1 if held else 0)
+        yield withheld
         left_out = GaugeMetricFamily(
             "nodecheck_exposition_dropped_samples",
             "Samples of this check's latest run left out of this exposition (not a number, "

@@ -1,10 +1,10 @@
-"""A small Kubernetes API client on the standard library, for the four calls the agent makes.
+"""A small Kubernetes API client on the standard library, for the five calls the agent makes.
 
 GET a node, PATCH its status (conditions), PATCH the node (the taint and its ownership
-annotation), POST an Event: nothing else, which is what the ClusterRole and Role in
+annotation), POST an Event, and LIST the nodes' metadata (the taint's circuit breaker,
+before a node is tainted): nothing else, which is what the ClusterRole and Role in
 deploy/kubernetes/rbac.yaml allow. The official client (`kubernetes` on PyPI) brings
-pydantic, aiohttp, requests and more for these four calls; this one uses http.client
-and ssl.
+pydantic, aiohttp, requests and more for these calls; this one uses http.client and ssl.
 
 - The bearer token is read from its file again once it is `token_reread_s` old (at most
   a minute), and at once after a 401: projected service-account tokens are rotated by
@@ -39,6 +39,10 @@ from nodecheck.checks.record import record
 MAX_RESPONSE_BYTES = 8 << 20
 MAX_TOKEN_BYTES = 64 << 10
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+# A list's items as their metadata only (PartialObjectMetadataList: the API server's
+# "as=" content negotiation, apimachinery pkg/apis/meta/v1 types.go), a few kB a node
+# instead of tens; plain JSON after it, for a server that cannot.
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -100,7 +104,7 @@ class KubeClient:
         self._credentials: tuple[str, ssl.SSLContext] | None = None
         self._read_at = 0.0
 
-    # -- the four calls ----------------------------------------------------------------
+    # -- the calls ----------------------------------------------------------------------
 
     def get_node(self, name: str) -> Reply:
         return self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}")
@@ -122,6 +126,14 @@ class KubeClient:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/events"
         return self.request("POST", path, event, "application/json")
 
+    def list_nodes_metadata(self, limit: int, continue_token: str = "") -> Reply:
+        """One page of at most `limit` nodes, their metadata only; the reply's
+        metadata.continue names the next page ("" on the last)."""
+        query = f"limit={limit}" + (
+            f"&continue={quote(continue_token, safe='')}" if continue_token else ""
+        )
+        return self.request("GET", f"/api/v1/nodes?{query}", accept=METADATA_ONLY)
+
     # -- plumbing ----------------------------------------------------------------------
 
     def request(
@@ -130,12 +142,13 @@ class KubeClient:
         path: str,
         body: dict[str, Any] | None = None,
         content_type: str | None = None,
+        accept: str = "application/json",
     ) -> Reply:
         """One call; on a 401 the token file is read again and the call made once more
         (the token may have been rotated since it was read)."""
-        reply = self._request_once(method, path, body, content_type, fresh=False)
+        reply = self._request_once(method, path, body, content_type, accept, fresh=False)
         if reply.status == 401:
-            reply = self._request_once(method, path, body, content_type, fresh=True)
+            reply = self._request_once(method, path, body, content_type, accept, fresh=True)
         return reply
 
     def _credentials_now(self, fresh: bool) -> tuple[str, ssl.SSLContext] | Reply:
@@ -162,13 +175,14 @@ class KubeClient:
         path: str,
         body: dict[str, Any] | None,
         content_type: str | None,
+        accept: str,
         fresh: bool,
     ) -> Reply:
         credentials = self._credentials_now(fresh)
         if isinstance(credentials, Reply):
             return credentials
         token, context = credentials
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {token}", "Accept": accept}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()

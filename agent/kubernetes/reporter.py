@@ -60,6 +60,13 @@ stays); one an admin removed is not applied again until the fault changes, and a
 `error` run does not forget that (NVSentinel's manual-untaint rule, fault-quarantine; it
 once fought admins, NVIDIA/NVSentinel#1424). Other taints and `spec.unschedulable`
 (cordon) are never touched.
+
+The taint's circuit breaker (agent/breaker.py): before an untainted node is tainted, the
+nodes' metadata is listed (paged, BREAKER_PAGE a page, at most BREAKER_PAGES pages, each
+call bounded) and those whose `nodecheck.io/taint` annotation was applied within
+`[remediation] breaker_window` are counted; at the cap, or when the list cannot be read
+whole, the taint is withheld: logged (`breaker=open`), exported
+(nodecheck_remediation_withheld), and decided again at the next report that is due.
 """
 
 from __future__ import annotations
@@ -107,6 +114,11 @@ CONFLICT_RETRIES = 5
 EVENTS_PER_REPORT = 50  # a first report on a broken node: the rest at the next one
 RETRY_MAX_S = 60.0
 OUR_TYPES = frozenset(CONDITION_TYPES.values())
+# The breaker's list of the nodes: this many a page, at most this many pages (20,000
+# nodes, past any one cluster's size limit of 5,000: kubernetes.io "Considerations for
+# large clusters").
+BREAKER_PAGE = 500
+BREAKER_PAGES = 40
 
 
 def camel_case(name: str) -> str:
@@ -370,6 +382,36 @@ def _ownership_value(fault: Fault, now: str) -> str:
     )
 
 
+def applied_at(metadata: Mapping[str, Any]) -> float | None:
+    """When nodecheck applied the taint its ownership annotation records (seconds since
+    the epoch); None when the node has none. One that cannot be read counts as just now:
+    the breaker errs towards holding back."""
+    value = (metadata.get("annotations") or {}).get(OWNERSHIP_ANNOTATION)
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = json.loads(value)["applied_at"]
+        return (
+            datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+        )
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return float("inf")
+
+
+def tainted_recently(items: Iterable[Any], now: float, window_s: float, node: str) -> int:
+    """Of a node list's items, those nodecheck tainted within `window_s` of `now`, but
+    `node` (the one about to be tainted: its own earlier taint is no other node's)."""
+    count = 0
+    for item in items:
+        metadata = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(metadata, dict) or metadata.get("name") == node:
+            continue
+        at = applied_at(metadata)
+        if at is not None and now - at <= window_s:
+            count += 1
+    return count
+
+
 def taint_patch(node: Mapping[str, Any], plan: TaintPlan) -> dict[str, Any]:
     """A JSON merge patch of the node carrying its resourceVersion: the API server then
     refuses it with 409 if the node changed since it was read."""
@@ -585,6 +627,8 @@ class KubernetesReporter:
         self._events_backoff = 1.0
         self._problems: dict[str, str] = {}
         self.reports = 0
+        # Whether the last taint decision was a taint the circuit breaker held back.
+        self.withheld = False
 
     @classmethod
     def from_settings(
@@ -780,6 +824,21 @@ class KubernetesReporter:
             if not plan.writes:
                 if plan.action == "left_alone":
                     self._note("taint", f"left alone: {plan.why}", logging.INFO)
+                self.withheld = False
+                return True
+            taints = (node.get("spec") or {}).get("taints") or []
+            entering = plan.action == "applied" and not any(
+                is_owned_taint(t) for t in taints if isinstance(t, dict)
+            )
+            held = self._breaker_holds() if entering else ""
+            self.withheld = bool(held)
+            if held:
+                log.warning(
+                    "event=kubernetes_taint action=withheld breaker=open fault=%s why=%r held=%r",
+                    fault.fault_class.value if fault else "none",
+                    plan.why,
+                    held,
+                )
                 return True
             if self.policy.dry_run:
                 log.info(
@@ -807,6 +866,29 @@ class KubernetesReporter:
             return True
         self._note("patch_node", f"still conflicting after {CONFLICT_RETRIES} tries", logging.ERROR)
         return False
+
+    def _breaker_holds(self) -> str:
+        """Why the circuit breaker holds a new taint back ("" when it lets it through):
+        open, or the nodes not read whole (it cannot tell)."""
+        from nodecheck.agent.breaker import breaker_reading
+
+        now = time.time()
+        nodes, recent, token = 0, 0, ""
+        for _ in range(BREAKER_PAGES):
+            reply = self.client.list_nodes_metadata(BREAKER_PAGE, token)
+            if not self._outcome("list_nodes", reply):
+                return f"the nodes could not be read for the circuit breaker ({reply.describe()})"
+            items = (reply.body or {}).get("items") or []
+            nodes += len(items)
+            recent += tainted_recently(items, now, self.policy.breaker_window_s, self.node)
+            token = str(((reply.body or {}).get("metadata") or {}).get("continue") or "")
+            if not token:
+                break
+        else:
+            counted = BREAKER_PAGE * BREAKER_PAGES
+            return f"more than {counted} nodes: the circuit breaker cannot count them"
+        reading = breaker_reading(recent, nodes, self.policy)
+        return reading.says(self.policy.breaker_window_s, "tainted") if reading.open else ""
 
     def _outcome(self, call: str, reply: Reply) -> bool:
         """Log a call's failure once while it lasts, and its recovery."""

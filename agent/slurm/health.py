@@ -571,6 +571,9 @@ def _judge_and_act(
     ):
         # A node leaving service: the fleet-wide cap first.
         decision = _past_the_breaker(decision, read_fleet, policy, now())
+    if not unkept:  # else the state folder cannot be written, said already
+        noted = _note_withheld(hysteresis_file, decision, now())
+        problem = "; ".join(p for p in (problem, noted) if p)
     if decision.action is SlurmAction.NOTHING:
         return HealthCheckRun(source, decision, True, problem)
     if policy.dry_run:
@@ -630,6 +633,19 @@ def _past_the_breaker(
         reason="",
         withheld=True,
     )
+
+
+def _note_withheld(hysteresis_file: Path, decision: Decision, now: float) -> str:
+    """Beside the count, whether this run's drain was withheld (the agent exports it);
+    what could not be saved, or ""."""
+    from nodecheck.agent.breaker import SLURM_WITHHELD_FILE, note_withheld
+
+    path = hysteresis_file.with_name(SLURM_WITHHELD_FILE)
+    try:
+        note_withheld(path, decision.withheld, decision.why, now)
+    except OSError as err:
+        return f"cannot update {path}: {err.strerror or err}"
+    return ""
 
 
 def _owned_drain(record_file: Path, state: SlurmNodeState | None) -> tuple[DrainRecord | None, str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from nodecheck.agent.breaker import SLURM_WITHHELD_FILE
 from nodecheck.agent.daemon.scheduler import ResultStore, Scheduler
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.registry import Check
@@ -248,6 +249,21 @@ def test_metrics_lint_clean(request: pytest.FixtureRequest, which: str) -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
+
+
+def test_a_slurm_drain_the_breaker_holds_back_is_exported(agent: RunningAgent) -> None:
+    """`slurm health-check` notes in the state folder whether the circuit breaker withheld
+    its drain (agent/breaker.py): the agent exports what the last run noted; a node where
+    health-check never ran has no Slurm series."""
+    state = agent.config.parent / "state"
+    series = 'nodecheck_remediation_withheld{integration="slurm"}'
+    assert series not in agent.metrics()
+    note = state / SLURM_WITHHELD_FILE
+    note.write_text('{"withheld": true, "at": 0, "why": "the circuit breaker is open"}\n')
+    wait_for(lambda: f"{series} 1.0" in agent.metrics(), 60, "the withheld drain exported")
+    note.write_text('{"withheld": false, "at": 0, "why": ""}\n')
+    wait_for(lambda: f"{series} 0.0" in agent.metrics(), 60, "the cleared drain exported")
+    note.unlink()
 
 
 def test_textfile(agent: RunningAgent) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.agent.breaker import SLURM_WITHHELD_FILE, BreakerReading, read_withheld
 from nodecheck.agent.config import DEFAULT_POLICY, RemediationSettings, SlurmSettings
 from nodecheck.agent.findings import (
     Finding,
@@ -27,7 +28,7 @@ from nodecheck.agent.findings import (
     fresh_results,
 )
 from nodecheck.agent.slurm.actions import drain_argv, reboot_argv, run_action, undrain_argv
-from nodecheck.agent.slurm.breaker import REASON_TIME_FORMAT, BreakerReading, read_breaker
+from nodecheck.agent.slurm.breaker import REASON_TIME_FORMAT, read_breaker
 from nodecheck.agent.slurm.health import (
     EXIT_HEALTHY,
     EXIT_UNDETERMINED,
@@ -1294,7 +1295,7 @@ def test_the_breaker_counts_nodecheck_s_drains_within_its_window() -> None:
     assert read_breaker(one_node(), tenth, "nodecheck:", NOW) == BreakerReading(0, 1, 1)
     # A reason whose time cannot be read counts.
     unread = [replace(node, reason_time="yesterday") for node in fleet(2, 0, 20)]
-    assert read_breaker(unread, tenth, "nodecheck:", NOW).drained_recently == 2
+    assert read_breaker(unread, tenth, "nodecheck:", NOW).out_recently == 2
 
 
 @pytest.mark.parametrize("open_or_unreadable", ["open", "unreadable"])
@@ -1332,6 +1333,25 @@ def test_a_drain_past_the_breaker_is_withheld_and_reported(
     caplog.set_level(logging.INFO, logger="nodecheck.agent.slurm.health")
     log_run("gpu01", run)
     assert "breaker=open" in caplog.records[-1].getMessage()
+    # Said beside the count for the agent's nodecheck_remediation_withheld, until a run
+    # is not held back (here: the fleet read again, the cap not reached).
+    withheld = tmp_path / SLURM_WITHHELD_FILE
+    assert read_withheld(withheld) is True
+    assert json.loads(withheld.read_text())["why"] == run.decision.why
+    again = health_check(
+        node="gpu01",
+        results_file=None,
+        hysteresis_file=tmp_path / "h.json",
+        settings=SETTINGS,
+        run_quick_checks=lambda budget: [("gpu_count", [Result(Status.FAIL, "node", "7 of 8")])],
+        read_state=state,
+        read_fleet=lambda: [state(), *fleet(1, 0, 19)],
+        act=acted,
+        read_clock=this_boot(tmp_path / "proc"),
+        now=lambda: NOW,
+    )
+    assert acted == [SlurmAction.DRAIN] and not again.decision.withheld
+    assert read_withheld(withheld) is False
 
 
 def test_every_node_of_scontrol_show_node_is_read() -> None:

@@ -48,10 +48,10 @@ def test_errors_are_values_with_the_api_servers_message(
     double: KubeApiDouble, tmp_path: Path
 ) -> None:
     kube = client(double.url, tmp_path, double.cert)
-    listing = kube.request("GET", "/api/v1/nodes")
-    assert listing.status == 403 and not listing.ok
-    assert 'cannot list resource "nodes"' in (listing.error or "")
-    assert listing.describe().startswith("403 Forbidden: ")
+    watching = kube.request("GET", "/api/v1/nodes?watch=true")
+    assert watching.status == 403 and not watching.ok
+    assert 'cannot watch resource "nodes"' in (watching.error or "")
+    assert watching.describe().startswith("403 Forbidden: ")
     missing = kube.get_node("n2")
     assert missing.status == 404 and missing.error == 'nodes "n2" not found'
     (tmp_path / "token").unlink()

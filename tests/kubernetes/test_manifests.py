@@ -429,7 +429,7 @@ def test_the_rbac_is_exactly_the_contracts() -> None:
     [cluster_role] = by_kind["ClusterRole"]
     assert cluster_role["metadata"]["name"] == "nodecheck-agent"
     assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
     ]
     [role] = by_kind["Role"]

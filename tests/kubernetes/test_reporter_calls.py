@@ -6,6 +6,7 @@ double: tests/kubernetes/test_reporter.py."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import yaml
 
 from nodecheck.agent.config import DEFAULT_POLICY, KubernetesSettings, RemediationSettings
 from nodecheck.agent.findings import Finding, findings_of_named
+from nodecheck.agent.kubernetes import reporter as reporter_module
 from nodecheck.agent.kubernetes.api import KubeClient
 from nodecheck.agent.kubernetes.reporter import CheckFindings, KubernetesReporter
 from nodecheck.checks.result import Result, Status
@@ -153,6 +155,77 @@ def test_the_taint_follows_the_remediation_policy_and_its_dry_run(
     assert reporter(api, tmp_path).report_once(run(*LINK_FAILS))
     assert ours(api) == [{"key": TAINT_KEY, "value": "gpu-performance", "effect": "NoSchedule"}]
     assert api.violations == []
+
+
+def tainted_by_nodecheck(seconds_ago: float) -> Callable[[dict[str, Any]], None]:
+    """An admin's change that leaves a node as nodecheck's taint of `seconds_ago` does."""
+
+    def change(node: dict[str, Any]) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+        node["metadata"]["annotations"][OWNERSHIP] = json.dumps(
+            {"fingerprint": "f", "class": "gpu-hardware", "applied_at": stamp}
+        )
+        node["spec"]["taints"] = [
+            {"key": TAINT_KEY, "value": "gpu-hardware", "effect": "NoSchedule"}
+        ]
+
+    return change
+
+
+def test_the_taint_waits_behind_the_circuit_breaker(
+    api: KubeApiDouble,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Twenty nodes, two tainted by nodecheck ten minutes ago and one two hours ago: the
+    default cap (a tenth: 2) is reached within the hour, so this node's taint is held back,
+    said in the log and by `withheld`, and decided again at the next report; a cap the
+    count is under lets it through. The nodes are read in pages; more than the pages
+    allowed, or a list the API server refuses, holds the taint back as well."""
+    for index in range(2, 21):
+        api.add_node(f"gpu-node-{index}")
+    api.admin_change("gpu-node-2", tainted_by_nodecheck(600))
+    api.admin_change("gpu-node-3", tainted_by_nodecheck(600))
+    api.admin_change("gpu-node-4", tainted_by_nodecheck(7200))
+    caplog.set_level(logging.INFO, logger="nodecheck.agent.kubernetes.reporter")
+    monkeypatch.setattr(reporter_module, "BREAKER_PAGE", 3)  # seven pages
+    held = reporter(api, tmp_path, resend_s=0)
+    assert held.report_once(run(*LINK_FAILS))
+    assert ours(api) == [] and annotation(api) is None and held.withheld
+    said = [r.getMessage() for r in caplog.records if "action=withheld" in r.getMessage()]
+    assert said and "breaker=open" in said[-1]
+    assert "2 of 20 nodes tainted by nodecheck in the last 3600 s, the cap 2" in said[-1]
+    assert held.report_once(run(*LINK_FAILS)) and ours(api) == []  # asked again: still held
+    monkeypatch.setattr(reporter_module, "BREAKER_PAGES", 6)  # the seventh page unread
+    caplog.clear()
+    wider = RemediationSettings(breaker_fraction=0.5)
+    assert reporter(api, tmp_path, policy=wider).report_once(run(*LINK_FAILS))
+    assert ours(api) == [] and "more than 18 nodes" in caplog.text
+    monkeypatch.setattr(reporter_module, "BREAKER_PAGES", 7)
+    through = reporter(api, tmp_path, policy=wider)
+    assert through.report_once(run(*LINK_FAILS))
+    assert ours(api) == [{"key": TAINT_KEY, "value": "gpu-performance", "effect": "NoSchedule"}]
+    assert not through.withheld
+    pages = api.count("GET", "/api/v1/nodes")
+    assert pages == 7 + 7 + 6 + 7, pages
+    assert api.violations == []
+
+
+def test_a_refused_list_holds_the_taint_back(tmp_path: Path) -> None:
+    """An RBAC without `list` on nodes (an older install's): the breaker cannot count,
+    so the taint waits, and the refusal is logged; the conditions go on."""
+    rbac = tmp_path / "rbac.yaml"
+    rbac.write_text(RBAC.read_text().replace('["get", "list", "patch"]', '["get", "patch"]'))
+    api = serve(rbac, tmp_path)
+    try:
+        agent = reporter(api, tmp_path)
+        assert agent.report_once(run(*LINK_FAILS))
+        assert ours(api) == [] and agent.withheld
+        assert api.conditions(NODE)[PERFORMANCE]["status"] == "True"
+        assert api.count("GET", "/api/v1/nodes", 403) == 1
+    finally:
+        api.stop()
 
 
 def test_an_error_run_does_not_forget_that_an_admin_removed_the_taint(
