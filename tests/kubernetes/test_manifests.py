@@ -187,6 +187,17 @@ def test_what_kubectl_apply_k_sends_is_valid() -> None:
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="no kubectl to run kustomize with")
+def test_what_kubectl_apply_k_sends_for_npd_is_valid() -> None:
+    rendered = kustomize(KUBE / "npd")
+    assert sorted((d["kind"], d["metadata"]["namespace"]) for d in rendered) == [
+        ("ConfigMap", "kube-system"),
+        ("DaemonSet", "kube-system"),
+    ]
+    for document in rendered:
+        kubernetes_validate(document)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="no kubectl to run kustomize with")
 def test_the_privileged_variant_is_the_same_agent_privileged() -> None:
     rendered = kustomize(DEPLOY / "kubernetes-privileged")
     [privileged] = [d for d in rendered if d["kind"] == "DaemonSet"]
@@ -579,9 +590,13 @@ def test_npd_runs_the_plugin_where_the_image_installs_it() -> None:
     assert dockerfile_copies(KUBE / "npd" / "Dockerfile") == []
 
 
-def test_npd_daemonset_patch_mounts_what_the_rules_name() -> None:
-    patch = yaml.safe_load((KUBE / "npd" / "daemonset-patch.yaml").read_text())
-    spec = patch["spec"]["template"]["spec"]
+def npd_daemonset() -> dict[str, Any]:
+    [daemon_set] = documents(KUBE / "npd" / "daemonset.yaml")
+    return daemon_set
+
+
+def test_npd_daemonset_mounts_what_the_rules_name() -> None:
+    spec = npd_daemonset()["spec"]["template"]["spec"]
     [container] = spec["containers"]
     assert container["name"] == "node-problem-detector"
     assert not any(k.startswith("nvidia.com/") for k in container["resources"]["limits"])
@@ -594,10 +609,72 @@ def test_npd_daemonset_patch_mounts_what_the_rules_name() -> None:
     [generated] = kustomization["configMapGenerator"]
     assert volume["configMap"]["name"] == generated["name"]
     assert generated["files"] == [Path(path).name]
+    assert kustomization["resources"] == ["daemonset.yaml"]
     args = npd_config()["rules"][0]["args"]
     for root in (args[args.index("--sysfs-root") + 1], args[args.index("--procfs-root") + 1]):
         assert by_path[root]["readOnly"] is True
     assert "/run/nodecheck/agent" in by_path  # the agent's results, when it runs too
+
+
+# What NPD's own DaemonSet runs and mounts (kubernetes/node-problem-detector
+# deployment/node-problem-detector.yaml, v0.8.19), which the GPU nodes' NPD keeps.
+UPSTREAM_MONITORS = (
+    "--config.system-log-monitor=/config/kernel-monitor.json,"
+    "/config/readonly-monitor.json,/config/docker-monitor.json"
+)
+UPSTREAM_MOUNTS = {
+    "log": "/var/log",
+    "kmsg": "/dev/kmsg",
+    "localtime": "/etc/localtime",
+    "config": "/config",
+}
+
+
+def test_npd_on_gpu_nodes_keeps_everything_npd_does_and_cpu_nodes_keep_npd() -> None:
+    """One NPD per node: nodecheck's, with the NVIDIA runtime, on the GPU nodes only (a
+    CPU node cannot start a pod of runtimeClassName nvidia), running NPD's own monitors
+    beside the plugin, with NPD's ServiceAccount, mounts, ConfigMap and tolerations; NPD's
+    own DaemonSet patched off exactly those nodes, its own requirement kept, nothing else
+    touched."""
+    daemon_set = npd_daemonset()
+    kubernetes_validate(daemon_set)  # raises on a field Kubernetes does not know
+    spec = daemon_set["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert container["command"][:3] == [
+        "/node-problem-detector",
+        "--logtostderr",
+        UPSTREAM_MONITORS,
+    ]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert UPSTREAM_MOUNTS.items() <= mounts.items()
+    [config] = [v for v in spec["volumes"] if v["name"] == "config"]
+    assert config["configMap"]["name"] == "node-problem-detector-config"
+    assert [i["key"] for i in config["configMap"]["items"]] == [
+        "kernel-monitor.json",
+        "readonly-monitor.json",
+        "docker-monitor.json",
+    ]
+    assert spec["serviceAccountName"] == "node-problem-detector"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert {"effect": "NoSchedule", "operator": "Exists"} in spec["tolerations"]
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    gpu_only = {e["key"]: (e["operator"], e["values"]) for e in term["matchExpressions"]}
+    assert gpu_only == {
+        "kubernetes.io/os": ("In", ["linux"]),
+        "nvidia.com/gpu.present": ("In", ["true"]),
+        "nvidia.com/gpu.deploy.client": ("NotIn", ["false", "paused-for-driver-upgrade"]),
+    }
+    patch = yaml.safe_load((KUBE / "npd" / "upstream-patch.yaml").read_text())
+    assert list(patch["spec"]["template"]["spec"]) == ["affinity"]
+    [upstream] = patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert {e["key"]: (e["operator"], e["values"]) for e in upstream["matchExpressions"]} == {
+        "kubernetes.io/os": ("In", ["linux"]),
+        "nvidia.com/gpu.present": ("NotIn", ["true"]),
+    }
 
 
 # -- the admission policy ------------------------------------------------------------
