@@ -101,6 +101,9 @@ class Origin(str, enum.Enum):
 
 
 NODE = "node"
+# A `skip`'s details["cause"] when what it needs is closed to this process (root's
+# alone), where it runs so by design: the unprivileged DaemonSet, a user's shell.
+UNPRIVILEGED = "unprivileged"
 
 
 def gpu_subject(bdf: str) -> str:

@@ -26,13 +26,23 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.fs import PERMISSION_DENIED
 from nodecheck.checks.node.kernel_log import line_age
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import register
-from nodecheck.checks.result import NODE, Action, FaultClass, MetricSpec, Result, Sample, Status
+from nodecheck.checks.result import (
+    NODE,
+    UNPRIVILEGED,
+    Action,
+    FaultClass,
+    MetricSpec,
+    Result,
+    Sample,
+    Status,
+)
 
 SXID_LABELS = ("bus_id", "sxid")
 EVENTS = MetricSpec(
@@ -182,6 +192,18 @@ def _latest(events: list[SxidEvent]) -> SxidEvent:
 
 
 def _unreadable(err: KernelLogUnreadable) -> Result:
+    if err.reason == PERMISSION_DENIED:
+        # Closed to this process by design (the unprivileged DaemonSet's device cgroup
+        # refuses /dev/kmsg; dmesg_restrict without CAP_SYSLOG): not judged here, for
+        # ever, so a `skip` that says so; root reads it (the snapshot, the privileged
+        # DaemonSet). NVLink and GPU faults still show in the NVML checks.
+        return Result(
+            Status.SKIP,
+            NODE,
+            f"NVSwitch SXids not watched: the kernel log is closed to this process ({err.message})",
+            err.remedy,
+            {"cause": UNPRIVILEGED},
+        )
     return Result(
         Status.ERROR,
         NODE,

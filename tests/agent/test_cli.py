@@ -138,12 +138,21 @@ def test_json_contract(dgx_faulty: Node) -> None:
     assert SECRET not in done.stdout
 
 
-def test_exit_status_healthy_and_undetermined(dgx: Node, build: object) -> None:
+def test_exit_status_healthy_and_undetermined(dgx: Node, build: object, tmp_path: Path) -> None:
     assert run(*dgx.cli_args, "check", env=dgx.env).returncode == 0
-    unprivileged = build("dgx-h100", unprivileged=True)  # type: ignore[operator]
-    done = run(*unprivileged.cli_args, "check", "--json", env=unprivileged.env)
+    # A kernel log that is no text (and no NVML event listener in a one-shot run): XIDs
+    # undetermined.
+    garbled = tmp_path / "kern.log"
+    garbled.write_bytes(b"abc\x01\x02def\n")
+    done = run(*dgx.cli_args, "check", "--json", "--kernel-log", str(garbled), env=dgx.env)
     assert done.returncode == 3
     assert json.loads(done.stdout)["status"] == "error"
+    # Without root, ACS is out of reach for good: a skip that says so, not an error.
+    unprivileged = build("dgx-h100", unprivileged=True)  # type: ignore[operator]
+    done = run(*unprivileged.cli_args, "check", "--json", env=unprivileged.env)
+    assert done.returncode == 0, done.stdout
+    [acs] = [r for r in json.loads(done.stdout)["results"] if r["check"] == "pcie_acs"]
+    assert acs["status"] == "skip" and acs["details"]["cause"] == "unprivileged"
 
 
 def test_only_and_skip(dgx_faulty: Node) -> None:

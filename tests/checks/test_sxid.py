@@ -13,11 +13,15 @@ from nodecheck.checks.host.nvswitch_sxid import (
     REBOOT_REMEDY,
     REPEAT_REMEDY,
     THERMAL_REMEDY,
+    check_nvswitch_sxid,
     judge_sxid,
 )
+from nodecheck.checks.node.fs import PERMISSION_DENIED
 from nodecheck.checks.node.kernel_log import parse_boot_time
+from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
-from nodecheck.checks.result import Action, Status
+from nodecheck.checks.result import UNPRIVILEGED, Action, Status
+from tests.checks.literal_facts import context
 from tests.conftest import Node
 
 BOOT = 1_790_000_000.0
@@ -288,6 +292,27 @@ def test_an_unreadable_log_is_an_error_only_where_there_are_nvswitches(
     assert blind.summary == f"cannot read the kernel log for NVSwitch SXids: {missing}: missing"
     [nothing] = workstation.results("nvswitch_sxid", kernel_log=missing)
     assert nothing.status is Status.SKIP and nothing.summary == "no NVSwitch on the PCI bus"
+
+
+def test_a_log_closed_to_this_process_is_a_skip_saying_so(dgx: Node) -> None:
+    """Permission denied (the unprivileged DaemonSet's device cgroup, dmesg_restrict):
+    not watched here for good, said as a `skip` with its cause, never `ok`; any other
+    failure to read stays an `error` (above)."""
+    closed = KernelLogFacts(
+        "/dev/kmsg",
+        None,
+        unreadable=KernelLogUnreadable(
+            "/dev/kmsg: permission denied", PERMISSION_DENIED, "run as root (or with CAP_SYSLOG)"
+        ),
+    )
+    parts = {"inventory": dgx.context().inventory, "kernel_log": closed}
+    [blind] = check_nvswitch_sxid(context(parts))
+    assert blind.status is Status.SKIP and blind.subject == "node"
+    assert blind.summary == (
+        "NVSwitch SXids not watched: the kernel log is closed to this process "
+        "(/dev/kmsg: permission denied)"
+    )
+    assert blind.details == {"cause": UNPRIVILEGED}
 
 
 def test_a_switch_not_on_the_bus_is_said_even_when_it_fails(dgx: Node, tmp_path: Path) -> None:

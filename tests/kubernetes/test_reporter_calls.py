@@ -45,7 +45,8 @@ def run(*findings: tuple[str, str, str, str]) -> list[CheckFindings]:
     return list(by_check.items())
 
 
-# pcie_acs cannot read the ACS bits unprivileged, behind a PCIe switch: always `error`.
+# A check of another class that cannot determine for ever (a switch port whose config
+# space the kernel cannot read): `error` on every run.
 ACS_ERROR = ("pcie_acs", "error", "bridge 0000:17:00.0", "config space unreadable")
 HEALTHY = (
     ("gpu_count", "ok", "node", "8 GPUs"),
