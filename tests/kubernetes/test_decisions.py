@@ -4,13 +4,14 @@ lastTransitionTime rule, the taint and its ownership, event deduplication, messa
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodecheck.agent.config import ConfigError, KubernetesSettings, parse_config
-from nodecheck.agent.findings import Finding, findings_of_named
+from nodecheck.agent.findings import Finding, findings_of, findings_of_named
 from nodecheck.agent.kubernetes.fault_classes import class_verdict
 from nodecheck.agent.kubernetes.npd import judge
 from nodecheck.agent.kubernetes.reporter import (
@@ -33,6 +34,7 @@ from nodecheck.agent.kubernetes.reporter import (
     taint_patch,
 )
 from nodecheck.checks.result import FaultClass, Origin, Result, Status
+from tests.conftest import Node
 
 NOW = "2026-12-01T10:00:00Z"
 EARLIER = "2026-11-30T08:00:00Z"
@@ -466,3 +468,21 @@ def test_the_taint_waits_for_a_standing_fault_and_a_clear_hold() -> None:
     assert hold.observe(fault, 400) is TaintStep.HOLD, "a new fault waits again"
     assert FaultHold(0, 0).observe(fault, 0) is TaintStep.APPLY
     assert FaultHold(0, 0).observe(None, 0) is TaintStep.CLEAR
+
+
+def test_an_unprivileged_healthy_node_has_every_condition_false(
+    build: Callable[..., Node],
+) -> None:
+    """The healthy DGX read as the unprivileged DaemonSet reads it (config space cut to 64
+    bytes): what it can never see is a `skip` saying so, and every condition is False,
+    never Unknown for ever on a healthy node."""
+    node = build("dgx-h100", unprivileged=True)
+    runs = node.run()
+    checks = [(run.check.name, findings_of(run)) for run in runs]
+    [acs] = [f for name, found in checks if name == "pcie_acs" for f in found]
+    assert acs.status is Status.SKIP
+    assert {state.type: state.status for state in judge_classes(checks)} == {
+        "NodecheckGpuHardware": "False",
+        "NodecheckGpuPerformance": "False",
+        "NodecheckNodeConfig": "False",
+    }
