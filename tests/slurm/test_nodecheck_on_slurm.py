@@ -295,6 +295,55 @@ def test_the_task_prologs_environment_reaches_the_task(
     assert "NCCL_P2P_DISABLE" not in task
 
 
+def test_each_task_gets_threads_and_a_gpu_of_its_own(
+    slurm_cluster: SlurmCluster, dgx: Node
+) -> None:
+    """`srun --gpus-per-task=1 --cpus-per-task=1`: Slurm narrows SLURM_STEP_GPUS and
+    CUDA_VISIBLE_DEVICES per task and binds each to its own CPU; the TaskProlog gives each
+    task what `nodecheck slurm task-prolog` gives that task's environment: one thread
+    (its CPUs, never the GPU rank's whole share of the node) and its own GPU's settings."""
+    if slurm_cluster.gpus < 2:
+        pytest.skip("the cluster has fewer than 2 GPUs (no CAP_MKNOD, or one CPU)")
+    args = [*dgx.cli_args, "slurm", "task-prolog"]
+    program = slurm_cluster.program("task-prolog", NODECHECK, *args, env=dgx.env)
+    slurm_cluster.reconfigure(TaskProlog=str(program))
+    shown = "echo TASK $SLURM_LOCALID $SLURM_STEP_GPUS $CUDA_VISIBLE_DEVICES; env"
+    done = slurm_cluster.run(
+        "srun",
+        "-N1",
+        "-n2",
+        "--gpus-per-task=1",
+        "--cpus-per-task=1",
+        "--label",
+        "/bin/sh",
+        "-c",
+        shown,
+        timeout=120,
+    )
+    tasks: dict[str, dict[str, str]] = {}
+    for line in done.stdout.splitlines():
+        label, _, text = line.partition(": ")
+        tasks.setdefault(label.strip(), {})
+        if text.startswith("TASK "):
+            _, local, step_gpus, visible = text.split()
+            tasks[label.strip()] |= {"local": local, "step": step_gpus, "visible": visible}
+        elif "=" in text:
+            name, _, value = text.partition("=")
+            tasks[label.strip()][name] = value
+    assert sorted(t["step"] for t in tasks.values()) == ["0", "1"], done.stdout
+    for task in tasks.values():
+        environ = {
+            "SLURM_LOCALID": task["local"],
+            "SLURM_STEP_GPUS": task["step"],
+            "CUDA_VISIBLE_DEVICES": task["visible"],
+            "SLURM_CPUS_PER_TASK": "1",
+        }
+        expected, _ = _exports(slurm_cluster.run(NODECHECK, *args, env=environ).stdout)
+        assert expected.get("OMP_NUM_THREADS") == "1", expected
+        for name, value in expected.items():
+            assert task.get(name) == value, (name, task.get(name), value)
+
+
 def test_a_prolog_failure_drains_the_node_and_requeues_the_job(
     slurm_cluster: SlurmCluster, dgx_faulty: Node, dgx: Node, tmp_path: Path
 ) -> None:
