@@ -107,11 +107,12 @@ class _DeadlineReader(io.RawIOBase):
 class _DeadlineWriter(io.BufferedIOBase):
     """The socket written under one deadline for the whole response, started at its
     first byte: a client that reads slowly or never holds its thread
-    RESPONSE_DEADLINE_S at most (a socket timeout bounds each send call, not the
-    response)."""
+    `deadline_s` (RESPONSE_DEADLINE_S) at most (a socket timeout bounds each send call,
+    not the response)."""
 
-    def __init__(self, connection: socket.socket) -> None:
+    def __init__(self, connection: socket.socket, deadline_s: float = RESPONSE_DEADLINE_S) -> None:
         self._connection = connection
+        self._deadline_s = deadline_s
         self._deadline: float | None = None
 
     def writable(self) -> bool:
@@ -123,13 +124,13 @@ class _DeadlineWriter(io.BufferedIOBase):
 
     def write(self, data: Any) -> int:
         if self._deadline is None:
-            self._deadline = time.monotonic() + RESPONSE_DEADLINE_S
+            self._deadline = time.monotonic() + self._deadline_s
         with memoryview(data) as view, view.cast("B") as octets:
             sent = 0
             while sent < len(octets):
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"response not read within {RESPONSE_DEADLINE_S:g} s")
+                    raise TimeoutError(f"response not read within {self._deadline_s:g} s")
                 self._connection.settimeout(remaining)
                 sent += self._connection.send(octets[sent : sent + SEND_CHUNK])
             return sent
@@ -466,6 +467,7 @@ def serve(
     auth: BasicAuth | None = None,
     problems: Callable[[], Sequence[str]] = tuple,
     web: WebConfig | None = None,
+    response_deadline_s: float = RESPONSE_DEADLINE_S,
 ) -> AgentServer:
     """Start the HTTP(S) server on a thread: /metrics, /results (behind basic auth when
     configured), /livez and /healthz (never: they tell nothing but whether the agent does
@@ -473,7 +475,8 @@ def serve(
     that: the liveness probe); /healthz also with `problems()`, one a line (what a restart
     would not mend: the readiness probe). ValueError naming the file when the TLS
     certificate or key is unusable. `web`: a web configuration's TLS context and
-    response headers (agent/web/config.py), instead of `tls`."""
+    response headers (agent/web/config.py), instead of `tls`. `response_deadline_s`: how
+    long a client may take to read one response."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
 
@@ -500,7 +503,7 @@ def serve(
                 lambda idle: server.connection_idle(connection, client, idle),
                 head,
             )
-            self._writer = _DeadlineWriter(self.connection)
+            self._writer = _DeadlineWriter(self.connection, response_deadline_s)
             self.rfile = io.BufferedReader(self._reader)
             self.wfile = self._writer
             self._requests = 0
