@@ -198,6 +198,31 @@ def test_what_kubectl_apply_k_sends_for_npd_is_valid() -> None:
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="no kubectl to run kustomize with")
+def test_reading_the_jobs_environments_is_an_opt_in_of_two_capabilities() -> None:
+    """deploy/kubernetes-job-environments is the default agent plus SYS_PTRACE and
+    DAC_READ_SEARCH, each with its reason in the overlay, and nothing else changed."""
+    rendered = kustomize(DEPLOY / "kubernetes-job-environments")
+    for document in rendered:
+        kubernetes_validate(document)
+    [reading] = [d for d in rendered if d["kind"] == "DaemonSet"]
+    [container] = reading["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["capabilities"]["add"] == [
+        "SYSLOG",
+        "SYS_PTRACE",
+        "DAC_READ_SEARCH",
+    ]
+    default = copy.deepcopy(reading)
+    default["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"][
+        "add"
+    ] = ["SYSLOG"]
+    [plain] = [d for d in kustomize(KUBE) if d["kind"] == "DaemonSet"]
+    assert default == plain
+    overlay = (DEPLOY / "kubernetes-job-environments" / "kustomization.yaml").read_text()
+    for capability in ("SYS_PTRACE", "DAC_READ_SEARCH"):
+        assert f"# - {capability}: " in overlay
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="no kubectl to run kustomize with")
 def test_the_privileged_variant_is_the_same_agent_privileged() -> None:
     rendered = kustomize(DEPLOY / "kubernetes-privileged")
     [privileged] = [d for d in rendered if d["kind"] == "DaemonSet"]
@@ -380,7 +405,8 @@ def test_unprivileged_with_every_added_capability_said_why() -> None:
     assert context["readOnlyRootFilesystem"] is True
     assert context["capabilities"]["drop"] == ["ALL"]
     added = context["capabilities"]["add"]
-    assert added == ["SYSLOG", "SYS_PTRACE", "DAC_READ_SEARCH"]
+    # Other pods' environments only where the operator opts in (below).
+    assert added == ["SYSLOG"]
     lines = (KUBE / "daemonset.yaml").read_text().splitlines()
     for capability in added:
         [at] = [n for n, line in enumerate(lines) if line.strip() == f"- {capability}"]
