@@ -14,18 +14,17 @@ percentage of the nodes within a duration).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from nodecheck.agent.config import RemediationSettings
+from nodecheck.agent.state_files import load_state, save_state
 from nodecheck.checks.record import record
 
 # In the state folder: whether the last `slurm health-check` run's drain was withheld by
 # the breaker, for the agent's nodecheck_remediation_withheld{integration="slurm"}
 # (health-check is a process of its own; the agent serves the metrics).
 SLURM_WITHHELD_FILE = "slurm_withheld.json"
-NOTE_LIMIT = 4096  # bytes: one short JSON object
 
 
 @record
@@ -55,20 +54,11 @@ def breaker_reading(out_recently: int, nodes: int, policy: RemediationSettings) 
 def note_withheld(path: Path, withheld: bool, why: str, now: float) -> None:
     """Say whether this node's removal from service is withheld now, and why (replaced
     atomically); OSError when it cannot be."""
-    from nodecheck.checks.node.fs import write_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"withheld": withheld, "at": now, "why": why if withheld else ""}
-    write_atomically(path, json.dumps(document) + "\n", mode=0o600)
+    save_state(path, {"withheld": withheld, "at": now, "why": why if withheld else ""})
 
 
 def read_withheld(path: Path) -> bool | None:
     """What the note says; None when there is none (the integration never ran here) or
     it cannot be read."""
-    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
-
-    try:
-        withheld = json.loads(read_regular_file(path, NOTE_LIMIT).decode("utf-8"))["withheld"]
-    except (OSError, NotRegularFileError, ValueError, KeyError, TypeError, RecursionError):
-        return None
+    withheld = (load_state(path) or {}).get("withheld")
     return withheld if isinstance(withheld, bool) else None

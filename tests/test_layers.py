@@ -57,6 +57,8 @@ FORBIDDEN = {
     "agent/findings.py": AGENT_GROUPS,
     "agent/logs.py": AGENT_GROUPS,
     "agent/interruption.py": AGENT_GROUPS,
+    "agent/breaker.py": AGENT_GROUPS,
+    "agent/state_files.py": AGENT_GROUPS,
     "agent/config.py": tuple(g for g in AGENT_GROUPS if g != "nodecheck.agent.web"),
 }
 

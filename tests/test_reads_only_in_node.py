@@ -90,13 +90,10 @@ OWN_FILES = (
     # agent/config.py's read_text_file read: the name is the facts loader's, not the call.
     Allowed("agent/web/config.py", "_document", "load", "the web configuration's YAML text"),
     Allowed("agent/daemon/snapshot.py", "*", "read_regular_file", "the root snapshot (a capture)"),
-    Allowed("agent/breaker.py", "read_withheld", "read_regular_file", "health-check's note"),
-    Allowed("agent/slurm/hysteresis.py", "load_hysteresis", "read_regular_file", "its hysteresis"),
+    # The state folder's JSON files (the healthy-run count, the drain's record, a hook's
+    # failure, a withheld drain): nodecheck's own, not the node's.
+    Allowed("agent/state_files.py", "load_state", "read_regular_file", "its state files"),
     Allowed("agent/slurm/hysteresis.py", "__init__", "open", "its hysteresis lock file"),
-    Allowed("agent/slurm/ownership.py", "load_drain_record", "read_regular_file", "its drain"),
-    Allowed(
-        "agent/slurm/hook_failure.py", "load_hook_failure", "read_regular_file", "its hook failure"
-    ),
     # The task prolog's threads come from this process's affinity only on the live node:
     # whether the node read is this machine (a replica's tasks have no affinity here).
     Allowed("agent/cli/slurm_task.py", "_task_affinity", "is_live_procfs", "live node?"),

@@ -12,16 +12,14 @@ out before it could say anything) is left to whoever runs that one.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from pathlib import Path
 
+from nodecheck.agent.state_files import forget_state, load_state, save_state
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.record import record
 
 HOOK_FAILURE_FILE = "slurm_hook_failure.json"
-RECORD_LIMIT = 4096  # bytes: one short JSON object
 # The reason Slurm drains with when each hook fails.
 SLURMS_REASON = {"prolog": "Prolog error", "epilog": "Epilog error"}
 # How far apart the hook's failure and the drain's time may be. slurmd tells slurmctld at
@@ -56,13 +54,8 @@ def behind(failure: HookFailure | None, state: SlurmNodeState, now: float) -> bo
 def load_hook_failure(path: Path) -> HookFailure | None:
     """The recorded failure; None when there is none or the file is damaged (then no
     drain is taken over: the safe side, it stays for a person)."""
-    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
-
-    try:
-        document = json.loads(read_regular_file(path, RECORD_LIMIT).decode("utf-8"))
-        hook, at, job, reason = (document[k] for k in ("hook", "at", "job", "reason"))
-    except (OSError, NotRegularFileError, ValueError, KeyError, TypeError, RecursionError):
-        return None
+    document = load_state(path) or {}
+    hook, at, job, reason = (document.get(k) for k in ("hook", "at", "job", "reason"))
     if (
         hook not in SLURMS_REASON
         or isinstance(at, bool)
@@ -72,24 +65,20 @@ def load_hook_failure(path: Path) -> HookFailure | None:
         or not isinstance(reason, str)
     ):
         return None
-    return HookFailure(hook, float(at), job, reason)
+    return HookFailure(str(hook), float(at), job, reason)
 
 
 def save_hook_failure(path: Path, failure: HookFailure) -> None:
-    """Replace the record (atomically, readable by root only); OSError when it cannot be."""
-    from nodecheck.checks.node.fs import write_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace the record (readable by root only); OSError when it cannot be."""
     document = {
         "hook": failure.hook,
         "at": failure.at,
         "job": failure.job,
         "reason": failure.reason,
     }
-    write_atomically(path, json.dumps(document) + "\n", mode=0o600)
+    save_state(path, document)
 
 
 def forget_hook_failure(path: Path) -> None:
     """Drop the record; nothing to drop is no error. OSError when it cannot be removed."""
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        path.unlink()
+    forget_state(path)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import math
 import os
 import stat
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nodecheck.agent.state_files import forget_state, load_state, save_state
 from nodecheck.checks.record import record
 
 HYSTERESIS_FILE = "slurm_health.json"
@@ -100,10 +100,10 @@ def load_hysteresis(path: Path, boot_id: str) -> Hysteresis:
     """The saved state of this boot. A missing or damaged file, or one of another boot
     (its clock readings mean nothing now), is no healthy run yet: the safe side, it only
     delays an undrain."""
-    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
-
+    document = load_state(path, STATE_LIMIT)
     try:
-        document = json.loads(read_regular_file(path, STATE_LIMIT).decode("utf-8"))
+        if document is None:
+            return Hysteresis()
         runs = document["healthy_runs"]
         if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
             return Hysteresis()
@@ -118,15 +118,12 @@ def load_hysteresis(path: Path, boot_id: str) -> Hysteresis:
             _number(document["healthy_since_wall"]),
             _number(document["counted_results_at"]),
         )
-    except (OSError, NotRegularFileError, ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError):
         return Hysteresis()
 
 
 def save_hysteresis(path: Path, state: Hysteresis, boot_id: str) -> None:
-    """Replace the saved state (atomically); OSError when it cannot be."""
-    from nodecheck.checks.node.fs import write_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace the saved state; OSError when it cannot be."""
     document = {
         "boot_id": boot_id,
         "healthy_runs": state.healthy_runs,
@@ -134,14 +131,13 @@ def save_hysteresis(path: Path, state: Hysteresis, boot_id: str) -> None:
         "healthy_since_wall": state.healthy_since_wall,
         "counted_results_at": state.counted_results_at,
     }
-    write_atomically(path, json.dumps(document) + "\n", mode=0o600)
+    save_state(path, document)
 
 
 def forget_hysteresis(path: Path) -> None:
     """Remove the saved state (no healthy run yet); OSError when it cannot be removed.
     Nothing to remove is no error (the file, or its folder, missing or not a folder)."""
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        path.unlink()
+    forget_state(path)
 
 
 def lock_path(path: Path) -> Path:

@@ -19,11 +19,10 @@ text and time from then on: an edit after that is an admin's as before.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import replace
 from pathlib import Path
 
+from nodecheck.agent.state_files import forget_state, load_state, save_state
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.record import record
 
@@ -31,7 +30,6 @@ DRAIN_RECORD_FILE = "slurm_drain.json"
 # What slurmctld appends to a node's reason when it issues a reboot (node_mgr.c:
 # set_node_reboot_reason(node_ptr, "reboot issued") formats " : %s").
 REBOOT_ISSUED_SUFFIX = " : reboot issued"
-RECORD_LIMIT = 4096  # bytes: a reason is at most 255 of them
 
 
 @record
@@ -78,22 +76,9 @@ def with_time_learned(state: SlurmNodeState, drained: DrainRecord | None) -> Dra
 def load_drain_record(path: Path) -> DrainRecord | None:
     """The saved record; None when there is none or it is damaged (then no drain is
     nodecheck's: the safe side, it never undrains what it cannot prove it set)."""
-    from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
-
-    try:
-        document = json.loads(read_regular_file(path, RECORD_LIMIT).decode("utf-8"))
-        reason, reason_time = document["reason"], document["reason_time"]
-        rebooting = document.get("rebooting", False)
-    except (
-        OSError,
-        NotRegularFileError,
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-        RecursionError,
-    ):
-        return None
+    document = load_state(path) or {}
+    reason, reason_time = document.get("reason"), document.get("reason_time")
+    rebooting = document.get("rebooting", False)
     if (
         not isinstance(reason, str)
         or not (reason_time is None or isinstance(reason_time, str))
@@ -104,19 +89,15 @@ def load_drain_record(path: Path) -> DrainRecord | None:
 
 
 def save_drain_record(path: Path, drained: DrainRecord) -> None:
-    """Replace the record (atomically); OSError when it cannot be."""
-    from nodecheck.checks.node.fs import write_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace the record; OSError when it cannot be."""
     document = {
         "reason": drained.reason,
         "reason_time": drained.reason_time,
         "rebooting": drained.rebooting,
     }
-    write_atomically(path, json.dumps(document) + "\n", mode=0o600)
+    save_state(path, document)
 
 
 def forget_drain_record(path: Path) -> None:
     """Drop the record; nothing to drop is no error. OSError when it cannot be removed."""
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        path.unlink()
+    forget_state(path)
