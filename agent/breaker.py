@@ -53,8 +53,11 @@ def breaker_reading(out_recently: int, nodes: int, policy: RemediationSettings) 
 
 def note_withheld(path: Path, withheld: bool, why: str, now: float) -> None:
     """Say whether this node's removal from service is withheld now, and why (replaced
-    atomically); OSError when it cannot be."""
-    save_state(path, {"withheld": withheld, "at": now, "why": why if withheld else ""})
+    atomically); OSError when it cannot be. Readable by all (0644): slurm health-check
+    writes it as root, the agent that exports it runs as its own user (systemd's
+    DynamicUser), and it holds nothing but the verdict and its reason."""
+    document = {"withheld": withheld, "at": now, "why": why if withheld else ""}
+    save_state(path, document, mode=0o644)
 
 
 def read_withheld(path: Path) -> bool | None:

@@ -24,7 +24,15 @@ from typing import Any
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
-from nodecheck.checks.result import Action, FaultClass, Origin, Result, Status, worst
+from nodecheck.checks.result import (
+    UNPRIVILEGED,
+    Action,
+    FaultClass,
+    Origin,
+    Result,
+    Status,
+    worst,
+)
 from nodecheck.checks.runner import CheckRun
 
 CHECK_SCHEMA = "nodecheck.check/v2"
@@ -53,6 +61,9 @@ class Finding:
     fault_class: FaultClass = FaultClass.GPU_HARDWARE
     origin: Origin = Origin.NODE
     remedy: str = ""
+    # A `skip` for what this process may never read (details["cause"] UNPRIVILEGED):
+    # not judged, where another reader (root) would judge it.
+    unseen: bool = False
 
     def line(self, max_bytes: int = LINE_MAX_BYTES) -> str:
         """ "<check> <subject>: <summary>" on one line of at most max_bytes (a Slurm
@@ -88,6 +99,7 @@ def finding(check: Check, result: Result) -> Finding:
         meant.fault_class,
         meant.origin,
         meant.remedy,
+        meant.status is Status.SKIP and meant.details.get("cause") == UNPRIVILEGED,
     )
 
 
@@ -252,15 +264,19 @@ def _member(enum_type: Any, mapping: Any, key: str, where: str) -> Any:
 
 
 def _parsed_finding(row: Any, where: str) -> Finding:
+    status = _member(Status, row, "status", where)
+    details = row.get("details") if isinstance(row, dict) else None
+    cause = details.get("cause") if isinstance(details, dict) else None
     return Finding(
         _field(row, "check", str, where),
-        _member(Status, row, "status", where),
+        status,
         _field(row, "subject", str, where),
         _field(row, "summary", str, where),
         _member(Action, row, "action", where),
         _member(FaultClass, row, "class", where),
         _member(Origin, row, "origin", where),
         _field(row, "remedy", str, where),
+        status is Status.SKIP and cause == UNPRIVILEGED,
     )
 
 

@@ -1,7 +1,7 @@
 """The small JSON files nodecheck keeps between runs in its state folder (the healthy-run
 count, the record of its drain, a hook's failure, a withheld drain): each one JSON object,
-replaced atomically and readable by its owner only, read bounded, and removed without
-complaint when it is not there.
+replaced atomically and readable by its owner only (but the note the agent reads), read
+bounded, and removed without complaint when it is not there.
 
 A file that cannot be read as such an object reads as none: each caller's safe side
 (no healthy run yet, no drain of nodecheck's, nothing to take over)."""
@@ -28,13 +28,13 @@ def load_state(path: Path, limit: int = STATE_FILE_LIMIT) -> dict[str, Any] | No
     return document if isinstance(document, dict) else None
 
 
-def save_state(path: Path, document: dict[str, Any]) -> None:
-    """Replace `path` with `document` (atomically, mode 0600), its folder made first;
+def save_state(path: Path, document: dict[str, Any], mode: int = 0o600) -> None:
+    """Replace `path` with `document` (atomically, `mode`), its folder made first;
     OSError when it cannot be."""
     from nodecheck.checks.node.fs import write_atomically
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(document) + "\n", mode=0o600)
+    write_atomically(path, json.dumps(document) + "\n", mode=mode)
 
 
 def forget_state(path: Path) -> None:

@@ -10,7 +10,8 @@ once it is idle. Neither ASAP nor nextstate: with either, slurmctld clears DRAIN
 node registers after the reboot (scontrol.1: "The node's DRAIN state flag will be cleared
 if the reboot was ASAP, nextstate=resume or down"; SchedMD/slurm
 src/slurmctld/node_mgr.c, validate_node_specs: `if (node_ptr->next_state != NO_VAL)
-node_flags &= (~NODE_STATE_DRAIN)`, and ASAP sets next_state to RESUME), and a node
+node_flags &= (~NODE_STATE_DRAIN)`, and ASAP sets next_state to RESUME when none is
+given: proc_req.c, _slurm_rpc_reboot_nodes), and a node
 rebooted for a fault would be back in service before a single healthy run. Without
 them the drain outlives the reboot, and health-check undrains it after its healthy runs
 like any drain of its own (agent/slurm/ownership.py follows its reason through the

@@ -59,10 +59,12 @@ from nodecheck.agent.findings import (
 )
 from nodecheck.agent.slurm.hook_failure import (
     HOOK_FAILURE_FILE,
+    HOOK_FAILURE_REASONS,
     HookFailure,
     behind,
     forget_hook_failure,
     load_hook_failure,
+    outlived,
 )
 from nodecheck.agent.slurm.hysteresis import Hysteresis
 from nodecheck.agent.slurm.ownership import (
@@ -157,9 +159,6 @@ def slurm_reason(finding: Finding) -> str:
     return one_line(f"{REASON_PREFIX} {finding.line()}", REASON_MAX_BYTES)
 
 
-# What slurmd's node reason says when Prolog or Epilog exited non-zero (Slurm's
-# src/slurmd/slurmd/req.c and src/slurmctld: "Prolog error", "Epilog error").
-HOOK_FAILURE_REASONS = frozenset({"Prolog error", "Epilog error"})
 
 
 def takeover_reason(state: SlurmNodeState, failure: HookFailure) -> str:
@@ -467,6 +466,11 @@ def findings_and_source(
         if results_file is None:
             raise ResultsUnusableError("no results file configured")
         fresh = fresh_results(results_file, now, settings.results_max_age_s, expected)
+        unseen = sorted({f.check for f in fresh.findings if f.unseen})
+        if unseen:
+            # An agent without root's reads (no snapshot): what it could not see is no
+            # verdict, and health-check, slurmd's and root, sees it itself.
+            raise ResultsUnusableError(f"the agent could not read what {', '.join(unseen)} need")
         return list(fresh.findings), "agent results", fresh.written_at
     except ResultsUnusableError as why:
         return own_findings(run_quick_checks, budget_s), f"own run ({why})", None
@@ -545,6 +549,10 @@ def _judge_and_act(
     owned, record_problem = _owned_drain(record_file, state)
     hook_file = hysteresis_file.with_name(HOOK_FAILURE_FILE)
     hook_failure = load_hook_failure(hook_file)
+    if state is not None and outlived(hook_failure, state, now()):
+        dropped = _forget_hook_failure(hook_file)
+        problem = "; ".join(p for p in (problem, dropped) if p)
+        hook_failure = None
     problem = "; ".join(p for p in (problem, record_problem) if p)
     decision = decide(
         state,
@@ -681,7 +689,8 @@ def _forget_hook_failure(hook_file: Path) -> str:
 
 def _keep_drain_record(record_file: Path, hysteresis_file: Path, decision: Decision) -> str:
     """After a done action: a drain's reason recorded as nodecheck's (a takeover's count
-    started again), an undrain's or a reboot's record dropped; what could not be, or ""."""
+    started again), a reboot's too (its drain, marked rebooting), an undrain's record
+    dropped; what could not be, or ""."""
     from nodecheck.agent.slurm.hysteresis import forget_hysteresis
 
     try:

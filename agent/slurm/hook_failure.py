@@ -2,12 +2,15 @@
 
 A Prolog or Epilog that exits non-zero makes Slurm drain the node with the reason
 "Prolog error" or "Epilog error" (Slurm's prolog_epilog.shtml; SchedMD/slurm
-src/slurmctld/node_mgr.c, validate_node_specs), which nobody undrains. health-check takes
-such a drain over (its reason rewritten to nodecheck's, undrained after the healthy runs)
-only when nodecheck's own hook caused it: the hook records its failure in the state
-folder (which job, when, and the finding), and the drain must have been set at about
-that time. A drain for another Prolog's failure (a site's mount check, a hook that timed
-out before it could say anything) is left to whoever runs that one.
+src/slurmctld/node_mgr.c, validate_node_specs; job_mgr.c), or "Prolog/Epilog failure"
+when the RPC that ran it failed (agent.c, DSH_FAILED), which nobody undrains.
+health-check takes such a drain over (its reason rewritten to nodecheck's, undrained
+after the healthy runs) only when nodecheck's own hook caused it: the hook records its
+failure in the state folder (which job, when, and the finding), and the drain must have
+been set just after it. A drain for another Prolog's failure (a site's mount check, a
+hook that timed out before it could say anything) is left to whoever runs that one, and
+a record no drain followed is dropped, so that a later drain of another hook's is never
+matched by it.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.record import record
 
 HOOK_FAILURE_FILE = "slurm_hook_failure.json"
-# The reason Slurm drains with when each hook fails.
-SLURMS_REASON = {"prolog": "Prolog error", "epilog": "Epilog error"}
-# How far apart the hook's failure and the drain's time may be. slurmd tells slurmctld at
-# once; the margin is for slurmctld's clock (the reason's time is its) against the
-# node's, which NTP keeps far closer than this.
-MATCH_S = 600.0
+# The reasons Slurm drains with when each hook fails (above).
+SLURMS_REASONS = {
+    "prolog": frozenset({"Prolog error", "Prolog/Epilog failure"}),
+    "epilog": frozenset({"Epilog error", "Prolog/Epilog failure"}),
+}
+HOOK_FAILURE_REASONS: frozenset[str] = frozenset().union(*SLURMS_REASONS.values())
+# When the drain may be set, from the hook's failure: slurmd tells slurmctld as the hook
+# exits; the margins are for slurmctld's clock (the reason's time is its) against the
+# node's, which NTP keeps far closer, and for a slurmctld slow to answer.
+MATCH_BEFORE_S = 60.0
+MATCH_AFTER_S = 120.0
 
 
 @record
@@ -41,14 +49,27 @@ class HookFailure:
 
 def behind(failure: HookFailure | None, state: SlurmNodeState, now: float) -> bool:
     """Whether `failure` is what the node's drain is Slurm's reason for: that hook's
-    reason, set within MATCH_S of the failure (`now`: the wall clock; a reason's time
-    that cannot be read matches nothing)."""
+    reason, set from MATCH_BEFORE_S before the failure to MATCH_AFTER_S after it (`now`:
+    the wall clock; a reason's time that cannot be read matches nothing)."""
     from nodecheck.agent.slurm.breaker import reason_age_s
 
-    if failure is None or state.reason != SLURMS_REASON.get(failure.hook):
+    if failure is None or state.reason not in SLURMS_REASONS.get(failure.hook, ()):
         return False
     age = reason_age_s(state.reason_time, now)
-    return age is not None and abs(failure.at - (now - age)) <= MATCH_S
+    if age is None:
+        return False
+    drained_at = now - age
+    return failure.at - MATCH_BEFORE_S <= drained_at <= failure.at + MATCH_AFTER_S
+
+
+def outlived(failure: HookFailure | None, state: SlurmNodeState, now: float) -> bool:
+    """Whether `failure` is a record no drain followed: the node is not drained by Slurm
+    for a hook now, and the drain would have shown by now (MATCH_AFTER_S on)."""
+    return (
+        failure is not None
+        and now - failure.at > MATCH_AFTER_S
+        and not (state.drained and state.reason in HOOK_FAILURE_REASONS)
+    )
 
 
 def load_hook_failure(path: Path) -> HookFailure | None:
@@ -57,7 +78,8 @@ def load_hook_failure(path: Path) -> HookFailure | None:
     document = load_state(path) or {}
     hook, at, job, reason = (document.get(k) for k in ("hook", "at", "job", "reason"))
     if (
-        hook not in SLURMS_REASON
+        not isinstance(hook, str)
+        or hook not in SLURMS_REASONS
         or isinstance(at, bool)
         or not isinstance(at, (int, float))
         or not math.isfinite(at)
@@ -65,7 +87,7 @@ def load_hook_failure(path: Path) -> HookFailure | None:
         or not isinstance(reason, str)
     ):
         return None
-    return HookFailure(str(hook), float(at), job, reason)
+    return HookFailure(hook, float(at), job, reason)
 
 
 def save_hook_failure(path: Path, failure: HookFailure) -> None:

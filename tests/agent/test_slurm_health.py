@@ -45,6 +45,7 @@ from nodecheck.agent.slurm.hook_failure import (
     HOOK_FAILURE_FILE,
     HookFailure,
     behind,
+    load_hook_failure,
     save_hook_failure,
 )
 from nodecheck.agent.slurm.hysteresis import (
@@ -448,12 +449,54 @@ def test_a_hook_failure_is_behind_the_drain_slurm_set_at_that_time() -> None:
         return replace(state("IDLE", "DRAIN", reason=reason, user="slurm"), reason_time=at)
 
     assert behind(prolog, drained("Prolog error", "2026-12-01T15:00:02"), later)
+    assert behind(prolog, drained("Prolog/Epilog failure", "2026-12-01T15:00:02"), later)
     assert behind(prolog, drained("Prolog error", "2026-12-01T14:59:00"), later)
+    assert not behind(prolog, drained("Prolog error", "2026-12-01T14:58:59"), later)
+    assert behind(prolog, drained("Prolog error", "2026-12-01T15:02:00"), later)
+    assert not behind(prolog, drained("Prolog error", "2026-12-01T15:02:01"), later)
     assert not behind(prolog, drained("Epilog error", "2026-12-01T15:00:02"), later)
     assert not behind(prolog, drained("Prolog error", "2026-12-01T15:20:00"), later)
     assert not behind(prolog, drained("Prolog error", None), later)
     assert not behind(prolog, drained("Prolog error", "yesterday"), later)
     assert not behind(None, drained("Prolog error", "2026-12-01T15:00:02"), later)
+
+
+def test_a_hooks_record_no_drain_followed_is_dropped(tmp_path: Path) -> None:
+    """The prolog failed, but the node was resumed before health-check ran: the record is
+    dropped once the drain would have shown, so that a later "Prolog error" of a site's
+    own Prolog is never taken for nodecheck's; a damaged record is none."""
+    hook_file = tmp_path / HOOK_FAILURE_FILE
+    now = time.mktime(time.strptime("2026-12-01T15:00:00", REASON_TIME_FORMAT))
+
+    def run_at(at: float, node: SlurmNodeState) -> HealthCheckRun:
+        return health_check(
+            node="gpu01",
+            results_file=None,
+            hysteresis_file=tmp_path / "h.json",
+            settings=SETTINGS,
+            run_quick_checks=lambda budget: [("cpu", [Result(Status.OK, "node", "fine")])],
+            read_state=lambda: node,
+            read_fleet=one_node,
+            act=Acted(),
+            read_clock=this_boot(tmp_path / "proc"),
+            now=lambda: at,
+        )
+
+    save_hook_failure(hook_file, HookFailure("prolog", now, "77", "gpu_xid gpu x: XID 79"))
+    run_at(now + 5, state())  # slurmctld may not have drained it yet: kept
+    assert load_hook_failure(hook_file) is not None
+    run_at(now + 300, state())  # the drain would have shown: dropped
+    assert not hook_file.exists()
+    hook_file.write_text('{"hook": ["prolog"], "at": 1, "job": "1", "reason": "x"}\n')
+    assert load_hook_failure(hook_file) is None
+    later = replace(
+        state("IDLE", "DRAIN", reason="Prolog error", user="slurm"),
+        reason_time="2026-12-01T15:05:00",
+    )
+    taken = run_at(now + 360, later)
+    assert taken.decision.action is SlurmAction.NOTHING and "not touching it" in (
+        taken.decision.why
+    )
 
 
 def test_a_takeover_over_a_whole_run_drops_the_hooks_record(tmp_path: Path) -> None:
@@ -965,6 +1008,48 @@ def test_a_failed_action_is_undetermined(tmp_path: Path) -> None:
     assert run.decision.exit_status == EXIT_UNDETERMINED and run.problem == "scontrol exited 1"
 
 
+def test_results_of_an_agent_that_could_not_see_are_judged_again_here(tmp_path: Path) -> None:
+    """The agent ran without root's reads (no snapshot): nvswitch_sxid's `skip` for a
+    kernel log closed to it is no verdict on the node, so a drained node is never
+    undrained on it; health-check (root, under slurmd) runs the checks itself."""
+    unseen = Result(
+        Status.SKIP,
+        "node",
+        "NVSwitch SXids not watched: the kernel log is closed to this process",
+        details={"cause": "unprivileged"},
+    )
+    check = Check("nvswitch_sxid", lambda ctx: [], 60.0, 1.0, "nvswitch_sxid")
+    runs = [
+        stored_run("cpu", NOW - 20, 60.0, (OK,)),
+        StoredRun(CheckRun(check, [unseen], 0.0, True), NOW - 20, 60.0),
+    ]
+    path = tmp_path / "r.json"
+    path.write_text(document_text(check_document("gpu01", runs, NOW - 10)))
+    [finding] = [f for f in fresh_findings(path, NOW, 300) if f.check == "nvswitch_sxid"]
+    assert finding.unseen and finding.status is Status.SKIP
+    own: list[float] = []
+
+    def run_quick_checks(budget: float) -> list[tuple[str, list[Result]]]:
+        own.append(budget)
+        return [("cpu", [Result(Status.OK, "node", "fine")])]
+
+    run = health_check(
+        node="gpu01",
+        results_file=path,
+        hysteresis_file=tmp_path / "h.json",
+        settings=SETTINGS,
+        run_quick_checks=run_quick_checks,
+        read_state=lambda: OURS,
+        read_fleet=one_node,
+        act=Acted(),
+        read_clock=this_boot(tmp_path / "proc"),
+        now=lambda: NOW,
+    )
+    assert own and run.source == ("own run (the agent could not read what nvswitch_sxid need)"), (
+        run.source
+    )
+
+
 # -- the configuration ----------------------------------------------------------------
 
 
@@ -1337,6 +1422,7 @@ def test_a_drain_past_the_breaker_is_withheld_and_reported(
     # is not held back (here: the fleet read again, the cap not reached).
     withheld = tmp_path / SLURM_WITHHELD_FILE
     assert read_withheld(withheld) is True
+    assert withheld.stat().st_mode & 0o777 == 0o644  # root's note, read by the agent's user
     assert json.loads(withheld.read_text())["why"] == run.decision.why
     again = health_check(
         node="gpu01",

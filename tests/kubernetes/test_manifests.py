@@ -694,13 +694,37 @@ def test_npd_on_gpu_nodes_keeps_everything_npd_does_and_cpu_nodes_keep_npd() -> 
     }
     patch = yaml.safe_load((KUBE / "npd" / "upstream-patch.yaml").read_text())
     assert list(patch["spec"]["template"]["spec"]) == ["affinity"]
-    [upstream] = patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+    upstream_terms = patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert {e["key"]: (e["operator"], e["values"]) for e in upstream["matchExpressions"]} == {
-        "kubernetes.io/os": ("In", ["linux"]),
-        "nvidia.com/gpu.present": ("NotIn", ["true"]),
-    }
+
+    def runs(terms: list[dict[str, Any]], labels: dict[str, str]) -> bool:
+        """Whether a node with `labels` matches the terms (ORed; expressions ANDed)."""
+
+        def holds(e: dict[str, Any]) -> bool:
+            value = labels.get(e["key"])
+            if e["operator"] == "In":
+                return value in e["values"]
+            return value not in e["values"]  # NotIn: a missing label matches too
+
+        return any(all(holds(e) for e in term["matchExpressions"]) for term in terms)
+
+    gpu_terms = [term]
+    linux = {"kubernetes.io/os": "linux"}
+    # One NPD on every Linux node, whatever its GPU labels; none on another OS.
+    for labels in (
+        linux,
+        {**linux, "nvidia.com/gpu.present": "true"},
+        {**linux, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.client": "true"},
+        {**linux, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.client": "false"},
+        {
+            **linux,
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.deploy.client": "paused-for-driver-upgrade",
+        },
+    ):
+        assert runs(upstream_terms, labels) + runs(gpu_terms, labels) == 1, labels
+    assert not runs(upstream_terms, {"kubernetes.io/os": "windows"})
 
 
 # -- the admission policy ------------------------------------------------------------
