@@ -159,8 +159,6 @@ def slurm_reason(finding: Finding) -> str:
     return one_line(f"{REASON_PREFIX} {finding.line()}", REASON_MAX_BYTES)
 
 
-
-
 def takeover_reason(state: SlurmNodeState, failure: HookFailure) -> str:
     job = f" job {failure.job}" if failure.job else " a job"
     return one_line(
