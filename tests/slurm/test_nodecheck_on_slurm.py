@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.agent.breaker import SLURM_WITHHELD_FILE, read_withheld
 from tests.agent.test_slurm_task import hostile_job, installed_hook
 from tests.conftest import Node
 from tests.fixtures import nodes
@@ -215,6 +216,36 @@ def test_a_dry_run_drains_nothing_and_says_the_command(
     assert re.search(
         r"would drain with: \S*scontrol update NodeName=\S+ State=DRAIN 'Reason=nodecheck: ", log
     ), log
+
+
+def test_a_drain_past_the_circuit_breaker_is_withheld_and_reported(
+    slurm_cluster: SlurmCluster, dgx_faulty: Node, tmp_path: Path
+) -> None:
+    """Ten nodes in slurm.conf (this one and nine that no slurmd runs), one of them already
+    drained with nodecheck's reason within the hour: the cap (a tenth of 10: 1) is reached,
+    so the faulty node's drain is withheld, run after run, said in the log (`breaker=open`)
+    and in the note the agent exports; the node stays in service."""
+    ghost = "ghost1"
+    slurm_cluster.run(
+        "scontrol",
+        "update",
+        f"NodeName={ghost}",
+        "State=DRAIN",
+        "Reason=nodecheck: gpu_xid gpu 0000:1a:00.0: XID 48",
+    )
+    try:
+        program, runs = _health_check(slurm_cluster, dgx_faulty, tmp_path / "hc")
+        slurm_cluster.reconfigure(HealthCheckProgram=str(program), HealthCheckInterval=2)
+        _wait_runs(slurm_cluster, runs, 2)
+        assert not slurm_cluster.node_state().drained
+        assert set(runs.read_text().split()) == {"1"}  # unhealthy, reported
+        log = (tmp_path / "hc" / "log").read_text()
+        assert "breaker=open" in log and "withheld, reported instead of a drain" in log
+        assert "1 of 10 nodes drained by nodecheck in the last 3600 s, the cap 1" in log
+        note = tmp_path / "hc" / "state" / SLURM_WITHHELD_FILE
+        assert read_withheld(note) is True
+    finally:
+        slurm_cluster.run("scontrol", "update", f"NodeName={ghost}", "State=UNDRAIN")
 
 
 @pytest.mark.parametrize("which", ["dgx", "dgx_faulty"])
