@@ -117,8 +117,9 @@ def test_a_node_scraped_twice_changes_no_fleet_verdict(tmp_path: Path) -> None:
     job="node". Joined on the instance alone, the fleet rules failed at every evaluation
     ("many-to-many matching not allowed"), leaving no median, no straggler and no
     stopped-reporting alert; selecting job="nodecheck", every recorded sample and alert of
-    the fleet tests comes out as it does from one scrape."""
-    for source in FLEET_TESTS:
+    the fleet tests comes out as it does from one scrape. fleet_test.yml holds every join
+    (the regression's file adds 7 days of the same series, and half a minute)."""
+    for source in FLEET_TESTS[:1]:
         document = yaml.safe_load(source.read_text())
         document["rule_files"] = [str(FLEET_RULES), str(FLEET_ALERTS)]
         doubled = 0
@@ -135,7 +136,7 @@ def test_a_node_scraped_twice_changes_no_fleet_verdict(tmp_path: Path) -> None:
                     twins.append({**entry, "series": up})
             test["input_series"] = test.get("input_series", []) + twins
             doubled += len(twins)
-        assert doubled > 50, source  # the fleet tests' inputs, not a few of them
+        assert doubled > 100, source  # the fleet tests' inputs, not a few of them
         path = tmp_path / source.name
         path.write_text(yaml.safe_dump(document, sort_keys=False, width=1000))
         done = promtool("test", "rules", str(path))
