@@ -101,6 +101,7 @@ from nodecheck.checks.config import (
     BenchOptions,
     CheckConfig,
     Thresholds,
+    default_state_dir,
     is_default_state_dir,
 )
 from nodecheck.checks.node.fs import (
@@ -435,6 +436,13 @@ class AgentConfig:
 
     def check(self, name: str) -> CheckSettings:
         return self.checks.get(name, CheckSettings())
+
+    @property
+    def state_folder(self) -> Path:
+        """Where nodecheck keeps its state: state_dir, else checks/config.py's default
+        (root's /var/lib/nodecheck), the same for the agent, slurm health-check and the
+        prolog, which leave one another notes there."""
+        return self.state_dir if self.state_dir is not None else default_state_dir()
 
     def check_config(self) -> CheckConfig:
         """The one CheckConfig of an AgentConfig, for the daemon, `npd` and `slurm`: what

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,16 @@ def finding(check: Check, result: Result) -> Finding:
         meant.fault_class,
         meant.origin,
         meant.remedy,
-        meant.status is Status.SKIP and meant.details.get("cause") == UNPRIVILEGED,
+        _unseen(meant.status, meant.details),
+    )
+
+
+def _unseen(status: Status, details: object) -> bool:
+    """A `skip` whose cause is what this process may not read (Finding.unseen)."""
+    return (
+        status is Status.SKIP
+        and isinstance(details, Mapping)
+        and details.get("cause") == UNPRIVILEGED
     )
 
 
@@ -265,8 +274,6 @@ def _member(enum_type: Any, mapping: Any, key: str, where: str) -> Any:
 
 def _parsed_finding(row: Any, where: str) -> Finding:
     status = _member(Status, row, "status", where)
-    details = row.get("details") if isinstance(row, dict) else None
-    cause = details.get("cause") if isinstance(details, dict) else None
     return Finding(
         _field(row, "check", str, where),
         status,
@@ -276,7 +283,7 @@ def _parsed_finding(row: Any, where: str) -> Finding:
         _member(FaultClass, row, "class", where),
         _member(Origin, row, "origin", where),
         _field(row, "remedy", str, where),
-        status is Status.SKIP and cause == UNPRIVILEGED,
+        _unseen(status, row.get("details")),
     )
 
 

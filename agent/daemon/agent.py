@@ -398,13 +398,11 @@ class Agent:
         integration: the Kubernetes taint (when tainting is on), and Slurm's drain as
         the last `slurm health-check` run noted it in the state folder (when one ran)."""
         from nodecheck.agent.breaker import SLURM_WITHHELD_FILE, read_withheld
-        from nodecheck.checks.config import BenchOptions
 
         withheld: dict[str, bool] = {}
         if self.kubernetes is not None and self.config.kubernetes.taint:
             withheld["kubernetes"] = self.kubernetes.withheld
-        state_dir = Path(self.config.state_dir or BenchOptions().state_dir)
-        slurm = read_withheld(state_dir / SLURM_WITHHELD_FILE)
+        slurm = read_withheld(self.config.state_folder / SLURM_WITHHELD_FILE)
         if slurm is not None:
             withheld["slurm"] = slurm
         return withheld

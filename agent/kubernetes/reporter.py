@@ -382,32 +382,27 @@ def _ownership_value(fault: Fault, now: str) -> str:
     )
 
 
-def applied_at(metadata: Mapping[str, Any]) -> float | None:
-    """When nodecheck applied the taint its ownership annotation records (seconds since
-    the epoch); None when the node has none. One that cannot be read counts as just now:
-    the breaker errs towards holding back."""
-    value = (metadata.get("annotations") or {}).get(OWNERSHIP_ANNOTATION)
-    if not isinstance(value, str):
-        return None
+def _applied_at(owned: Mapping[str, Any]) -> float:
+    """When nodecheck applied the taint an ownership record names (seconds since the
+    epoch, now_rfc3339's form). One that cannot be read counts as just now: the breaker
+    errs towards holding back."""
     try:
-        stamp = json.loads(value)["applied_at"]
-        return (
-            datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-        )
-    except (ValueError, KeyError, TypeError, RecursionError):
+        stamp = datetime.strptime(owned["applied_at"], "%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, KeyError, TypeError):
         return float("inf")
+    return stamp.replace(tzinfo=timezone.utc).timestamp()
 
 
 def tainted_recently(items: Iterable[Any], now: float, window_s: float, node: str) -> int:
-    """Of a node list's items, those nodecheck tainted within `window_s` of `now`, but
-    `node` (the one about to be tainted: its own earlier taint is no other node's)."""
+    """Of a node list's items (whole Nodes or their metadata), those nodecheck tainted
+    within `window_s` of `now`, but `node` (the one about to be tainted: its own earlier
+    taint is no other node's)."""
     count = 0
     for item in items:
-        metadata = item.get("metadata") if isinstance(item, dict) else None
-        if not isinstance(metadata, dict) or metadata.get("name") == node:
+        if not isinstance(item, dict) or (item.get("metadata") or {}).get("name") == node:
             continue
-        at = applied_at(metadata)
-        if at is not None and now - at <= window_s:
+        owned = _ownership(item)
+        if owned is not None and now - _applied_at(owned) <= window_s:
             count += 1
     return count
 

@@ -757,7 +757,6 @@ def run_health_check(
     """`nodecheck slurm health-check` on this node; its exit status."""
     from nodecheck.agent.slurm import actions as slurm_actions
     from nodecheck.agent.slurm import hysteresis as slurm_hysteresis
-    from nodecheck.checks.config import BenchOptions
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.node.boot import read_boot_moment
     from nodecheck.checks.node.slurm_state import read_slurm_node, read_slurm_nodes
@@ -765,7 +764,7 @@ def run_health_check(
     from nodecheck.checks.runner import run_checks
 
     settings: SlurmSettings = config.slurm
-    state_dir = config.state_dir or BenchOptions().state_dir
+    state_dir = config.state_folder
 
     enabled = [name for name in load_checks() if config.check(name).enabled]
 

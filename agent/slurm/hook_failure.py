@@ -39,7 +39,7 @@ MATCH_AFTER_S = 120.0
 @record
 class HookFailure:
     """A failure of nodecheck's `hook` ("prolog" or "epilog"): when (the wall clock), the
-    job it failed, and the node's reason for it (`nodecheck: <check> <subject>: ...`)."""
+    job it failed, and the finding it failed on (`<check> <subject>: <summary>`)."""
 
     hook: str
     at: float

@@ -149,7 +149,6 @@ def record_failure(
         HookFailure,
         save_hook_failure,
     )
-    from nodecheck.checks.config import BenchOptions
     from nodecheck.checks.registry import load_checks
 
     not_taken_over = "slurm health-check will not take Slurm's drain over"
@@ -157,7 +156,7 @@ def record_failure(
         config = load_config(config_path or DEFAULT_PATH, set(load_checks()))
     except ConfigError as err:
         return f"nodecheck {command}: bad configuration ({err}): {not_taken_over}"
-    path = Path(config.state_dir or BenchOptions().state_dir) / HOOK_FAILURE_FILE
+    path = config.state_folder / HOOK_FAILURE_FILE
     job = environ.get("SLURM_JOB_ID", "") or environ.get("SLURM_JOBID", "")
     try:
         save_hook_failure(path, HookFailure(command, now, job, outcome.failed_on))
