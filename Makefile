@@ -8,10 +8,11 @@ TORCH_VERSION = 2.13.0
 # Debian packages the tests use: lspci cross-checks the sysfs fixtures; gcc builds
 # the fake libnvidia-ml (tests/fake_nvml) against nvml.h from nvidia-nvml-dev;
 # prometheus and promtool scrape the agent and lint its metrics and alert rules;
+# prometheus-alertmanager (and its amtool) checks and runs monitoring/alertmanager.yml;
 # systemd-analyze verifies the units; openssl makes a test certificate; slurmctld,
 # slurmd, slurm-client and munge run the one-node Slurm cluster of tests/slurm.
-DEB_PACKAGES = pciutils gcc libc6-dev prometheus systemd openssl numactl \
-  slurmctld slurmd slurm-client munge prometheus-node-exporter
+DEB_PACKAGES = pciutils gcc libc6-dev prometheus prometheus-alertmanager systemd openssl \
+  numactl slurmctld slurmd slurm-client munge prometheus-node-exporter
 
 .PHONY: run demo test lint typecheck unit system-packages venv-package clean gpu
 

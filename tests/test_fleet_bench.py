@@ -31,7 +31,10 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 # 20 nodes, scraped and evaluated every 2 s: correctness only, never timing.
-SMALL_FLEET = ("--nodes", "20", "--interval", "2", "--scrape-interval", "2")
+SMALL_FLEET = (
+    *("--nodes", "20", "--interval", "2", "--scrape-interval", "2"),
+    *("--regression-days", "0.01"),
+)
 
 
 def test_the_rules_find_exactly_the_planted_stragglers() -> None:
@@ -46,8 +49,10 @@ def test_the_rules_find_exactly_the_planted_stragglers() -> None:
     assert "found exactly those; every dashboard panel has data" in done.stdout
     # 1 straggler of each kind and 1 stale node in 20; the table has both groups.
     assert "planted: 3 stragglers, 1 stale nodes" in done.stdout
+    # Every shipped group is in the table, the node alerts' too.
     for group in ("nodecheck-fleet ", "nodecheck-fleet-nodes ", "nodecheck-fleet-alerts "):
         assert group in done.stdout
+    assert "nodecheck-verdicts " in done.stdout and "nodecheck-rdma " in done.stdout
 
 
 def test_a_rule_that_misses_the_planted_straggler_is_noticed(tmp_path: Path) -> None:
@@ -56,8 +61,11 @@ def test_a_rule_that_misses_the_planted_straggler_is_noticed(tmp_path: Path) -> 
     from bench import fleet_rules
 
     rules = tmp_path / "fleet_rules.yml"
-    score = "min by (instance) (nodecheck:bench_matmul_flops_per_second:ratio_to_fleet_median)"
-    text = fleet_rules.RULE_FILES[0].read_text()
+    score = (
+        "min by (cluster, instance) "
+        "(instance_gpu:nodecheck_bench_matmul_flops_per_second:ratio_to_median)"
+    )
+    text = fleet_rules.FLEET_RULES.read_text()
     assert score in text
     rules.write_text(text.replace(score, f"{score} * 1.1"))
     done = run_bench(

@@ -57,8 +57,8 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_are_valid() -> None:
     done = promtool("check", "rules", str(RULES))
     assert done.returncode == 0, done.stdout + done.stderr
-    alerts = len(re.findall(r"^\s*- alert: ", RULES.read_text(), re.MULTILINE))
-    assert alerts >= 15 and f"SUCCESS: {alerts} rules found" in done.stdout
+    rules = len(re.findall(r"^\s*- (?:alert|record): ", RULES.read_text(), re.MULTILINE))
+    assert rules >= 15 and f"SUCCESS: {rules} rules found" in done.stdout
 
 
 def test_fleet_rules_are_valid() -> None:
@@ -67,7 +67,7 @@ def test_fleet_rules_are_valid() -> None:
     records = len(re.findall(r"^\s*- record: ", FLEET_RULES.read_text(), re.MULTILINE))
     alerts = len(re.findall(r"^\s*- alert: ", FLEET_ALERTS.read_text(), re.MULTILINE))
     assert records >= 15 and f"SUCCESS: {records} rules found" in done.stdout
-    assert alerts == 5 and f"SUCCESS: {alerts} rules found" in done.stdout
+    assert alerts == 7 and f"SUCCESS: {alerts} rules found" in done.stdout
 
 
 def alerts_of(path: Path) -> set[str]:
@@ -103,6 +103,8 @@ def test_every_fleet_alert_is_unit_tested() -> None:
         "NodecheckSharedFault",
         "NodecheckNodeStoppedReporting",
         "NodecheckRulesFailing",
+        "NodecheckFleetAgentsDown",
+        "NodecheckFleetClassTooSmall",
     }
     assert alerts == tested
     quiet = set().union(*(alerts_tested_quiet_in(path) for path in FLEET_TESTS))
@@ -148,18 +150,24 @@ def test_a_node_scraped_twice_changes_no_fleet_verdict(tmp_path: Path) -> None:
 RECORDED_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+(?::[a-z0-9_]+)?\b")
 
 
-def recorded_names() -> set[str]:
-    return set(re.findall(r"^\s*- record: (\S+)", FLEET_RULES.read_text(), re.MULTILINE))
+def recorded_names(*paths: Path) -> set[str]:
+    """The series the rule files record (by default the fleet's)."""
+    return {
+        name
+        for path in paths or (FLEET_RULES,)
+        for name in re.findall(r"^\s*- record: (\S+)", path.read_text(), re.MULTILINE)
+    }
 
 
 def test_every_recording_rule_is_unit_tested() -> None:
     """Each recorded series is the subject of a promql_expr_test: its exact samples (labels
     and values) at one evaluation time, not merely used by an alert."""
     tested = set()
-    for path in FLEET_TESTS:
+    for path in (*FLEET_TESTS, RULE_TESTS):
         for expr in re.findall(r"^\s*- expr: (.+)$", path.read_text(), re.MULTILINE):
             tested |= set(RECORDED_NAME.findall(expr))
-    assert recorded_names() and recorded_names() <= tested
+    records = recorded_names(FLEET_RULES, RULES)
+    assert recorded_names(RULES) and recorded_names() and records <= tested, records - tested
 
 
 def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) -> str:
@@ -192,9 +200,9 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
     ("rules", "replace", "noticed"),
     [
         # A class of 7 GPUs would get a median.
-        (FLEET_RULES, ("fleet_gpus >= 8", "fleet_gpus >= 7"), "fleet_median"),
+        (FLEET_RULES, (":count >= 8", ":count >= 7"), ":median"),
         # A class of 2 nodes would get a median (matmul and h2d).
-        (FLEET_RULES, ("fleet_nodes >= 3)", "fleet_nodes >= 2)"), "fleet_median"),
+        (FLEET_RULES, (":count_nodes >= 3)", ":count_nodes >= 2)"), ":median"),
         # Stale results would vote.
         (
             FLEET_RULES,
@@ -215,16 +223,16 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         (
             FLEET_RULES,
             (
-                "min by (instance) (nodecheck:bench_matmul",
-                "max by (instance) (nodecheck:bench_matmul",
+                "min by (cluster, instance) (instance_gpu:nodecheck_bench_matmul",
+                "max by (cluster, instance) (instance_gpu:nodecheck_bench_matmul",
             ),
-            "node_fleet_ratio",
+            "ratio_to_fleet_median:min",
         ),
         # A node that is down would not count as failing.
         (
             FLEET_RULES,
             ('(up{job="nodecheck"} == bool 0)', '(up{job="nodecheck"} == bool 2)'),
-            "node_failing",
+            "checks_failing:bool",
         ),
         # A node with one failing check would not count as failing.
         (
@@ -233,7 +241,25 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
                 '(nodecheck_checks_failing{job="nodecheck"} > bool 0)',
                 '(nodecheck_checks_failing{job="nodecheck"} > bool 1)',
             ),
-            "node_failing",
+            "checks_failing:bool",
+        ),
+        # A failing check whose action needs no drain would count as a hard fault.
+        (
+            FLEET_RULES,
+            ('action=~"reset-gpu|reboot|inspect-hardware|contact-support"', 'action=~".+"'),
+            "hard_fault:bool",
+        ),
+        # A node with no hard fault would have no 0, and racks no share.
+        (
+            FLEET_RULES,
+            ('(nodecheck_checks_failing{job="nodecheck"} * 0)', "vector(0)"),
+            "hard_fault",
+        ),
+        # A cluster whose every node left service discovery would have no share at all.
+        (
+            FLEET_RULES,
+            ("or\n            0 * count by (cluster)", "or\n            1 * count by (cluster)"),
+            "cluster:up:ratio",
         ),
         # A node that went down would keep whichever of its racks sorts first, not its last.
         (
@@ -246,37 +272,62 @@ def promtool_test_with(tmp_path: Path, rules: Path, replace: tuple[str, str]) ->
         ),
         (
             FLEET_ALERTS,
-            ("nodecheck:node_fleet_ratio:min < 0.9", "nodecheck:node_fleet_ratio:min < 0.8"),
+            (":min[5m]) < 0.9", ":min[5m]) < 0.8"),
             "NodecheckFleetStraggler",
         ),
         (FLEET_ALERTS, ("for: 30m", "for: 20m"), "NodecheckFleetStraggler"),
+        # A `for` on the score itself: a flaky target would never alert.
         (
             FLEET_ALERTS,
             (
-                "flops_per_second:fleet_median[7d]) < 0.95",
-                "flops_per_second:fleet_median[7d]) < 0.97",
+                "max_over_time(instance:nodecheck_bench_ratio_to_fleet_median:min[5m])",
+                "instance:nodecheck_bench_ratio_to_fleet_median:min",
+            ),
+            "NodecheckFleetStraggler",
+        ),
+        (
+            FLEET_ALERTS,
+            (
+                "flops_per_second:median[7d]) < 0.95",
+                "flops_per_second:median[7d]) < 0.97",
             ),
             "NodecheckFleetRegression",
         ),
         # A baseline over more than the past 7 days.
-        (FLEET_ALERTS, ("fleet_median[7d])", "fleet_median[8d])"), "NodecheckFleetRegression"),
+        (FLEET_ALERTS, (":median[7d])", ":median[8d])"), "NodecheckFleetRegression"),
         # Without its guard on the class's members, the regression alert would fire when
         # the fast half of a class stops reporting.
         (
             FLEET_ALERTS,
             (
-                ">= 0.9 * quantile_over_time(0.5, nodecheck:bench_matmul",
-                ">= 0 * quantile_over_time(0.5, nodecheck:bench_matmul",
+                ">= 0.9 * quantile_over_time(0.5, model_dtype_shape:nodecheck_bench_matmul",
+                ">= 0 * quantile_over_time(0.5, model_dtype_shape:nodecheck_bench_matmul",
             ),
             "NodecheckFleetRegression",
         ),
         (
             FLEET_ALERTS,
             (
-                "cluster_rack:nodecheck_node_failing:ratio > 0.25",
-                "cluster_rack:nodecheck_node_failing:ratio >= 0.25",
+                "cluster_rack:nodecheck_hard_fault:ratio > 0.25",
+                "cluster_rack:nodecheck_hard_fault:ratio >= 0.25",
             ),
             "NodecheckSharedFault",
+        ),
+        # Any failing finding would be judged without the cluster's own rate.
+        (
+            FLEET_ALERTS,
+            ("> on(cluster) group_left 3 *", "> on(cluster) group_left 0 *"),
+            "NodecheckSharedFault",
+        ),
+        (
+            FLEET_ALERTS,
+            ("cluster:up:ratio < 0.9", "cluster:up:ratio < 0.8"),
+            "NodecheckFleetAgentsDown",
+        ),
+        (
+            FLEET_ALERTS,
+            (":count < 8\n              or", ":count < 7\n              or"),
+            "NodecheckFleetClassTooSmall",
         ),
         (
             FLEET_ALERTS,
@@ -328,8 +379,31 @@ SEVERITY = '(ne $labels.class "node-config") }}critical'
         (('action="reboot",status', 'action="rebooot",status'), "NodecheckRebootNeeded"),
         # A job's finding would page like the node's.
         (
-            ('verdict{origin="node",action="reboot"', 'verdict{action="reboot"'),
+            ('verdict{job="nodecheck",origin="node",action="reboot"', 'verdict{action="reboot"'),
             "NodecheckRebootNeeded",
+        ),
+        # A critical page would resolve when its node goes down with the fault.
+        (
+            (">= on(job, instance) group_left", "> on(job, instance) group_left"),
+            "NodecheckRebootNeeded",
+        ),
+        # A finding cleared while the node was up would come back when the node goes down.
+        (
+            (">= on(job, instance) group_left", "<= on(job, instance) group_left"),
+            "NodecheckGpuResetNeeded",
+        ),
+        # A GPU silent for one minute would page, or a missed scrape would reset the wait.
+        (
+            (
+                'max_over_time(nodecheck_gpu_nvml_answering{job="nodecheck"}[2m]) == 0\n'
+                "              and\n",
+                "",
+            ),
+            "NodecheckGpuNotAnswering",
+        ),
+        (
+            ("or\n          instance_gpu:", "or\n          instance_gpu_:"),
+            "NodecheckGpuNotAnswering",
         ),
         # Severity from the class the wrong way round: a GPU's failure a warning.
         ((SEVERITY, '(eq $labels.class "node-config") }}critical'), "NodecheckRebootNeeded"),
@@ -337,8 +411,8 @@ SEVERITY = '(ne $labels.class "node-config") }}critical'
         # A link that retrained once would page at once.
         (
             (
-                'action="inspect-hardware",status=~"fail|warn|error"} == 1\n        for: 5m',
-                'action="inspect-hardware",status=~"fail|warn|error"} == 1\n        for: 2m',
+                'outlived{action="inspect-hardware"}\n        for: 5m',
+                'outlived{action="inspect-hardware"}\n        for: 2m',
             ),
             "NodecheckHardwareInspectionNeeded",
         ),
@@ -352,8 +426,8 @@ SEVERITY = '(ne $labels.class "node-config") }}critical'
         ),
         (
             (
-                'action="fix-node-config",status=~"fail|warn|error"} == 1\n        for: 10m',
-                'action="fix-node-config",status=~"fail|warn|error"} == 1\n        for: 2m',
+                'outlived{action="fix-node-config"}\n        for: 10m',
+                'outlived{action="fix-node-config"}\n        for: 2m',
             ),
             "NodecheckNodeConfigWrong",
         ),
@@ -374,41 +448,52 @@ SEVERITY = '(ne $labels.class "node-config") }}critical'
         ),
         (
             (
-                "nodecheck_config_last_reload_successful == 0",
-                "nodecheck_config_last_reload_successful < 0",
+                'nodecheck_config_last_reload_successful{job="nodecheck"} == 0',
+                'nodecheck_config_last_reload_successful{job="nodecheck"} < 0',
             ),
             "NodecheckConfigReloadFailed",
         ),
         (
             (
-                "nodecheck_results_last_write_successful == 0",
-                "nodecheck_results_last_write_successful < 0",
+                'nodecheck_results_last_write_successful{job="nodecheck"} == 0',
+                'nodecheck_results_last_write_successful{job="nodecheck"} < 0',
             ),
             "NodecheckResultsNotWritten",
         ),
         (
             (
-                "nodecheck_exposition_dropped_samples > 0\n        for: 15m",
-                "nodecheck_exposition_dropped_samples > 0\n        for: 5m",
+                'nodecheck_exposition_dropped_samples{job="nodecheck"} > 0\n        for: 15m',
+                'nodecheck_exposition_dropped_samples{job="nodecheck"} > 0\n        for: 5m',
             ),
             "NodecheckSamplesDropped",
         ),
         (('up{job="nodecheck"} == 0', 'up{job="nodecheck"} == 1'), "NodecheckAgentDown"),
+        # An ordinary reboot would page.
         (
-            ("link_downed_total[15m]) > 0", "link_downed_total[15m]) > 1"),
+            (
+                'up{job="nodecheck"} == 0\n        for: 15m',
+                'up{job="nodecheck"} == 0\n        for: 5m',
+            ),
+            "NodecheckAgentDown",
+        ),
+        (
+            (
+                'link_downed_total{job="nodecheck"}[15m]) > 0',
+                'link_downed_total{job="nodecheck"}[15m]) > 1',
+            ),
             "NodecheckRdmaLinkFlapping",
         ),
         (
             (
-                "nodecheck_rdma_port_link_downed_total >= 255",
-                "nodecheck_rdma_port_link_downed_total > 255",
+                'nodecheck_rdma_port_link_downed_total{job="nodecheck"} >= 255',
+                'nodecheck_rdma_port_link_downed_total{job="nodecheck"} > 255',
             ),
             "NodecheckRdmaCounterSaturated",
         ),
         (
             (
-                "link_error_recovery_total[10m]) > 0\n        for: 20m",
-                "link_error_recovery_total[10m]) > 0\n        for: 10m",
+                'link_error_recovery_total{job="nodecheck"}[10m]) > 0\n        for: 20m',
+                'link_error_recovery_total{job="nodecheck"}[10m]) > 0\n        for: 10m',
             ),
             "NodecheckRdmaLinkErrors",
         ),
@@ -584,6 +669,8 @@ NOT_JUDGED_BY_A_CHECK = {
     "nodecheck_rdma_port_link_error_recovery_total": "errors recurring over 20 minutes",
     "nodecheck_rdma_port_symbol_errors_total": "errors recurring over 20 minutes",
     "nodecheck_rdma_port_receive_errors_total": "errors recurring over 20 minutes",
+    # gpu_count reads each GPU once a minute: 2 minutes of silence are across readings.
+    "nodecheck_gpu_nvml_answering": "a GPU silent for 2 minutes, across readings",
     # The benchmarks' freshness: whether a node measured at all, across the fleet.
     "nodecheck_bench_last_success_timestamp_seconds": "a node's results gone stale",
 }
@@ -685,7 +772,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # A query filters by the selected clusters and partitions through the operator labels of
 # the node's info series (or the rules' copy of it that remembers the past day).
 THROUGH_NODE_INFO = re.compile(
-    r'(nodecheck_node_info|nodecheck:node_info:last_over_time_1d)\{cluster=~"\$cluster", '
+    r'(nodecheck_node_info|instance:nodecheck_node_info:last_over_time_1d)\{cluster=~"\$cluster", '
     r'partition=~"\$partition"(, [a-z_]+!?=~?"[^"]*")*\}'
 )
 
@@ -749,13 +836,40 @@ def fleet_panel_expr(title: str) -> str:
 def test_failing_nodes_by_rack_leaves_out_nodes_without_a_rack(tmp_path: Path) -> None:
     """Two failing nodes, one in rack r1 and one without a rack label: the panel has one
     series, r1's, and no rackless line summing the nodes that are in no rack."""
-    info = 'nodecheck:node_info:last_over_time_1d{job="nodecheck",cluster="c1",partition="gpu"'
+    info = (
+        'instance:nodecheck_node_info:last_over_time_1d{job="nodecheck",cluster="c1",'
+        'partition="gpu"'
+    )
     series = {
         f'{info},instance="g01:19410",rack="r1"}}': "1x2",
         f'{info},instance="g02:19410"}}': "1x2",
-        'nodecheck:node_failing{instance="g01:19410"}': "1x2",
-        'nodecheck:node_failing{instance="g02:19410"}': "1x2",
+        'instance:nodecheck_checks_failing:bool{instance="g01:19410"}': "1x2",
+        'instance:nodecheck_checks_failing:bool{instance="g02:19410"}': "1x2",
     }
     expr = fleet_panel_expr("Failing nodes by rack")
     done = eval_with_promtool(tmp_path, series, expr, {'{cluster="c1",rack="r1"}': 1})
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+RUNBOOKS = ROOT / "docs" / "runbooks"
+RUNBOOK_SECTIONS = ["What it means", "Confirm it", "What to do", "When to escalate"]
+
+
+def test_every_alert_has_a_runbook() -> None:
+    """Each alert's runbook_url is its runbook's path in this repository, the runbook is
+    there with the four sections an on-call engineer looks for, in order, and no runbook
+    is left for an alert that no longer exists."""
+    alerts = {}
+    for path in (RULES, FLEET_ALERTS):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            alerts.update({r["alert"]: r for r in group["rules"] if "alert" in r})
+    assert len(alerts) >= 24
+    for name, rule in alerts.items():
+        url = rule["annotations"].get("runbook_url")
+        assert url == f"docs/runbooks/{name}.md", name
+        runbook = ROOT / url
+        assert runbook.is_file(), f"{name}: no runbook at {url}"
+        headings = re.findall(r"^## (.+?)\s*$", runbook.read_text(), re.MULTILINE)
+        assert headings == RUNBOOK_SECTIONS, f"{url}: {headings}"
+    written = {path.stem for path in RUNBOOKS.glob("*.md") if path.name != "README.md"}
+    assert written - set(alerts) == set(), "runbooks for alerts that do not exist"

@@ -330,7 +330,7 @@ class ResultCollector(Collector):
                 )
         yield from (status, verdict, success, duration, last, interval)
         # One series a node for the fleet's "is it failing": a rule that reads it need not
-        # reduce the node's ~117 verdict series (nodecheck:node_failing).
+        # reduce the node's ~117 verdict series (instance:nodecheck_checks_failing:bool).
         failing = GaugeMetricFamily(
             "nodecheck_checks_failing",
             "How many checks have a failing finding of the node's own evidence (origin node) "

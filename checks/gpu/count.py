@@ -50,8 +50,15 @@ ANSWERS = MetricSpec(
     "nodecheck_gpu_nvml_answering",
     "gauge",
     "Per GPU on the PCI bus and meant for this host: 1 when NVML enumerates it and answers "
-    "for it, 0 when it is missing from NVML or reported lost",
+    "for it, 0 when it is missing from NVML, reported lost, its calls hang, or NVML as a "
+    "whole hangs or fails (absent when NVML is not installed or not permitted)",
     GPU_LABELS,
+)
+# NVML failing as a whole for these reasons says nothing is answering for the GPUs on the
+# bus (a driver wedged after an XID 79 hangs or fails nvmlInit); a missing library or a
+# refused device file says the agent cannot ask, which is no news about the GPUs.
+SILENT_CAUSES = frozenset(
+    {"nvml hung", NvmlUnavailableError.INIT_FAILED, NvmlUnavailableError.QUERY_FAILED}
 )
 INFO = MetricSpec(
     "nodecheck_gpu_info",
@@ -131,7 +138,8 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     for bus_id in meant:
         reading = seen.get(bus_id)
         labels = reading.labels() if reading else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
-        samples.append(Sample(ANSWERS, int(reading is not None and reading.lost is None), labels))
+        answers = reading is not None and reading.lost is None and reading.hung is None
+        samples.append(Sample(ANSWERS, int(answers), labels))
         if reading is None and unnamed:
             names = ", ".join(f"GPU {gpu.index}: {gpu.hung or gpu.error}" for gpu in unnamed)
             yield Result(
@@ -237,6 +245,9 @@ def _without_nvml(
 ) -> Result:
     """NVML cannot answer. With no GPU on the bus for this host that is a CPU node: skip."""
     cause = unavailable.details.get("cause")
+    if cause in SILENT_CAUSES:
+        unknown = {"gpu": "", "model": "unknown"}
+        samples += [Sample(ANSWERS, 0, {**unknown, "bus_id": bdf}) for bdf in meant]
     expected = ctx.config.expected_gpus
     if expected is not None and len(meant) < expected:
         # Whatever NVML says, at most the GPUs on the bus can answer: fewer than expected.

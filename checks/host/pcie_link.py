@@ -5,7 +5,11 @@ link trained narrower than it can be (x8 instead of x16: a bad riser, a
 poorly seated card) halves its bandwidth for good. A slower *speed* is often
 power saving: GPUs drop their link to 2.5 GT/s when idle (docs/hardware.md §3),
 so a speed below the maximum is a warning that a look under load confirms or
-clears.
+clears. Under load is known: NVML's utilisation of the same GPU. The driver raises the
+link to its full speed with the GPU's performance state, so a GPU busy (half its sample
+period or more running kernels) on a link below its maximum speed has a link that
+trained down (a marginal riser, slot or retimer): that warning asks for a look at the
+hardware. Without NVML the idle reading stands.
 
 Only NICs that carry training traffic are judged so (checks/node/nic_roles.py: the
 GPUs' RDMA rails, storage RDMA ports, the interfaces NCCL's sockets use on a node
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.nic_roles import NicRole, nic_roles
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.registry import register
@@ -62,6 +67,9 @@ MAX_SPEED = MetricSpec(
 )
 
 IDLE_NOTE = "GPUs lower their link speed when idle"
+# At or above this utilisation a GPU runs in its full performance state, its link at full
+# speed: a slower link then is no power saving.
+BUSY_UTILIZATION_PCT = 50
 
 
 def _speed(gts: float | None) -> str:
@@ -73,9 +81,16 @@ def _width(lanes: int | None) -> str:
 
 
 def judge_link(
-    device: PciDevice, subject: str, kind: str, *, narrow: Status, upstream_max: float | None
+    device: PciDevice,
+    subject: str,
+    kind: str,
+    *,
+    narrow: Status,
+    upstream_max: float | None,
+    busy_pct: int | None = None,
 ) -> Result:
-    """Judge one device's link; `narrow` is the status for a link below its width."""
+    """Judge one device's link; `narrow` is the status for a link below its width;
+    `busy_pct`: a GPU's utilisation when it is busy (BUSY_UTILIZATION_PCT or more)."""
     link = device.link
     assert link is not None
     labels = {"bus_id": device.bdf, "kind": kind}
@@ -115,8 +130,22 @@ def judge_link(
         )
     if link.max_speed is not None and link.current_speed < link.max_speed:
         note = IDLE_NOTE if kind == "gpu" else "the link trained below its maximum speed"
-        if upstream_max is not None and upstream_max <= link.current_speed:
+        limited_above = upstream_max is not None and upstream_max <= link.current_speed
+        if limited_above:
             note = f"the port above supports at most {_speed(upstream_max)}"
+        elif busy_pct is not None:
+            details["utilization_pct"] = busy_pct
+            return Result(
+                Status.WARN,
+                subject,
+                f"PCIe link at {_speed(link.current_speed)} of {_speed(link.max_speed)} while "
+                f"the GPU is busy ({busy_pct} % utilisation): trained down, not power saving: "
+                f"{shown}",
+                "host copies run at a fraction of their rate: reseat the GPU or its riser at "
+                "the next drain; if it persists, check the slot and RMA",
+                details,
+                samples,
+            )
         return Result(
             Status.WARN,
             subject,
@@ -134,7 +163,12 @@ def judge_link(
 
 
 def _judge_device(
-    ctx: CheckContext, device: PciDevice, subject: str, kind: str, narrow: Status
+    ctx: CheckContext,
+    device: PciDevice,
+    subject: str,
+    kind: str,
+    narrow: Status,
+    busy_pct: int | None = None,
 ) -> Result:
     link_problems = [problem for name, problem in device.problems.items() if "link" in name]
     if link_problems:
@@ -145,7 +179,27 @@ def _judge_device(
         return Result(Status.SKIP, subject, "not a PCI Express device (no link attributes)")
     parent = ctx.inventory.pci.get(device.parents[-1]) if device.parents else None
     upstream_max = parent.link.max_speed if parent and parent.link else None
-    return judge_link(device, subject, kind, narrow=narrow, upstream_max=upstream_max)
+    return judge_link(
+        device, subject, kind, narrow=narrow, upstream_max=upstream_max, busy_pct=busy_pct
+    )
+
+
+def _busy_gpus(ctx: CheckContext) -> dict[str, int]:
+    """Utilisation by bus id of the GPUs NVML reads as busy; none without NVML (or in a
+    capture without it): each link is then judged as its idle reading, as before."""
+    try:
+        snapshot = ctx.gpus.snapshot
+    except PartUnavailableError:
+        return {}
+    if not snapshot.usable:
+        return {}
+    return {
+        gpu.bus_id: gpu.utilization_pct
+        for gpu in snapshot.gpus
+        if gpu.bus_id is not None
+        and gpu.utilization_pct is not None
+        and gpu.utilization_pct >= BUSY_UTILIZATION_PCT
+    }
 
 
 def as_information(result: Result, role: NicRole) -> Result:
@@ -169,7 +223,7 @@ def as_information(result: Result, role: NicRole) -> Result:
     action=Action.INSPECT_HARDWARE,
     interval_s=300,
     timeout_s=10,
-    needs=("inventory",),
+    needs=("inventory", "gpus"),
 )
 def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     """PCIe link width and speed of GPUs, NICs and the switch uplinks above them."""
@@ -192,12 +246,13 @@ def check_pcie_link(ctx: CheckContext) -> Iterator[Result]:
     if not subjects:
         yield Result(Status.SKIP, "node", "no GPU or NIC on the PCI bus")
         return
+    busy = _busy_gpus(ctx)
     # Switch upstream ports sit at odd depths below the root port (root port,
     # upstream port, downstream port, ...). Their link is the uplink every
     # device below the switch shares: judged as strictly as the strictest one.
     uplinks: dict[str, Status] = {}
     for device, subject, kind, narrow in subjects:
-        result = _judge_device(ctx, device, subject, kind, narrow)
+        result = _judge_device(ctx, device, subject, kind, narrow, busy.get(device.bdf))
         role = role_of.get(subject)
         if role is not None and not role.carries_training_traffic:
             yield as_information(result, role)

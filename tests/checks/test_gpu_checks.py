@@ -415,6 +415,41 @@ def test_hung_init(dgx: Node, tmp_path: Path) -> None:
     assert all("NVML did not answer in 1 s (nvmlInit)" in r.summary for r in results)
 
 
+def answering_of(results: list[Result]) -> dict[str, float]:
+    """nodecheck_gpu_nvml_answering by bus id, from gpu_count's node result."""
+    return {
+        sample.labels["bus_id"]: sample.value
+        for result in results
+        for sample in result.samples
+        if sample.metric.name == "nodecheck_gpu_nvml_answering"
+    }
+
+
+@pytest.mark.parametrize(
+    ("scenario", "silent"),
+    [
+        # One GPU's calls hang: that GPU alone is silent.
+        (modified(dgx_healthy(), gpu=4, hang={"nvmlDeviceGetPowerUsage": 0}), {"0000:9a:00.0"}),
+        # NVML hangs or fails as a whole (a wedged driver): every GPU on the bus is silent.
+        (modified(dgx_healthy(), init_hang_s=30), set(DGX_GPUS)),
+        (modified(dgx_healthy(), init_error="UNKNOWN"), set(DGX_GPUS)),
+        # NVML refuses the agent (no access to /dev/nvidia*): nothing known of the GPUs,
+        # so no series at all, never a 1.
+        (modified(dgx_healthy(), init_error="NO_PERMISSION"), None),
+    ],
+    ids=["one-gpu-hangs", "init-hangs", "init-fails", "no-permission"],
+)
+def test_answering_is_zero_for_each_gpu_nvml_does_not_answer_for(
+    dgx: Node, tmp_path: Path, scenario: dict[str, object], silent: set[str] | None
+) -> None:
+    node = dgx.with_scenario(scenario, tmp_path / "scenario.json")
+    answering = answering_of(node.results("gpu_count"))
+    if silent is None:
+        assert answering == {}
+    else:
+        assert answering == {bus: 0 if bus in silent else 1 for bus in DGX_GPUS}
+
+
 @pytest.mark.parametrize(
     ("error", "count_status", "others"),
     [

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from nodecheck.checks.registry import load_checks
-from nodecheck.checks.result import UNPRIVILEGED, Result, Status
+from nodecheck.checks.result import UNPRIVILEGED, Action, Result, Status
 from tests.conftest import LIVE, Node, by_status
+from tests.fixtures.nvml_scenarios import modified
+from tests.fixtures.nvml_scenarios import workstation as workstation_scenario
 
 HOST_CHECKS = (
     "cpu",
@@ -143,6 +146,28 @@ def test_workstation(workstation: Node) -> None:
     assert "automatic NUMA balancing is on" in " ".join(r.summary for r in results)
     acs = [r for r in workstation.run("pcie_acs")[0].results]
     assert [r.status for r in acs] == [Status.SKIP]
+
+
+@pytest.mark.parametrize(("utilization", "busy"), [(0, False), (49, False), (90, True)])
+def test_a_slow_link_under_load_is_a_hardware_finding(
+    workstation: Node, tmp_path: Path, utilization: int, busy: bool
+) -> None:
+    """The GeForce's link at 2.5 of 16 GT/s: power saving while the GPU idles (no action),
+    a link that trained down while NVML reads it busy (inspect the hardware)."""
+    scenario = modified(
+        workstation_scenario(), gpu=0, utilization={"gpu": utilization, "memory": 0}
+    )
+    node = workstation.with_scenario(scenario, tmp_path / "busy.json")
+    [run] = node.run("pcie_link")
+    [link] = [r for r in run.results if r.subject == "gpu 0000:01:00.0"]
+    finding = run.check.meant(link)
+    assert link.status is Status.WARN and "2.5 GT/s of 16 GT/s" in link.summary
+    if busy:
+        assert f"while the GPU is busy ({utilization} % utilisation)" in link.summary
+        assert finding.action is Action.INSPECT_HARDWARE and "reseat" in link.remedy
+        assert link.details["utilization_pct"] == utilization
+    else:
+        assert "idle" in link.summary and finding.action is Action.NONE
 
 
 def test_live_machine_nothing_fails() -> None:

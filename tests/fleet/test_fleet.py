@@ -106,7 +106,7 @@ def fleet(build: Callable[..., Node]) -> Iterator[Fleet]:
 def scores(fleet: Fleet) -> dict[tuple[str, str], float]:
     return {
         (s["metric"]["instance"], s["metric"]["benchmark"]): float(s["value"][1])
-        for s in fleet.query("nodecheck:node_fleet_ratio:min")
+        for s in fleet.query("instance:nodecheck_bench_ratio_to_fleet_median:min")
     }
 
 
@@ -194,7 +194,7 @@ def test_only_the_faulty_node_counts_as_failing(fleet: Fleet) -> None:
     faulty = fleet.instance(FAULTY)
 
     def failing() -> set[str]:
-        series = fleet.query("nodecheck:node_failing")
+        series = fleet.query("instance:nodecheck_checks_failing:bool")
         if len(series) < len(fleet.agents):
             return set()
         return {s["metric"]["instance"] for s in series if float(s["value"][1]) == 1}
