@@ -9,7 +9,7 @@ clears. Under load is known: NVML's utilisation of the same GPU. The driver rais
 link to its full speed with the GPU's performance state, so a GPU busy (half its sample
 period or more running kernels) on a link below its maximum speed has a link that
 trained down (a marginal riser, slot or retimer): that warning asks for a look at the
-hardware. Without NVML the idle reading stands.
+hardware. Where NVML cannot answer, the idle reading stands.
 
 Only NICs that carry training traffic are judged so (checks/node/nic_roles.py: the
 GPUs' RDMA rails, storage RDMA ports, the interfaces NCCL's sockets use on a node
@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.nic_roles import NicRole, nic_roles
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.registry import register
@@ -185,12 +184,9 @@ def _judge_device(
 
 
 def _busy_gpus(ctx: CheckContext) -> dict[str, int]:
-    """Utilisation by bus id of the GPUs NVML reads as busy; none without NVML (or in a
-    capture without it): each link is then judged as its idle reading, as before."""
-    try:
-        snapshot = ctx.gpus.snapshot
-    except PartUnavailableError:
-        return {}
+    """Utilisation by bus id of the GPUs NVML reads as busy; none where NVML cannot answer
+    (a CPU node, a missing driver): each link is then judged as its idle reading."""
+    snapshot = ctx.gpus.snapshot
     if not snapshot.usable:
         return {}
     return {

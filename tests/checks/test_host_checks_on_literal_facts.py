@@ -18,6 +18,7 @@ from nodecheck.checks.host.pcie_link import check_pcie_link
 from nodecheck.checks.host.rdma_ports import check_rdma_ports
 from nodecheck.checks.node.cpu import CpuGovernors
 from nodecheck.checks.node.facts import Unread
+from nodecheck.checks.node.gpu import GpuSnapshot
 from nodecheck.checks.node.net import (
     PORT_ERROR_COUNTERS,
     PortCounterHistory,
@@ -336,7 +337,7 @@ def test_no_rdma_device_is_a_skip_saying_whether_the_class_exists(
 # --- pcie_link ----------------------------------------------------------------------------
 
 
-def test_a_gpu_trained_narrow_fails_from_the_inventory_alone() -> None:
+def test_a_gpu_trained_narrow_fails_from_the_inventory() -> None:
     narrow = pci_device(
         (ROOT_PORT, UPSTREAM_PORT, GPU_PORT, GPU),
         VENDOR_NVIDIA,
@@ -345,7 +346,8 @@ def test_a_gpu_trained_narrow_fails_from_the_inventory_alone() -> None:
         link=PcieLink(32.0, 8, 32.0, 16),
         driver="nvidia",
     )
-    found = by_subject(results(check_pcie_link, {"inventory": inventory(gpu=narrow)}))
+    parts = {"inventory": inventory(gpu=narrow), "gpus": GpuSnapshot()}
+    found = by_subject(results(check_pcie_link, parts))
     assert sorted(found) == [f"bridge {UPSTREAM_PORT}", f"gpu {GPU}", "nic mlx5_0"]
     gpu = found[f"gpu {GPU}"]
     assert gpu.status is Status.FAIL
@@ -361,7 +363,9 @@ LITERAL_PARTS: dict[str, dict[str, object]] = {
     "cpu": cpu_parts(CpuGovernors({n: "performance" for n in range(8)})),
     "pcie_acs": acs_parts(switch_ports(GPU_PORT=REDIRECTING)),
     "rdma_ports": rdma_parts(counters()),
-    "pcie_link": {"inventory": inventory()},
+    # NVML's view of the GPUs: their utilisation tells a link slowed by an idle GPU from
+    # one slow under load.
+    "pcie_link": {"inventory": inventory(), "gpus": GpuSnapshot()},
 }
 
 
