@@ -9,16 +9,27 @@ src/common/nvswitch/kernel/inc/common_nvswitch.h, NVSWITCH_PRINT_SXID):
 
 and may follow one with lines of detail under the same SXid, which are not
 errors of their own ("..., 12028, Severity 0 Engine instance 32 Sub-engine
-instance 00", "..., 12028, Data {0x00000000, ...}").
+instance 00", "..., 12028, Data {0x00000000, ...}"). A detail line whose headline is not
+in the log (the ring buffer wrapped past it, or printk's rate limit dropped it) still
+tells that the SXid happened: it counts as that SXid, its severity the catalog's.
 
 The catalog is the Fabric Manager User Guide's (docs.nvidia.com/datacenter/tesla/
 fabric-manager-user-guide/, "NVSwitch SXid Errors": non-fatal, fatal, always
 fatal and other notable SXids; DU-09883-001), as leptonai/gpud transcribes it in
-components/accelerator/nvidia/sxid/sxid.go. A fatal SXid is fatal to the
-partition using that port: its GPUs and NVSwitches need a reset (the guide:
-restart the guest VM, or reset the GPUs and NVSwitches); an always-fatal one is
-fatal to the whole fabric: the host must restart. The severity the line writes
-("Fatal", "Non-fatal") comes first; the catalog's is used when the line says none.
+components/accelerator/nvidia/sxid/sxid.go, reconciled code by code with NVIDIA's
+NVSentinel mapping (NVIDIA/NVSentinel, distros/kubernetes/nvsentinel/charts/
+nvswitch-health-monitor/sxiderrorsmapping.csv: each code's NVSWITCH_ERR_* name, its
+action and FATAL or NONFATAL). Where the two disagree NVSentinel wins: it is NVIDIA's
+newer and machine-read source, keyed by the driver's own error names, where the guide's
+tables are prose of an older driver; its RESET_FABRIC is the guide's "always fatal" (the
+whole fabric resets, so the host restarts), its other FATAL actions (a GPU reset, the
+NVLink workflow, the link's signal) are fatal to the partition. The codes that moved are
+listed under RECONCILED. A fatal SXid is fatal to the partition using that port: its
+GPUs and NVSwitches need a reset (the guide: restart the guest VM, or reset the GPUs and
+NVSwitches); an always-fatal one is fatal to the whole fabric: the host must restart.
+The severity the line writes ("Fatal", "Non-fatal") comes first, as the running driver's
+own word; the catalog's is used when the line says none (an older driver, or a detail
+line whose headline was lost).
 """
 
 from __future__ import annotations
@@ -47,14 +58,14 @@ class SxidInfo:
 
 
 _NONFATAL = {
-    11004: "ingress invalid ACL",
+    10001: "host PRIV error",
+    10002: "host PRIV timeout",
     11012: "single bit ECC error",
     11021: "single bit ECC error",
     11022: "single bit ECC error",
     11023: "single bit ECC error",
     12021: "single bit ECC error",
     12023: "single bit ECC error",
-    12028: "egress non-posted PRIV error",
     15008: "single bit ECC error",
     15011: "single bit ECC error",
     19049: "single bit ECC error",
@@ -65,19 +76,15 @@ _NONFATAL = {
     19065: "single bit ECC error",
     19068: "single bit ECC error",
     19071: "single bit ECC error",
-    19084: "AN1 heartbeat timeout",
     20001: "TX replay error",
-    20009: "RX short error rate",
-    20012: "broken or inconsistent connection",
     22013: "minion link DLREQ interrupt",
     24001: "single bit ECC error",
     24002: "single bit ECC error",
     24003: "single bit ECC error",
 }
 _FATAL = {
-    10001: "host PRIV error",
-    10002: "host PRIV timeout",
     11001: "ingress invalid command",
+    11004: "ingress invalid ACL",
     11009: "ingress invalid VCSet",
     11013: "ingress header DBE",
     11018: "ingress RID DBE",
@@ -92,8 +99,6 @@ _FATAL = {
     12027: "egress destination response ID error",
     12030: "egress control parity error",
     12031: "egress credit parity error",
-    12032: "egress flit type mismatch",
-    14017: "TS ATO timeout",
     15001: "route buffer over/underflow",
     15006: "route transdone over/underflow",
     15009: "route GLT DBE",
@@ -113,8 +118,12 @@ _FATAL = {
     19067: "COM RAM DAT ECC DBE error",
     19069: "RSP1 RAM HDR ECC DBE error",
     19070: "RSP1 RAM DAT ECC DBE error",
+    20009: "RX short error rate",
+    20012: "broken or inconsistent connection",
     20034: "LTSSM fault up",
     22012: "minion link NA interrupt",
+    23009: "ingress packet parity error",
+    23017: "ingress credit parity error",
     24004: "sourcetrack TCEN0 crumbstore DBE",
     24005: "sourcetrack TCEN0 TD crumbstore DBE",
     24006: "sourcetrack TCEN1 crumbstore DBE",
@@ -123,6 +132,10 @@ _FATAL = {
 _ALWAYS_FATAL = {
     10003: "host unhandled interrupt",
     12020: "egress sequence ID error",
+    12028: "egress non-posted PRIV error",
+    12032: "egress flit type mismatch",
+    14017: "TS ATO timeout",
+    19084: "AN1 heartbeat timeout",
     22003: "minion halt",
     22011: "minion exterror",
     23001: "ingress SRC-VC buffer overflow",
@@ -133,7 +146,6 @@ _ALWAYS_FATAL = {
     23006: "ingress packet sticky error",
     23007: "possible bubbles at ingress",
     23008: "ingress packet invalid dst error",
-    23009: "ingress packet parity error",
     23010: "ingress SRC-VC buffer overflow",
     23011: "ingress SRC-VC buffer underflow",
     23012: "egress DST-VC credit overflow",
@@ -141,10 +153,32 @@ _ALWAYS_FATAL = {
     23014: "ingress packet burst error",
     23015: "ingress packet sticky error",
     23016: "possible bubbles at ingress",
-    23017: "ingress credit parity error",
 }
 # Not fatal to the fabric, but "system cooling might be insufficient" (the guide).
+# NVSentinel maps 10004 to CHECK_THERMALS, FATAL: kept a thermal event here, a warning for
+# a day, since the event starts and ends by itself and drains nothing of the fabric; the
+# GPUs' own temperature against their slowdown threshold is gpu_state's to judge.
 _THERMAL = {10004: "thermal event start", 10005: "thermal event end"}
+
+# Where the guide (as gpud transcribes it) and NVSentinel's mapping disagree, the kind
+# the guide gave: NVSentinel's is the catalog's (see the module's docstring).
+RECONCILED: dict[int, str] = {
+    10001: "fatal in the guide; NVSentinel: HOST_PRIV_ERROR, IGNORE, NONFATAL",
+    10002: "fatal in the guide; NVSentinel: HOST_PRIV_TIMEOUT, IGNORE, NONFATAL",
+    11004: "non-fatal in the guide; NVSentinel: INGRESS_ACLFAIL, CHECK_FM_CONFIG, FATAL",
+    12028: "non-fatal in the guide; NVSentinel: EGRESS_PRIVRSPERR, RESET_FABRIC, FATAL",
+    12032: "fatal in the guide; NVSentinel: NXBAR_FLITTYPE_MISMATCH_ERR, RESET_FABRIC",
+    14017: "fatal in the guide; NVSentinel: TSTATE_ATO_ERR, RESET_FABRIC",
+    19084: "non-fatal in the guide; NVSentinel: AN1_HEARTBEAT_TIMEOUT_ERR, RESET_FABRIC",
+    20009: "non-fatal in the guide; NVSentinel: RX_SHORT_ERROR_RATE, "
+    "CHECK_LINK_MECHANICAL_CONNECTIONS, FATAL",
+    20012: "non-fatal in the guide; NVSentinel: RX_CRC_COUNTER, "
+    "CHECK_LINK_MECHANICAL_CONNECTIONS, FATAL",
+    23009: "always fatal in the guide; NVSentinel: TILE_INGRESS_PKT_PARITY_ERROR, "
+    "WORKFLOW_NVLINK_POTENTIALY_FATAL_ERR (the partition's)",
+    23017: "always fatal in the guide; NVSentinel: TILEOUT_EGRESS_CDT_PARITY_ERROR, "
+    "WORKFLOW_NVLINK_POTENTIALY_FATAL_ERR (the partition's)",
+}
 
 SXID_CATALOG: dict[int, SxidInfo] = {
     **{code: SxidInfo(name, SxidKind.NONFATAL) for code, name in _NONFATAL.items()},
@@ -193,10 +227,14 @@ def sxid_bus_id(domain: str, bus: str, device: str, function: str | None) -> str
 
 
 def parse_sxids(text: str, boot_time: float | None, now: float) -> list[SxidEvent]:
-    """SXid errors in kernel log text (kernel_log's forms), detail lines left out."""
+    """SXid errors in kernel log text (kernel_log's forms). A detail line under the SXid
+    line it follows is no error of its own; one whose SXid line is not there (the last
+    line of that NVSwitch was of another code, or there was none) stands for it, with no
+    severity word (the catalog's)."""
     clock = LineClock(boot_time, now)
     every_line = every_line_counts(text)
     events = []
+    last_code: dict[str, int] = {}  # by NVSwitch: the code of its latest SXid line
     for line in text.splitlines():
         match = SXID_LINE.search(line)
         if match is None:
@@ -206,11 +244,12 @@ def parse_sxids(text: str, boot_time: float | None, now: float) -> list[SxidEven
         switch, domain, bus, device, function, code = match.groups()
         rest = line[match.end() :].strip()
         stamp = clock.stamp(line[: match.start()])
-        if DETAIL_LINE.match(rest):
-            continue
         try:
             bus_id = sxid_bus_id(domain, bus, device, function)
         except ValueError:
+            continue
+        seen_before, last_code[bus_id] = last_code.get(bus_id), int(code)
+        if DETAIL_LINE.match(rest) and seen_before == int(code):
             continue
         fatal = None
         if said := SEVERITY_WORD.match(rest):

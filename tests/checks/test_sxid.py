@@ -19,7 +19,14 @@ from nodecheck.checks.host.nvswitch_sxid import (
 from nodecheck.checks.node.fs import PERMISSION_DENIED
 from nodecheck.checks.node.kernel_log import parse_boot_time
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
-from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid, parse_sxids
+from nodecheck.checks.node.sxid import (
+    RECONCILED,
+    SXID_CATALOG,
+    SxidEvent,
+    SxidKind,
+    classify_sxid,
+    parse_sxids,
+)
 from nodecheck.checks.result import UNPRIVILEGED, Action, Status
 from tests.checks.literal_facts import context
 from tests.conftest import Node
@@ -115,12 +122,53 @@ def test_detail_lines_are_not_errors_of_their_own() -> None:
     assert (event.sxid, event.fatal, event.at) == (12028, False, BOOT + 1)
 
 
-def test_the_catalog() -> None:
-    assert classify_sxid(12028).kind is SxidKind.NONFATAL
-    assert classify_sxid(24007).kind is SxidKind.FATAL
-    assert classify_sxid(22003).kind is SxidKind.ALWAYS_FATAL
-    assert classify_sxid(10004).kind is SxidKind.THERMAL
-    assert classify_sxid(99999).kind is SxidKind.UNKNOWN
+def test_a_detail_line_whose_sxid_line_is_lost_stands_for_it() -> None:
+    """Only the data line of a fatal 12028 on nvswitch1 is left (the ring buffer wrapped
+    past its headline), after a complete non-fatal 11012 on the same NVSwitch: the 12028
+    counts once, with no word of its own (the catalog's severity), and its second detail
+    line is no second error. nvswitch2's detail line follows nothing: it counts too."""
+    text = (
+        "[ 1.0] nvidia-nvswitch1: SXid (PCI:0000:8a:00.0): 11012, Non-fatal, Link 3 ECC\n"
+        "[ 1.0] nvidia-nvswitch1: SXid (PCI:0000:8a:00.0): 11012, Data {0x00000001}\n"
+        "[ 2.0] nvidia-nvswitch1: SXid (PCI:0000:8a:00.0): 12028, Data {0x00000000, 0x1}\n"
+        "[ 2.0] nvidia-nvswitch1: SXid (PCI:0000:8a:00.0): 12028, Severity 1 Engine instance 16 "
+        "Sub-engine instance 00\n"
+        "[ 3.0] nvidia-nvswitch2: SXid (PCI:0000:8b:00.0): 22003, Data {0x00000010}\n"
+    )
+    events = parse_sxids(text, BOOT, NOW)
+    assert [(e.bus_id, e.sxid, e.fatal, e.at) for e in events] == [
+        ("0000:8a:00.0", 11012, False, BOOT + 1),
+        ("0000:8a:00.0", 12028, None, BOOT + 2),
+        ("0000:8b:00.0", 22003, None, BOOT + 3),
+    ]
+    assert events[1].message.startswith("Data {")
+    judged = judge_sxid(12028, [events[1]], NOW, BOOT)
+    assert judged.status is Status.FAIL and judged.remedy == REBOOT_REMEDY
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        # One of each kind, agreed by the guide and NVSentinel.
+        (11012, SxidKind.NONFATAL),  # single bit ECC: IGNORE, NONFATAL
+        (24007, SxidKind.FATAL),  # sourcetrack timeout: RESET_GPU, FATAL
+        (22003, SxidKind.ALWAYS_FATAL),  # minion halt: RESET_FABRIC
+        (10004, SxidKind.THERMAL),
+        (99999, SxidKind.UNKNOWN),
+        # Where they disagree, NVSentinel's (checks/node/sxid.py RECONCILED says why).
+        (10001, SxidKind.NONFATAL),  # host PRIV error: IGNORE, NONFATAL
+        (11004, SxidKind.FATAL),  # ingress ACL: CHECK_FM_CONFIG, FATAL
+        (12028, SxidKind.ALWAYS_FATAL),  # egress PRIV response: RESET_FABRIC
+        (20012, SxidKind.FATAL),  # CRC counter: CHECK_LINK_MECHANICAL_CONNECTIONS
+        (23009, SxidKind.FATAL),  # tile ingress parity: the NVLink workflow, the partition
+    ],
+)
+def test_the_catalog(code: int, kind: SxidKind) -> None:
+    assert classify_sxid(code).kind is kind
+
+
+def test_every_reconciled_code_is_in_the_catalog() -> None:
+    assert set(RECONCILED) <= set(SXID_CATALOG)
 
 
 def sxid(code: int, fatal: bool | None, ago: float | None) -> SxidEvent:
@@ -136,7 +184,7 @@ HOUR = 3600.0
         # fatal (the line's word) from this boot: reset the partition's GPUs and NVSwitches
         ([sxid(24007, True, 60)], Status.FAIL, PARTITION_REBOOT_REMEDY, "(1 fatal)"),
         # the line says Fatal though the catalog calls the code non-fatal: the line wins
-        ([sxid(12028, True, 60)], Status.FAIL, PARTITION_REBOOT_REMEDY, "(1 fatal)"),
+        ([sxid(11012, True, 60)], Status.FAIL, PARTITION_REBOOT_REMEDY, "(1 fatal)"),
         # always fatal: the whole fabric, the host restarts
         ([sxid(22003, True, 60)], Status.FAIL, REBOOT_REMEDY, "minion halt"),
         # no word on the line: the catalog's
