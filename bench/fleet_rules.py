@@ -428,13 +428,21 @@ def write_class_history(
 
 
 def backfill_history(
-    work: Path, nodes: int, hours: float, interval: int, end: float, **classes: Any
+    work: Path,
+    nodes: int,
+    hours: float,
+    interval: int,
+    end: float,
+    *,
+    model: str,
+    gpus: int,
+    regression_days: float,
+    class_step_s: int,
 ) -> Path:
     """A day (or `hours`) before `end` of every node's nodecheck_node_info (every `interval`)
-    and of the rules' record of when it was last seen (every 5 minutes), and the classes'
-    history (write_class_history, `classes` its arguments), as TSDB blocks."""
-    model, gpus = classes["model"], classes["gpus"]
-    regression_days, class_step_s = classes["days"], classes["step_s"]
+    and of the rules' record of when it was last seen (every 5 minutes), and
+    `regression_days` of the classes' history (write_class_history, every `class_step_s`),
+    as TSDB blocks."""
     source = work / "history.om"
     with source.open("w") as out:
         for name, step_s, value_is_time in (
@@ -608,8 +616,8 @@ def run(args: argparse.Namespace) -> int:
                 now - args.scrape_interval,
                 model=model,
                 gpus=len(gpus),
-                days=args.regression_days,
-                step_s=args.interval,
+                regression_days=args.regression_days,
+                class_step_s=args.interval,
             )
         port = free_port()
         prometheus = start_prometheus(work, port, server.server_address[1], args)

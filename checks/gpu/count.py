@@ -137,7 +137,7 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
     unnamed = [gpu for gpu in snapshot.gpus if gpu.bus_id is None and gpu.lost is None]
     for bus_id in meant:
         reading = seen.get(bus_id)
-        labels = reading.labels() if reading else {"gpu": "", "bus_id": bus_id, "model": "unknown"}
+        labels = reading.labels() if reading else unread_labels(bus_id)
         answers = reading is not None and reading.lost is None and reading.hung is None
         samples.append(Sample(ANSWERS, int(answers), labels))
         if reading is None and unnamed:
@@ -152,6 +152,11 @@ def check_gpu_count(ctx: CheckContext) -> Iterator[Result]:
             yield _missing_result(bus_id, by_bdf[bus_id].driver)
     yield from _nvml_only_results(snapshot.gpus, set(by_bdf))
     yield _node_result(ctx, len(meant), snapshot.gpus, samples)
+
+
+def unread_labels(bus_id: str) -> dict[str, str]:
+    """A GPU's labels where NVML gave no reading of it: its bus id alone."""
+    return {"gpu": "", "bus_id": bus_id, "model": "unknown"}
 
 
 def _missing_result(bus_id: str, driver: str | None) -> Result:
@@ -246,8 +251,7 @@ def _without_nvml(
     """NVML cannot answer. With no GPU on the bus for this host that is a CPU node: skip."""
     cause = unavailable.details.get("cause")
     if cause in SILENT_CAUSES:
-        unknown = {"gpu": "", "model": "unknown"}
-        samples += [Sample(ANSWERS, 0, {**unknown, "bus_id": bdf}) for bdf in meant]
+        samples += [Sample(ANSWERS, 0, unread_labels(bdf)) for bdf in meant]
     expected = ctx.config.expected_gpus
     if expected is not None and len(meant) < expected:
         # Whatever NVML says, at most the GPUs on the bus can answer: fewer than expected.
