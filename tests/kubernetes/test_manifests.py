@@ -12,6 +12,7 @@ import importlib
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -338,18 +339,14 @@ def container_port() -> int:
     return number
 
 
-def test_the_port_and_the_probes_are_what_the_agent_serves(dgx: Node, tmp_path: Path) -> None:
-    """The agent started with the DaemonSet's own options and configuration (the host's
-    paths replaced by the replica's, the port by a free one): each probe's path answers
-    200 on the port the configuration listens on, the container's port."""
-    text = configmap_toml()
-    assert f'listen = ":{container_port()}"' in text
-    port = free_port()
+def _start_daemonset_agent(
+    dgx: Node, tmp_path: Path, text: str, port: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """The agent with the DaemonSet's options and configuration `text`, the host's paths
+    replaced by the replica's and the port by `port`; its log file."""
     text = without_kubernetes_table(text).replace(f":{container_port()}", f":{port}")
     text = text.replace("/var/lib/nodecheck", str(tmp_path / "state"))
-    (tmp_path / "state").mkdir()  # the DaemonSet's hostPath volume; one given must exist
     text = text.replace("/run/nodecheck/agent", str(tmp_path / "results"))
-    (tmp_path / "results").mkdir()  # the hostPath volume, DirectoryOrCreate
     (tmp_path / "agent.toml").write_text(text)
     replaced = {
         option("--config"): str(tmp_path / "agent.toml"),
@@ -365,6 +362,36 @@ def test_the_port_and_the_probes_are_what_the_agent_serves(dgx: Node, tmp_path: 
             stdout=subprocess.DEVNULL,
             stderr=sink,
         )
+    return agent, log
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_port_and_the_probes_are_what_the_agent_serves(dgx: Node, tmp_path: Path) -> None:
+    """The agent started with the DaemonSet's own options and configuration (the host's
+    paths replaced by the replica's, the port by a free one): each probe's path answers
+    200 on the port the configuration listens on, the container's port."""
+    text = configmap_toml()
+    assert f'listen = ":{container_port()}"' in text
+    (tmp_path / "state").mkdir()  # the DaemonSet's hostPath volume; one given must exist
+    (tmp_path / "results").mkdir()  # the hostPath volume, DirectoryOrCreate
+    # A port free when picked may be another socket's by the time the agent binds it (an
+    # outgoing connection's local port): then the agent says so and exits, and the test
+    # picks another. Any other exit is the test's failure, below.
+    for _ in range(3):
+        port = free_port()
+        agent, log = _start_daemonset_agent(dgx, tmp_path, text, port)
+
+        def bound(agent: subprocess.Popen[bytes] = agent, port: int = port) -> bool:
+            return agent.poll() is not None or _listening(port)
+
+        wait_for(bound, 60, "the agent to bind")
+        if agent.poll() is None or "address in use" not in log.read_text():
+            break
     try:
         for probe in ("livenessProbe", "readinessProbe"):
             http = agent_container()[probe]["httpGet"]
