@@ -91,6 +91,21 @@ REPEAT_REMEDY = (
 )
 THERMAL_REMEDY = "check the node's cooling: fans, airflow, inlet temperature"
 UNKNOWN_REMEDY = "look it up in the Fabric Manager user guide's SXid tables"
+# What NVIDIA's NVSentinel mapping asks for beyond the reset (checks/node/sxid_catalog.py),
+# by its action: said after the reboot, which clears the fatal state but not a bad cable.
+FOLLOW_UP = {
+    "CHECK_LINK_MECHANICAL_CONNECTIONS": "NVIDIA's mapping asks to check this link's cables "
+    "and connectors (reseat them) before the node takes jobs again",
+    "INVESTIGATE_LINK_SI": "NVIDIA's mapping asks to investigate this link's signal "
+    "integrity (nvidia-smi nvlink -e counters, cables, connectors)",
+    "RUN_FIELDDIAG": "NVIDIA's mapping asks for NVIDIA's field diagnostics (fieldiag) on the node",
+    "UNEXPECTED_ERR_REPORT_ISSUE": "NVIDIA's mapping calls this error unexpected: report "
+    "it to NVIDIA with the output of nvidia-bug-report.sh",
+    "REPORT_ISSUE": "NVIDIA's mapping asks to report it to NVIDIA with the output of "
+    "nvidia-bug-report.sh",
+    "CHECK_FM_CONFIG": "NVIDIA's mapping points at Fabric Manager's configuration "
+    "(/usr/share/nvidia/nvswitch/fabricmanager.cfg) and the partition it set up",
+}
 
 
 def nvswitch_subject(bdf: str) -> str:
@@ -141,6 +156,8 @@ def judge_sxid(
     if fatal_now:
         always = info.kind is SxidKind.ALWAYS_FATAL
         remedy = REBOOT_REMEDY if always else PARTITION_REBOOT_REMEDY
+        if follow_up := FOLLOW_UP.get(info.action):
+            remedy = f"{remedy}; {follow_up}"
         if shown.at is None:
             text += ": the log gives no time, so it may be from this boot"
         summary = f"{text}: fails until the next boot"

@@ -13,18 +13,19 @@ instance 00", "..., 12028, Data {0x00000000, ...}"). A detail line whose headlin
 in the log (the ring buffer wrapped past it, or printk's rate limit dropped it) still
 tells that the SXid happened: it counts as that SXid, its severity the catalog's.
 
-The catalog is the Fabric Manager User Guide's (docs.nvidia.com/datacenter/tesla/
-fabric-manager-user-guide/, "NVSwitch SXid Errors": non-fatal, fatal, always
-fatal and other notable SXids; DU-09883-001), as leptonai/gpud transcribes it in
-components/accelerator/nvidia/sxid/sxid.go, reconciled code by code with NVIDIA's
-NVSentinel mapping (NVIDIA/NVSentinel, distros/kubernetes/nvsentinel/charts/
-nvswitch-health-monitor/sxiderrorsmapping.csv: each code's NVSWITCH_ERR_* name, its
-action and FATAL or NONFATAL). Where the two disagree NVSentinel wins: it is NVIDIA's
-newer and machine-read source, keyed by the driver's own error names, where the guide's
-tables are prose of an older driver; its RESET_FABRIC is the guide's "always fatal" (the
-whole fabric resets, so the host restarts), its other FATAL actions (a GPU reset, the
-NVLink workflow, the link's signal) are fatal to the partition. The codes that moved are
-listed under RECONCILED. A fatal SXid is fatal to the partition using that port: its
+The catalog holds every code of NVIDIA's NVSentinel mapping (NVIDIA/NVSentinel,
+distros/kubernetes/nvsentinel/charts/nvswitch-health-monitor/sxiderrorsmapping.csv:
+each code's NVSWITCH_ERR_* name, its action and FATAL or NONFATAL; checks/node/
+sxid_catalog.py), with the words of the Fabric Manager User Guide (docs.nvidia.com/
+datacenter/tesla/fabric-manager-user-guide/, "NVSwitch SXid Errors": non-fatal, fatal,
+always fatal and other notable SXids; DU-09883-001, as leptonai/gpud transcribes it in
+components/accelerator/nvidia/sxid/sxid.go) where the guide names the code. Where the
+two disagree on a code's kind NVSentinel wins: it is NVIDIA's newer and machine-read
+source, keyed by the driver's own error names, where the guide's tables are prose of an
+older driver; its RESET_FABRIC is the guide's "always fatal" (the whole fabric resets, so
+the host restarts), its other FATAL actions (a GPU reset, the NVLink workflow, the
+link's signal) are fatal to the partition. The codes that moved are listed under
+RECONCILED. A fatal SXid is fatal to the partition using that port: its
 GPUs and NVSwitches need a reset (the guide: restart the guest VM, or reset the GPUs and
 NVSwitches); an always-fatal one is fatal to the whole fabric: the host must restart.
 The severity the line writes ("Fatal", "Non-fatal") comes first, as the running driver's
@@ -40,6 +41,7 @@ from dataclasses import field
 
 from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
 from nodecheck.checks.node.patterns import LazyPattern
+from nodecheck.checks.node.sxid_catalog import NVSENTINEL_SXIDS, SxidAction
 from nodecheck.checks.record import record
 
 
@@ -53,115 +55,156 @@ class SxidKind(str, enum.Enum):
 
 @record
 class SxidInfo:
+    """An SXid code as the catalog knows it: the guide's words for it where the guide
+    has some, else the driver's error name; NVSentinel's action ("" where NVSentinel
+    does not list the code)."""
+
     name: str
     kind: SxidKind
+    action: str = ""
 
 
-_NONFATAL = {
-    10001: "host PRIV error",
-    10002: "host PRIV timeout",
-    11012: "single bit ECC error",
-    11021: "single bit ECC error",
-    11022: "single bit ECC error",
-    11023: "single bit ECC error",
-    12021: "single bit ECC error",
-    12023: "single bit ECC error",
-    15008: "single bit ECC error",
-    15011: "single bit ECC error",
-    19049: "single bit ECC error",
-    19055: "single bit ECC error",
-    19057: "single bit ECC error",
-    19059: "single bit ECC error",
-    19062: "single bit ECC error",
-    19065: "single bit ECC error",
-    19068: "single bit ECC error",
-    19071: "single bit ECC error",
-    20001: "TX replay error",
-    22013: "minion link DLREQ interrupt",
-    24001: "single bit ECC error",
-    24002: "single bit ECC error",
-    24003: "single bit ECC error",
+# The Fabric Manager guide's tables as gpud transcribes them: each code's words and the
+# guide's kind. Where NVSentinel's mapping gives another kind, NVSentinel's is the
+# catalog's (RECONCILED); this is the guide's, kept to say where the two part.
+_GUIDE: dict[int, tuple[str, SxidKind]] = {
+    **{
+        code: (name, SxidKind.NONFATAL)
+        for code, name in {
+            11004: "ingress invalid ACL",
+            11012: "single bit ECC error",
+            11021: "single bit ECC error",
+            11022: "single bit ECC error",
+            11023: "single bit ECC error",
+            12021: "single bit ECC error",
+            12023: "single bit ECC error",
+            12028: "egress non-posted PRIV error",
+            15008: "single bit ECC error",
+            15011: "single bit ECC error",
+            19049: "single bit ECC error",
+            19055: "single bit ECC error",
+            19057: "single bit ECC error",
+            19059: "single bit ECC error",
+            19062: "single bit ECC error",
+            19065: "single bit ECC error",
+            19068: "single bit ECC error",
+            19071: "single bit ECC error",
+            19084: "AN1 heartbeat timeout",
+            20001: "TX replay error",
+            20009: "RX short error rate",
+            20012: "broken or inconsistent connection",
+            22013: "minion link DLREQ interrupt",
+            24001: "single bit ECC error",
+            24002: "single bit ECC error",
+            24003: "single bit ECC error",
+        }.items()
+    },
+    **{
+        code: (name, SxidKind.FATAL)
+        for code, name in {
+            10001: "host PRIV error",
+            10002: "host PRIV timeout",
+            11001: "ingress invalid command",
+            11009: "ingress invalid VCSet",
+            11013: "ingress header DBE",
+            11018: "ingress RID DBE",
+            11019: "ingress RLAN DBE",
+            11020: "ingress control parity",
+            12001: "egress crossbar overflow",
+            12002: "egress packet route",
+            12022: "egress input ECC DBE error",
+            12024: "egress output ECC DBE error",
+            12025: "egress credit overflow",
+            12026: "egress destination request ID error",
+            12027: "egress destination response ID error",
+            12030: "egress control parity error",
+            12031: "egress credit parity error",
+            12032: "egress flit type mismatch",
+            14017: "TS ATO timeout",
+            15001: "route buffer over/underflow",
+            15006: "route transdone over/underflow",
+            15009: "route GLT DBE",
+            15010: "route parity",
+            15012: "route incoming DBE",
+            15013: "route credit parity",
+            19047: "NCISOC HDR ECC DBE error",
+            19048: "NCISOC DAT ECC DBE error",
+            19054: "HDR RAM ECC DBE error",
+            19056: "DAT0 RAM ECC DBE error",
+            19058: "DAT1 RAM ECC DBE error",
+            19060: "CREQ RAM HDR ECC DBE error",
+            19061: "CREQ RAM DAT ECC DBE error",
+            19063: "response RAM HDR ECC DBE error",
+            19064: "response RAM DAT ECC DBE error",
+            19066: "COM RAM HDR ECC DBE error",
+            19067: "COM RAM DAT ECC DBE error",
+            19069: "RSP1 RAM HDR ECC DBE error",
+            19070: "RSP1 RAM DAT ECC DBE error",
+            20034: "LTSSM fault up",
+            22012: "minion link NA interrupt",
+            24004: "sourcetrack TCEN0 crumbstore DBE",
+            24005: "sourcetrack TCEN0 TD crumbstore DBE",
+            24006: "sourcetrack TCEN1 crumbstore DBE",
+            24007: "sourcetrack timeout error",
+        }.items()
+    },
+    **{
+        code: (name, SxidKind.ALWAYS_FATAL)
+        for code, name in {
+            10003: "host unhandled interrupt",
+            12020: "egress sequence ID error",
+            22003: "minion halt",
+            22011: "minion exterror",
+            23001: "ingress SRC-VC buffer overflow",
+            23002: "ingress SRC-VC buffer underflow",
+            23003: "egress DST-VC credit overflow",
+            23004: "egress DST-VC credit underflow",
+            23005: "ingress packet burst error",
+            23006: "ingress packet sticky error",
+            23007: "possible bubbles at ingress",
+            23008: "ingress packet invalid dst error",
+            23009: "ingress packet parity error",
+            23010: "ingress SRC-VC buffer overflow",
+            23011: "ingress SRC-VC buffer underflow",
+            23012: "egress DST-VC credit overflow",
+            23013: "egress DST-VC credit underflow",
+            23014: "ingress packet burst error",
+            23015: "ingress packet sticky error",
+            23016: "possible bubbles at ingress",
+            23017: "ingress credit parity error",
+        }.items()
+    },
+    # Not fatal to the fabric, but "system cooling might be insufficient" (the guide).
+    10004: ("thermal event start", SxidKind.THERMAL),
+    10005: ("thermal event end", SxidKind.THERMAL),
 }
-_FATAL = {
-    11001: "ingress invalid command",
-    11004: "ingress invalid ACL",
-    11009: "ingress invalid VCSet",
-    11013: "ingress header DBE",
-    11018: "ingress RID DBE",
-    11019: "ingress RLAN DBE",
-    11020: "ingress control parity",
-    12001: "egress crossbar overflow",
-    12002: "egress packet route",
-    12022: "egress input ECC DBE error",
-    12024: "egress output ECC DBE error",
-    12025: "egress credit overflow",
-    12026: "egress destination request ID error",
-    12027: "egress destination response ID error",
-    12030: "egress control parity error",
-    12031: "egress credit parity error",
-    15001: "route buffer over/underflow",
-    15006: "route transdone over/underflow",
-    15009: "route GLT DBE",
-    15010: "route parity",
-    15012: "route incoming DBE",
-    15013: "route credit parity",
-    19047: "NCISOC HDR ECC DBE error",
-    19048: "NCISOC DAT ECC DBE error",
-    19054: "HDR RAM ECC DBE error",
-    19056: "DAT0 RAM ECC DBE error",
-    19058: "DAT1 RAM ECC DBE error",
-    19060: "CREQ RAM HDR ECC DBE error",
-    19061: "CREQ RAM DAT ECC DBE error",
-    19063: "response RAM HDR ECC DBE error",
-    19064: "response RAM DAT ECC DBE error",
-    19066: "COM RAM HDR ECC DBE error",
-    19067: "COM RAM DAT ECC DBE error",
-    19069: "RSP1 RAM HDR ECC DBE error",
-    19070: "RSP1 RAM DAT ECC DBE error",
-    20009: "RX short error rate",
-    20012: "broken or inconsistent connection",
-    20034: "LTSSM fault up",
-    22012: "minion link NA interrupt",
-    23009: "ingress packet parity error",
-    23017: "ingress credit parity error",
-    24004: "sourcetrack TCEN0 crumbstore DBE",
-    24005: "sourcetrack TCEN0 TD crumbstore DBE",
-    24006: "sourcetrack TCEN1 crumbstore DBE",
-    24007: "sourcetrack timeout error",
-}
-_ALWAYS_FATAL = {
-    10003: "host unhandled interrupt",
-    12020: "egress sequence ID error",
-    12028: "egress non-posted PRIV error",
-    12032: "egress flit type mismatch",
-    14017: "TS ATO timeout",
-    19084: "AN1 heartbeat timeout",
-    22003: "minion halt",
-    22011: "minion exterror",
-    23001: "ingress SRC-VC buffer overflow",
-    23002: "ingress SRC-VC buffer underflow",
-    23003: "egress DST-VC credit overflow",
-    23004: "egress DST-VC credit underflow",
-    23005: "ingress packet burst error",
-    23006: "ingress packet sticky error",
-    23007: "possible bubbles at ingress",
-    23008: "ingress packet invalid dst error",
-    23010: "ingress SRC-VC buffer overflow",
-    23011: "ingress SRC-VC buffer underflow",
-    23012: "egress DST-VC credit overflow",
-    23013: "egress DST-VC credit underflow",
-    23014: "ingress packet burst error",
-    23015: "ingress packet sticky error",
-    23016: "possible bubbles at ingress",
-}
-# Not fatal to the fabric, but "system cooling might be insufficient" (the guide).
-# NVSentinel maps 10004 to CHECK_THERMALS, FATAL: kept a thermal event here, a warning for
-# a day, since the event starts and ends by itself and drains nothing of the fabric; the
-# GPUs' own temperature against their slowdown threshold is gpu_state's to judge.
-_THERMAL = {10004: "thermal event start", 10005: "thermal event end"}
 
-# Where the guide (as gpud transcribes it) and NVSentinel's mapping disagree, the kind
-# the guide gave: NVSentinel's is the catalog's (see the module's docstring).
+# A thermal event's end (NVSentinel: IGNORE) is a thermal event of the day all the same:
+# the guide counts 10005 with 10004, and the OSFP transceivers' warning and over-temperature
+# ends are their starts' pairs.
+_THERMAL_ENDS = frozenset({10005, 28002, 28004})
+
+
+def nvsentinel_kind(code: int, action: SxidAction) -> SxidKind:
+    """The catalog's kind of a code from NVSentinel's action: RESET_FABRIC is the guide's
+    "always fatal" (the whole fabric resets, so the host restarts); CHECK_THERMALS a
+    thermal event, a warning for a day, since the event starts and ends by itself and
+    drains nothing of the fabric (the GPUs' own temperature is gpu_state's to judge);
+    IGNORE non-fatal; every other action (a GPU reset, the NVLink workflow, the link's
+    signal or cables, field diagnostics, a report to NVIDIA, Fabric Manager's
+    configuration) is FATAL in the mapping, fatal to the partition using that port."""
+    if action is SxidAction.RESET_FABRIC:
+        return SxidKind.ALWAYS_FATAL
+    if action is SxidAction.THERMALS or code in _THERMAL_ENDS:
+        return SxidKind.THERMAL
+    if action is SxidAction.IGNORE:
+        return SxidKind.NONFATAL
+    return SxidKind.FATAL
+
+
+# Where the guide (as gpud transcribes it) and NVSentinel's mapping part: the guide's kind,
+# then NVSentinel's row. NVSentinel's is the catalog's (see the module's docstring);
+# tests/checks/test_sxid.py holds this list to exactly the codes where the two differ.
 RECONCILED: dict[int, str] = {
     10001: "fatal in the guide; NVSentinel: HOST_PRIV_ERROR, IGNORE, NONFATAL",
     10002: "fatal in the guide; NVSentinel: HOST_PRIV_TIMEOUT, IGNORE, NONFATAL",
@@ -180,12 +223,23 @@ RECONCILED: dict[int, str] = {
     "WORKFLOW_NVLINK_POTENTIALY_FATAL_ERR (the partition's)",
 }
 
-SXID_CATALOG: dict[int, SxidInfo] = {
-    **{code: SxidInfo(name, SxidKind.NONFATAL) for code, name in _NONFATAL.items()},
-    **{code: SxidInfo(name, SxidKind.FATAL) for code, name in _FATAL.items()},
-    **{code: SxidInfo(name, SxidKind.ALWAYS_FATAL) for code, name in _ALWAYS_FATAL.items()},
-    **{code: SxidInfo(name, SxidKind.THERMAL) for code, name in _THERMAL.items()},
-}
+
+def guide_kind(code: int) -> SxidKind | None:
+    """The Fabric Manager guide's kind of `code`; None where the guide does not list it."""
+    listed = _GUIDE.get(code)
+    return None if listed is None else listed[1]
+
+
+def _catalog() -> dict[int, SxidInfo]:
+    catalog = {code: SxidInfo(name, kind) for code, (name, kind) in _GUIDE.items()}
+    for code, (driver_name, action) in NVSENTINEL_SXIDS.items():
+        guide = _GUIDE.get(code)
+        name = guide[0] if guide else driver_name or "unnamed"
+        catalog[code] = SxidInfo(name, nvsentinel_kind(code, action), action.value)
+    return catalog
+
+
+SXID_CATALOG: dict[int, SxidInfo] = _catalog()
 
 
 def classify_sxid(sxid: int) -> SxidInfo:

@@ -25,8 +25,10 @@ from nodecheck.checks.node.sxid import (
     SxidEvent,
     SxidKind,
     classify_sxid,
+    guide_kind,
     parse_sxids,
 )
+from nodecheck.checks.node.sxid_catalog import NVSENTINEL_SXIDS, SxidAction
 from nodecheck.checks.result import UNPRIVILEGED, Action, Status
 from tests.checks.literal_facts import context
 from tests.conftest import Node
@@ -161,14 +163,85 @@ def test_a_detail_line_whose_sxid_line_is_lost_stands_for_it() -> None:
         (12028, SxidKind.ALWAYS_FATAL),  # egress PRIV response: RESET_FABRIC
         (20012, SxidKind.FATAL),  # CRC counter: CHECK_LINK_MECHANICAL_CONNECTIONS
         (23009, SxidKind.FATAL),  # tile ingress parity: the NVLink workflow, the partition
+        # Codes only NVSentinel lists: one of each of its actions.
+        (11002, SxidKind.NONFATAL),  # IGNORE
+        (26001, SxidKind.ALWAYS_FATAL),  # SOE reset: RESET_FABRIC
+        (14001, SxidKind.FATAL),  # RESET_GPU
+        (11007, SxidKind.FATAL),  # WORKFLOW_NVLINK_POTENTIALY_FATAL_ERR
+        (18001, SxidKind.FATAL),  # INVESTIGATE_LINK_SI
+        (19036, SxidKind.FATAL),  # RUN_FIELDDIAG
+        (13001, SxidKind.FATAL),  # UNEXPECTED_ERR_REPORT_ISSUE
+        (28006, SxidKind.FATAL),  # REPORT_ISSUE
+        (27001, SxidKind.FATAL),  # CCI reset: CHECK_LINK_MECHANICAL_CONNECTIONS
+        (28001, SxidKind.THERMAL),  # OSFP thermal warning: CHECK_THERMALS
+        (28002, SxidKind.THERMAL),  # ... and its end (IGNORE), as 10005 is 10004's
     ],
 )
 def test_the_catalog(code: int, kind: SxidKind) -> None:
     assert classify_sxid(code).kind is kind
 
 
-def test_every_reconciled_code_is_in_the_catalog() -> None:
-    assert set(RECONCILED) <= set(SXID_CATALOG)
+def test_reconciled_lists_exactly_the_codes_where_the_guide_and_nvsentinel_part() -> None:
+    parted = {
+        code
+        for code in SXID_CATALOG
+        if guide_kind(code) is not None and guide_kind(code) is not SXID_CATALOG[code].kind
+    }
+    assert parted == set(RECONCILED)
+    for code, said in RECONCILED.items():
+        assert said.startswith(f"{guide_kind(code).value} in the guide"), (code, said)
+        assert SXID_CATALOG[code].action in said, (code, said)
+
+
+def test_every_nvsentinel_code_keeps_its_severity() -> None:
+    """Fatal in the catalog exactly where NVSentinel says FATAL, but for the thermal
+    events, which warn (checks/node/sxid.py nvsentinel_kind says why)."""
+    assert set(NVSENTINEL_SXIDS) <= set(SXID_CATALOG)
+    for code, (_, action) in NVSENTINEL_SXIDS.items():
+        kind = SXID_CATALOG[code].kind
+        if kind is SxidKind.THERMAL:
+            assert action in (SxidAction.THERMALS, SxidAction.IGNORE), code
+            continue
+        assert (kind in (SxidKind.FATAL, SxidKind.ALWAYS_FATAL)) == action.fatal, code
+        assert (kind is SxidKind.ALWAYS_FATAL) == (action is SxidAction.RESET_FABRIC), code
+
+
+# Each thousand of SXid codes is one unit of the NVSwitch (the driver's NVSWITCH_ERR_HW_*
+# groups), so a transcribed name under the wrong thousand is a typo in the table.
+UNITS = {
+    10: "HOST_",
+    11: "NPORT_INGRESS_",
+    12: "NPORT_EGRESS_",
+    13: "NPORT_FSTATE_",
+    14: "NPORT_TSTATE_",
+    15: "NPORT_ROUTE_",
+    16: "NPORT_",
+    17: "NVLCTRL_",
+    18: "NVLIPT_",
+    19: "NVLTLC_",
+    20: "DLPL_",
+    21: "AFS_",
+    22: "MINION_",
+    23: "NXBAR_",
+    24: "NPORT_SOURCETRACK_",
+    25: "NVLIPT_LNK_",
+    26: "SOE_",
+    27: "CCI_",
+    28: "OSFP_",
+    29: "NPORT_MULTICASTTSTATE_",
+    30: "NPORT_REDUCTIONTSTATE_",
+}
+
+
+def test_the_transcribed_names_sit_under_their_units() -> None:
+    codes = sorted(NVSENTINEL_SXIDS)
+    for code in codes:
+        name = NVSENTINEL_SXIDS[code][0]
+        assert name.startswith(UNITS[code // 1000]) or code == 28006, (code, name)
+    # Each unit's codes run from 1 without a gap, as the driver numbers them.
+    for unit in UNITS:
+        numbers = [code % 1000 for code in codes if code // 1000 == unit]
+        assert numbers == list(range(1, len(numbers) + 1)), unit
 
 
 def sxid(code: int, fatal: bool | None, ago: float | None) -> SxidEvent:
@@ -201,6 +274,8 @@ HOUR = 3600.0
         ([sxid(12028, False, 30 * HOUR)] * 10, Status.OK, "", "no action"),
         # a thermal event: cooling
         ([sxid(10004, None, 60)], Status.WARN, THERMAL_REMEDY, "thermal event start"),
+        # only NVSentinel lists it (SOE timeout, RESET_FABRIC): the catalog's, no lookup
+        ([sxid(26004, None, 60)], Status.FAIL, REBOOT_REMEDY, "SOE_TIMEOUT x1 (1 fatal)"),
         # not in the catalog and no word on the line: looked up
         ([sxid(99999, None, 60)], Status.WARN, "", "not in the catalog"),
     ],
@@ -213,6 +288,22 @@ def test_judge_sxid(events: list[SxidEvent], status: Status, remedy: str, says: 
         assert judged.remedy == remedy
     assert bool(judged.remedy) == (status is not Status.OK)
     assert judged.fatal_now == (status is Status.FAIL)
+
+
+@pytest.mark.parametrize(
+    ("code", "asks"),
+    [
+        (20012, "cables and connectors"),  # CHECK_LINK_MECHANICAL_CONNECTIONS
+        (18001, "signal integrity"),  # INVESTIGATE_LINK_SI
+        (19036, "field diagnostics"),  # RUN_FIELDDIAG
+        (13001, "nvidia-bug-report.sh"),  # UNEXPECTED_ERR_REPORT_ISSUE
+        (11004, "fabricmanager.cfg"),  # CHECK_FM_CONFIG
+    ],
+)
+def test_a_fatal_sxid_says_what_nvidia_asks_beyond_the_reboot(code: int, asks: str) -> None:
+    judged = judge_sxid(code, [sxid(code, True, 60)], NOW, NOW - 86_400)
+    assert judged.status is Status.FAIL and judged.action is Action.REBOOT
+    assert judged.remedy.startswith(PARTITION_REBOOT_REMEDY) and asks in judged.remedy
 
 
 def test_a_fatal_line_from_before_the_boot_hides_nothing_of_this_boot() -> None:
