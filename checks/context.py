@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nodecheck.checks.config import CheckConfig
+from nodecheck.checks.node.aer import AerHistory
 from nodecheck.checks.node.facts import (
     FactsSource,
     LiveFacts,
@@ -99,6 +100,8 @@ class CheckContext:
     gpu_history: GpuHistory = field(default_factory=GpuHistory)
     # The previous RDMA port counter readings, for rates; kept by the agent likewise.
     port_counter_history: PortCounterHistory = field(default_factory=PortCounterHistory)
+    # The previous AER counter readings of the GPUs' and NICs' paths, likewise.
+    aer_history: AerHistory = field(default_factory=AerHistory)
     # XIDs from the agent's NVML event listener; None in a one-shot run.
     xid_log: XidLog | None = None
     # Where the kernel log is read for XIDs; None means <rootfs>/dev/kmsg.

@@ -56,6 +56,7 @@ from nodecheck.agent.web.auth import BasicAuth, parse_basic_auth
 from nodecheck.agent.web.config import WebConfig, WebConfigError, load_web_config
 from nodecheck.agent.web.server import serve
 from nodecheck.checks.context import CheckContext, SharedReads
+from nodecheck.checks.node.aer import AerHistory
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.gpu import GpuHistory
@@ -194,6 +195,7 @@ class Agent:
         self.store = ResultStore()
         self.history = GpuHistory()
         self.port_counter_history = PortCounterHistory()
+        self.aer_history = AerHistory()
         self.shared = SharedReads(ttl_s=SHARED_READS_TTL_S)
         self.xid_log = XidLog()
         self.nvml = NvmlSession(
@@ -249,6 +251,7 @@ class Agent:
             nvml=self.nvml,
             gpu_history=self.history,
             port_counter_history=self.port_counter_history,
+            aer_history=self.aer_history,
             xid_log=self.xid_log,
             kernel_log=self.config.kernel_log,
             shared=self.shared,

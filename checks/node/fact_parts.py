@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from nodecheck.checks.node.facts import DERIVED, FactsSource, NodeSources, lazy_type, part
 
 if TYPE_CHECKING:
+    from nodecheck.checks.node.aer import AerReading
     from nodecheck.checks.node.gpu import GpuSnapshot
     from nodecheck.checks.node.inventory import Inventory
     from nodecheck.checks.node.pci import PciDevice
@@ -217,6 +218,7 @@ def read_torch_version_part(sources: NodeSources, facts: FactsSource) -> Any:
 
 
 if TYPE_CHECKING:
+    from nodecheck.checks.node.aer import AerReading
     from nodecheck.checks.node.cpu import CpuGovernors
     from nodecheck.checks.node.net import RdmaPortCounterReading
     from nodecheck.checks.node.numa import NumaBalancing
@@ -240,6 +242,22 @@ def read_pcie_acs_part(sources: NodeSources, facts: FactsSource) -> SwitchPortAc
     inventory: Inventory = facts.get("inventory")
     switch_ports = {bdf for device in inventory.pci.values() for bdf in device.parents[1:]}
     return read_switch_port_acs(sources.fs, switch_ports)
+
+
+@part("pcie_aer", lazy_type("aer", "AerReading"))
+def read_pcie_aer_part(sources: NodeSources, facts: FactsSource) -> AerReading:
+    """The AER error counters of every device on the paths of the GPUs and RDMA NICs,
+    root port to endpoint (an endpoint's errors often count at its link partner)."""
+    from nodecheck.checks.node.aer import read_aer, watched_endpoints
+
+    inventory: Inventory = facts.get("inventory")
+    paths = {
+        bdf: str(inventory.pci[bdf].sysfs_dir)
+        for endpoint in watched_endpoints(inventory)
+        for bdf in endpoint.chain
+        if bdf in inventory.pci
+    }
+    return read_aer(paths)
 
 
 @part("rdma_port_counters", lazy_type("net", "RdmaPortCounterReading"))

@@ -1,4 +1,4 @@
-"""The kernel log as facts: its XID and SXid lines, parsed, never its whole text.
+"""The kernel log as facts: its XID, SXid and AER lines, parsed, never its whole text.
 
 A capture must be safe to send, and a kernel log holds more than GPU errors (user
 names in audit lines, addresses): only the lines nodecheck judges are kept, each cut
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from nodecheck.checks.node import kernel_log as kernel_log_module
+from nodecheck.checks.node.aer import AerEvent, parse_aer_events
 from nodecheck.checks.node.fs import NodeFS, ReadError
 from nodecheck.checks.node.kernel_log import cut_note, unreadable_log_remedy
 from nodecheck.checks.node.sxid import SxidEvent, parse_sxids
@@ -34,7 +35,8 @@ class KernelLogUnreadable:
 
 @record
 class KernelLogFacts:
-    """The XIDs and SXids of the kernel log at `source`, or why it could not be read."""
+    """The XIDs, SXids and AER error groups of the kernel log at `source`, or why it
+    could not be read."""
 
     source: str  # the path read (or DEFAULT_SOURCE when even the path failed)
     boot_time: float | None  # when this boot began, wall-clock seconds (/proc/stat btime)
@@ -43,6 +45,7 @@ class KernelLogFacts:
     cut: str | None = None  # "the last 16 MiB of 40 MiB" when only the tail was read
     notes: tuple[str, ...] = ()  # what reading the log inferred (KernelLogText.notes)
     unreadable: KernelLogUnreadable | None = None
+    aer: tuple[AerEvent, ...] = ()
 
     def misdated(self, taken_at: float) -> tuple[str, str] | None:
         """The field of a capture taken at `taken_at` whose time no node gives, and why: a
@@ -58,6 +61,7 @@ class KernelLogFacts:
         events: list[tuple[str, float | None]] = [
             *((f"xids[{index}].at", event.at) for index, event in enumerate(self.xids)),
             *((f"sxids[{index}].at", event.at) for index, event in enumerate(self.sxids)),
+            *((f"aer[{index}].at", event.at) for index, event in enumerate(self.aer)),
         ]
         for where, at in events:
             if at is not None and not 0 <= at <= latest:
@@ -98,11 +102,13 @@ def read_log_facts(kernel_log: Path | None, fs: NodeFS) -> KernelLogFacts:
     except ReadError as err:
         unreadable = KernelLogUnreadable(str(err), err.reason, unreadable_log_remedy(err))
         return KernelLogFacts(source, boot_time, unreadable=unreadable)
+    now = time.time()
     return KernelLogFacts(
         source,
         boot_time,
         tuple(parse_kernel_log(read.text, boot_time)),
-        tuple(parse_sxids(read.text, boot_time, time.time())),
+        tuple(parse_sxids(read.text, boot_time, now)),
         cut_note(read),
         read.notes,
+        aer=tuple(parse_aer_events(read.text, boot_time, now)),
     )
