@@ -20,9 +20,11 @@ A node's CPUs are hwloc's: its own and those of the initiators of its memory
 read_node_initiators does), so a memory-only node (HBM, CXL, persistent memory) shows the
 CPUs it serves. hwloc has no NUMANode without memory: a node without memory (CPU-only,
 or a generic initiator's) whose CPUs memory nodes serve is left out of nodecheck's side
-too, each of its CPUs still counted in it for the check that every CPU is in one node. A capture without hwloc's expected reading is "not compared" (it is still
-read, to catch a crash). The last line sums up; the exit status is 0 only when nothing
-differs but those.
+too, each of its CPUs still counted in it for the check that every CPU is in one node.
+
+A capture without hwloc's expected reading is "not compared" (it is still read, to catch
+a crash). The last line sums up; the exit status is 0 only when nothing differs but
+those.
 
 hwloc's formats (hwloc's own documentation, "Exporting Topologies to XML" and lstopo's
 console output):

@@ -19,13 +19,13 @@ from functools import partial
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.gpu_assignment import GpuAssignment
 from nodecheck.checks.node.inventory import Inventory, Nic
-from nodecheck.checks.node.numa import memory_nodes_served
 from nodecheck.checks.node.nic_roles import (
     GPUDIRECT_REACH,
     NicRole,
     nic_roles,
     node_rail_problems,
 )
+from nodecheck.checks.node.numa import memory_nodes_served
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.variables import parse_count
