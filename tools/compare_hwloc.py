@@ -590,7 +590,8 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
                 differences.append(
                     f"node {number}: nodecheck no CPU, hwloc {format_cpulist(theirs)}"
                 )
-        elif ours_cpus != theirs and nesting_explains:
+        # Nesting explains a node's own CPUs, never what its initiators name.
+        elif ours_cpus != theirs and nesting_explains and (view.homes or view.numa).get(number):
             by_design.append(
                 f"node {number}: nodecheck CPUs {format_cpulist(ours_cpus)}, hwloc "
                 f"{format_cpulist(theirs) or 'none'}: hwloc nests nodes "
