@@ -12,10 +12,19 @@ nodecheck reports must be in one of its nodes. Some differences are hwloc's by d
 each said with its reason computed from the data: hwloc shows only the CPUs and nodes
 the capturing process was allowed (the capture's own cpuset, as nodecheck reads it, and
 its cpuset.mems), hides the memory nodes of NVIDIA GPUs, shows CPUs of an offline node in
-no node, gives a CPU-less node the CPUs of its locality, and leaves out objects whose CPU
-sets conflict. A capture without hwloc's expected reading is "not compared" (it is still
-read, to catch a crash). The last line sums up; the exit status is 0 only when nothing
-differs but those.
+no node, gives a CPU-less node without initiators the CPUs of its locality (from the
+distances, or the nesting of nodes), and leaves out objects whose CPU sets conflict.
+
+A node's CPUs are hwloc's: its own and those of the initiators of its memory
+(`accessN/initiators`, as checks.node.numa reads them and hwloc/topology-linux.c's
+read_node_initiators does), so a memory-only node (HBM, CXL, persistent memory) shows the
+CPUs it serves. hwloc has no NUMANode without memory: a node without memory (CPU-only,
+or a generic initiator's) whose CPUs memory nodes serve is left out of nodecheck's side
+too, each of its CPUs still counted in it for the check that every CPU is in one node.
+
+A capture without hwloc's expected reading is "not compared" (it is still read, to catch
+a crash). The last line sums up; the exit status is 0 only when nothing differs but
+those.
 
 hwloc's formats (hwloc's own documentation, "Exporting Topologies to XML" and lstopo's
 console output):
@@ -50,6 +59,7 @@ from nodecheck.checks.node.cgroup import (
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
 from nodecheck.checks.node.inventory import Inventory, read_inventory
+from nodecheck.checks.node.numa import NumaNode, served_cpus
 from tools.hwloc_captures import Capture, list_captures, unpack
 
 
@@ -252,7 +262,7 @@ class NodecheckView:
     packages: dict[int, frozenset[int]]  # package -> its CPUs
     cores: list[frozenset[int]]
     pus: frozenset[int]
-    numa: dict[int, frozenset[int]]
+    numa: dict[int, frozenset[int]]  # node -> its CPUs and those its memory serves
     unlisted_nodes: frozenset[int]  # nodes known only from the CPUs' nodeM links
     gpu_nodes: dict[int, str]  # NUMA node -> the NVIDIA GPU whose memory it is
     notes: list[str]
@@ -265,6 +275,12 @@ class NodecheckView:
     # The cpuset is its hierarchy's root ("/" in /proc/self/cgroup or /proc/self/cpuset):
     # the kernel keeps every online CPU in it, so it restricts nothing.
     cpuset_is_root: bool = False
+    # Each node's own CPUs (the node each CPU is in), CPU-only nodes included; empty:
+    # those of `numa`.
+    homes: dict[int, frozenset[int]] = field(default_factory=dict)
+    # Nodes without CPUs whose initiators the kernel does not name (no accessN
+    # directory, or an empty initiators list).
+    without_initiators: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, inventory: Inventory, fs: NodeFS) -> NodecheckView:
@@ -282,12 +298,22 @@ class NodecheckView:
         problems = [*inventory.cpu.problems.values()]
         problems += [node.problem for node in inventory.numa_nodes if node.problem]
         cpuset = read_cpuset(fs)
+        nodes = inventory.numa_nodes
+        numa = {node.number: served_cpus(nodes, node) or frozenset() for node in nodes}
+        for node in nodes:
+            if _served_elsewhere(nodes, node, numa):
+                del numa[node.number]
+                held = f"CPUs {format_cpulist(node.cpus)}" if node.cpus else "no CPU"
+                notes.append(
+                    f"node {node.number} holds {held} and no memory: no NUMANode in hwloc's "
+                    "view, its CPUs are those of the memory nodes that name it an initiator"
+                )
         return cls(
             {number: frozenset(cpus) for number, cpus in packages.items()},
             inventory.cpu.cores,
             frozenset(inventory.cpu.cpus),
-            {node.number: node.cpus for node in inventory.numa_nodes},
-            frozenset(node.number for node in inventory.numa_nodes if not node.listed),
+            numa,
+            frozenset(node.number for node in nodes if not node.listed),
             gpu_nodes,
             sorted(set(notes)),
             problems,
@@ -295,6 +321,8 @@ class NodecheckView:
             cpuset_mems(cpuset),
             cpuset.source,
             cpuset_cgroup(fs) == "/",
+            {node.number: node.cpus for node in nodes},
+            frozenset(n.number for n in nodes if not n.cpus and not n.initiators),
         )
 
     def restricted(self, allowed: frozenset[int], nodes: set[int]) -> NodecheckView:
@@ -318,7 +346,20 @@ class NodecheckView:
             self.cpuset_mems,
             self.cpuset_source,
             self.cpuset_is_root,
+            {n: cpus & allowed for n, cpus in self.homes.items()},
+            self.without_initiators,
         )
+
+
+def _served_elsewhere(
+    nodes: list[NumaNode], node: NumaNode, numa: dict[int, frozenset[int]]
+) -> bool:
+    """A node without memory as read (CPU-only, or a generic initiator's) each of whose
+    CPUs a memory node serves: hwloc shows its CPUs there, and no NUMANode for it."""
+    if node.holds_memory is not False:
+        return False
+    memory = [numa[n.number] for n in nodes if n.number != node.number and n.holds_memory]
+    return bool(memory) and node.cpus <= frozenset().union(*memory)
 
 
 def cpuset_cgroup(fs: NodeFS) -> str | None:
@@ -405,25 +446,28 @@ def _locality_of_cpuless(number: int, theirs: frozenset[int], view: NodecheckVie
     attaches a CPU-less (memory) node to an object, its locality, and the node's cpuset
     is that object's. Said only when `theirs` is exactly the CPUs of whole nodecheck
     nodes, of a package, or of the machine, each of them in a nodecheck node."""
-    with_cpus = {n: cpus for n, cpus in view.numa.items() if cpus and n != number}
+    with_cpus = {n: cpus for n, cpus in (view.homes or view.numa).items() if cpus and n != number}
     if not theirs <= frozenset().union(*with_cpus.values()):
         return None  # a locality's CPUs are in nodes of their own
+    # Where the kernel names no initiator, hwloc takes the locality from the distances
+    # (hwloc/topology-linux.c, fixup_cpuless_node_locality_from_distances).
+    why = " and no initiator named by the kernel" if number in view.without_initiators else ""
     inside = [n for n, cpus in with_cpus.items() if cpus <= theirs]
     union = frozenset().union(*(with_cpus[n] for n in inside)) if inside else frozenset()
     if inside and union == theirs:
         return (
-            f"node {number} has no CPU (memory only); hwloc gives it the CPUs "
+            f"node {number} has no CPU (memory only){why}; hwloc gives it the CPUs "
             f"{format_cpulist(theirs)} of node(s) {format_cpulist(inside)}, its locality"
         )
     for package, cpus in sorted(view.packages.items()):
         if cpus == theirs:
             return (
-                f"node {number} has no CPU (memory only); hwloc gives it the CPUs "
+                f"node {number} has no CPU (memory only){why}; hwloc gives it the CPUs "
                 f"{format_cpulist(theirs)} of package {package}, its locality"
             )
     if theirs == view.pus:
         return (
-            f"node {number} has no CPU (memory only); hwloc gives it every CPU "
+            f"node {number} has no CPU (memory only){why}; hwloc gives it every CPU "
             "(the machine is its locality)"
         )
     return None
@@ -483,7 +527,7 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
     # Every CPU nodecheck reports is in exactly one of its nodes, or in none where hwloc
     # puts it in none too.
     our_nodes: dict[int, list[int]] = {}
-    for number, cpus in view.numa.items():
+    for number, cpus in (view.homes or view.numa).items():
         for cpu in cpus:
             our_nodes.setdefault(cpu, []).append(number)
     in_several = frozenset(cpu for cpu, nodes in our_nodes.items() if len(nodes) > 1)
@@ -546,7 +590,8 @@ def compare(ours: NodecheckView, hwloc: HwlocView) -> Comparison:
                 differences.append(
                     f"node {number}: nodecheck no CPU, hwloc {format_cpulist(theirs)}"
                 )
-        elif ours_cpus != theirs and nesting_explains:
+        # Nesting explains a node's own CPUs, never what its initiators name.
+        elif ours_cpus != theirs and nesting_explains and (view.homes or view.numa).get(number):
             by_design.append(
                 f"node {number}: nodecheck CPUs {format_cpulist(ours_cpus)}, hwloc "
                 f"{format_cpulist(theirs) or 'none'}: hwloc nests nodes "

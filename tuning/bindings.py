@@ -25,6 +25,7 @@ from nodecheck.checks.node.nic_roles import (
     nic_roles,
     node_rail_problems,
 )
+from nodecheck.checks.node.numa import memory_nodes_served
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.variables import parse_count
@@ -42,6 +43,18 @@ class RankBinding:
     error: str = ""
     # Why the binding is not what it should be though it can run: ranks share CPUs.
     warning: str = ""
+    # Where its memory is bound when not on `numa_node`: the memory-only node (HBM, CXL)
+    # that serves a CPU-only node's CPUs. None: on `numa_node`, or (with
+    # `memory_unbound`) nowhere, the note saying why.
+    memory_node: int | None = None
+    memory_unbound: bool = False
+
+    @property
+    def membind(self) -> int | None:
+        """The node numactl's --membind names; None: memory is not bound."""
+        if self.memory_unbound:
+            return None
+        return self.memory_node if self.memory_node is not None else self.numa_node
 
     def numactl(self) -> list[str]:
         """The numactl command line that applies this binding (before the command). A
@@ -49,12 +62,12 @@ class RankBinding:
         numactl, and an empty affinity by sched_setaffinity(2) (EINVAL)."""
         if not self.cpus:
             raise ValueError(f"local rank {self.local_rank} has no CPU to bind to: {self.error}")
-        if self.numa_node is None:
+        if self.membind is None:
             return ["numactl", f"--physcpubind={format_cpulist(set(self.cpus))}"]
         return [
             "numactl",
             f"--physcpubind={format_cpulist(set(self.cpus))}",
-            f"--membind={self.numa_node}",
+            f"--membind={self.membind}",
         ]
 
 
@@ -460,6 +473,7 @@ def _bind_ranks(
                 ),
             )
     slices: dict[str, tuple[int | None, tuple[int, ...]]] = {}
+    memory: dict[str, tuple[int | None, str]] = {}  # bound elsewhere than its node: where
     for node, members in groups.items():
         group_cores = _cores_of(inventory, pools[node])
         taking = extras.get(node, [])
@@ -473,20 +487,27 @@ def _bind_ranks(
                 slices[bdf] = (None, cpus)
             group_cores = group_cores[:kept]
         shares = _split(group_cores, len(members), with_smt_siblings)
-        memory_allowed = allowed_nodes is None or node in allowed_nodes
+        target, why = memory_target(inventory, node) if node is not None else (None, "")
+        memory_allowed = allowed_nodes is None or target is None or target in allowed_nodes
         for bdf, cpus in zip(members, shares, strict=True):
             if bdf in unplaced:
                 slices[bdf] = (None, cpus)
-            elif memory_allowed:
+                continue
+            said = [why] if why else []
+            if memory_allowed:
                 slices[bdf] = (node, cpus)
+                if target != node:
+                    memory[bdf] = (target, why)
             else:
                 slices[bdf] = (None, cpus)
-                denied = (
+                whose = f"GPU {bdf}'s" if target == node else f"the memory of GPU {bdf}'s node"
+                said.append(
                     f"the cpuset's memory nodes ({format_cpulist(allowed_nodes or ())}) leave "
-                    f"out NUMA node {node}, GPU {bdf}'s: the rank runs on that node's CPUs and "
-                    f"its memory is not bound (the kernel refuses --membind={node} here)"
+                    f"out NUMA node {target}, {whose}: the rank runs on that node's CPUs and "
+                    f"its memory is not bound (the kernel refuses --membind={target} here)"
                 )
-                notes[bdf] = f"{notes[bdf]}; {denied}" if notes.get(bdf) else denied
+            if said:
+                notes[bdf] = "; ".join([notes[bdf], *said] if notes.get(bdf) else said)
     # Threads no rank is bound to (the SMT siblings of the ranks' cores, without
     # --with-smt-siblings) come before another rank's own CPUs: sharing a core, warned,
     # beats sharing a CPU.
@@ -509,9 +530,60 @@ def _bind_ranks(
             *slices[gpu.bdf],
             note=_with_local_cpus_problem(gpu, slices[gpu.bdf][0], notes.get(gpu.bdf, "")),
             warning="; ".join(w for w in (away.get(gpu.bdf), warnings.get(gpu.bdf)) if w),
+            memory_node=memory.get(gpu.bdf, (None, ""))[0],
+            memory_unbound=gpu.bdf in memory and memory[gpu.bdf][0] is None,
         )
         for rank, gpu in enumerate(gpus)
     ]
+
+
+def memory_target(inventory: Inventory, node: int) -> tuple[int | None, str]:
+    """Where the memory of a rank whose CPUs are on `node` goes, and why when not there.
+    A node with memory (or whose memory was not read) is its own target. A CPU-only node
+    (MemTotal 0, or not in has_memory: Documentation/ABI/stable/sysfs-devices-node) can
+    hold none: the kernel refuses a --membind that names only such nodes (set_mempolicy(2),
+    EINVAL). Its memory is then that of the memory-only nodes naming it an initiator
+    (accessN/initiators: Documentation/admin-guide/mm/numaperf.rst): the only one, or of
+    several (HBM beside persistent memory) the one with the highest read bandwidth from
+    it, where the kernel gives each one's. Anything else is not guessed: memory is not
+    bound, and the note says why."""
+    nodes = inventory.numa_nodes
+    own = next((n for n in nodes if n.number == node), None)
+    if own is None or own.holds_memory is not False:
+        return node, ""
+    served = memory_nodes_served(nodes, node)
+    names = ", ".join(str(n.number) for n in served)
+    if len(served) == 1:
+        [target] = served
+        return target.number, (
+            f"NUMA node {node} has CPUs and no memory; its memory is node {target.number}'s, "
+            f"which names it an initiator (access{target.access_class}/initiators): memory "
+            f"is bound there (--membind={target.number})"
+        )
+    bandwidths = [n.read_bandwidth for n in served]
+    if served and all(bandwidths):
+        best = max(bandwidths, key=lambda b: b or 0)
+        fastest = [n for n in served if n.read_bandwidth == best]
+        if len(fastest) == 1:
+            [target] = fastest
+            return target.number, (
+                f"NUMA node {node} has CPUs and no memory; the memory nodes {names} name it "
+                f"an initiator, node {target.number} with the highest read bandwidth from it "
+                f"({best} MB/s): memory is bound there (--membind={target.number}); the "
+                "others are for what the application places there itself"
+            )
+    if served:
+        return None, (
+            f"NUMA node {node} has CPUs and no memory; the memory nodes {names} name it an "
+            "initiator, and the kernel gives no read bandwidth that tells one from the "
+            "others: memory is not bound (numactl --preferred or --interleave over them "
+            "is the application's choice)"
+        )
+    return None, (
+        f"NUMA node {node} has CPUs and no memory, and no memory node names it an "
+        "initiator (no accessN/initiators: firmware without an HMAT, or a kernel before "
+        "5.2): which memory is nearest could not be determined, so memory is not bound"
+    )
 
 
 def _with_local_cpus_problem(gpu: PciDevice, node: int | None, note: str) -> str:

@@ -12,6 +12,7 @@ from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.facts import FactsSource, PartUnavailableError
 from nodecheck.checks.node.gpu import GpuReading, GpuSnapshot, NvmlFailure
 from nodecheck.checks.node.inventory import Inventory, Nic
+from nodecheck.checks.node.numa import NumaNode, memory_nodes_served, served_cpus
 from nodecheck.checks.node.pci import PciDevice, PcieLink
 from nodecheck.checks.printable import printable, text_table
 from nodecheck.checks.record import record
@@ -137,6 +138,26 @@ def reading_notes(inventory: Inventory) -> list[str]:
     return list(dict.fromkeys(whole + per_node))
 
 
+def memory_relation(nodes: list[NumaNode], node: NumaNode) -> str:
+    """What a memory-only node serves (the CPUs of its initiators) or where a CPU-only
+    node's memory is (the memory nodes naming it an initiator); "" for a node with both."""
+    if node.memory_only:
+        if node.initiators is None:
+            return "CPUs it serves: could not determine (no accessN/initiators)"
+        cpus = served_cpus(nodes, node) or frozenset()
+        initiators = ",".join(str(n) for n in sorted(node.initiators)) or "none"
+        return (
+            f"serves CPUs {format_cpulist(cpus) or 'none'} "
+            f"(initiators: node {initiators}, access{node.access_class})"
+        )
+    if node.cpu_only:
+        memory = [n.number for n in memory_nodes_served(nodes, node.number)]
+        if not memory:
+            return "no memory; its memory nodes: could not determine"
+        return f"no memory; its memory: node {','.join(str(n) for n in memory)}"
+    return ""
+
+
 def render_inventory(facts: InventoryFacts) -> str:
     inventory, cpu_model, gpus = facts.inventory, facts.cpu_model, facts.gpus
     cpu = inventory.cpu
@@ -148,18 +169,25 @@ def render_inventory(facts: InventoryFacts) -> str:
         "",
         "NUMA nodes",
     ]
-    lines += text_table(
-        ["node", "CPUs", "memory"],
+    nodes = inventory.numa_nodes
+    # Memory-only and CPU-only nodes (HBM, CXL beside CPUs without memory) say what they
+    # serve; a column only where the node has one.
+    relations = [memory_relation(nodes, node) for node in nodes]
+    rows = [
         [
-            [
-                str(node.number),
-                format_cpulist(node.cpus) or "-",
-                f"{node.memory_bytes / 2**30:.0f} GiB" if node.memory_bytes else "-",
-            ]
-            for node in inventory.numa_nodes
+            str(node.number),
+            format_cpulist(node.cpus) or "-",
+            _memory_text(node.memory_bytes),
         ]
-        or [["-", "-", "-"]],
-    )
+        for node in nodes
+    ] or [["-", "-", "-"]]
+    if any(relations):
+        lines += text_table(
+            ["node", "CPUs", "memory", "locality"],
+            [[*row, relation or "-"] for row, relation in zip(rows, relations, strict=True)],
+        )
+    else:
+        lines += text_table(["node", "CPUs", "memory"], rows)
     lines += ["", f"GPUs (NVML: {_nvml_status(gpus)})"]
     readings = gpus.by_bus_id()
     if inventory.gpus:
@@ -288,6 +316,10 @@ def inventory_document(facts: InventoryFacts) -> dict[str, object]:
                 "node": n.number,
                 "cpus": format_cpulist(n.cpus),
                 "memory_bytes": n.memory_bytes,
+                # The initiators of its memory (None: not named by the kernel) and the
+                # CPUs it serves: its own and theirs.
+                "initiators": None if n.initiators is None else format_cpulist(n.initiators),
+                "serves_cpus": format_cpulist(served_cpus(inventory.numa_nodes, n) or ()),
                 "notes": list(n.notes),
             }
             for n in inventory.numa_nodes
@@ -338,3 +370,12 @@ def _link_dict(link: PcieLink | None) -> dict[str, object] | None:
 
 def render_inventory_json(facts: InventoryFacts) -> str:
     return json.dumps(inventory_document(facts), indent=2)
+
+
+def _memory_text(memory_bytes: int | None) -> str:
+    if memory_bytes is None:
+        return "-"
+    if memory_bytes == 0:
+        return "none"
+    gib = memory_bytes / 2**30
+    return f"{gib:.0f} GiB" if gib >= 1 else f"{memory_bytes // 2**20} MiB"

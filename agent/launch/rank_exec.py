@@ -211,7 +211,7 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
             f"{', '.join(plan.left_out)} (see nodecheck tune)"
         )
     warnings = (*plan.unusable, *([rank.warning] if rank.warning else []))
-    membind = binding.numa_node if numactl is not None else None
+    membind = binding.membind if numactl is not None else None
     return Launch(
         argv, env, frozenset(binding.cpus), summary, warnings, binding.local_rank, membind
     )

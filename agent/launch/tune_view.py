@@ -11,6 +11,7 @@ from typing import Any
 
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.printable import printable, text_table
+from nodecheck.tuning.bindings import RankBinding
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action, Recommendation
 
@@ -183,10 +184,21 @@ def srun_binding(plan: Plan) -> str:
     masks = cpu_bind_values(plan)
     kind = "map_cpu" if all(len(rank.binding.cpus) == 1 for rank in plan.ranks) else "mask_cpu"
     options = f"--ntasks-per-node={len(plan.ranks)} --cpu-bind={kind}:{','.join(masks)}"
-    nodes = [rank.binding.numa_node for rank in plan.ranks]
+    nodes = [rank.binding.membind for rank in plan.ranks]
     if all(node is not None for node in nodes):
         options += f" --mem-bind=map_mem:{','.join(str(node) for node in nodes)}"
     return options
+
+
+def _node_column(binding: RankBinding) -> str:
+    """The rank's NUMA node, and where its memory goes when elsewhere."""
+    if binding.numa_node is None:
+        return "-"
+    if binding.memory_unbound:
+        return f"{binding.numa_node} (memory unbound)"
+    if binding.membind != binding.numa_node:
+        return f"{binding.numa_node} (memory {binding.membind})"
+    return str(binding.numa_node)
 
 
 def cpu_bind_values(plan: Plan) -> list[str]:
@@ -291,6 +303,8 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                 "local_rank": rank.local_rank,
                 "gpu": rank.binding.gpu,
                 "numa_node": rank.binding.numa_node,
+                # The node --membind names: a memory-only node for a CPU-only one.
+                "membind": rank.binding.membind,
                 "cpus": list(rank.binding.cpus),
                 "cpulist": rank.cpulist,
                 # A rank without CPUs has no command line: it is an error, and says why.
@@ -392,7 +406,7 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
                     if rank.error
                     else ""
                 ),
-                "-" if rank.binding.numa_node is None else str(rank.binding.numa_node),
+                _node_column(rank.binding),
                 rank.cpulist or "-",
                 ", ".join(f"{r.name}={r.value}" for r in rank.env),
                 "-" if rank.error else str(rank.dataloader.num_workers),

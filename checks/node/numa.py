@@ -15,6 +15,19 @@ reading takes what the kernel means, with a note, and invents nothing:
   contradicts sysfs (only registered nodes get links): the node is kept as `listed=False`
   with what `has_memory`/`has_cpu` say of it. A CPU with neither list nor link is in no
   node (`NumaReading.cpus_without_node`), as the kernel and hwloc show it.
+
+Memory-only and CPU-only nodes: firmware with an ACPI HMAT describes memory (HBM, CXL,
+persistent memory, a GPU's coherent memory) as nodes without CPUs, and may put CPUs in
+nodes without memory (MemTotal 0, left out of `has_memory`). The kernel names, for each
+memory node, the initiator nodes with the best performance to it:
+`nodeY/accessX/initiators/nodeN` links, and their read and write bandwidth and latency
+(Documentation/ABI/stable/sysfs-devices-node, Documentation/admin-guide/mm/numaperf.rst).
+Access class 0 counts any initiator, generic initiators (an accelerator's node, listed
+in `has_generic_initiator`) included; access class 1 (Linux 5.10) counts CPUs only.
+hwloc reads access1 where the node has it and access0 otherwise, and gives a memory-only
+node the CPUs of those initiators (hwloc/topology-linux.c, read_node_initiators);
+`read_numa` reads them the same way. A node without either directory (a kernel before
+5.2, firmware without HMAT) has initiators None: unknown, never guessed.
 """
 
 from __future__ import annotations
@@ -69,9 +82,111 @@ class NumaNode:
     # False for a node that the CPUs' `nodeM` links name but that has no directory.
     listed: bool = True
     # Whether devices/system/node/has_memory and has_cpu name the node (None: no such
-    # file); read for nodes without a directory, where nothing else says.
+    # file): for a node without a directory the only word on it; for the others, what
+    # tells a CPU-only node where its MemTotal could not be read.
     has_memory: bool | None = None
     has_cpu: bool | None = None
+    # The initiator nodes of its memory (accessN/initiators/nodeM links, the node itself
+    # included where it is one), the access class they were read from (1: CPUs only,
+    # where the kernel has it; else 0), and the read bandwidth (MB/s) and read latency
+    # (ns) the kernel gives for access from them. None: no access class directory.
+    initiators: frozenset[int] | None = None
+    access_class: int | None = None
+    read_bandwidth: int | None = None
+    read_latency: int | None = None
+
+    @property
+    def holds_memory(self) -> bool | None:
+        """Whether memory can be allocated on it: its MemTotal, else `has_memory`; None
+        where neither was read."""
+        if self.memory_bytes is not None:
+            return self.memory_bytes > 0
+        return self.has_memory
+
+    @property
+    def memory_only(self) -> bool:
+        """Memory and no CPU (HBM, CXL, persistent or GPU memory onlined as a node)."""
+        return not self.cpus and bool(self.holds_memory)
+
+    @property
+    def cpu_only(self) -> bool:
+        """CPUs and, as read, no memory: never a target for memory binding."""
+        return bool(self.cpus) and self.holds_memory is False
+
+
+def served_cpus(nodes: list[NumaNode], node: NumaNode) -> frozenset[int] | None:
+    """The CPUs a node's memory is nearest to: its own and those of its initiator nodes
+    (as hwloc gives a node the cpusets of its initiators); None for a node without CPUs
+    whose initiators are unknown."""
+    if node.initiators is None:
+        return node.cpus or None
+    by_number = {other.number: other for other in nodes}
+    cpus = set(node.cpus)
+    for number in node.initiators:
+        if number in by_number:
+            cpus |= by_number[number].cpus
+    return frozenset(cpus)
+
+
+def memory_nodes_served(nodes: list[NumaNode], number: int) -> list[NumaNode]:
+    """The other nodes with memory that name node `number` among their initiators: the
+    memory its CPUs are nearest to, in node order."""
+    return [
+        node
+        for node in nodes
+        if node.number != number
+        and node.holds_memory
+        and node.initiators is not None
+        and number in node.initiators
+    ]
+
+
+@record
+class Initiators:
+    """What one node's access class directory says (see NumaNode)."""
+
+    nodes: frozenset[int] | None = None
+    access_class: int | None = None
+    read_bandwidth: int | None = None
+    read_latency: int | None = None
+
+
+def parse_initiator_entries(entries: list[str]) -> frozenset[int]:
+    """The node numbers of an `accessX/initiators` directory's entries: its `nodeN`
+    links, beside the read_/write_ bandwidth and latency files."""
+    return frozenset(int(m.group(1)) for e in entries if (m := re.fullmatch(r"node(\d+)", e)))
+
+
+def _performance(path: Path) -> int | None:
+    """An accessX/initiators performance attribute; None when absent, unreadable or 0
+    (the kernel writes 0 where firmware gave none: drivers/base/node.c)."""
+    try:
+        value = read_optional_parsed(path, int, "a number")
+    except ReadError:
+        return None
+    return value or None
+
+
+def read_initiators(fs: NodeFS, entry: str) -> Initiators:
+    """A node's initiators: from access1 where the node has it, else access0, as hwloc
+    reads them (hwloc/topology-linux.c, read_node_initiators). Initiators() where neither
+    exists; ReadError when the directory exists but cannot be listed."""
+    base = fs.sys("devices", "system", "node", entry)
+    present = set(list_dir(base))
+    for access in (1, 0):
+        if f"access{access}" not in present:
+            continue
+        if "initiators" not in list_dir(base / f"access{access}"):
+            continue
+        folder = base / f"access{access}" / "initiators"
+        entries = list_dir(folder)
+        return Initiators(
+            parse_initiator_entries(entries),
+            access,
+            _performance(folder / "read_bandwidth") if "read_bandwidth" in entries else None,
+            _performance(folder / "read_latency") if "read_latency" in entries else None,
+        )
+    return Initiators()
 
 
 @record(frozen=False)
@@ -130,6 +245,7 @@ class _ListedNode:
     notes: list[str] = field(default_factory=list)
     cpus: set[int] = field(default_factory=set)
     list_problem: str = ""  # why its cpulist (and cpumap) could not be read
+    initiators: Initiators = field(default_factory=Initiators)
 
 
 def _node_state(fs: NodeFS, name: str) -> frozenset[int] | None:
@@ -167,6 +283,10 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
             node.memory = read_parsed(
                 base / entry / "meminfo", parse_node_meminfo, "a MemTotal line"
             )
+        except ReadError as err:
+            node.problem = "; ".join(filter(None, (node.problem, str(err))))
+        try:
+            node.initiators = read_initiators(fs, entry)
         except ReadError as err:
             node.problem = "; ".join(filter(None, (node.problem, str(err))))
         if online is not None and cpus - online:
@@ -217,10 +337,23 @@ def read_numa(fs: NodeFS, online: frozenset[int] | None = None) -> NumaReading:
         if node.list_problem:
             placed = f"its CPU list could not be read ({node.list_problem}); {placed}"
         node.notes.append(placed)
-    result = [
-        NumaNode(n.number, frozenset(n.cpus), n.memory, n.problem, tuple(n.notes)) for n in listed
-    ]
     has_memory, has_cpu = _node_state(fs, "has_memory"), _node_state(fs, "has_cpu")
+    result = [
+        NumaNode(
+            n.number,
+            frozenset(n.cpus),
+            n.memory,
+            n.problem,
+            tuple(n.notes),
+            has_memory=None if has_memory is None else n.number in has_memory,
+            has_cpu=None if has_cpu is None else n.number in has_cpu,
+            initiators=n.initiators.nodes,
+            access_class=n.initiators.access_class,
+            read_bandwidth=n.initiators.read_bandwidth,
+            read_latency=n.initiators.read_latency,
+        )
+        for n in listed
+    ]
     for number, linked in sorted(linked_elsewhere.items()):
         note = (
             f"CPUs {format_cpulist(linked)} link to node {number} (cpuN/node{number}) but "

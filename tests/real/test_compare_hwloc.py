@@ -273,6 +273,33 @@ def test_compare_by_design_cases() -> None:
     assert memory.by_design == [
         "node 2 has no CPU (memory only); hwloc gives it the CPUs 4-7 of node(s) 1, its locality"
     ]
+    # Where the kernel names no initiator, hwloc's locality comes from elsewhere: said.
+    unnamed = compare(
+        ours(numa={**ours().numa, 2: frozenset()}, without_initiators=frozenset({2})),
+        theirs(numa={**theirs().numa, 2: frozenset({4, 5, 6, 7})}),
+    )
+    assert unnamed.by_design == [
+        "node 2 has no CPU (memory only) and no initiator named by the kernel; hwloc gives "
+        "it the CPUs 4-7 of node(s) 1, its locality"
+    ]
+
+
+def test_memory_nodes_agree_through_their_initiators() -> None:
+    """A memory-only node shows the CPUs of its initiators (as hwloc does): the same as
+    hwloc's; the CPU-only node without memory is not shown, and each CPU is still in one
+    node (its home)."""
+    homes = {0: frozenset(range(4)), 1: frozenset(range(4, 8)), 2: frozenset()}
+    served = compare(
+        ours(numa={**ours().numa, 2: frozenset(range(4, 8))}, homes=homes),
+        theirs(numa={**theirs().numa, 2: frozenset(range(4, 8))}),
+    )
+    assert served.verdict == "agree", served
+    # Served CPUs that are not hwloc's are a difference.
+    wrong = compare(
+        ours(numa={**ours().numa, 2: frozenset(range(4))}, homes=homes),
+        theirs(numa={**theirs().numa, 2: frozenset(range(4, 8))}),
+    )
+    assert wrong.differences == ["node 2: nodecheck CPUs 0-3, hwloc 4-7"]
 
 
 def test_compare_by_design_reasons_need_their_data() -> None:
@@ -384,7 +411,17 @@ def test_compare_tool_over_the_real_captures(
     assert summary.startswith(f"{count} captures: "), summary
     assert summary.endswith(", 0 differ"), summary
     agree = int(summary.split(": ", 1)[1].split(" agree")[0])
-    assert agree >= 23, summary
+    assert agree >= 24, summary
+    # Memory-only nodes read with their initiators (access1) agree with hwloc's.
+    assert "== fakeheteromemtiers: agree" in done.stdout
+    assert "  node 4    2-3        2-3" in done.stdout
+    # fakeheterocpunuma's node 2 has no initiators: hwloc places it by other means.
+    assert (
+        "fakeheterocpunuma: node 2 has no CPU (memory only) and no initiator named by the "
+        "kernel; hwloc gives it the CPUs 0-3,8-11 of node(s) 0-1, its locality" in summary
+    )
+    # GPU memory nodes stay hidden by hwloc, for the reason the data gives.
+    assert "nvidiagpunumanodes: hwloc hides node 250, the memory of NVIDIA GPU" in summary
     # The cpuset captures are by design, for the reason the data gives.
     assert (
         "16em64t-4s2ca2c-cpusetreorder: hwloc shows the cpuset 2-11,13 of the 16 online CPUs "

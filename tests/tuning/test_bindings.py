@@ -16,6 +16,7 @@ from nodecheck.tuning.plan import TuneOptions, make_plan
 from tests.conftest import Node
 from tests.fixtures.graft import placed_gpus_spec
 from tests.fixtures.nodegen import build_node
+from tests.fixtures.nodes import hbm_tiers
 from tests.fixtures.pinned_facts import with_parts
 
 
@@ -304,3 +305,52 @@ def test_siblings_go_to_other_ranks_before_a_cpu_is_shared(dgx: Node) -> None:
     # With CPUs enough the siblings stay with their cores.
     roomy = bind_ranks(inventory, {}, with_smt_siblings=True)
     assert [len(b.cpus) for b in roomy] == [28] * 8
+
+
+@pytest.mark.parametrize(
+    ("bandwidths", "membind", "said"),
+    [
+        # The HBM node reads faster from node 0's CPUs than the CXL node: it takes memory.
+        ((409600, 65536), 1, "node 1 with the highest read bandwidth from it (409600 MB/s)"),
+        ((65536, 409600), 2, "node 2 with the highest read bandwidth from it (409600 MB/s)"),
+        # Nothing tells the two apart: memory is not bound, never bound to node 0.
+        ((None, None), None, "the kernel gives no read bandwidth that tells one from"),
+        ((409600, 409600), None, "the kernel gives no read bandwidth that tells one from"),
+    ],
+)
+def test_a_cpu_only_node_binds_memory_to_the_memory_node_it_uses(
+    tmp_path: Path, bandwidths: tuple[int | None, int | None], membind: int | None, said: str
+) -> None:
+    """The GPU's CPUs are on node 0, which has no memory: --membind=0 would be refused
+    (set_mempolicy(2)); memory goes to a memory-only node naming node 0 an initiator."""
+    node = Node(build_node(hbm_tiers(bandwidths), tmp_path / "hbm"))
+    [binding] = bind_ranks(read_inventory(node.fs), {})
+    assert binding.numa_node == 0 and binding.cpus
+    assert binding.membind == membind
+    assert said in binding.note
+    assert "--membind=0" not in " ".join(binding.numactl())
+    if membind is None:
+        assert binding.memory_unbound and binding.numactl()[-1].startswith("--physcpubind=")
+    else:
+        assert binding.numactl()[-1] == f"--membind={membind}"
+
+
+def test_one_memory_node_and_none(tmp_path: Path) -> None:
+    """One memory-only node serving node 0 takes its memory; with no initiators named
+    (no accessN directories), which memory is nearest is not guessed."""
+    spec = hbm_tiers()
+    spec.memory_targets = spec.memory_targets[1:]
+    spec.memory_targets[0].number = 1
+    node = Node(build_node(spec, tmp_path / "one"))
+    [binding] = bind_ranks(read_inventory(node.fs), {})
+    assert binding.membind == 1 and "(access1/initiators)" in binding.note
+    for link in (node.root / "sys" / "devices" / "system" / "node").glob("node*/access*"):
+        shutil.rmtree(link)
+    [unknown] = bind_ranks(read_inventory(node.fs), {})
+    assert unknown.membind is None and unknown.memory_unbound
+    assert "could not be determined, so memory is not bound" in unknown.note
+
+
+def test_a_node_with_memory_keeps_its_own(workstation: Node) -> None:
+    [binding] = bind_ranks(read_inventory(workstation.fs), {})
+    assert binding.membind == binding.numa_node == 0 and not binding.memory_unbound
