@@ -40,7 +40,12 @@ from nodecheck.checks.node.gpu import (
     GpuReading,
 )
 from nodecheck.checks.node.processes import DaemonProcesses
-from nodecheck.checks.per_gpu import GPU_LABELS, Verdict, per_gpu_results
+from nodecheck.checks.per_gpu import (
+    GPU_LABELS,
+    Verdict,
+    nvml_unavailable_result,
+    per_gpu_results,
+)
 from nodecheck.checks.registry import register
 from nodecheck.checks.result import (
     Action,
@@ -255,5 +260,7 @@ def check_gpu_fabric(ctx: CheckContext) -> Iterator[Result]:
         return verdict
 
     yield from per_gpu_results(ctx, judge, QUERIES)
-    if manager is not None:
+    # Judged beside the GPUs' registration, so only where NVML answers: without it no GPU
+    # can register at all, and gpu_count says why.
+    if manager is not None and nvml_unavailable_result(ctx) is None:
         yield judge_manager(manager, nvswitches, unregistered)

@@ -221,8 +221,8 @@ def test_the_agents_fresh_results_are_the_verdict_and_stale_ones_are_not(
     # The other classes judge the same file: all fine there.
     done = npd(dgx, tmp_path, "gpu-hardware", "--max-output", "4096")
     assert done.returncode == EXIT_OK
-    # gpu_count, gpu_memory_errors, gpu_nvlink, gpu_state, gpu_xid, nvswitch_sxid
-    assert message_of(done, 4096) == "gpu-hardware ok: 6 checks; agent results"
+    # gpu_count, gpu_fabric, gpu_memory_errors, gpu_nvlink, gpu_state, gpu_xid, nvswitch_sxid
+    assert message_of(done, 4096) == "gpu-hardware ok: 7 checks; agent results"
     # Stale (older than --max-age): the replica, healthy, is judged itself.
     write_agent_results(results, "gpu_throttle", Status.FAIL, age_s=120)
     done = npd(dgx, tmp_path, "gpu-performance", "--max-age", "60", "--max-output", "4096")
