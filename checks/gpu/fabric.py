@@ -174,7 +174,11 @@ def judge_fabric(
         # later (the agent's interval) is stuck, and only a reset starts it over.
         before = previous.fabric if previous is not None else None
         if previous is not None and before is not None and before.state == FABRIC_IN_PROGRESS:
-            summary += f", as {gpu.read_at - previous.read_at:.0f} s ago: stuck"
+            seconds = gpu.read_at - previous.read_at
+            summary = (
+                "not registered with the NVLink fabric (still in progress "
+                f"{seconds:.0f} s after the previous reading: stuck)"
+            )
         verdict.add(Status.FAIL, summary, reset)
     elif nvswitches and running is True:
         verdict.add(Status.FAIL, summary, RESTART_MANAGER, Action.FIX_NODE_CONFIG)

@@ -97,7 +97,10 @@ def test_in_progress_asks_for_a_reset_and_is_stuck_a_pass_later() -> None:
     assert once.summary == "not registered with the NVLink fabric (in progress)"
     assert "nvidia-smi -r -i 0000:18:00.0" in once.remedy
     again = verdict_of(reading(2, 27, read_at=160.0), previous=reading(2, 27, read_at=100.0))
-    assert again.summary.endswith("(in progress), as 60 s ago: stuck")
+    assert again.summary == (
+        "not registered with the NVLink fabric (still in progress 60 s after the previous "
+        "reading: stuck)"
+    )
 
 
 def test_a_failed_registration_names_its_status() -> None:
@@ -255,8 +258,8 @@ def test_one_gpu_in_progress_is_the_only_failure(dgx: Node, tmp_path: Path) -> N
     assert list(failing) == [f"gpu {DGX_GPUS[2]}"]
     [stuck] = failing.values()
     assert stuck.status is Status.FAIL and stuck.action is Action.RESET_GPU
-    assert stuck.summary.startswith("not registered with the NVLink fabric (in progress), as ")
-    assert stuck.summary.endswith(" s ago: stuck")
+    assert stuck.summary.startswith("not registered with the NVLink fabric (still in progress ")
+    assert stuck.summary.endswith(" s after the previous reading: stuck)")
     assert f"nvidia-smi -r -i {DGX_GPUS[2]}" in stuck.remedy
 
 
