@@ -153,6 +153,15 @@ def read_gpu_process_names_part(sources: NodeSources, facts: FactsSource) -> Any
     return read_process_names(sources.fs, pids)
 
 
+@part("fabric_manager", lazy_type("processes", "DaemonProcesses"))
+def read_fabric_manager_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The running NVIDIA Fabric Manager daemons (nv-fabricmanager, by <procfs>/PID/comm),
+    or why the node's processes cannot all be seen from here."""
+    from nodecheck.checks.node.processes import FABRIC_MANAGER_COMMAND, find_processes_named
+
+    return find_processes_named(sources.fs, FABRIC_MANAGER_COMMAND)
+
+
 @part("gpu_presence", lazy_type("gpu_presence", "GpuPresences"))
 def read_gpu_presence_part(sources: NodeSources, facts: FactsSource) -> Any:
     """Whether each NVIDIA GPU on the PCI bus answers config reads (its config file's

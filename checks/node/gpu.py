@@ -10,10 +10,12 @@ not come back in time says so in `hung`. Judging happens in the checks.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import field
 from typing import Any, TypeVar
@@ -22,6 +24,7 @@ from nodecheck.checks.node.fs import NodeFS, list_dir, read_optional_text
 from nodecheck.checks.node.nvml import (
     ABSENT_CODES,
     LOST_CODES,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NvmlHungError,
@@ -81,6 +84,8 @@ VOLATILE_ECC, AGGREGATE_ECC = 0, 1
 PAGE_RETIREMENT_SBE, PAGE_RETIREMENT_DBE = 0, 1
 TEMPERATURE_GPU = 0
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN = 0, 1
+# NVML_GPU_FABRIC_STATE_* (nvml.h): a GPU's registration with the NVLink fabric.
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
 
 
 # domain:bus:device.function; NVML writes an 8-digit domain, sysfs a 4-digit one.
@@ -217,6 +222,35 @@ class PcieState:
 
 
 @record
+class GpuFabric:
+    """The GPU's registration with the NVLink fabric (nvmlDeviceGetGpuFabricInfoV): its
+    `state` (NVML_GPU_FABRIC_STATE_*), its `status` (an nvmlReturn_t, 0 for success, which
+    nvml.h says to read only once the state is COMPLETED), the clique and cluster it joined
+    (both zero on an NVSwitch node, set by the NVLink domain on GB200), and the health mask
+    (NVML_GPU_FABRIC_HEALTH_MASK_*) where the driver gives one (not the unversioned call)."""
+
+    state: int
+    status: int
+    clique_id: int
+    cluster_uuid: str
+    health_mask: int | None = None
+
+    def implausible(self) -> tuple[str, str] | None:
+        # nvmlGpuFabricState_t is an unsigned char; the others unsigned ints or an enum.
+        if not 0 <= self.state <= 0xFF:
+            return "state", f"{self.state} is not an unsigned char (nvmlGpuFabricState_t)"
+        for name in ("status", "clique_id", "health_mask"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 0xFFFFFFFF:
+                return name, f"{value} is not an unsigned 32-bit value"
+        try:
+            uuid.UUID(self.cluster_uuid)
+        except ValueError:
+            return "cluster_uuid", f"{self.cluster_uuid!r} is not a UUID"
+        return None
+
+
+@record
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None
@@ -255,6 +289,7 @@ class GpuReading:
     pcie_replays: int | None = None
     nvlink_active: list[bool] | None = None  # None: no NVLink on this GPU
     nvlink_errors: dict[str, int] = field(default_factory=dict)
+    fabric: GpuFabric | None = None  # None: no NVLink fabric support, or unread
     temperature_c: int | None = None
     slowdown_c: int | None = None
     shutdown_c: int | None = None
@@ -530,6 +565,7 @@ def _read_clocks_and_links(nvml: Any, h: object, r: _Reader) -> None:
     if any(value is not None for value in vars(pcie).values()):
         reading.pcie = pcie
     reading.nvlink_active = _nvlink_states(nvml, h, r)
+    reading.fabric = r.query("fabric", lambda: _fabric(nvml, h))
     ids = [FIELD_PCIE_REPLAY, FIELD_RECOVERY_ACTION, *THROTTLE_FIELDS.values()]
     if reading.nvlink_active is not None:
         ids += NVLINK_ERROR_FIELDS.values()
@@ -608,6 +644,45 @@ def _temperature(nvml: Any, h: object) -> int:
             if error_code(err) != NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise
     return int(nvml.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU))
+
+
+def fabric_of(info: Any, health_mask: int | None) -> GpuFabric:
+    """A GpuFabric from pynvml's c_nvmlGpuFabricInfo_t or _v2_t/_v3_t.
+
+    nvml.h declares nvmlGpuFabricState_t an unsigned char, followed by 3 bytes of padding;
+    nvidia-ml-py reads it as a c_uint (`_nvmlGpuFabricState_t = c_uint`), so the padding
+    becomes its high bytes: only the low byte is the state.
+    """
+    return GpuFabric(
+        state=int(info.state) & 0xFF,
+        status=int(info.status),
+        clique_id=int(info.cliqueId),
+        cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+        health_mask=health_mask,
+    )
+
+
+def _fabric(nvml: Any, h: object) -> GpuFabric:
+    """The fabric info through nvmlDeviceGetGpuFabricInfoV; the unversioned call where the
+    binding or the driver lacks it or refuses the binding's struct version.
+
+    nvidia-ml-py passes the struct on as given (`fn(device, gpuFabricInfo)`), so it must be
+    handed by reference: the library writes into it.
+    """
+    versioned = getattr(nvml, "c_nvmlGpuFabricInfoV_t", None)
+    getter = getattr(nvml, "nvmlDeviceGetGpuFabricInfoV", None)
+    if versioned is not None and getter is not None:
+        info = versioned()  # its constructor sets `version` (nvmlGpuFabricInfo_v2)
+        try:
+            getter(h, ctypes.byref(info))
+            return fabric_of(info, int(info.healthMask))
+        except nvml.NVMLError as err:
+            fallback = (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            if error_code(err) not in fallback:
+                raise
+    info = nvml.c_nvmlGpuFabricInfo_t()
+    nvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
+    return fabric_of(info, None)
 
 
 def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:

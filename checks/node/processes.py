@@ -1,5 +1,6 @@
 """Processes of this node as procfs shows them: a GPU process's command name, its process
-group, this process's PID namespace and memory nodes, and the benchmarks' maintenance file.
+group, this process's PID namespace and memory nodes, the processes of a daemon found by
+their command name, and the benchmarks' maintenance file.
 
 /proc/<pid>/comm, /proc/<pid>/stat and /proc/<pid>/status are described in the kernel's
 Documentation/filesystems/proc.rst. A pid NVML lists may be outside this PID namespace
@@ -13,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 
 from nodecheck.checks.node.cpulist import parse_cpulist
-from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text, read_text
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text, read_text
 from nodecheck.checks.record import record
 
 
@@ -46,6 +47,53 @@ def read_process_name(fs: NodeFS, pid: int) -> ProcessName:
 
 def read_process_names(fs: NodeFS, pids: list[int]) -> GpuProcessNames:
     return GpuProcessNames({pid: read_process_name(fs, pid) for pid in sorted(set(pids))})
+
+
+# NVIDIA Fabric Manager's daemon, /usr/bin/nv-fabricmanager (the nvidia-fabricmanager
+# service; docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/). The kernel keeps a
+# command name to TASK_COMM_LEN - 1 = 15 bytes (include/linux/sched.h), so its comm reads
+# "nv-fabricmanage", as `systemctl status nvidia-fabricmanager` shows it.
+FABRIC_MANAGER_COMMAND = "nv-fabricmanage"
+
+
+@record
+class DaemonProcesses:
+    """The pids whose command name (/proc/<pid>/comm) is `command`; `pids` None when this
+    process cannot see every process of the node, and `problem` says why."""
+
+    command: str
+    pids: tuple[int, ...] | None
+    problem: str = ""
+
+
+def find_processes_named(fs: NodeFS, command: str) -> DaemonProcesses:
+    """Every process of the node whose command name is `command`.
+
+    None rather than "none running" where the process list is not the node's: inside a
+    PID namespace of our own (a container without hostPID), or where procfs hides other
+    users' processes (mounted with hidepid=, which hides pid 1 from a non-root reader).
+    """
+    if in_pid_namespace(fs):
+        why = "this process runs in a PID namespace of its own: the host's processes are hidden"
+        return DaemonProcesses(command, None, why)
+    try:
+        entries = list_dir(fs.procfs)
+    except ReadError as err:
+        return DaemonProcesses(command, None, str(err))
+    if "1" not in entries:
+        why = f"{fs.proc('1')} is not visible: procfs hides other users' processes (hidepid)"
+        return DaemonProcesses(command, None, why)
+    found = []
+    for entry in entries:
+        if not (entry.isascii() and entry.isdigit()):
+            continue
+        try:
+            name = read_optional_text(fs.proc(entry, "comm"))
+        except ReadError:
+            continue  # exited meanwhile, or not ours to read: never the daemon's
+        if name is not None and name.strip() == command:
+            found.append(int(entry))
+    return DaemonProcesses(command, tuple(sorted(found)))
 
 
 def describe_process(fs: NodeFS, pid: int) -> str:

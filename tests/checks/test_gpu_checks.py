@@ -33,6 +33,7 @@ GPU_CHECKS = (
     "gpu_pcie",
     "gpu_nvlink",
     "gpu_state",
+    "gpu_fabric",
 )
 
 

@@ -13,8 +13,8 @@ from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
 from tests.fixtures.nvml_scenarios import SCENARIOS, Scenario, write_scenario
 
-# A replica that nvml_scenarios.py gives no scenario (the GB200 tray) is played by a fake
-# NVML whose driver is not loaded, as cpu-only's is: never by this machine's NVML.
+# A replica that nvml_scenarios.py gives no scenario is played by a fake NVML whose driver
+# is not loaded, as cpu-only's is: never by this machine's NVML.
 NO_DRIVER: Scenario = {
     "description": "no scenario for this replica in nvml_scenarios.py",
     "init_error": "DRIVER_NOT_LOADED",

@@ -60,7 +60,8 @@
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetSupportedEventTypes) \
     X(nvmlDeviceRegisterEvents) X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetArchitecture) \
     X(nvmlDeviceGetCudaComputeCapability) X(nvmlDeviceGetPerformanceState)      \
-    X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo)
+    X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo)                     \
+    X(nvmlDeviceGetGpuFabricInfo) X(nvmlDeviceGetGpuFabricInfoV)
 #define GLOBAL_FNS(X)                                                           \
     X(nvmlSystemGetDriverVersion) X(nvmlSystemGetNVMLVersion)                   \
     X(nvmlSystemGetCudaDriverVersion) X(nvmlSystemGetCudaDriverVersion_v2)      \
@@ -137,6 +138,11 @@ typedef struct {
     char bus_id_reported[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE]; /* "": derived from pci */
     unsigned power_mw, power_limit_mw, default_power_limit_mw, persistence, recovery_action;
     unsigned arch, pstate, sm_clock, max_sm_clock, mem_clock;
+    /* nvmlGpuFabricInfo_t / nvmlGpuFabricInfoV_t; fab_state < 0: derived from nvl_links */
+    int fab_state;
+    nvmlReturn_t fab_status;
+    unsigned fab_clique, fab_health_mask, fab_health_summary;
+    unsigned char fab_cluster[NVML_GPU_FABRIC_UUID_LEN];
     unsigned nproc, nxid, nunsup, unsup[MAX_ITEMS];
     unsigned nfielderr, fielderr_id[MAX_ITEMS];
     nvmlReturn_t fielderr_rc[MAX_ITEMS];
@@ -442,6 +448,49 @@ static int parse_bdf(const char *s, unsigned v[4]) { /* dddd:bb:dd.f or dddddddd
     return v[2] <= 0x1f && v[3] <= 7;
 }
 
+/* "fabric": {"state", "status", "clique_id", "cluster_uuid", "health_mask",
+   "health_summary"}; state names are NVML_GPU_FABRIC_STATE_* without the prefix. */
+static void jfabric(pctx *c, const jv *o, gpu_t *g) {
+    static const char *const states[] = {"NOT_SUPPORTED", "NOT_STARTED", "IN_PROGRESS",
+                                         "COMPLETED"};
+    for (const jv *m = jtype(c, o, J_OBJ); m; m = m->next) {
+        if (!strcmp(m->key, "state")) {
+            jtype(c, m, J_STR);
+            int i = key_index(states, 4, m->s);
+            if (i < 0)
+                fail(c, m->pos, "'state' is NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS or "
+                                "COMPLETED, not '%s'", m->s);
+            g->fab_state = i; /* NVML_GPU_FABRIC_STATE_* are 0-3 in this order */
+        } else if (!strcmp(m->key, "status")) {
+            jtype(c, m, J_STR);
+            g->fab_status = !strcmp(m->s, "SUCCESS") ? NVML_SUCCESS : jcode(c, m);
+        } else if (!strcmp(m->key, "clique_id")) g->fab_clique = (unsigned)juint(c, m, UINT_MAX);
+        else if (!strcmp(m->key, "health_mask"))
+            g->fab_health_mask = (unsigned)juint(c, m, UINT_MAX);
+        else if (!strcmp(m->key, "health_summary"))
+            g->fab_health_summary = (unsigned)juint(c, m, 255);
+        else if (!strcmp(m->key, "cluster_uuid")) {
+            /* 32 hex digits, dashes anywhere between them ignored: a UUID as written. */
+            jtype(c, m, J_STR);
+            unsigned n = 0;
+            for (const char *q = m->s; *q; q++) {
+                if (*q == '-') continue;
+                if (!isxdigit((unsigned char)*q) || n == 2 * NVML_GPU_FABRIC_UUID_LEN) {
+                    n = UINT_MAX;
+                    break;
+                }
+                char hx[2] = {*q, 0};
+                unsigned digit = (unsigned)strtoul(hx, NULL, 16);
+                g->fab_cluster[n / 2] = (unsigned char)(n % 2 ? g->fab_cluster[n / 2] | digit
+                                                              : digit << 4);
+                n++;
+            }
+            if (n != 2 * NVML_GPU_FABRIC_UUID_LEN)
+                fail(c, m->pos, "'cluster_uuid' must be 32 hex digits (dashes allowed)");
+        } else unknown_key(c, m);
+    }
+}
+
 static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
     static const gpu_t dflt = {
         .visible = 1, .pci_device_id = 0x233010DE, .pci_subsystem_id = 0x16C110DE,
@@ -451,7 +500,8 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         .thresh = {92, 89, 95, 87}, .temp = 34, .cc = {9, 0}, .power_mw = 71000,
         .power_limit_mw = 700000, .default_power_limit_mw = 700000, .persistence = 1,
         .arch = NVML_DEVICE_ARCH_HOPPER, .sm_clock = 1980, .max_sm_clock = 1980,
-        .mem_clock = 2619, .minor = UINT_MAX, .lost_after = -1, .registered_at = -1};
+        .mem_clock = 2619, .minor = UINT_MAX, .lost_after = -1, .registered_at = -1,
+        .fab_state = -1};
     *g = dflt;
     for (int f = 0; f < N_DEV_FNS; f++) g->hang[f] = g->hang_until[f] = -1;
     int have_bus = 0;
@@ -590,7 +640,8 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
                 g->fielderr_id[g->nfielderr] = (unsigned)id;
                 g->fielderr_rc[g->nfielderr++] = jcode(c, r);
             }
-        } else if (IS("lost_after_s")) {
+        } else if (IS("fabric")) jfabric(c, m, g);
+        else if (IS("lost_after_s")) {
             if (m->t != J_NULL) g->lost_after = jsecs(c, m);
         } else if (IS("timed_from")) {
             jtype(c, m, J_STR);
@@ -600,6 +651,10 @@ static void parse_gpu(pctx *c, const jv *o, gpu_t *g) {
         } else unknown_key(c, m);
     }
     if (!have_bus) fail(c, o->pos, "a GPU needs a 'bus_id'");
+    /* A GPU without NVLink has no fabric to join: NVML answers state NOT_SUPPORTED. */
+    if (g->fab_state < 0)
+        g->fab_state = g->nvl_links ? NVML_GPU_FABRIC_STATE_COMPLETED
+                                    : NVML_GPU_FABRIC_STATE_NOT_SUPPORTED;
     if (g->mem_used > g->mem_total) fail(c, o->pos, "'memory_used' exceeds 'memory_total'");
     unsigned *p = g->pci;
     if (!g->uuid[0])
@@ -1156,6 +1211,34 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                       nvmlProcessInfo_t *infos) {
     return processes(device, F_nvmlDeviceGetGraphicsRunningProcesses_v3, infoCount, infos);
+}
+
+/* ---- NVLink fabric ---- */
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo) {
+    ENTER(nvmlDeviceGetGpuFabricInfo, !gpuFabricInfo);
+    memcpy(gpuFabricInfo->clusterUuid, g.fab_cluster, sizeof g.fab_cluster);
+    gpuFabricInfo->status = g.fab_status;
+    gpuFabricInfo->cliqueId = g.fab_clique;
+    gpuFabricInfo->state = (nvmlGpuFabricState_t)g.fab_state;
+    return NVML_SUCCESS;
+}
+/* Takes nvmlGpuFabricInfo_v2_t or _v3_t, told apart by `version` as the real library does;
+   v3 is v2 with healthSummary appended, so one pointer fills both. */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
+                                         nvmlGpuFabricInfoV_t *gpuFabricInfo) {
+    ENTER(nvmlDeviceGetGpuFabricInfoV, !gpuFabricInfo);
+    unsigned version = gpuFabricInfo->version;
+    if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memcpy(gpuFabricInfo->clusterUuid, g.fab_cluster, sizeof g.fab_cluster);
+    gpuFabricInfo->status = g.fab_status;
+    gpuFabricInfo->cliqueId = g.fab_clique;
+    gpuFabricInfo->state = (nvmlGpuFabricState_t)g.fab_state;
+    gpuFabricInfo->healthMask = g.fab_health_mask;
+    if (version == nvmlGpuFabricInfo_v3)
+        gpuFabricInfo->healthSummary = (unsigned char)g.fab_health_summary;
+    return NVML_SUCCESS;
 }
 
 /* ---- field values ---- */

@@ -436,6 +436,96 @@ def test_nvlink_faults(fake: Fake) -> None:
     assert out["per_link"] == [3, 3, 2, 2]
 
 
+# What nvmlDeviceGetGpuFabricInfo and ...V write, read through pynvml's own structs
+# (handed by reference: pynvml passes the struct on as given).
+FABRIC_BODY = """
+n.nvmlInit()
+def info(h):
+    plain = n.c_nvmlGpuFabricInfo_t()
+    n.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(plain))
+    v2 = n.c_nvmlGpuFabricInfoV_t()
+    n.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
+    v3 = n.c_nvmlGpuFabricInfo_v3_t()
+    v3.healthSummary = 77
+    n.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v3))
+    return {
+        "plain": [plain.state, plain.status, plain.cliqueId, bytes(plain.clusterUuid).hex()],
+        "v2": [v2.version, v2.state, v2.status, v2.cliqueId, bytes(v2.clusterUuid).hex(),
+               v2.healthMask],
+        "v3": [v3.state, v3.healthMask, v3.healthSummary],
+    }
+out["gpus"] = [info(n.nvmlDeviceGetHandleByIndex(i)) for i in range(n.nvmlDeviceGetCount())]
+"""
+
+
+def test_fabric_info_defaults_follow_nvlink(fake: Fake) -> None:
+    """A GPU with NVLinks (the default H100 SXM) reports its registration completed with
+    success; one without NVLink reports the state NOT_SUPPORTED."""
+    scenario = {
+        "gpus": [{"bus_id": "0000:18:00.0"}, {"bus_id": "0000:19:00.0", "nvlink": {"links": 0}}]
+    }
+    out, _ = fake.run(scenario, FABRIC_BODY)
+    zero = "00" * 16
+    completed, pcie = out["gpus"]
+    assert completed["plain"] == [3, SUCCESS, 0, zero]
+    assert completed["v2"] == [0x02000024, 3, SUCCESS, 0, zero, 0]
+    assert completed["v3"] == [3, 0, 0]
+    assert pcie["plain"] == [0, SUCCESS, 0, zero]
+
+
+def test_fabric_info_as_the_scenario_says(fake: Fake) -> None:
+    fabric = {
+        "state": "COMPLETED",
+        "status": "NOT_READY",
+        "clique_id": 4026,
+        "cluster_uuid": "9c6f5af3-53bf-49b5-a436-b66766c413c3",
+        "health_mask": 0x1A,
+        "health_summary": 2,
+    }
+    scenario = {
+        "gpus": [
+            {"bus_id": "0000:18:00.0", "fabric": fabric},
+            {"bus_id": "0000:19:00.0", "fabric": {"state": "IN_PROGRESS"}},
+            {"bus_id": "0000:1a:00.0", "fabric": {"state": "NOT_STARTED"}},
+        ]
+    }
+    out, _ = fake.run(scenario, FABRIC_BODY)
+    failed, in_progress, not_started = out["gpus"]
+    uuid = "9c6f5af353bf49b5a436b66766c413c3"
+    assert failed["plain"] == [3, 27, 4026, uuid]  # NVML_ERROR_NOT_READY
+    assert failed["v2"][1:] == [3, 27, 4026, uuid, 0x1A]
+    assert failed["v3"] == [3, 0x1A, 2]
+    assert in_progress["plain"][0] == 2 and not_started["plain"][0] == 1
+
+
+def test_fabric_info_checks_its_version_and_arguments(fake: Fake) -> None:
+    out, _ = fake.run(
+        gpu(errors={"nvmlDeviceGetGpuFabricInfoV": "NOT_SUPPORTED"}),
+        """
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        versioned = n.c_nvmlGpuFabricInfoV_t()
+        out["versioned"] = rc(n.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(versioned))
+        out["null"] = rc(n.nvmlDeviceGetGpuFabricInfo, h, None)
+        plain = n.c_nvmlGpuFabricInfo_t()
+        out["plain"] = rc(n.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(plain))
+        """,
+    )
+    assert out == {"versioned": NOT_SUPPORTED, "null": INVALID_ARGUMENT, "plain": SUCCESS}
+    out, _ = fake.run(
+        gpu(),
+        """
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        wrong = n.c_nvmlGpuFabricInfoV_t()
+        wrong.version = n.nvmlGpuFabricInfo_v2 + 1
+        out["wrong"] = rc(n.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(wrong))
+        out["state"] = wrong.state
+        """,
+    )
+    assert out == {"wrong": ARGUMENT_VERSION_MISMATCH, "state": 0}
+
+
 def test_thermal_power_and_misc(fake: Fake) -> None:
     keys = {
         "temperature": 91,
@@ -852,6 +942,10 @@ def test_missing_env_var_or_file(fake: Fake) -> None:
         ('{"hang": {"nvmlDeviceGetName": 0}}', "is not a system/global function"),
         ('{"a": 1, "a": 2}', "duplicate key 'a' at byte 9"),
         (json.dumps(gpu(timed_from="boot")), '\'timed_from\' is "load" or "registration"'),
+        (json.dumps(gpu(fabric={"state": "DONE"})), "'state' is NOT_SUPPORTED, NOT_STARTED"),
+        (json.dumps(gpu(fabric={"status": "FINE"})), "unknown error name 'FINE'"),
+        (json.dumps(gpu(fabric={"cluster_uuid": "9c6f"})), "'cluster_uuid' must be 32 hex"),
+        (json.dumps(gpu(fabric={"clique": 1})), "unknown key 'clique'"),
     ],
 )
 def test_scenario_errors(fake: Fake, doc: str, message: str) -> None:

@@ -53,6 +53,7 @@ GPU_CHECKS = (
     "gpu_pcie",
     "gpu_nvlink",
     "gpu_state",
+    "gpu_fabric",
 )
 PER_GPU_CHECKS = GPU_CHECKS[2:]
 HUNG_BUS = DGX_GPUS[2]  # 0000:3a:00.0, GPU 2

@@ -221,9 +221,9 @@ def test_the_agents_fresh_results_are_the_verdict_and_stale_ones_are_not(
     # The other classes judge the same file: all fine there.
     done = npd(dgx, tmp_path, "gpu-hardware", "--max-output", "4096")
     assert done.returncode == EXIT_OK
-    # gpu_count, gpu_memory_errors, gpu_nvlink, gpu_state, gpu_xid, nvswitch_sxid, ...
+    # gpu_count, gpu_fabric, gpu_memory_errors, gpu_nvlink, gpu_state, gpu_xid, nvswitch_sxid, ...
     hardware = [c for c in load_checks().values() if c.fault_class is FaultClass.GPU_HARDWARE]
-    assert len(hardware) >= 6
+    assert len(hardware) >= 7
     assert message_of(done, 4096) == f"gpu-hardware ok: {len(hardware)} checks; agent results"
     # Stale (older than --max-age): the replica, healthy, is judged itself.
     write_agent_results(results, "gpu_throttle", Status.FAIL, age_s=120)
