@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.gpu import (
     FABRIC_COMPLETED,
     FABRIC_IN_PROGRESS,
@@ -241,6 +242,17 @@ def judge_manager(manager: DaemonProcesses, nvswitches: int, unregistered: int) 
 QUERIES = ("fabric",)
 
 
+def _nvswitch_count(ctx: CheckContext) -> tuple[int, str]:
+    """The NVSwitches on the node's bus, or 0 and why the inventory could not say: the
+    same words whether it failed now (live) or when a capture was taken."""
+    try:
+        return len(ctx.inventory.nvswitches), ""
+    except PartUnavailableError as err:
+        return 0, err.unread.reason
+    except Exception as err:  # a live read that raised; a capture holds it as Unread
+        return 0, f"reading inventory failed: {type(err).__name__}: {err}"
+
+
 @register(
     "gpu_fabric",
     fault_class=FaultClass.GPU_HARDWARE,
@@ -251,7 +263,16 @@ QUERIES = ("fabric",)
 )
 def check_gpu_fabric(ctx: CheckContext) -> Iterator[Result]:
     """Each GPU's NVLink fabric registration, and Fabric Manager where NVSwitches are."""
-    nvswitches = len(ctx.inventory.nvswitches)
+    nvswitches, unknown = _nvswitch_count(ctx)
+    if unknown:
+        # The GPUs are still judged on NVML's word (gpu_count falls back likewise); only
+        # whether Fabric Manager is this node's to run cannot be told.
+        yield Result(
+            Status.ERROR,
+            "nv-fabricmanager",
+            f"cannot tell whether NVSwitches are on the PCI bus ({unknown}): Fabric Manager "
+            "not judged",
+        )
     # Fabric Manager is this node's to run only where its NVSwitches are on its bus.
     manager: DaemonProcesses | None = ctx.part("fabric_manager") if nvswitches else None
     unregistered = 0

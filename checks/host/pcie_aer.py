@@ -180,7 +180,7 @@ def judge_path(
     judge_corrected(verdict, endpoint, watched, events, previous, now)
     if events:
         verdict.details["logged"] = [
-            {"bus_id": e.bdf, "kind": e.kind, "errors": list(e.errors), "at": e.at}
+            {"bus_id": e.bdf, "kind": e.kind, "errors": list(e.errors), "logged": e.message}
             for e in events[-20:]
         ]
     return verdict

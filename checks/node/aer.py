@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING
 
@@ -228,7 +229,7 @@ class AerReading:
     devices: list[DeviceAer] = field(default_factory=list)
 
 
-def read_aer(paths: dict[str, NodePath]) -> AerReading:
+def read_aer(paths: Mapping[str, NodePath]) -> AerReading:
     """The counters of each device of `paths` (bus id -> its sysfs folder), by bus id."""
     return AerReading([read_device_aer(bdf, folder) for bdf, folder in sorted(paths.items())])
 

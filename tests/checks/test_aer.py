@@ -246,7 +246,8 @@ def test_a_burst_read_seconds_apart_is_no_rate() -> None:
 def test_corrected_counts_since_boot_alone_are_no_rate() -> None:
     results = judge(reading(GPU={"correctable": 5000}))
     assert results[f"gpu {GPU}"].status is Status.OK
-    assert results[f"gpu {GPU}"].details["since_boot"][GPU]["correctable"] == 5000
+    since_boot = results[f"gpu {GPU}"].details["since_boot"]
+    assert isinstance(since_boot, dict) and since_boot[GPU]["correctable"] == 5000
 
 
 def corrected(bdf: str, ago: float) -> AerEvent:
