@@ -504,6 +504,17 @@ SEVERITY = '(ne $labels.class "node-config") }}critical'
             ),
             "NodecheckRdmaLinkErrors",
         ),
+        (
+            (
+                'kind="correctable"}[15m]) > 0\n        for: 1h',
+                'kind="correctable"}[15m]) > 0\n        for: 30m',
+            ),
+            "NodecheckPcieCorrectedErrors",
+        ),
+        (
+            ('{job="nodecheck",kind="correctable"}[15m])', '{job="nodecheck"}[15m])'),
+            "NodecheckPcieCorrectedErrors",
+        ),
     ],
 )
 def test_a_broken_alert_fails_its_test(
@@ -679,6 +690,9 @@ NOT_JUDGED_BY_A_CHECK = {
     "nodecheck_rdma_port_link_error_recovery_total": "errors recurring over 20 minutes",
     "nodecheck_rdma_port_symbol_errors_total": "errors recurring over 20 minutes",
     "nodecheck_rdma_port_receive_errors_total": "errors recurring over 20 minutes",
+    # pcie_aer warns above 8 corrected errors a minute between two of its readings: errors
+    # that keep coming below that rate for an hour it cannot see.
+    "nodecheck_pcie_aer_errors_total": "corrected errors recurring over an hour",
     # gpu_count reads each GPU once a minute: 2 minutes of silence are across readings.
     "nodecheck_gpu_nvml_answering": "a GPU silent for 2 minutes, across readings",
     # The benchmarks' freshness: whether a node measured at all, across the fleet.

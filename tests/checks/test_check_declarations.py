@@ -12,6 +12,9 @@ UNPRIVILEGED_ON_PURPOSE = {
     # The agent may not read the kernel log (ProtectKernelLogs=): it listens to NVML's XID
     # events instead, and says which source each result rests on.
     "gpu_xid": {"kernel_log"},
+    # The AER counters in sysfs are anyone's to read and judged without the log; the log's
+    # AER groups add when and which error, and a one-shot run's corrected rate, as root.
+    "pcie_aer": {"kernel_log"},
 }
 
 
