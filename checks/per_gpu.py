@@ -64,6 +64,9 @@ class Verdict:
     details: dict[str, object] = field(default_factory=dict)
     # Not applicable to this GPU (no NVLink on a PCIe card): `skip` with ok_summary.
     not_applicable: bool = False
+    # The findings' class where the evidence makes it another than the check's (a service
+    # that is down, not the GPU); None: the check's.
+    fault_class: FaultClass | None = None
 
     def add(
         self, status: Status, summary: str, remedy: str = "", action: Action | None = None
@@ -91,6 +94,7 @@ class Verdict:
             self.details,
             tuple(self.samples),
             action=actions[0] if actions else None,
+            fault_class=self.fault_class,
         )
 
 

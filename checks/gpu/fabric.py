@@ -13,17 +13,20 @@ Each GPU's state (nvml.h, nvmlDeviceGetGpuFabricInfoV) goes NOT_STARTED -> IN_PR
 COMPLETED, and its status says whether registration succeeded. The judging follows
 NVIDIA's NVSentinel (health-monitors/system-services-monitor, fabric_state_check.py):
 not started is Fabric Manager not running (or not yet at this GPU); in progress and
-staying there is registration stuck (NVIDIA/NVSentinel issue 889: with Fabric Manager dead the
-state stays "In Progress" for good); completed with an error status is a failed
-registration. A GPU without fabric support (a PCIe card, a pre-Hopper GPU: NVML answers
-NOT_SUPPORTED, or the state NOT_SUPPORTED) has nothing to judge: `skip`.
+staying there is registration stuck (github.com/NVIDIA/NVSentinel/issues/889: with Fabric
+Manager dead the state stays "In Progress" for good); completed with an error status is a
+failed registration. A GPU off the fabric at one reading warns (the service may not have
+started yet); at two readings a while apart it fails. A GPU without fabric support (a
+PCIe card, a pre-Hopper GPU: NVML answers NOT_SUPPORTED, or the state NOT_SUPPORTED) has
+nothing to judge: `skip`.
 
-A GPU off the fabric makes the node unusable for any job that uses NVLink, so every
-failure here is the node's own evidence of a GPU fault (class gpu-hardware: the node is
-taken out of service). The action is what brings the GPU back: with Fabric Manager not
-running, starting it (fix-node-config: a service, no reset); with it running and the GPU
-stuck or failed, a GPU reset (the check's action), or a reboot where the reset does not
-clear it.
+A GPU stuck in progress, or whose registration failed, while this node's Fabric Manager
+runs is the GPU's own fault (class gpu-hardware, a GPU reset: the node is taken out of
+service). Fabric Manager not running, or running without having started a GPU, is a
+service of the node's (class node-config, fix-node-config: start or restart it, no
+reset), and on an NVLink domain (GB200) the registration is the rack's Fabric Manager's
+on its switch trays (node-config, investigate): neither is this node's hardware, so
+neither drains it.
 """
 
 from __future__ import annotations
@@ -158,36 +161,58 @@ def judge_fabric(
     verdict.samples.append(Sample(FABRIC_STATE, fabric.state, labels))
     if fabric.state == FABRIC_COMPLETED:
         verdict.samples.append(Sample(FABRIC_STATUS, fabric.status, labels))
-    reset = (DOMAIN_REMEDY if nvswitches == 0 else RESET).format(bus_id=gpu.bus_id or gpu.index)
+    bus_id = gpu.bus_id or gpu.index
+    if nvswitches == 0:
+        # An NVLink domain's registration is the rack's Fabric Manager's, on its switch
+        # trays: not this node's own evidence, so it takes nothing out of service here.
+        verdict.fault_class = FaultClass.NODE_CONFIG
     if fabric.state == FABRIC_COMPLETED:
         if fabric.status != 0:
             summary = f"NVLink fabric registration failed: {status_name(fabric.status)}"
-            verdict.add(Status.FAIL, summary, reset)
+            if nvswitches == 0:
+                verdict.add(
+                    Status.FAIL, summary, DOMAIN_REMEDY.format(bus_id=bus_id), Action.INVESTIGATE
+                )
+            else:
+                verdict.add(Status.FAIL, summary, RESET.format(bus_id=bus_id))
         return verdict
     state = STATE_NAMES.get(fabric.state, f"state {fabric.state}")
     summary = f"not registered with the NVLink fabric ({state})"
+    # Registration takes seconds once Fabric Manager runs, but the agent or a boot-time
+    # health check may read the GPUs before the service has started: one reading warns,
+    # and two a while apart fail. NVSentinel (health-monitors/system-services-monitor,
+    # fabric_state_check.py) likewise waits for three polls in progress before it flags.
+    before = previous.fabric if previous is not None else None
+    lasting = (
+        previous is not None
+        and before is not None
+        and before.state in (FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS)
+        and gpu.read_at - previous.read_at >= STUCK_AFTER_S
+    )
+    if lasting:
+        assert previous is not None
+        seconds = gpu.read_at - previous.read_at
+        summary += f", and {seconds:.0f} s before: stuck"
+        status = Status.FAIL
+    else:
+        summary += "; it fails if still so at the next reading"
+        status = Status.WARN
     running = manager_running(manager)
     if running is False:
-        summary += ": Fabric Manager (nv-fabricmanager) is not running"
-        verdict.add(Status.FAIL, summary, START_MANAGER, Action.FIX_NODE_CONFIG)
+        summary += "; Fabric Manager (nv-fabricmanager) is not running"
+        verdict.fault_class = FaultClass.NODE_CONFIG  # a service down, not the GPU
+        verdict.add(status, summary, START_MANAGER, Action.FIX_NODE_CONFIG)
+    elif nvswitches == 0:
+        verdict.add(status, summary, DOMAIN_REMEDY.format(bus_id=bus_id), Action.INVESTIGATE)
     elif fabric.state == FABRIC_IN_PROGRESS:
-        # Registration takes seconds once Fabric Manager runs: still in progress a pass
-        # later (the agent's interval) is stuck, and only a reset starts it over.
-        before = previous.fabric if previous is not None else None
-        if previous is not None and before is not None and before.state == FABRIC_IN_PROGRESS:
-            seconds = gpu.read_at - previous.read_at
-            summary = (
-                "not registered with the NVLink fabric (still in progress "
-                f"{seconds:.0f} s after the previous reading: stuck)"
-            )
-        verdict.add(Status.FAIL, summary, reset)
-    elif nvswitches and running is True:
-        verdict.add(Status.FAIL, summary, RESTART_MANAGER, Action.FIX_NODE_CONFIG)
-    elif nvswitches:
-        # Fabric Manager's processes are not visible from here: say what to check.
-        verdict.add(Status.FAIL, summary, START_MANAGER, Action.FIX_NODE_CONFIG)
+        # With Fabric Manager running, a GPU stuck in progress is only started over by a
+        # reset: the GPU's own state, the check's class and action.
+        verdict.add(status, summary, RESET.format(bus_id=bus_id))
     else:
-        verdict.add(Status.FAIL, summary, reset)
+        # Not started while Fabric Manager runs (or cannot be seen): the service's to do.
+        verdict.fault_class = FaultClass.NODE_CONFIG
+        remedy = RESTART_MANAGER if running is True else START_MANAGER
+        verdict.add(status, summary, remedy, Action.FIX_NODE_CONFIG)
     return verdict
 
 
@@ -235,11 +260,15 @@ def judge_manager(manager: DaemonProcesses, nvswitches: int, unregistered: int) 
         details,
         samples,
         action=Action.FIX_NODE_CONFIG,
+        fault_class=FaultClass.NODE_CONFIG,  # a service down: the node's configuration
     )
 
 
 # The reads this check relies on; one that fails is reported, never passed over.
 QUERIES = ("fabric",)
+# How far apart two readings of a GPU off the fabric must be for it to fail (the agent
+# reads the GPUs once a minute).
+STUCK_AFTER_S = 45.0
 
 
 def _nvswitch_count(ctx: CheckContext) -> tuple[int, str]:

@@ -30,6 +30,7 @@ from nodecheck.checks.node.fs import PERMISSION_DENIED
 from nodecheck.checks.node.kernel_log import line_age
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
 from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid
+from nodecheck.checks.node.sxid_catalog import SxidAction
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import register
@@ -93,17 +94,18 @@ THERMAL_REMEDY = "check the node's cooling: fans, airflow, inlet temperature"
 UNKNOWN_REMEDY = "look it up in the Fabric Manager user guide's SXid tables"
 # What NVIDIA's NVSentinel mapping asks for beyond the reset (checks/node/sxid_catalog.py),
 # by its action: said after the reboot, which clears the fatal state but not a bad cable.
-FOLLOW_UP = {
-    "CHECK_LINK_MECHANICAL_CONNECTIONS": "NVIDIA's mapping asks to check this link's cables "
+FOLLOW_UP: dict[str, str] = {
+    SxidAction.LINK_CABLES: "NVIDIA's mapping asks to check this link's cables "
     "and connectors (reseat them) before the node takes jobs again",
-    "INVESTIGATE_LINK_SI": "NVIDIA's mapping asks to investigate this link's signal "
+    SxidAction.LINK_SI: "NVIDIA's mapping asks to investigate this link's signal "
     "integrity (nvidia-smi nvlink -e counters, cables, connectors)",
-    "RUN_FIELDDIAG": "NVIDIA's mapping asks for NVIDIA's field diagnostics (fieldiag) on the node",
-    "UNEXPECTED_ERR_REPORT_ISSUE": "NVIDIA's mapping calls this error unexpected: report "
+    SxidAction.FIELDDIAG: "NVIDIA's mapping asks for NVIDIA's field diagnostics (fieldiag) "
+    "on the node",
+    SxidAction.UNEXPECTED: "NVIDIA's mapping calls this error unexpected: report "
     "it to NVIDIA with the output of nvidia-bug-report.sh",
-    "REPORT_ISSUE": "NVIDIA's mapping asks to report it to NVIDIA with the output of "
+    SxidAction.REPORT_ISSUE: "NVIDIA's mapping asks to report it to NVIDIA with the output of "
     "nvidia-bug-report.sh",
-    "CHECK_FM_CONFIG": "NVIDIA's mapping points at Fabric Manager's configuration "
+    SxidAction.FM_CONFIG: "NVIDIA's mapping points at Fabric Manager's configuration "
     "(/usr/share/nvidia/nvswitch/fabricmanager.cfg) and the partition it set up",
 }
 

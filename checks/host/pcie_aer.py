@@ -7,7 +7,9 @@ sysfs-bus-pci-devices-aer_stats), so each GPU or NIC is judged on every device o
 path, and a port's error is the GPU's or NIC's below it (every one below a switch port
 that serves several).
 
-- An uncorrectable error, fatal or non-fatal, fails the GPU or NIC until the next boot.
+- An uncorrectable error, fatal or non-fatal, fails the GPU or NIC until the next boot,
+  but for a non-fatal one that is only a request refused or blocked (REQUEST_ERRORS),
+  which warns.
   The PCI Express Base Specification (6.2.2, Error Classification): a non-fatal
   uncorrectable error lost a transaction while the link stayed up; a fatal one left the
   link unreliable, and the kernel resets it (Documentation/PCI/pcieaer-howto.rst) while
@@ -15,18 +17,24 @@ that serves several).
   DMA of a training job is a hang or a wrong result. The counters count from boot and
   nothing short of a reboot clears them (nor shows a repair), so the remedy is the
   reboot, and a reseat or replacement of the part when it comes back.
-- Corrected errors are the link's own recovery (a replay, a retrain): each costs link
-  time, and a rising rate is a marginal link. They warn above 8 a minute, DCGM's limit
+- Corrected link errors are the link's own recovery (a replay, a retrain): each costs
+  link time, and a rising rate is a marginal link. They warn above 8 a minute, DCGM's limit
   for PCIe replays (DCGM_LIMIT_MAX_PCIREPLAY_RATE, "the maximum recommended by RM",
   dcgm_gpu_hardware_limits.h), which gpu_pcie applies to NVML's replay counter: the
   Replay Timer Timeout, REPLAY_NUM Rollover, Bad TLP and Bad DLLP errors are replays, and
-  a Receiver Error is the physical-layer error behind one. The rate is over the time
+  a Receiver Error is the physical-layer error behind one; these alone are rated (the
+  other corrected kinds, an advisory non-fatal error or a header log overflow, are no
+  replay). The rate is over the time
   since the agent's previous reading, and over at least a minute, so one burst read a
   few seconds apart is no rate; a one-shot run has no previous reading and takes the
   rate from the kernel log's corrected groups of the last 10 minutes instead.
 - Where the kernel keeps no AER counters for the path (before Linux 4.19, no AER
   capability, or the firmware handles AER: APEI "firmware first") and the log shows
-  nothing, the path is not watched: `skip`, said so, never a pass.
+  nothing, the path is not watched: `skip`, said so, never a pass. An error the device's
+  AER mask registers mask is never reported, so never counted: a real Dell XE9680's
+  `lspci -vvv` shows every correctable error masked (CEMsk) on its GPUs' paths while
+  their status bits (RxErr, BadTLP, Timeout) are set, so there the counters see no
+  corrected error at all, and only uncorrectable ones are judged.
 
 NVML's PCIe replay counter of a GPU (gpu_pcie's to judge) is shown beside.
 """
@@ -41,6 +49,7 @@ from nodecheck.checks.node.aer import (
     CORRECTABLE,
     FATAL,
     KINDS,
+    LINK_ERRORS,
     NONFATAL,
     AerEvent,
     AerReading,
@@ -82,6 +91,17 @@ RECEIVED = MetricSpec(
 )
 
 CORRECTED_PER_MINUTE_WARN = 8.0  # DCGM_LIMIT_MAX_PCIREPLAY_RATE
+# The non-fatal uncorrectable errors that are a completer's or a switch's answer to a
+# request (PCI Express Base Specification 6.2.3.2: Unsupported Request, Completer Abort,
+# Unexpected Completion; an ACS violation, a blocked multicast, AtomicOp or TLP-prefix
+# request): a config read of an absent function, peer-to-peer traffic ACS or the IOMMU
+# blocks, a tool's probe cause them as well as a fault. They warn, for a person to look;
+# the others (data link protocol, surprise down, poisoned or malformed TLPs, flow control,
+# receiver overflow, ECRC, a completion timeout, an internal error) are the hardware's.
+REQUEST_ERRORS = frozenset(
+    {"UnsupReq", "CmpltAbrt", "UnxCmplt", "ACSViol", "BlockedTLP", "AtomicOpBlocked",
+     "TLPBlockedErr"}
+)  # fmt: skip
 MIN_WINDOW_S = 60.0
 LOG_WINDOW_S = 600.0
 
@@ -90,13 +110,19 @@ UNCORRECTABLE_REMEDY = (
     "if uncorrectable errors come back on this path, reseat or replace the card, its riser "
     "or cable, or the switch it names"
 )
+REQUEST_REMEDY = (
+    "find what sent the refused requests (the kernel log around the time, a tool probing "
+    "config space, peer-to-peer traffic blocked by ACS or the IOMMU); if none explains them, "
+    "treat them as a hardware fault: drain, reboot, and reseat the card"
+)
 CORRECTED_REMEDY = (
     "a marginal link: reseat the card (and its riser or cable) at the next drain; if the "
     "errors stay, replace the part the errors are counted at"
 )
 NOT_WATCHED = (
     "no AER counters on its path (a kernel before 4.19, no AER capability, or AER handled "
-    "by the firmware) and no AER line in the kernel log: PCIe errors there are not watched"
+    "by the firmware, which logs its own CPER records, not read here) and no AER line in "
+    "the kernel log: PCIe errors there are not watched"
 )
 
 
@@ -132,9 +158,9 @@ def corrected_rate(
     seconds = None
     for reading in path:
         before = previous.get(reading.bdf)
-        now_total, before_total = reading.total(CORRECTABLE), None
+        now_total, before_total = reading.link_errors(), None
         if before is not None:
-            before_total = before.total(CORRECTABLE)
+            before_total = before.link_errors()
         if now_total is None or before_total is None:
             continue
         if now_total < before_total:
@@ -186,6 +212,12 @@ def judge_path(
     return verdict
 
 
+def _request_only(names: set[str]) -> bool:
+    """Whether a non-fatal group's errors are all answers to requests (named, and each of
+    REQUEST_ERRORS): no evidence of the hardware."""
+    return bool(names) and names <= REQUEST_ERRORS
+
+
 def judge_uncorrectable(
     verdict: Verdict,
     endpoint: PciDevice,
@@ -196,6 +228,7 @@ def judge_uncorrectable(
 ) -> None:
     for kind, word in ((FATAL, "fatal"), (NONFATAL, "non-fatal")):
         seen = []
+        names: set[str] = set()
         rose = False
         for reading in watched:
             total = reading.total(kind) or 0
@@ -203,11 +236,16 @@ def judge_uncorrectable(
                 seen.append(
                     f"{total} at {_where(reading.bdf, endpoint)}{_errors_shown(reading, kind)}"
                 )
+                counts = reading.counts.get(kind)
+                named = {n for n, c in counts.by_error.items() if c} if counts else set()
+                names |= named or {""}  # a total without names: not known to be a request's
                 before = previous.get(reading.bdf)
                 rose = rose or (before is not None and total > (before.total(kind) or 0))
         logged = [e for e in events if e.kind == kind]
         if not seen and not logged:
             continue
+        for event in logged:
+            names |= set(event.errors) or {""}
         text = f"{word} uncorrectable PCIe errors since boot: " + (
             "; ".join(seen) if seen else "none counted"
         )
@@ -216,8 +254,17 @@ def judge_uncorrectable(
         if logged:
             last = logged[-1]
             when = "at an unknown time" if last.at is None else f"{line_age(now - last.at)} ago"
-            names = ", ".join(last.errors) or "errors not named"
-            text += f"; the kernel log has {len(logged)}, the last {when} at {last.bdf} ({names})"
+            shown = ", ".join(last.errors) or "errors not named"
+            text += f"; the kernel log has {len(logged)}, the last {when} at {last.bdf} ({shown})"
+        if kind == NONFATAL and _request_only(names):
+            verdict.add(
+                Status.WARN,
+                f"{text}: each a request refused or blocked, which software causes as often "
+                "as the hardware",
+                REQUEST_REMEDY,
+                Action.INVESTIGATE,
+            )
+            continue
         verdict.add(Status.FAIL, text, UNCORRECTABLE_REMEDY, Action.REBOOT)
 
 
@@ -237,7 +284,10 @@ def judge_corrected(
         recent = [
             e
             for e in events
-            if e.kind == CORRECTABLE and e.at is not None and now - e.at <= LOG_WINDOW_S
+            if e.kind == CORRECTABLE
+            and e.at is not None
+            and now - e.at <= LOG_WINDOW_S
+            and (not e.errors or set(e.errors) & LINK_ERRORS)
         ]
         if not recent:
             return

@@ -110,6 +110,9 @@ UNCORRECTABLE_BITS = {
     25: ("TLPBlockedErr", "TLP Prefix Blocked Error"),
     26: ("PoisonTLPBlocked", "Poisoned TLP Egress Blocked"),
 }
+# The corrected errors of the link itself: a replay (Bad TLP, Bad DLLP, the replay timer,
+# REPLAY_NUM rolling over) or the receiver error behind one.
+LINK_ERRORS = frozenset({"RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout"})
 # A long name (or the kernel's short one) -> the short one, so both eras compare alike.
 SHORT_NAMES = {
     name.lower(): short
@@ -181,6 +184,17 @@ class DeviceAer:
     received: dict[str, int] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
 
+    def link_errors(self) -> int | None:
+        """The corrected link errors the device saw (LINK_ERRORS: each a replay, or the
+        receiver error behind one); its corrected total where the file names none of its
+        errors; None when it was not read."""
+        counts = self.counts.get(CORRECTABLE)
+        if counts is None:
+            return None
+        if counts.total and not counts.by_error:
+            return counts.total
+        return sum(count for name, count in counts.by_error.items() if name in LINK_ERRORS)
+
     def total(self, kind: str) -> int | None:
         """The errors of `kind` the device saw: its TOTAL_ERR_ line, else the sum of its
         errors (a file without the line); None when the file was not read."""
@@ -236,18 +250,27 @@ def read_aer(paths: Mapping[str, NodePath]) -> AerReading:
 
 class AerHistory:
     """The previous AER reading of each device, so the agent judges the counters by their
-    rate (as PortCounterHistory does for the RDMA ports). A one-shot run starts empty."""
+    rate (as PortCounterHistory does for the RDMA ports). A one-shot run starts empty.
 
-    def __init__(self) -> None:
+    A baseline is kept until it is `min_age_s` old: the agent runs the check again at
+    once after an XID, and runs seconds apart must not each start the window over (a
+    link erring steadily would never show a rate) nor make a few errors one."""
+
+    def __init__(self, min_age_s: float = 60.0) -> None:
+        self.min_age_s = min_age_s
         self._previous: dict[str, DeviceAer] = {}
         self._lock = threading.Lock()
 
     def exchange(self, readings: list[DeviceAer]) -> dict[str, DeviceAer]:
-        """The readings before these, by bus id; these become the previous ones."""
+        """The baselines of these readings' devices, by bus id; a reading becomes its
+        device's baseline once the one kept is `min_age_s` old (or later than it: the
+        clock was set back)."""
         with self._lock:
             previous = dict(self._previous)
             for reading in readings:
-                if reading.counts:
+                kept = self._previous.get(reading.bdf)
+                age = None if kept is None else reading.read_at - kept.read_at
+                if reading.counts and (age is None or age >= self.min_age_s or age < 0):
                     self._previous[reading.bdf] = reading
             return previous
 
@@ -289,7 +312,11 @@ STATUS_LINE = LazyPattern(
     _DEVICE + r"\s*device \[[0-9a-fA-F]{4}:[0-9a-fA-F]{4}\] error status/mask="
     r"([0-9a-fA-F]{1,8})/([0-9a-fA-F]{1,8})"
 )
-ERROR_LINE = LazyPattern(_DEVICE + r"\s*\[\s*(\d{1,2})\] ([^(]{1,60}?)\s*(?:\(First\))?\s*$")
+# One `\s+` before "(First)", never two runs of optional blanks side by side: a line of
+# thousands of blanks would make those try every split of them.
+ERROR_LINE = LazyPattern(_DEVICE + r"\s*\[\s*(\d{1,2})\] ([^(]{1,60}?)(?:\s+\(First\))?\s*$")
+# printk writes at most 1 KiB a line (LOG_LINE_MAX); the patterns see no more than this.
+LINE_LIMIT = 4096
 
 
 def severity_kind(severity: str) -> str:
@@ -333,18 +360,24 @@ def _same_moment(at: float | None, other: float | None) -> bool:
 
 
 def parse_aer_events(text: str, boot_time: float | None, now: float) -> list[AerEvent]:
-    """The AER error groups of kernel log text (kernel_log's forms), in the order logged."""
+    """The AER error groups of kernel log text (kernel_log's forms), in the order logged.
+
+    A group's status and "[bit]" lines follow its "PCIe Bus Error" line at the same moment
+    (one interrupt's handling); a line of its device at another moment, or after another
+    "received" line, belongs to no group still open."""
     clock = LineClock(boot_time, now)
     every_line = every_line_counts(text)
     groups: list[_Group] = []
     open_groups: dict[str, _Group] = {}  # by the device logging them: its latest group
     # The port of the latest "received" line and its time: the groups it announces follow
-    # it at the same time (one interrupt's handling), so a later group is not its.
+    # it at the same time, so a later group is not its.
     reporter, reported_at = "", None
-    for line in text.splitlines():
+    for whole in text.splitlines():
+        line = whole[:LINE_LIMIT]
         # Cheap tests first: a kernel log is megabytes, and few of its lines are AER's.
-        relevant = "AER" in line or "PCIe Bus Error" in line or "status/mask" in line
-        if not relevant and not (open_groups and "] " in line):
+        relevant = "AER" in line or "PCIe Bus Error" in line
+        of_open = bool(open_groups) and "] " in line and _names_open(line, open_groups)
+        if not relevant and not of_open:
             if every_line:
                 clock.stamp(line)
             continue
@@ -366,18 +399,30 @@ def parse_aer_events(text: str, boot_time: float | None, now: float) -> list[Aer
         if match := RECEIVED_LINE.search(line):
             reporter = _device_bus_id(match.group(1))
             reported_at = clock.stamp(line[: match.start()]).at
+            open_groups.clear()  # a new interrupt: its own groups follow
             continue
-        if match := STATUS_LINE.search(line):
-            group = open_groups.get(_device_bus_id(match.group(1)))
-            if group is not None:
-                status, mask = int(match.group(2), 16), int(match.group(3), 16)
-                group.from_status = status_errors(status, mask, group.event.kind)
+        match = STATUS_LINE.search(line) or ERROR_LINE.search(line)
+        if match is None:
+            if every_line:
+                clock.stamp(line)
             continue
-        if match := ERROR_LINE.search(line):
-            group = open_groups.get(_device_bus_id(match.group(1)))
-            if group is not None:
-                group.named.append(short_name(match.group(3)))
+        at = clock.stamp(line[: match.start()]).at
+        group = open_groups.get(_device_bus_id(match.group(1)))
+        if group is None:
             continue
-        if every_line:
-            clock.stamp(line)
+        if not _same_moment(at, group.event.at):
+            del open_groups[group.event.bdf]  # a line of a later moment: the group ended
+            continue
+        if match.re.pattern == STATUS_LINE.pattern:
+            status, mask = int(match.group(2), 16), int(match.group(3), 16)
+            group.from_status = status_errors(status, mask, group.event.kind)
+        else:
+            group.named.append(short_name(match.group(3)))
     return [group.done() for group in groups]
+
+
+def _names_open(line: str, open_groups: dict[str, _Group]) -> bool:
+    """Whether `line` names a device whose group is open (the kernel prints bus ids in
+    lower case; a capital one is compared as such too)."""
+    lowered = line.lower()
+    return any(bdf in lowered for bdf in open_groups)

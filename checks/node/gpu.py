@@ -646,13 +646,36 @@ def _temperature(nvml: Any, h: object) -> int:
     return int(nvml.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU))
 
 
-def fabric_of(info: Any, health_mask: int | None) -> GpuFabric:
-    """A GpuFabric from pynvml's c_nvmlGpuFabricInfo_t or _v2_t/_v3_t.
+class _FabricInfo(ctypes.Structure):
+    """nvml.h's nvmlGpuFabricInfo_t (the unversioned call's)."""
 
-    nvml.h declares nvmlGpuFabricState_t an unsigned char, followed by 3 bytes of padding;
-    nvidia-ml-py reads it as a c_uint (`_nvmlGpuFabricState_t = c_uint`), so the padding
-    becomes its high bytes: only the low byte is the state.
-    """
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * 16),  # NVML_GPU_FABRIC_UUID_LEN
+        ("status", ctypes.c_int),  # nvmlReturn_t
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),  # nvmlGpuFabricState_t: an unsigned char
+    ]
+
+
+class _FabricInfoV2(ctypes.Structure):
+    """nvml.h's nvmlGpuFabricInfo_v2_t: a version first, the health mask last."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+        ("healthMask", ctypes.c_uint),
+    ]
+
+
+# nvml.h: NVML_STRUCT_VERSION(GpuFabricInfo, 2), the struct's size and the version << 24.
+FABRIC_INFO_V2 = ctypes.sizeof(_FabricInfoV2) | 2 << 24
+
+
+def fabric_of(info: Any, health_mask: int | None) -> GpuFabric:
+    """A GpuFabric from an nvmlGpuFabricInfo_t or _v2_t."""
     return GpuFabric(
         state=int(info.state) & 0xFF,
         status=int(info.status),
@@ -663,26 +686,32 @@ def fabric_of(info: Any, health_mask: int | None) -> GpuFabric:
 
 
 def _fabric(nvml: Any, h: object) -> GpuFabric:
-    """The fabric info through nvmlDeviceGetGpuFabricInfoV; the unversioned call where the
-    binding or the driver lacks it or refuses the binding's struct version.
+    """The fabric info through nvmlDeviceGetGpuFabricInfoV (v2), else the unversioned call
+    where the driver lacks it or refuses that version.
 
-    nvidia-ml-py passes the struct on as given (`fn(device, gpuFabricInfo)`), so it must be
-    handed by reference: the library writes into it.
-    """
-    versioned = getattr(nvml, "c_nvmlGpuFabricInfoV_t", None)
-    getter = getattr(nvml, "nvmlDeviceGetGpuFabricInfoV", None)
-    if versioned is not None and getter is not None:
-        info = versioned()  # its constructor sets `version` (nvmlGpuFabricInfo_v2)
-        try:
-            getter(h, ctypes.byref(info))
+    The structs are nodecheck's own, from nvml.h, called through the binding's loader
+    (_nvmlGetFunctionPointer, _nvmlCheckReturn, in every nvidia-ml-py): the binding's own
+    classes differ by release (12.535's c_nvmlGpuFabricInfo_t has no cliqueId and no
+    versioned call at all), and its wrappers hand the struct on by value where the
+    library writes into it."""
+    try:
+        versioned = nvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfoV")
+    except nvml.NVMLError as err:
+        if error_code(err) != NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+        versioned = None
+    if versioned is not None:
+        info = _FabricInfoV2(version=FABRIC_INFO_V2)
+        returned = versioned(h, ctypes.byref(info))
+        if returned == 0:  # NVML_SUCCESS
             return fabric_of(info, int(info.healthMask))
-        except nvml.NVMLError as err:
-            fallback = (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-            if error_code(err) not in fallback:
-                raise
-    info = nvml.c_nvmlGpuFabricInfo_t()
-    nvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
-    return fabric_of(info, None)
+        if returned != NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+            nvml._nvmlCheckReturn(returned)
+    plain = _FabricInfo()
+    nvml._nvmlCheckReturn(
+        nvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")(h, ctypes.byref(plain))
+    )
+    return fabric_of(plain, None)
 
 
 def _nvlink_states(nvml: Any, h: object, r: _Reader) -> list[bool] | None:

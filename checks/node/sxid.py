@@ -183,18 +183,23 @@ _GUIDE: dict[int, tuple[str, SxidKind]] = {
 # the guide counts 10005 with 10004, and the OSFP transceivers' warning and over-temperature
 # ends are their starts' pairs.
 _THERMAL_ENDS = frozenset({10005, 28002, 28004})
+# CHECK_THERMALS codes where the transceiver shut down (over-temperature, its heartbeat):
+# its NVLinks went down with it, fatal to the partition, not a warning.
+_THERMAL_SHUTDOWNS = frozenset({28003, 28005})
 
 
 def nvsentinel_kind(code: int, action: SxidAction) -> SxidKind:
     """The catalog's kind of a code from NVSentinel's action: RESET_FABRIC is the guide's
     "always fatal" (the whole fabric resets, so the host restarts); CHECK_THERMALS a
-    thermal event, a warning for a day, since the event starts and ends by itself and
-    drains nothing of the fabric (the GPUs' own temperature is gpu_state's to judge);
-    IGNORE non-fatal; every other action (a GPU reset, the NVLink workflow, the link's
-    signal or cables, field diagnostics, a report to NVIDIA, Fabric Manager's
-    configuration) is FATAL in the mapping, fatal to the partition using that port."""
+    thermal event (one that starts and ends by itself, as the guide's 10004 and 10005),
+    but for an OSFP transceiver's shutdown, fatal; IGNORE non-fatal; every other action
+    (a GPU reset, the NVLink workflow, the link's signal or cables, field diagnostics, a
+    report to NVIDIA, Fabric Manager's configuration) is FATAL in the mapping, fatal to
+    the partition using that port."""
     if action is SxidAction.RESET_FABRIC:
         return SxidKind.ALWAYS_FATAL
+    if code in _THERMAL_SHUTDOWNS:
+        return SxidKind.FATAL
     if action is SxidAction.THERMALS or code in _THERMAL_ENDS:
         return SxidKind.THERMAL
     if action is SxidAction.IGNORE:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable
 
@@ -76,8 +77,12 @@ def find_distribution_version(project: str, search_path: Iterable[str]) -> str |
             if distribution_name(folder) != project:
                 continue
             for file in ("METADATA", "PKG-INFO"):
+                path = os.path.join(entry or ".", folder, file)
                 try:
-                    with open(os.path.join(entry or ".", folder, file), "rb") as handle:
+                    # A regular file only: a FIFO in its place would block the open.
+                    if not stat.S_ISREG(os.stat(path).st_mode):
+                        continue
+                    with open(path, "rb") as handle:
                         header = handle.read(METADATA_READ_LIMIT)
                 except OSError:
                     continue

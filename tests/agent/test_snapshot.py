@@ -39,7 +39,7 @@ def as_if_taken_at(document: dict[str, Any], taken_at: float) -> dict[str, Any]:
     log = moved["parts"]["kernel_log"]["value"]
     if isinstance(log.get("boot_time"), float):
         log["boot_time"] += shift
-    for event in (*log["xids"], *log["sxids"]):
+    for event in (*log["xids"], *log["sxids"], *log.get("aer", [])):
         if isinstance(event.get("at"), float):
             event["at"] += shift
     return {**moved, "taken_at": taken_at}

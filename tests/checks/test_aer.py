@@ -338,3 +338,74 @@ def test_the_replicas_root_ports_count_what_is_below_them(tmp_path: Path) -> Non
 
 def _fs(root: Path) -> NodeFS:
     return NodeFS(sysfs=root / "sys", procfs=root / "proc", rootfs=root)
+
+
+def counted(bdf: str, kind: str, at: float = TAKEN_AT, **by_error: int) -> DeviceAer:
+    """A device whose `kind` file names `by_error`, the other kinds at 0."""
+    counts = {k: AerCounts({}, 0) for k in CLEAN}
+    counts[kind] = AerCounts(dict(by_error), sum(by_error.values()))
+    return DeviceAer(bdf, at, counts)
+
+
+def test_refused_requests_alone_warn_and_a_hardware_error_beside_them_fails() -> None:
+    refused = AerReading([counted(NIC, "nonfatal", UnsupReq=3, ACSViol=1)])
+    nic = judge(refused)["nic mlx5_0"]
+    assert nic.status is Status.WARN and nic.action is Action.INVESTIGATE, nic
+    assert "each a request refused or blocked" in nic.summary
+    timeout = AerReading([counted(NIC, "nonfatal", UnsupReq=3, CmpltTO=1)])
+    assert judge(timeout)["nic mlx5_0"].status is Status.FAIL
+    # fatal is fatal, whatever it names
+    fatal = AerReading([counted(NIC, "fatal", UnsupReq=1)])
+    assert judge(fatal)["nic mlx5_0"].status is Status.FAIL
+    # the log's group names its errors likewise
+    event = AerEvent(NIC, "nonfatal", "Transaction Layer", ("UnsupReq",), TAKEN_AT - 60, "x")
+    assert judge(AerReading([]), (event,))["nic mlx5_0"].status is Status.WARN
+
+
+def test_only_the_link_errors_make_the_corrected_rate() -> None:
+    history = AerHistory()
+    judge(AerReading([counted(GPU, "correctable", TAKEN_AT - 60)]), history=history)
+    advisory = AerReading([counted(GPU, "correctable", NonFatalErr=500, HeaderOF=3)])
+    assert judge(advisory, history=history)[f"gpu {GPU}"].status is Status.OK
+    history = AerHistory()
+    judge(AerReading([counted(GPU, "correctable", TAKEN_AT - 60)]), history=history)
+    replays = AerReading([counted(GPU, "correctable", Timeout=20, BadDLLP=5, NonFatalErr=500)])
+    gpu = judge(replays, history=history)[f"gpu {GPU}"]
+    assert gpu.status is Status.WARN and "25 corrected PCIe errors a minute" in gpu.summary
+
+
+def test_runs_seconds_apart_keep_the_baseline_until_it_is_a_minute_old() -> None:
+    history = AerHistory()
+    base = [counted(GPU, "correctable", TAKEN_AT, RxErr=0)]
+    assert history.exchange(base) == {}
+    # an XID runs the check again 5 s later: the baseline stays the first reading
+    soon = [counted(GPU, "correctable", TAKEN_AT + 5, RxErr=3)]
+    assert history.exchange(soon)[GPU].read_at == TAKEN_AT
+    # 65 s after the first: rated against it, and this one becomes the baseline
+    later = [counted(GPU, "correctable", TAKEN_AT + 65, RxErr=30)]
+    assert history.exchange(later)[GPU].read_at == TAKEN_AT
+    assert history.exchange([])[GPU].read_at == TAKEN_AT + 65
+
+
+def test_a_line_of_blanks_is_read_at_once() -> None:
+    """Two runs of optional blanks side by side would try every split of 100,000 blanks."""
+    text = (
+        "[ 1.0] nvidia 0000:03:00.0: PCIe Bus Error: severity=Corrected, type=Physical "
+        "Layer, (Receiver ID)\n[ 1.0] nvidia 0000:03:00.0:    [ 0] RxErr" + " " * 100_000
+    )
+    [event] = parse_aer_events(text, BOOT, TAKEN_AT)
+    assert event.errors == ("RxErr",)
+
+
+def test_a_line_of_a_later_moment_joins_no_group() -> None:
+    text = "\n".join(
+        [
+            "[ 10.0] nvidia 0000:03:00.0: PCIe Bus Error: severity=Corrected, "
+            "type=Physical Layer, (Receiver ID)",
+            "[ 10.0] nvidia 0000:03:00.0:    [ 0] RxErr",
+            "[ 900.0] nvidia 0000:03:00.0:    [12] Timeout",
+            "[ 901.0] nvidia 0000:03:00.0:    [ 6] BadTLP",
+        ]
+    )
+    [event] = parse_aer_events(text, BOOT, TAKEN_AT)
+    assert event.errors == ("RxErr",)

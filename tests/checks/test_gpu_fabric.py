@@ -4,6 +4,7 @@ check on the replicas through the real nvidia-ml-py against the fake libnvidia-m
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
@@ -23,7 +24,7 @@ from nodecheck.checks.node.processes import (
     DaemonProcesses,
     find_processes_named,
 )
-from nodecheck.checks.result import Action, Result, Status
+from nodecheck.checks.result import Action, FaultClass, Result, Status
 from tests.conftest import Node
 from tests.fixtures import nodes
 from tests.fixtures.nodegen import build_node
@@ -46,6 +47,13 @@ STOPPED = DaemonProcesses(FABRIC_MANAGER_COMMAND, ())
 def reading(state: int, status: int = 0, read_at: float = 100.0) -> GpuReading:
     fabric = GpuFabric(state, status, 0, NO_CLUSTER, 0)
     return GpuReading(0, "0000:18:00.0", "NVIDIA H100 80GB HBM3", fabric=fabric, read_at=read_at)
+
+
+def minute_before(history: GpuHistory) -> None:
+    """The history's readings dated a minute earlier: the agent's previous pass."""
+    previous = history._previous  # the test stands in for the clock
+    for bus_id, gpu in previous.items():
+        previous[bus_id] = replace(gpu, read_at=gpu.read_at - 60.0)
 
 
 def verdict_of(gpu: GpuReading, **options: object) -> Result:
@@ -75,32 +83,48 @@ def test_no_fabric_support_is_nothing_to_judge() -> None:
 
 
 def test_not_started_with_fabric_manager_stopped_asks_to_start_it() -> None:
-    result = verdict_of(reading(1, 27), manager=STOPPED)
-    assert result.status is Status.FAIL and result.action is Action.FIX_NODE_CONFIG
-    assert result.summary == (
-        "not registered with the NVLink fabric (not started): Fabric Manager "
-        "(nv-fabricmanager) is not running"
+    """A service down: the node's configuration, which takes nothing out of service; one
+    reading warns (the boot may not have started it yet), two a minute apart fail."""
+    once = verdict_of(reading(1, 27), manager=STOPPED)
+    assert once.status is Status.WARN and once.action is Action.FIX_NODE_CONFIG
+    assert once.fault_class is FaultClass.NODE_CONFIG
+    assert once.summary == (
+        "not registered with the NVLink fabric (not started); it fails if still so at the "
+        "next reading; Fabric Manager (nv-fabricmanager) is not running"
     )
-    assert result.remedy == START_MANAGER
-    assert [s.metric.name for s in result.samples] == ["nodecheck_gpu_fabric_state"]
+    assert once.remedy == START_MANAGER
+    assert [s.metric.name for s in once.samples] == ["nodecheck_gpu_fabric_state"]
+    again = verdict_of(
+        reading(1, 27, read_at=160.0), manager=STOPPED, previous=reading(1, 27, read_at=100.0)
+    )
+    assert again.status is Status.FAIL and again.fault_class is FaultClass.NODE_CONFIG
+    assert "(not started), and 60 s before: stuck;" in again.summary
 
 
 def test_not_started_with_fabric_manager_running_asks_to_restart_it() -> None:
-    result = verdict_of(reading(1), manager=RUNNING)
+    result = verdict_of(reading(1, read_at=160.0), manager=RUNNING, previous=reading(1))
     assert result.status is Status.FAIL and result.action is Action.FIX_NODE_CONFIG
-    assert result.remedy == RESTART_MANAGER
+    assert result.remedy == RESTART_MANAGER and result.fault_class is FaultClass.NODE_CONFIG
 
 
-def test_in_progress_asks_for_a_reset_and_is_stuck_a_pass_later() -> None:
+def test_in_progress_warns_once_and_fails_stuck_a_reading_later() -> None:
     once = verdict_of(reading(2, 27))
-    assert once.status is Status.FAIL and once.action is None  # the check's: reset-gpu
-    assert once.summary == "not registered with the NVLink fabric (in progress)"
-    assert "nvidia-smi -r -i 0000:18:00.0" in once.remedy
-    again = verdict_of(reading(2, 27, read_at=160.0), previous=reading(2, 27, read_at=100.0))
-    assert again.summary == (
-        "not registered with the NVLink fabric (still in progress 60 s after the previous "
-        "reading: stuck)"
+    assert once.status is Status.WARN and once.action is None  # the check's: reset-gpu
+    assert once.summary == (
+        "not registered with the NVLink fabric (in progress); it fails if still so at the "
+        "next reading"
     )
+    assert "nvidia-smi -r -i 0000:18:00.0" in once.remedy
+    # the agent's next reading, a minute later: stuck, the GPU's own state
+    again = verdict_of(reading(2, 27, read_at=160.0), previous=reading(2, 27, read_at=100.0))
+    assert again.status is Status.FAIL and again.fault_class is None  # gpu-hardware
+    assert (
+        again.summary
+        == "not registered with the NVLink fabric (in progress), and 60 s before: stuck"
+    )
+    # a run seconds after the previous one (an XID's) is no evidence of being stuck
+    soon = verdict_of(reading(2, 27, read_at=105.0), previous=reading(2, 27, read_at=100.0))
+    assert soon.status is Status.WARN
 
 
 def test_a_failed_registration_names_its_status() -> None:
@@ -112,8 +136,9 @@ def test_a_failed_registration_names_its_status() -> None:
 
 def test_without_nvswitches_the_domain_is_named_not_fabric_manager() -> None:
     """A GB200 tray: its Fabric Manager runs in the rack's switch trays."""
-    result = verdict_of(reading(1), nvswitches=0, manager=None)
-    assert result.status is Status.FAIL and result.action is None
+    result = verdict_of(reading(1, read_at=160.0), nvswitches=0, manager=None, previous=reading(1))
+    assert result.status is Status.FAIL and result.action is Action.INVESTIGATE
+    assert result.fault_class is FaultClass.NODE_CONFIG  # the rack's, not this node's
     assert "NVLink switch trays" in result.remedy and "systemctl" not in result.remedy
 
 
@@ -220,11 +245,15 @@ def test_fabric_manager_down_fails_every_gpu_with_the_start_remedy(
     dgx_without_manager: Callable[..., Node],
 ) -> None:
     node = dgx_without_manager(dgx_fabric_manager_down(), "fm-down.json")
-    results = node.results("gpu_fabric")
+    history = GpuHistory()
+    node.results("gpu_fabric", gpu_history=history)  # the agent's previous pass...
+    minute_before(history)  # ... a minute before this one
+    results = node.results("gpu_fabric", gpu_history=history)
     gpus = per_gpu(results)
     assert len(gpus) == 8
     for result in gpus.values():
         assert result.status is Status.FAIL and result.action is Action.FIX_NODE_CONFIG
+        assert result.fault_class is FaultClass.NODE_CONFIG
         assert result.remedy == START_MANAGER
         assert "Fabric Manager (nv-fabricmanager) is not running" in result.summary
     manager = manager_result(results)
@@ -252,14 +281,17 @@ def test_not_started_while_fabric_manager_runs_asks_to_restart_it(
 def test_one_gpu_in_progress_is_the_only_failure(dgx: Node, tmp_path: Path) -> None:
     node = dgx.with_scenario(dgx_fabric_in_progress(), tmp_path / "in-progress.json")
     history = GpuHistory()
-    node.results("gpu_fabric", gpu_history=history)  # the agent's previous pass
+    first = per_gpu(node.results("gpu_fabric", gpu_history=history))  # the agent's previous pass
+    assert {s for s, r in first.items() if r.status is not Status.OK} == {f"gpu {DGX_GPUS[2]}"}
+    assert first[f"gpu {DGX_GPUS[2]}"].status is Status.WARN
+    minute_before(history)
     gpus = per_gpu(node.results("gpu_fabric", gpu_history=history))
     failing = {s: r for s, r in gpus.items() if r.status is not Status.OK}
     assert list(failing) == [f"gpu {DGX_GPUS[2]}"]
     [stuck] = failing.values()
     assert stuck.status is Status.FAIL and stuck.action is Action.RESET_GPU
-    assert stuck.summary.startswith("not registered with the NVLink fabric (still in progress ")
-    assert stuck.summary.endswith(" s after the previous reading: stuck)")
+    assert stuck.summary.startswith("not registered with the NVLink fabric (in progress), and ")
+    assert stuck.summary.endswith(" s before: stuck")
     assert f"nvidia-smi -r -i {DGX_GPUS[2]}" in stuck.remedy
 
 

@@ -19,6 +19,7 @@ HOST_CHECKS = (
     "numa",
     "nvswitch_sxid",
     "pcie_acs",
+    "pcie_aer",
     "pcie_link",
     "rdma_ports",
     "torch_alloc",
@@ -115,6 +116,7 @@ def test_faulty_dgx_has_exactly_the_planted_faults(dgx_faulty: Node) -> None:
         ("fail", "bridge 0000:39:00.0"),
         ("fail", "bridge 0000:99:01.0"),
         ("fail", "gpu 0000:9c:00.0"),
+        ("fail", "gpu 0000:bc:00.0"),  # pcie_aer: the Surprise Down at its switch port
         ("fail", "node"),
         ("fail", "node"),
         ("warn", "gpu 0000:ba:00.0"),

@@ -174,6 +174,7 @@ def test_a_detail_line_whose_sxid_line_is_lost_stands_for_it() -> None:
         (28006, SxidKind.FATAL),  # REPORT_ISSUE
         (27001, SxidKind.FATAL),  # CCI reset: CHECK_LINK_MECHANICAL_CONNECTIONS
         (28001, SxidKind.THERMAL),  # OSFP thermal warning: CHECK_THERMALS
+        (28005, SxidKind.FATAL),  # OSFP heartbeat shutdown: CHECK_THERMALS, its links down
         (28002, SxidKind.THERMAL),  # ... and its end (IGNORE), as 10005 is 10004's
     ],
 )

@@ -473,6 +473,30 @@ def test_fabric_info_defaults_follow_nvlink(fake: Fake) -> None:
     assert pcie["plain"] == [0, SUCCESS, 0, zero]
 
 
+def test_nodecheck_reads_the_fabric_without_the_bindings_own_structs(fake: Fake) -> None:
+    """nodecheck's own nvml.h structs, through the binding's loader: a binding whose fabric
+    classes differ (nvidia-ml-py 12.535's has no versioned call and no cliqueId) reads the
+    same."""
+    scenario = {
+        "gpus": [
+            {"bus_id": "0000:18:00.0", "fabric": {"state": "COMPLETED", "clique_id": 7}},
+            {"bus_id": "0000:19:00.0", "fabric": {"state": "IN_PROGRESS", "health_mask": 5}},
+        ]
+    }
+    body = """
+    from nodecheck.checks.node.gpu import _fabric
+    for name in ("c_nvmlGpuFabricInfoV_t", "nvmlDeviceGetGpuFabricInfoV",
+                 "c_nvmlGpuFabricInfo_t", "nvmlDeviceGetGpuFabricInfo"):
+        if hasattr(n, name):
+            delattr(n, name)
+    n.nvmlInit()
+    read = [_fabric(n, n.nvmlDeviceGetHandleByIndex(i)) for i in range(2)]
+    out["gpus"] = [[f.state, f.status, f.clique_id, f.health_mask] for f in read]
+    """
+    out, _ = fake.run(scenario, body)
+    assert out["gpus"] == [[3, SUCCESS, 7, 0], [2, SUCCESS, 0, 5]]
+
+
 def test_fabric_info_as_the_scenario_says(fake: Fake) -> None:
     fabric = {
         "state": "COMPLETED",

@@ -64,7 +64,7 @@ def redated(boot_time: float, xid_at: float | None = None) -> Callable[[dict[str
         document["taken_at"] = 1764600000.0
         log = document["parts"]["kernel_log"]["value"]
         log["boot_time"] = boot_time
-        for event in (*log["xids"], *log["sxids"]):
+        for event in (*log["xids"], *log["sxids"], *log.get("aer", [])):
             event["at"] = 1764600000.0 - 60  # a minute before the capture
         if xid_at is not None:
             log["xids"][1]["at"] = xid_at
