@@ -159,19 +159,24 @@ def main() -> None:
             "--nvml-library",
             str(library),
         ]
-        capture = root / "capture.json"
-        subprocess.run(
-            [installs[0][1], *roots, "capture", "-o", str(capture)],
-            env={"PATH": os.environ.get("PATH", "/usr/bin"), "FAKE_NVML_SCENARIO": str(scenario)},
-            check=True,
-            capture_output=True,
-        )
+        # Each install judges a capture it wrote itself: an older one (the baseline) need
+        # not read a newer capture's fields.
+        for install, nodecheck in installs:
+            subprocess.run(
+                [nodecheck, *roots, "capture", "-o", str(root / f"capture-{install}.json")],
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/bin"),
+                    "FAKE_NVML_SCENARIO": str(scenario),
+                },
+                check=True,
+                capture_output=True,
+            )
         cases = [
             ("nodecheck --help", ["--help"], 0.150),
             ("nodecheck check --json (8-GPU replica)", [*roots, "check", "--json"], 0.120),
             (
                 "nodecheck check --facts (its capture)",
-                ["check", "--json", "--facts", str(capture)],
+                ["check", "--json", "--facts", str(root / "capture-{install}.json")],
                 0.100,
             ),
             (
@@ -190,7 +195,10 @@ def main() -> None:
         )
         for label, command_arguments, goal in cases:
             rounds = time_rounds(
-                [[nodecheck, *command_arguments] for _, nodecheck in installs],
+                [
+                    [nodecheck, *(a.replace("{install}", install) for a in command_arguments)]
+                    for install, nodecheck in installs
+                ],
                 runs,
                 {"FAKE_NVML_SCENARIO": str(scenario)},
             )

@@ -29,8 +29,7 @@ from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.fs import PERMISSION_DENIED
 from nodecheck.checks.node.kernel_log import line_age
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
-from nodecheck.checks.node.sxid import SxidEvent, SxidKind, classify_sxid
-from nodecheck.checks.node.sxid_catalog import SxidAction
+from nodecheck.checks.node.sxid import SxidAction, SxidEvent, SxidKind, classify_sxid
 from nodecheck.checks.per_gpu import Verdict
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import register

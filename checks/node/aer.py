@@ -204,8 +204,10 @@ class DeviceAer:
         return counts.total if counts.total is not None else sum(counts.by_error.values())
 
 
-def read_device_aer(bdf: str, sysfs_dir: NodePath) -> DeviceAer:
-    """The AER counters of the device whose sysfs folder is `sysfs_dir`."""
+def read_device_aer(bdf: str, sysfs_dir: NodePath, root_port: bool = True) -> DeviceAer:
+    """The AER counters of the device whose sysfs folder is `sysfs_dir`; a root port's
+    messages received too, where `root_port` (only root ports and event collectors have
+    those files: they are not looked for on the others)."""
     reading = DeviceAer(bdf, time.time())
     for kind, name in DEVICE_FILES.items():
         path = f"{sysfs_dir}/{name}"
@@ -217,7 +219,7 @@ def read_device_aer(bdf: str, sysfs_dir: NodePath) -> DeviceAer:
             reading.problems[name] = str(err)
         except ValueError as err:
             reading.problems[name] = f"{path}: {err}"
-    for kind, name in ROOT_PORT_FILES.items():
+    for kind, name in ROOT_PORT_FILES.items() if root_port else ():
         path = f"{sysfs_dir}/{name}"
         try:
             text = read_optional_text(path)
@@ -243,9 +245,12 @@ class AerReading:
     devices: list[DeviceAer] = field(default_factory=list)
 
 
-def read_aer(paths: Mapping[str, NodePath]) -> AerReading:
-    """The counters of each device of `paths` (bus id -> its sysfs folder), by bus id."""
-    return AerReading([read_device_aer(bdf, folder) for bdf, folder in sorted(paths.items())])
+def read_aer(paths: Mapping[str, NodePath], root_ports: frozenset[str]) -> AerReading:
+    """The counters of each device of `paths` (bus id -> its sysfs folder), by bus id;
+    `root_ports` those whose messages received are read too."""
+    return AerReading(
+        [read_device_aer(bdf, folder, bdf in root_ports) for bdf, folder in sorted(paths.items())]
+    )
 
 
 class AerHistory:

@@ -260,13 +260,14 @@ def read_pcie_aer_part(sources: NodeSources, facts: FactsSource) -> AerReading:
     from nodecheck.checks.node.aer import read_aer, watched_endpoints
 
     inventory: Inventory = facts.get("inventory")
+    endpoints = watched_endpoints(inventory)
     paths = {
         bdf: str(inventory.pci[bdf].sysfs_dir)
-        for endpoint in watched_endpoints(inventory)
+        for endpoint in endpoints
         for bdf in endpoint.chain
         if bdf in inventory.pci
     }
-    return read_aer(paths)
+    return read_aer(paths, frozenset(endpoint.chain[0] for endpoint in endpoints))
 
 
 @part("rdma_port_counters", lazy_type("net", "RdmaPortCounterReading"))

@@ -36,13 +36,33 @@ line whose headline was lost).
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import field
 
 from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
 from nodecheck.checks.node.patterns import LazyPattern
-from nodecheck.checks.node.sxid_catalog import NVSENTINEL_SXIDS, SxidAction
 from nodecheck.checks.record import record
+
+
+class SxidAction(str, enum.Enum):
+    """NVSentinel's action for an SXid, in its own words."""
+
+    IGNORE = "IGNORE"
+    RESET_FABRIC = "RESET_FABRIC"  # the whole NVLink fabric: the host restarts
+    RESET_GPU = "RESET_GPU"
+    NVLINK_WORKFLOW = "WORKFLOW_NVLINK_POTENTIALY_FATAL_ERR"  # NVSentinel's spelling
+    LINK_SI = "INVESTIGATE_LINK_SI"  # the link's signal integrity
+    FIELDDIAG = "RUN_FIELDDIAG"
+    UNEXPECTED = "UNEXPECTED_ERR_REPORT_ISSUE"
+    REPORT_ISSUE = "REPORT_ISSUE"
+    LINK_CABLES = "CHECK_LINK_MECHANICAL_CONNECTIONS"
+    FM_CONFIG = "CHECK_FM_CONFIG"
+    THERMALS = "CHECK_THERMALS"
+
+    @property
+    def fatal(self) -> bool:
+        return self is not SxidAction.IGNORE
 
 
 class SxidKind(str, enum.Enum):
@@ -235,7 +255,12 @@ def guide_kind(code: int) -> SxidKind | None:
     return None if listed is None else listed[1]
 
 
-def _catalog() -> dict[int, SxidInfo]:
+@functools.cache
+def sxid_catalog() -> dict[int, SxidInfo]:
+    """Every code the guide or NVSentinel names, with its kind: made on first use (a
+    kernel log read without an SXid never pays for its 400 entries)."""
+    from nodecheck.checks.node.sxid_catalog import NVSENTINEL_SXIDS
+
     catalog = {code: SxidInfo(name, kind) for code, (name, kind) in _GUIDE.items()}
     for code, (driver_name, action) in NVSENTINEL_SXIDS.items():
         guide = _GUIDE.get(code)
@@ -244,11 +269,8 @@ def _catalog() -> dict[int, SxidInfo]:
     return catalog
 
 
-SXID_CATALOG: dict[int, SxidInfo] = _catalog()
-
-
 def classify_sxid(sxid: int) -> SxidInfo:
-    return SXID_CATALOG.get(sxid, SxidInfo("unknown", SxidKind.UNKNOWN))
+    return sxid_catalog().get(sxid, SxidInfo("unknown", SxidKind.UNKNOWN))
 
 
 @record

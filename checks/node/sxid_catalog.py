@@ -7,33 +7,13 @@ FATAL|NONFATAL`). The names are the driver's `NVSWITCH_ERR_HW_*` errors
 (NVIDIA/open-gpu-kernel-modules, src/common/nvswitch/interface/ctrl_dev_nvswitch.h)
 without that prefix, so a code can be looked up there. In the mapping every code whose
 action is IGNORE is NONFATAL and every other one FATAL, so the action alone says both.
-checks/node/sxid.py reads this table into its catalog; this module holds data only.
+checks/node/sxid.py reads this table into its catalog (on first use); this module holds
+data only.
 """
 
 from __future__ import annotations
 
-import enum
-
-
-class SxidAction(str, enum.Enum):
-    """NVSentinel's action for an SXid, in its own words."""
-
-    IGNORE = "IGNORE"
-    RESET_FABRIC = "RESET_FABRIC"  # the whole NVLink fabric: the host restarts
-    RESET_GPU = "RESET_GPU"
-    NVLINK_WORKFLOW = "WORKFLOW_NVLINK_POTENTIALY_FATAL_ERR"  # NVSentinel's spelling
-    LINK_SI = "INVESTIGATE_LINK_SI"  # the link's signal integrity
-    FIELDDIAG = "RUN_FIELDDIAG"
-    UNEXPECTED = "UNEXPECTED_ERR_REPORT_ISSUE"
-    REPORT_ISSUE = "REPORT_ISSUE"
-    LINK_CABLES = "CHECK_LINK_MECHANICAL_CONNECTIONS"
-    FM_CONFIG = "CHECK_FM_CONFIG"
-    THERMALS = "CHECK_THERMALS"
-
-    @property
-    def fatal(self) -> bool:
-        return self is not SxidAction.IGNORE
-
+from nodecheck.checks.node.sxid import SxidAction
 
 FIELDDIAG = SxidAction.FIELDDIAG
 FM_CONFIG = SxidAction.FM_CONFIG

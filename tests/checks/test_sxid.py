@@ -21,14 +21,15 @@ from nodecheck.checks.node.kernel_log import parse_boot_time
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts, KernelLogUnreadable
 from nodecheck.checks.node.sxid import (
     RECONCILED,
-    SXID_CATALOG,
+    SxidAction,
     SxidEvent,
     SxidKind,
     classify_sxid,
     guide_kind,
     parse_sxids,
+    sxid_catalog,
 )
-from nodecheck.checks.node.sxid_catalog import NVSENTINEL_SXIDS, SxidAction
+from nodecheck.checks.node.sxid_catalog import NVSENTINEL_SXIDS
 from nodecheck.checks.result import UNPRIVILEGED, Action, Status
 from tests.checks.literal_facts import context
 from tests.conftest import Node
@@ -185,22 +186,22 @@ def test_the_catalog(code: int, kind: SxidKind) -> None:
 def test_reconciled_lists_exactly_the_codes_where_the_guide_and_nvsentinel_part() -> None:
     parted = {
         code
-        for code in SXID_CATALOG
-        if guide_kind(code) is not None and guide_kind(code) is not SXID_CATALOG[code].kind
+        for code in sxid_catalog()
+        if guide_kind(code) is not None and guide_kind(code) is not sxid_catalog()[code].kind
     }
     assert parted == set(RECONCILED)
     for code, said in RECONCILED.items():
         guide = guide_kind(code)
         assert guide is not None and said.startswith(f"{guide.value} in the guide"), (code, said)
-        assert SXID_CATALOG[code].action in said, (code, said)
+        assert sxid_catalog()[code].action in said, (code, said)
 
 
 def test_every_nvsentinel_code_keeps_its_severity() -> None:
     """Fatal in the catalog exactly where NVSentinel says FATAL, but for the thermal
     events, which warn (checks/node/sxid.py nvsentinel_kind says why)."""
-    assert set(NVSENTINEL_SXIDS) <= set(SXID_CATALOG)
+    assert set(NVSENTINEL_SXIDS) <= set(sxid_catalog())
     for code, (_, action) in NVSENTINEL_SXIDS.items():
-        kind = SXID_CATALOG[code].kind
+        kind = sxid_catalog()[code].kind
         if kind is SxidKind.THERMAL:
             assert action in (SxidAction.THERMALS, SxidAction.IGNORE), code
             continue
