@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from nodecheck.checks.node.fs import NodePath, ReadError, read_optional_text
 from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
@@ -59,6 +59,8 @@ from nodecheck.checks.record import record
 if TYPE_CHECKING:
     from nodecheck.checks.node.inventory import Inventory
     from nodecheck.checks.node.pci import PciDevice
+
+T = TypeVar("T")
 
 CORRECTABLE = "correctable"
 NONFATAL = "nonfatal"
@@ -210,26 +212,29 @@ def read_device_aer(bdf: str, sysfs_dir: NodePath, root_port: bool = True) -> De
     those files: they are not looked for on the others)."""
     reading = DeviceAer(bdf, time.time())
     for kind, name in DEVICE_FILES.items():
-        path = f"{sysfs_dir}/{name}"
-        try:
-            text = read_optional_text(path)
-            if text is not None:
-                reading.counts[kind] = parse_aer_counts(text)
-        except ReadError as err:
-            reading.problems[name] = str(err)
-        except ValueError as err:
-            reading.problems[name] = f"{path}: {err}"
+        counts = _read_file(f"{sysfs_dir}/{name}", parse_aer_counts, name, reading.problems)
+        if counts is not None:
+            reading.counts[kind] = counts
     for kind, name in ROOT_PORT_FILES.items() if root_port else ():
-        path = f"{sysfs_dir}/{name}"
-        try:
-            text = read_optional_text(path)
-            if text is not None:
-                reading.received[kind] = parse_rootport_total(text)
-        except ReadError as err:
-            reading.problems[name] = str(err)
-        except ValueError as err:
-            reading.problems[name] = f"{path}: {err}"
+        received = _read_file(f"{sysfs_dir}/{name}", parse_rootport_total, name, reading.problems)
+        if received is not None:
+            reading.received[kind] = received
     return reading
+
+
+def _read_file(
+    path: str, parse: Callable[[str], T], name: str, problems: dict[str, str]
+) -> T | None:
+    """One counter file parsed; None when it is absent, or when it could not be read or
+    parsed, which `problems[name]` then says."""
+    try:
+        text = read_optional_text(path)
+        return None if text is None else parse(text)
+    except ReadError as err:
+        problems[name] = str(err)
+    except ValueError as err:
+        problems[name] = f"{path}: {err}"
+    return None
 
 
 def watched_endpoints(inventory: Inventory) -> list[PciDevice]:
