@@ -138,7 +138,8 @@ def tune(
 
 @click.command("exec", context_settings={"allow_interspersed_args": False})
 @local_rank_option(
-    "The local rank. [default: LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK]"
+    "The local rank. [default: LOCAL_RANK, the MPI launcher's (OMPI_COMM_WORLD_LOCAL_RANK, "
+    "MPI_LOCALRANKID, ...), SLURM_LOCALID]"
 )
 @job_options
 @click.option("--quiet", is_flag=True, help="Do not print what was applied to stderr.")
@@ -169,7 +170,7 @@ def exec_command(
             raise ExecError("no command: nodecheck exec [OPTIONS] -- CMD [ARGS...]", EXIT_USAGE)
         rank = local_rank_from(local_rank, os.environ)
         plan = tune_plan(ctx, nodes, single_switch, with_smt_siblings)
-        launch = prepare(plan, rank_plan_for(plan, rank), list(command), os.environ)
+        launch = prepare(plan, rank_plan_for(plan, rank.rank), list(command), os.environ, rank)
         from nodecheck.agent.launch.rank_exec import replace_process
 
         replace_process(launch, quiet)

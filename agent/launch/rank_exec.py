@@ -3,9 +3,12 @@
     torchrun --nproc-per-node 8 --no-python nodecheck exec -- python train.py
     srun --ntasks-per-node 8 nodecheck exec -- python train.py
 
-The rank comes from --local-rank, else the launcher: torchrun's LOCAL_RANK,
-Slurm's SLURM_LOCALID, Open MPI's OMPI_COMM_WORLD_LOCAL_RANK, MPICH's
-MPI_LOCALRANKID. The binding goes through numactl when it is installed (CPUs and
+The rank comes from --local-rank, else the launcher (RANK_VARIABLES): torchrun's
+LOCAL_RANK, then the MPI launchers', then Slurm's SLURM_LOCALID, which comes last
+because a batch script carries its own (0) into every process an mpirun inside it
+starts. When two of them disagree the one taken is said, and the other named. The
+child gets LOCAL_RANK where the launcher did not set it (srun, mpirun), as torch's
+code reads that one. The binding goes through numactl when it is installed (CPUs and
 memory); otherwise through sched_setaffinity, which binds the CPUs only.
 """
 
@@ -26,7 +29,19 @@ from nodecheck.checks.record import record
 from nodecheck.tuning.plan import Plan, RankPlan
 from nodecheck.tuning.recommendation import Action
 
-RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+# Each launcher's local rank, the one nearest the process first: torchrun's; Open MPI's
+# (and PRRTE's, https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html);
+# MPICH Hydra's and Intel MPI's; MVAPICH2's; Cray PALS's (aprun, mpiexec on HPE Cray
+# EX); Slurm's last: sbatch and salloc set SLURM_LOCALID for the batch step, and an
+# mpirun inside it hands that to all its ranks, where its own variable is each rank's.
+RANK_VARIABLES = (
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "PALS_LOCAL_RANKID",
+    "SLURM_LOCALID",
+)
 EXIT_USAGE = 2
 EXIT_CANNOT_APPLY = 1
 EXIT_NOT_EXECUTABLE = 126  # as a shell reports a command it cannot run
@@ -39,28 +54,54 @@ class ExecError(Exception):
         self.code = code
 
 
-def local_rank_from(option: int | None, environ: Mapping[str, str]) -> int:
-    """The local rank: the option, else the first launcher variable set."""
-    if option is not None:
-        return option
+@record
+class LocalRank:
+    """The rank taken, where from ("--local-rank" or a variable), and the warning when a
+    launcher variable says another."""
+
+    rank: int
+    source: str
+    warning: str = ""
+
+
+def local_rank_from(option: int | None, environ: Mapping[str, str]) -> LocalRank:
+    """The local rank: the option, else the first launcher variable set (RANK_VARIABLES);
+    a warning naming both where another one set says otherwise."""
+    found: list[tuple[str, int]] = []
     for name in RANK_VARIABLES:
         value = environ.get(name)
         if value is None:
             continue
         rank = parse_count(value)
         if rank is None:
+            if option is not None or found:
+                continue  # not the one taken: a stray variable does not stop the launch
             # Its value is not shown: only audited variables' values ever leave nodecheck.
             raise ExecError(
                 f"{name} is set but is not a local rank (a non-negative integer): "
                 "pass --local-rank N",
                 EXIT_USAGE,
             )
-        return rank
-    raise ExecError(
-        "no local rank: pass --local-rank N, or run under a launcher that sets "
-        f"{' or '.join(RANK_VARIABLES)} (torchrun, srun, mpirun)",
-        EXIT_USAGE,
-    )
+        found.append((name, rank))
+    if option is not None:
+        taken = LocalRank(option, "--local-rank")
+    elif found:
+        taken = LocalRank(found[0][1], found[0][0])
+    else:
+        raise ExecError(
+            "no local rank: pass --local-rank N, or run under a launcher that sets "
+            f"{' or '.join(RANK_VARIABLES)} (torchrun, srun, mpirun)",
+            EXIT_USAGE,
+        )
+    others = [f"{name}={rank}" for name, rank in found if rank != taken.rank]
+    if others:
+        warning = (
+            f"local rank {taken.rank} from {taken.source}, but {', '.join(others)} says otherwise"
+        )
+        if any(other.startswith("SLURM_LOCALID=") for other in others):
+            warning += " (an mpirun inside a Slurm batch step hands it the step's SLURM_LOCALID)"
+        return LocalRank(taken.rank, taken.source, warning)
+    return taken
 
 
 def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
@@ -172,12 +213,24 @@ def check_command(name: str, search_path: str) -> None:
     raise ExecError(f"{quoted}: command not found", EXIT_NOT_FOUND)
 
 
-def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str, str]) -> Launch:
+def prepare(
+    plan: Plan,
+    rank: RankPlan,
+    command: list[str],
+    environ: Mapping[str, str],
+    local_rank: LocalRank | None = None,
+) -> Launch:
     """The command line, environment and affinity that apply `rank` to `command` (one
-    word at least)."""
+    word at least); `local_rank` where it came from (its warning is shown, and the child
+    gets LOCAL_RANK where it is not set)."""
     path = environ.get("PATH", os.defpath)
     check_command(command[0], path)
     env, changed, removed, kept = applied_environment(plan, rank, environ)
+    if "LOCAL_RANK" not in env:
+        # torch's launch code, Lightning, Accelerate read LOCAL_RANK; srun and mpirun
+        # set only their own variable.
+        env["LOCAL_RANK"] = str(rank.binding.local_rank)
+        changed.append("LOCAL_RANK")
     binding = rank.binding
     where = (
         f"local rank {binding.local_rank} -> GPU {binding.gpu}, NUMA node "
@@ -210,7 +263,11 @@ def prepare(plan: Plan, rank: RankPlan, command: list[str], environ: Mapping[str
             f"; not counted, not meant for this host or container: GPU "
             f"{', '.join(plan.left_out)} (see nodecheck tune)"
         )
-    warnings = (*plan.unusable, *([rank.warning] if rank.warning else []))
+    warnings = (
+        *plan.unusable,
+        *([rank.warning] if rank.warning else []),
+        *([local_rank.warning] if local_rank is not None and local_rank.warning else []),
+    )
     membind = binding.membind if numactl is not None else None
     return Launch(
         argv, env, frozenset(binding.cpus), summary, warnings, binding.local_rank, membind

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.launch.rank_exec import applied_environment
+from nodecheck.agent.launch.rank_exec import LocalRank, applied_environment, local_rank_from
 from nodecheck.agent.launch.tune_view import env_file_value, render_env
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Recommendation
@@ -336,8 +336,47 @@ def test_exec_without_numactl(box: Node, tmp_path: Path) -> None:
 
 
 def test_exec_rank_from_slurm(box: Node, numactl: str, tmp_path: Path) -> None:
-    _, child = exec_report(box, tmp_path, "--quiet", env={"SLURM_LOCALID": "1"})
+    """Plain srun: its SLURM_LOCALID, handed on as LOCAL_RANK (torch reads that one)."""
+    done, child = exec_report(box, tmp_path, "--quiet", env={"SLURM_LOCALID": "1"})
     assert child["affinity"] == [1]
+    env = child["env"]
+    assert isinstance(env, dict) and env["LOCAL_RANK"] == "1"
+    assert "warning" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"],
+)
+def test_exec_under_mpirun_in_a_batch_step_takes_the_mpi_rank(
+    box: Node, numactl: str, tmp_path: Path, variable: str
+) -> None:
+    """mpirun inside sbatch: every rank carries the batch step's SLURM_LOCALID=0; the MPI
+    launcher's own variable is the rank's, and the disagreement is said, naming both."""
+    done, child = exec_report(box, tmp_path, "--quiet", env={"SLURM_LOCALID": "0", variable: "1"})
+    assert child["affinity"] == [1]
+    env = child["env"]
+    assert isinstance(env, dict) and env["LOCAL_RANK"] == "1"
+    assert (
+        f"nodecheck exec: warning: local rank 1 from {variable}, but SLURM_LOCALID=0 says "
+        "otherwise (an mpirun inside a Slurm batch step hands it the step's SLURM_LOCALID)"
+    ) in done.stderr
+
+
+def test_local_rank_order_and_its_warnings() -> None:
+    assert local_rank_from(None, {"LOCAL_RANK": "3", "SLURM_LOCALID": "3"}) == LocalRank(
+        3, "LOCAL_RANK"
+    )
+    taken = local_rank_from(None, {"LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "5"})
+    assert (taken.rank, taken.source) == (2, "LOCAL_RANK")
+    assert taken.warning == (
+        "local rank 2 from LOCAL_RANK, but OMPI_COMM_WORLD_LOCAL_RANK=5 says otherwise"
+    )
+    given = local_rank_from(4, {"SLURM_LOCALID": "0"})
+    assert (given.rank, given.source) == (4, "--local-rank") and "SLURM_LOCALID=0" in given.warning
+    # a stray value in a variable not taken does not stop the launch
+    assert local_rank_from(1, {"LOCAL_RANK": "x"}).rank == 1
+    assert local_rank_from(None, {"LOCAL_RANK": "1", "SLURM_LOCALID": "y"}).rank == 1
 
 
 @pytest.mark.parametrize(
