@@ -49,7 +49,9 @@ MAX_JOB_GPUS = 1 << 20
     help="GPUs in the job.",
 )
 @click.option(
-    "--no-recompute", is_flag=True, help="Activations are not recomputed (x3 instead of x4)."
+    "--no-recompute",
+    is_flag=True,
+    help="Activations are not recomputed: HFU counts x3 as MFU does, not x4.",
 )
 @click.option(
     "--gpu-model",
@@ -80,13 +82,14 @@ def mfu(
     dtype: str,
     as_json: bool,
 ) -> None:
-    """Achieved TFLOPS per GPU and MFU of a training run.
+    """Achieved TFLOPS per GPU, MFU and HFU of a training run.
 
     By the estimate in Stas Bekman's Machine Learning Engineering book
     (github.com/stas00/ml-engineering, training/performance, "TFLOPS as a
-    performance metric"), shown with the figures. Exit status: 0; 1 when the MFU
-    is above 100 % (impossible: the inputs are wrong); 2 usage error (a --gpu-model
-    with no known peak, or none for --dtype, included).
+    performance metric"), shown with the figures: MFU counts the model's FLOPs
+    (x3), HFU also the recomputed forward (x4). Exit status: 0; 1 when the HFU is
+    above 100 % (impossible: the inputs are wrong); 2 usage error (a --gpu-model with
+    no known peak, or none for --dtype, included).
     """
     import json
 
@@ -120,29 +123,38 @@ def mfu(
         fail_usage(f"mfu: {err}")
     warning = figures.warning()
     if as_json:
+        # v2: tflops_per_gpu is the model's FLOPs (x3) whatever the recomputation; v1's
+        # was x4 with it, the hardware's, which is now hardware_tflops_per_gpu.
         document = {
-            "schema": "nodecheck.mfu/v1",
+            "schema": "nodecheck.mfu/v2",
             "tflops_per_gpu": figures.tflops_per_gpu,
             "mfu": figures.mfu,
+            "hardware_tflops_per_gpu": figures.hardware_tflops_per_gpu,
+            "hfu": figures.hfu,
+            "recompute": figures.recompute,
             "peak_tflops": figures.peak_tflops,
             "gpu_model": figures.model,
             "dtype": dtype,
             "formula": figures.formula(),
+            "hardware_formula": figures.formula(figures.hardware_factor),
             "plausible": figures.plausible,
             "warning": warning,
         }
         click.echo(json.dumps(document, indent=2, allow_nan=False))
     else:
-        click.echo(f"achieved: {figures.tflops_per_gpu:.1f} TFLOPS per GPU")
+        click.echo(f"model FLOPs: {figures.tflops_per_gpu:.1f} TFLOPS per GPU")
         click.echo(f"  = {figures.formula()} / 1e12")
-        if figures.mfu is None:
+        if figures.recompute:
+            click.echo(f"hardware FLOPs: {figures.hardware_tflops_per_gpu:.1f} TFLOPS per GPU")
+            click.echo(f"  = {figures.formula(figures.hardware_factor)} / 1e12")
+        if figures.mfu is None or figures.hfu is None:
             what = f"the peak of {figures.model!r} is not known" if figures.model else "no GPU here"
             say(f"MFU: unknown ({what}; name the GPU with --gpu-model, e.g. H100-SXM)")
         else:
-            say(
-                f"MFU: {figures.mfu:.1%} of the {figures.model}'s {figures.peak_tflops:g} "
-                f"TFLOPS dense {dtype} peak"
-            )
+            peak = f"the {figures.model}'s {figures.peak_tflops:g} TFLOPS dense {dtype} peak"
+            say(f"MFU: {figures.mfu:.1%} of {peak}")
+            if figures.recompute:
+                say(f"HFU: {figures.hfu:.1%} (with the recomputation)")
     if warning:
         say(f"nodecheck: {warning}", err=True)
         ctx.exit(1)

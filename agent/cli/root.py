@@ -53,7 +53,7 @@ COMMANDS = {
         "Show the node (or a capture): GPUs (with NVML's view), NICs, NUMA nodes and their "
         "PCIe relations.",
     ),
-    "mfu": command_in("mfu", "mfu", "Achieved TFLOPS per GPU and MFU of a training run."),
+    "mfu": command_in("mfu", "mfu", "Achieved TFLOPS per GPU, MFU and HFU of a training run."),
     "npd": command_in(
         "npd",
         "npd",

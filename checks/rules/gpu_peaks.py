@@ -32,6 +32,11 @@ _MATMUL: tuple[tuple[str, MatmulRates | None], ...] = (
     (r"H200 NVL", None),
     # stas00: "H200 is the same" as H100 for MAMF.
     (r"H200", MatmulRates("H200 SXM", {"bf16": 989, "fp16": 989, "fp32": 67}, 794.5)),
+    # NVIDIA's GB200 NVL72 specifications give each GB200 GPU 5 PFLOPS FP16/BF16 with
+    # sparsity (10 per superchip of two), HGX B200's 4.5: dense, half of each
+    # (nvidia.com/en-us/data-center/gb200-nvl72/, /data-center/hgx/). No fp32 figure
+    # per GPU there: none here. Before B200, which its name contains.
+    (r"GB200", MatmulRates("GB200", {"bf16": 2500, "fp16": 2500}, None)),
     (r"B200", MatmulRates("B200 SXM", {"bf16": 2250, "fp16": 2250, "fp32": 80}, 1745.0)),
     (r"A100.*PCIe", MatmulRates("A100 PCIe", {"bf16": 312, "fp16": 312, "fp32": 19.5}, 252.9)),
     (r"A100", MatmulRates("A100 SXM", {"bf16": 312, "fp16": 312, "fp32": 19.5}, 271.2)),

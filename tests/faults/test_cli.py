@@ -264,12 +264,13 @@ def test_config_commands_take_the_global_options(tmp_path: Path, argv: list[str]
 
 
 def test_an_impossible_mfu_says_so() -> None:
-    """An iteration 1000 times too fast: MFU 37108 %. Today printed without a word."""
+    """An iteration 1000 times too fast: HFU 37108 %. Today printed without a word."""
     done = run(*mfu(iter_time="0.0125"))
     assert done.returncode == 1, done.stderr
-    assert "MFU: 37108.4% of the H100 SXM's 989 TFLOPS" in done.stdout
+    assert "MFU: 27831.3% of the H100 SXM's 989 TFLOPS" in done.stdout
+    assert "HFU: 37108.4% (with the recomputation)" in done.stdout
     assert done.stderr == (
-        "nodecheck: MFU 37108%: impossible, above the H100 SXM's peak; check --params, "
+        "nodecheck: HFU 37108%: impossible, above the H100 SXM's peak; check --params, "
         "--global-batch, --seqlen, --iter-time and --gpus\n"
     )
     as_json = run(*mfu(iter_time="0.0125"), "--json")
