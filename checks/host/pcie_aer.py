@@ -54,10 +54,8 @@ from nodecheck.checks.node.aer import (
     AerEvent,
     AerReading,
     DeviceAer,
-    watched_endpoints,
 )
 from nodecheck.checks.node.facts import PartUnavailableError
-from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.kernel_log import line_age
 from nodecheck.checks.node.kernel_log_facts import KernelLogFacts
 from nodecheck.checks.node.pci import PciDevice
@@ -124,13 +122,6 @@ NOT_WATCHED = (
     "by the firmware, which logs its own CPER records, not read here) and no AER line in "
     "the kernel log: PCIe errors there are not watched"
 )
-
-
-def subject_of(endpoint: PciDevice, inventory: Inventory) -> str:
-    if endpoint.is_gpu:
-        return gpu_subject(endpoint.bdf)
-    names = [nic.name for nic in inventory.nics if nic.pci.bdf == endpoint.bdf]
-    return nic_subject(names[0]) if names else f"pci {endpoint.bdf}"
 
 
 def _where(bdf: str, endpoint: PciDevice) -> str:
@@ -338,7 +329,10 @@ def check_pcie_aer(ctx: CheckContext) -> Iterator[Result]:
     """PCIe AER errors on each GPU's and RDMA NIC's path: uncorrectable ones fail, corrected
     ones by their rate."""
     inventory = ctx.inventory
-    endpoints = watched_endpoints(inventory)
+    # The endpoints the pcie_aer part read the paths of (aer.watched_endpoints), by subject.
+    endpoints = [(gpu_subject(gpu.bdf), gpu) for gpu in inventory.gpus]
+    endpoints += [(nic_subject(nic.name), nic.pci) for nic in inventory.nics if nic.is_rdma]
+    endpoints.sort(key=lambda endpoint: endpoint[1].bdf)
     if not endpoints:
         yield Result(Status.SKIP, "node", "no GPU and no RDMA NIC on the PCI bus")
         return
@@ -362,7 +356,7 @@ def check_pcie_aer(ctx: CheckContext) -> Iterator[Result]:
         return
     replays = _replays(ctx)
     now = ctx.now
-    for endpoint in endpoints:
+    for subject, endpoint in endpoints:
         path = [readings[bdf] for bdf in endpoint.chain if bdf in readings]
         events = [e for e in this_boot if e.bdf in endpoint.chain]
         verdict = judge_path(endpoint, path, previous, events, now)
@@ -370,7 +364,7 @@ def check_pcie_aer(ctx: CheckContext) -> Iterator[Result]:
             verdict.details["nvml_pcie_replays"] = replays[endpoint.bdf]
         if log is not None and log.unreadable is not None:
             verdict.details["kernel_log"] = f"unreadable: {log.unreadable.message}"
-        result = verdict.result(subject_of(endpoint, inventory))
+        result = verdict.result(subject)
         if result.action is Action.INSPECT_HARDWARE and result.status is Status.WARN:
             # Corrected errors slow the link; nothing is lost.
             result = replace(result, fault_class=FaultClass.GPU_PERFORMANCE)

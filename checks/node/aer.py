@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from nodecheck.checks.node.fs import NodePath, ReadError, read_optional_text
 from nodecheck.checks.node.kernel_log import LineClock, cut_message, every_line_counts
+from nodecheck.checks.node.net import parse_counter
 from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
@@ -167,13 +168,6 @@ def parse_aer_counts(text: str) -> AerCounts:
     return AerCounts(by_error, total)
 
 
-def parse_rootport_total(text: str) -> int:
-    value = text.strip()
-    if not value.isdigit() or len(value) > 20:
-        raise ValueError(f"not a count: {text!r}")
-    return int(value)
-
-
 @record
 class DeviceAer:
     """One reading of a device's AER counters. `counts` has the kinds whose file was read
@@ -216,7 +210,7 @@ def read_device_aer(bdf: str, sysfs_dir: NodePath, root_port: bool = True) -> De
         if counts is not None:
             reading.counts[kind] = counts
     for kind, name in ROOT_PORT_FILES.items() if root_port else ():
-        received = _read_file(f"{sysfs_dir}/{name}", parse_rootport_total, name, reading.problems)
+        received = _read_file(f"{sysfs_dir}/{name}", parse_counter, name, reading.problems)
         if received is not None:
             reading.received[kind] = received
     return reading

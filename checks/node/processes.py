@@ -87,11 +87,8 @@ def find_processes_named(fs: NodeFS, command: str) -> DaemonProcesses:
     for entry in entries:
         if not (entry.isascii() and entry.isdigit()):
             continue
-        try:
-            name = read_optional_text(fs.proc(entry, "comm"))
-        except ReadError:
-            continue  # exited meanwhile, or not ours to read: never the daemon's
-        if name is not None and name.strip() == command:
+        # One that exited meanwhile, or is not ours to read, has no name: never the daemon.
+        if read_process_name(fs, int(entry)).command == command:
             found.append(int(entry))
     return DaemonProcesses(command, tuple(sorted(found)))
 
