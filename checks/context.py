@@ -34,6 +34,7 @@ from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.inventory import Inventory
+    from nodecheck.checks.node.job_python import JobPython
     from nodecheck.checks.node.nvml import NvmlSession
     from nodecheck.checks.node.pci import PciDevice
     from nodecheck.checks.node.variables import Variables
@@ -108,6 +109,8 @@ class CheckContext:
     kernel_log: Path | None = None
     # Set by the agent: reads shared between the contexts of checks run close together.
     shared: SharedReads | None = None
+    # The Python the job runs, where the user named it (tune and exec, never the agent).
+    job_python: JobPython | None = None
     config: CheckConfig = field(default_factory=CheckConfig)
     facts: FactsSource = None  # type: ignore[assignment]
     _cache: dict[str, object] = field(default_factory=dict, repr=False)
@@ -126,6 +129,7 @@ class CheckContext:
                 uid=self.uid,
                 nvml=self.nvml,
                 kernel_log=self.kernel_log,
+                job_python=self.job_python,
             )
             self.facts = LiveFacts(sources, self.shared)
 

@@ -16,12 +16,13 @@ import os
 from collections.abc import Mapping
 
 from nodecheck.checks.node.inventory import Inventory
-from nodecheck.checks.node.nccl_library import NcclLibraries
+from nodecheck.checks.node.nccl_library import GID_DISCOVERY, NcclLibraries
 from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
 from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Status
+from nodecheck.checks.rules.job_versions import VersionEvidence
 from nodecheck.checks.rules.nccl_settings import (
     nccl_facts,
     rule_ib_hca,
@@ -346,8 +347,41 @@ def _fabric(
     return env, left
 
 
+# NCCL_IB_TIMEOUT's default by release: 20 since 2.23, 18 since 2.14, 14 before (NCCL docs,
+# Environment Variables: NCCL_IB_TIMEOUT, "Values accepted"; NVIDIA/nccl
+# src/transport/net_ib.cc `NCCL_PARAM(IbTimeout, "IB_TIMEOUT", ...)` at v2.13.4-1: 14,
+# v2.14.3-1 to v2.22.3-1: 18, v2.23.4-1: 20). One try waits 4.096 us x 2^value; NCCL
+# retries NCCL_IB_RETRY_CNT (7) times.
+IB_TIMEOUT_DEFAULTS = (((2, 23), 20), ((2, 14), 18), ((0, 0), 14))
+IB_RETRIES = 7
+
+
+def ib_timeout_default(version: tuple[int, ...]) -> int:
+    return next(value for since, value in IB_TIMEOUT_DEFAULTS if version[:2] >= since)
+
+
+def _ib_wait(value: int) -> str:
+    """ "4.3 s a try, about 30 s with retries" for 20."""
+    seconds = 4.096e-6 * 2**value
+    return f"{seconds:.2g} s a try, about {seconds * IB_RETRIES:.2g} s with {IB_RETRIES} retries"
+
+
+def ib_timeout_default_text(nccl: VersionEvidence) -> str:
+    """NCCL_IB_TIMEOUT's default for the job's NCCL, or every default where it is not known."""
+    if nccl.known is not None:
+        value = ib_timeout_default(nccl.known)
+        return f"the default of {nccl.describe()} is {value} ({_ib_wait(value)})"
+    return (
+        f"{nccl.account()}: NCCL's default is 20 since 2.23 ({_ib_wait(20)}), 18 from 2.14 "
+        f"to 2.22 ({_ib_wait(18)}), 14 before"
+    )
+
+
 def _left_to_nccl(
-    inventory: Inventory, pairings: list[NicPairing], libraries: NcclLibraries | None
+    inventory: Inventory,
+    pairings: list[NicPairing],
+    libraries: NcclLibraries | None,
+    nccl: VersionEvidence,
 ) -> list[LeftUnset]:
     far = sorted(
         {p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS") and not p.over_c2c}
@@ -388,9 +422,10 @@ def _left_to_nccl(
         left.append(
             LeftUnset(
                 ("NCCL_IB_TIMEOUT",),
-                "the default 20 (4.3 s a try, about 30 s with retries) suits most fabrics; "
-                "raise it to 22-23 only on a large fabric that reports IBV_WC_RETRY_EXC_ERR",
-                f"{NCCL_DOCS}: NCCL_IB_TIMEOUT",
+                f"{ib_timeout_default_text(nccl)}; the default suits most fabrics: raise it "
+                "to 22-23 only on a large fabric that reports IBV_WC_RETRY_EXC_ERR",
+                f"{NCCL_DOCS}: NCCL_IB_TIMEOUT (Values accepted); NVIDIA/nccl "
+                "src/transport/net_ib (NCCL_PARAM IbTimeout)",
             )
         )
     if any(p.link_layer == "Ethernet" for r in inventory.rdma for p in r.ports):
@@ -398,7 +433,11 @@ def _left_to_nccl(
             LeftUnset(
                 ("NCCL_IB_GID_INDEX",),
                 "NCCL 2.21 and later find the RoCE v2 GID themselves"
-                + _installed_versions(libraries),
+                + (
+                    f"; the job's: {nccl.describe()}"
+                    if nccl.known is not None
+                    else _installed_versions(libraries)
+                ),
                 f"{NCCL_DOCS}: NCCL_IB_GID_INDEX; NCCL 2.21 release notes",
             )
         )
@@ -416,16 +455,22 @@ def _installed_versions(libraries: NcclLibraries | None) -> str:
     return "; installed: " + ", ".join(library.text for library in libraries.found)
 
 
-def gid_discovery_warning(inventory: Inventory, libraries: NcclLibraries | None) -> str | None:
+def gid_discovery_warning(
+    inventory: Inventory, libraries: NcclLibraries | None, nccl: VersionEvidence | None = None
+) -> str | None:
     """An NCCL older than 2.21 on a RoCE node takes GID index 0 unless told, which on most
     RoCE ports is a RoCE v1 or link-local GID that does not route (NCCL docs:
     NCCL_IB_GID_INDEX; NCCL 2.21 release notes: RoCE GID detection)."""
-    if libraries is None or not libraries.without_gid_discovery:
-        return None
+    if nccl is not None and nccl.known is not None:
+        # The job's own NCCL decides, whatever else is installed.
+        old = "" if nccl.known[:2] >= GID_DISCOVERY else nccl.describe()
+    elif libraries is not None:
+        old = ", ".join(library.text for library in libraries.without_gid_discovery)
+    else:
+        old = ""
     roce = [r.name for r in inventory.rdma if any(p.link_layer == "Ethernet" for p in r.ports)]
-    if not roce:
+    if not old or not roce:
         return None
-    old = ", ".join(library.text for library in libraries.without_gid_discovery)
     return (
         f"warning: {old} is older than 2.21 and does not find the RoCE v2 GID itself: on "
         f"{', '.join(roce)} it uses NCCL_IB_GID_INDEX's default 0 unless told; set "
@@ -562,9 +607,12 @@ def nccl_advice(
     shape: JobShape,
     ranks: int,
     libraries: NcclLibraries | None = None,
+    nccl: VersionEvidence | None = None,
 ) -> NcclAdvice:
     """`libraries`: the NCCL versions read on the node (checks/node/nccl_library.py);
-    None when not read, and the advice then names no version."""
+    None when not read, and the advice then names no version. `nccl`: the job's NCCL
+    (checks/rules/job_versions.py), for the defaults that depend on its version."""
+    nccl = VersionEvidence("NCCL") if nccl is None else nccl
     env, notes, sockets = _socket_ifname(inventory, addressed, environ)
     hca_env, hca_left, used = _ib_hca(inventory, pairings, environ)
     layers = {
@@ -575,7 +623,7 @@ def nccl_advice(
         if port.link_layer
     }
     fabric_env, fabric_left = _fabric(shape, ranks, layers, len(used))
-    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings, libraries)
+    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings, libraries, nccl)
     notes += list(dict.fromkeys(p.note for p in pairings if p.note))
     # A degraded or down rail slows every collective of a multi-node job: said as a
     # warning, with the fix (the ranks whose GPU it serves carry it too).
@@ -586,7 +634,7 @@ def nccl_advice(
     traffic_class = roce_traffic_class_note(inventory, used)
     if traffic_class is not None:
         notes.append(traffic_class)
-    gid = gid_discovery_warning(inventory, libraries)
+    gid = gid_discovery_warning(inventory, libraries, nccl)
     if gid is not None:
         notes.append(gid)
     return NcclAdvice([*env, *hca_env, *fabric_env, debug_level(environ)], left, notes)

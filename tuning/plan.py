@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field, replace
+from typing import Any
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.calling_environment import CallingEnvironment
@@ -19,6 +20,7 @@ from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
 from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
+from nodecheck.checks.node.job_versions import JobVersions
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import AddressedInterfaces
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
@@ -26,6 +28,7 @@ from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Status
+from nodecheck.checks.rules.job_versions import VersionEvidence, job_nccl, job_torch
 from nodecheck.tuning import nccl, pytorch
 from nodecheck.tuning.bindings import (
     NicPairing,
@@ -62,6 +65,7 @@ PLAN_NEEDS = (
     "nccl_library",
     "cpuset",
     "torch_version",
+    "job_versions",
 )
 
 
@@ -110,6 +114,10 @@ class Plan:
     left_out: dict[str, str] = field(default_factory=dict)
     # Changes to the training script no variable can make (garbage collection, torchrun).
     code_hints: list[pytorch.CodeHint] = field(default_factory=list)
+    # The job's torch and NCCL, where each was read: the renamed variables' names and the
+    # version-dependent defaults rest on them.
+    torch: VersionEvidence = field(default_factory=lambda: VersionEvidence("torch"))
+    nccl: VersionEvidence = field(default_factory=lambda: VersionEvidence("NCCL"))
 
     def rank(self, local_rank: int) -> RankPlan | None:
         """The plan for a local rank. With one GPU visible (a node with one GPU, or
@@ -253,16 +261,38 @@ def _cpuset(ctx: CheckContext) -> CpusetReading:
     return reading
 
 
-def _torch_version(ctx: CheckContext) -> tuple[tuple[int, int] | None, list[str]]:
-    """The installed torch's (major, minor), and a note when it could not be read."""
+def _part_or_none(ctx: CheckContext, name: str) -> Any:
+    """A part, or None where it could not be read (a capture without it): the versions
+    are then unknown, which the plan says."""
     try:
-        found: TorchVersion = ctx.part("torch_version")
-    except PartUnavailableError as err:
-        return None, [
-            f"the installed torch's version is unknown ({err}): the allocator and flight "
-            "recorder variables are named as the newest torch names them"
-        ]
-    return found.version, []
+        return ctx.part(name)
+    except PartUnavailableError:
+        return None
+
+
+def job_versions_of(ctx: CheckContext) -> tuple[VersionEvidence, VersionEvidence]:
+    """The job's torch and NCCL, where each was read (checks/rules/job_versions.py)."""
+    versions: JobVersions | None = _part_or_none(ctx, "job_versions")
+    own: TorchVersion | None = _part_or_none(ctx, "torch_version")
+    installed: NcclLibraries | None = _part_or_none(ctx, "nccl_library")
+    return job_torch(versions, own), job_nccl(versions, installed)
+
+
+def _version_notes(ctx: CheckContext, torch: VersionEvidence, nccl: VersionEvidence) -> list[str]:
+    """Where each version came from, and what could not be read on the way."""
+    notes = [f"versions: {torch.account()}; {nccl.account()}"]
+    if torch.known is None:
+        notes.append(
+            "the job's torch is not known: each renamed variable is set under both its names "
+            "(PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF, TORCH_FR_BUFFER_SIZE and "
+            "TORCH_NCCL_TRACE_BUFFER_SIZE), which every torch takes; --python PATH names the "
+            "job's Python"
+        )
+    versions: JobVersions | None = _part_or_none(ctx, "job_versions")
+    if versions is not None:
+        notes += [f"job versions: {p.label}: {p.problem}" for p in versions.processes if p.problem]
+        notes += [f"job versions: {note}" for note in versions.notes]
+    return notes
 
 
 def _cpuset_notes(cpuset: CpusetReading) -> tuple[list[str], str]:
@@ -299,7 +329,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     environ = calling.values
     assignment, assignment_notes = _assignment(ctx)
     cpuset = _cpuset(ctx)
-    torch_version, torch_notes = _torch_version(ctx)
+    torch, job_nccl_version = job_versions_of(ctx)
     cpuset_notes, cpuset_warning = _cpuset_notes(cpuset)
     bindings = bind_ranks(
         inventory,
@@ -319,7 +349,6 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         *assignment_notes,
         *cpuset_notes,
         *_reading_notes(inventory),
-        *torch_notes,
     ]
     if coherent.problem:
         notes.append(
@@ -356,7 +385,8 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     else:
         notes += _visibility_notes(assignment, environ)
         env.append(pytorch.device_order())
-        env += pytorch.allocator(environ, torch_version)
+        notes += _version_notes(ctx, torch, job_nccl_version)
+        env += pytorch.allocator(environ, torch)
         addressed: AddressedInterfaces = ctx.part("addressed_interfaces")
         libraries: NcclLibraries = ctx.part("nccl_library")
         advice = nccl.nccl_advice(
@@ -367,9 +397,10 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             shape,
             len(bindings),
             libraries,
+            job_nccl_version,
         )
         env += advice.env
-        env += pytorch.post_mortem(environ, torch_version)
+        env += pytorch.post_mortem(environ, torch)
         left += advice.left_unset + pytorch.left_to_torch()
         notes += advice.notes
         # A rank's error (no CPU to run on) is said once, on its own line, not as a note.
@@ -430,4 +461,6 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         unusable=unusable,
         left_out=assignment.left_out,
         code_hints=pytorch.code_hints() if bindings else [],
+        torch=torch,
+        nccl=job_nccl_version,
     )

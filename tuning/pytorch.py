@@ -3,8 +3,10 @@ DataLoader, per docs/hardware.md §6 and the training performance chapter of Sta
 "Machine Learning Engineering" open book (github.com/stas00/ml-engineering,
 training/performance/README.md: "Memory fragmentation", "DataLoader").
 
-The installed torch's version decides the allocator variable's name; it is read
-from the package metadata, never by importing torch (which takes seconds).
+The job's torch version (checks/rules/job_versions.py: the Python named with --python or
+exec's command, else a running job's, read from package metadata, never by importing
+torch) decides the renamed variables' names and the allocator options' limits; where it is
+not known, both names of each renamed variable are set, and said.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from collections.abc import Mapping
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.record import record
-from nodecheck.checks.rules.allocator_settings import AllocOption, check_option, parse_alloc_conf
+from nodecheck.checks.rules.allocator_settings import (
+    AllocOption,
+    accepted_everywhere,
+    check_option,
+    parse_alloc_conf,
+    refused_before,
+)
+from nodecheck.checks.rules.job_versions import VersionEvidence
 from nodecheck.tuning.bindings import RankBinding
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation, plain
 
@@ -52,11 +61,10 @@ def _join(options: list[AllocOption]) -> str:
     return ",".join(f"{option.name}:{option.value}" for option in options)
 
 
-def allocator(
-    environ: Mapping[str, str], torch_version: tuple[int, int] | None
-) -> list[Recommendation]:
-    """expandable_segments:True, merged into whatever valid options are set now."""
-    reads_new = torch_version is None or torch_version >= NEW_NAME_SINCE
+def allocator(environ: Mapping[str, str], torch: VersionEvidence) -> list[Recommendation]:
+    """expandable_segments:True, merged into whatever valid options are set now, for the
+    job's torch (`torch`; both names where it is not known)."""
+    reads_new = torch.at_least(NEW_NAME_SINCE) is not False
     # Which value torch uses now: 2.9 and later read the new name first; older, only the old.
     current = environ.get(NEW_NAME, environ.get(OLD_NAME)) if reads_new else environ.get(OLD_NAME)
     if current is not None and not plain(current):
@@ -69,12 +77,21 @@ def allocator(
     value = "expandable_segments:True"
     errors: list[str] = []
     if current is not None:
-        options, errors = parse_alloc_conf(current)
-        valid = [o for o in options if check_option(o) is None]
+        options, errors = parse_alloc_conf(current, torch.known)
+        valid = [o for o in options if check_option(o, torch.known) is None]
+        older = refused_before(valid) if torch.known is None else []
+        if older:
+            # The job's torch is not known: an option only newer torch takes is raised to
+            # what every torch takes, so the value works whichever torch runs it.
+            valid = [accepted_everywhere(o) for o in valid]
+            reason = f"{'; '.join(older)}, and {torch.describe()}; " + reason
         backend = next((o.value for o in valid if o.name == "backend"), "native")
         expandable = next((o.value for o in valid if o.name == "expandable_segments"), None)
         if errors:
-            reason = f"torch rejects the current value ({'; '.join(errors)}); " + reason
+            whose = "torch" if torch.known is None else torch.describe()
+            reason = f"{whose} rejects the current value ({'; '.join(errors)}); " + reason
+        if older:
+            errors = older
         if not errors and backend == "cudaMallocAsync":
             value = current
             reason = (
@@ -97,24 +114,26 @@ def allocator(
     source = f"{ALLOCATOR_DOCS}; {ML_ENGINEERING_PERFORMANCE}: memory fragmentation"
     recommendations = [Recommendation(OLD_NAME, value, reason, source, advisory=advisory)]
     if reads_new:
-        installed = (
-            f"torch {torch_version[0]}.{torch_version[1]} here"
-            if torch_version
-            else "no torch in this Python, so its version is unknown"
-        )
         recommendations.append(
             Recommendation(
                 NEW_NAME,
                 value,
-                f"torch 2.9 and later read this name first ({installed}); the same value under "
-                "both names holds for every version (2.9.1 ignored the new name for CUDA, "
-                "pytorch issue #183387)",
+                f"torch 2.9 and later read this name first ({_which_torch(torch)}); the same "
+                "value under both names holds for every version (2.9.1 ignored the new name "
+                "for CUDA, pytorch issue #183387)",
                 ALLOCATOR_DOCS,
                 advisory=advisory,
                 same_as=OLD_NAME,
             )
         )
     return recommendations
+
+
+def _which_torch(torch: VersionEvidence) -> str:
+    """ "torch 2.9.1 (from ...)", or why both names are set."""
+    if torch.known is not None:
+        return torch.describe()
+    return f"{torch.describe()}, so both names are set"
 
 
 # The book budgets one core for the training process plus one per DataLoader worker, and
@@ -239,9 +258,15 @@ def dataloader(budget: CpuBudget) -> DataLoaderHint:
 # TORCH_FR_BUFFER_SIZE to comm.trace_buf_size (20000 by default, torchtitan/config/
 # job_config.py) and TORCH_NCCL_DUMP_ON_TIMEOUT=1 whenever the buffer is on.
 FLIGHT_RECORDER_ENTRIES = 20000
-# torch 2.9 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE; the old name
-# still works there, with a deprecation warning (ml-engineering debug/pytorch.md), and
-# is the only one older releases read.
+# torch 2.9 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE and
+# TORCH_NCCL_DEBUG_INFO_TEMP_FILE to TORCH_FR_DUMP_TEMP_FILE; the old names still work
+# there, with a deprecation warning (torch/csrc/distributed/c10d/Utils.hpp getCvarInt:
+# "Environment variable ... is deprecated; use ... instead"; ml-engineering
+# debug/pytorch.md), and are the only ones releases before 2.8 read (the flight recorder
+# was NCCL's own then: torch/csrc/distributed/c10d/NCCLUtils.hpp). 2.8's vendor-neutral
+# recorder (torch/csrc/distributed/c10d/FlightRecorder.hpp) already reads both names of
+# the size and of the file, the new first, as the 2.8.0 wheel's libtorch_cpu shows; the
+# old names are what works on every release before 2.9, so those are what is set there.
 FR_NAME_SINCE = (2, 9)
 FLIGHT_RECORDER_SOURCE = (
     "PyTorch docs, torch.distributed NCCL environment variables (TORCH_NCCL_DUMP_ON_TIMEOUT "
@@ -251,22 +276,47 @@ FLIGHT_RECORDER_SOURCE = (
 )
 
 
-def post_mortem(
-    environ: Mapping[str, str], torch_version: tuple[int, int] | None
-) -> list[Recommendation]:
+OLD_BUFFER_NAME = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+NEW_BUFFER_NAME = "TORCH_FR_BUFFER_SIZE"
+OLD_DUMP_FILE_NAME = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+NEW_DUMP_FILE_NAME = "TORCH_FR_DUMP_TEMP_FILE"
+
+
+def buffer_names(torch: VersionEvidence) -> list[str]:
+    """The flight recorder's size variable(s) for the job's torch: the old name before
+    2.9, the new one after, both where the version is not known."""
+    newer = torch.at_least(FR_NAME_SINCE)
+    if newer is None:
+        return [NEW_BUFFER_NAME, OLD_BUFFER_NAME]
+    return [NEW_BUFFER_NAME] if newer else [OLD_BUFFER_NAME]
+
+
+def dump_file_name(torch: VersionEvidence) -> str:
+    """How the text names the dump file's variable for the job's torch."""
+    newer = torch.at_least(FR_NAME_SINCE)
+    if newer is None:
+        return f"{NEW_DUMP_FILE_NAME} ({OLD_DUMP_FILE_NAME} before torch 2.9)"
+    return NEW_DUMP_FILE_NAME if newer else OLD_DUMP_FILE_NAME
+
+
+def post_mortem(environ: Mapping[str, str], torch: VersionEvidence) -> list[Recommendation]:
     """The flight recorder and its dump on a collective's timeout: without them a hung
     job ends with only the watchdog's "timed out" line, and no record of which rank
-    stopped at which collective."""
-    buffer_name = (
-        "TORCH_NCCL_TRACE_BUFFER_SIZE"
-        if torch_version is not None and torch_version < FR_NAME_SINCE
-        else "TORCH_FR_BUFFER_SIZE"
+    stopped at which collective. For the job's torch (`torch`): where it is not known,
+    the size goes under both names, which every torch takes (a torch before 2.9 reads only
+    the old one, default 0: the recorder off and the dump nothing to write)."""
+    names = buffer_names(torch)
+    # The size in force now: the first of the names set (torch reads the new one first).
+    entries = next(
+        (parse_count(environ[name]) for name in names if environ.get(name) is not None), None
     )
-    entries = parse_count(environ.get(buffer_name, ""))
     keeps = entries is not None and entries > 0
-    buffer = Recommendation(
-        buffer_name,
-        str(entries) if keeps else str(FLIGHT_RECORDER_ENTRIES),
+    which = (
+        f" ({torch.describe()}: this name)"
+        if torch.known is not None
+        else f"; {torch.describe()}: both names, the old one for torch before 2.9"
+    )
+    reason = (
         (
             "your flight recorder size stands"
             if keeps
@@ -276,29 +326,34 @@ def post_mortem(
         )
         + "; the cost: host memory for that many entries per rank (metadata, and a stack "
         "trace each) and a record per collective on the calling thread, small next to the "
-        "collective itself"
-        + (
-            f" (torch {torch_version[0]}.{torch_version[1]} here reads this older name)"
-            if buffer_name != "TORCH_FR_BUFFER_SIZE" and torch_version is not None
-            else ""
-        ),
-        FLIGHT_RECORDER_SOURCE,
-        # A size of 0 set on purpose stays the user's; a value that is no count does not.
-        advisory=entries is not None,
+        "collective itself" + which
     )
+    value = str(entries) if keeps else str(FLIGHT_RECORDER_ENTRIES)
+    buffers = [
+        Recommendation(
+            name,
+            value,
+            reason,
+            FLIGHT_RECORDER_SOURCE,
+            # A size of 0 set on purpose stays the user's; a value that is no count does not.
+            advisory=entries is not None,
+            same_as=names[0] if index else None,
+        )
+        for index, name in enumerate(names)
+    ]
     dump_now = environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT")
     dump = Recommendation(
         "TORCH_NCCL_DUMP_ON_TIMEOUT",
         "1",
-        "on a collective's timeout each rank writes its flight recorder to "
-        "TORCH_FR_DUMP_TEMP_FILE (default /tmp/nccl_trace_rank_<rank>; point it at shared "
-        "storage, as torchtitan does with <dump folder>/comm_traces/rank_) before the "
-        "process ends; torch's analyzer (torch.distributed.flight_recorder) then names the "
-        "rank that diverged; the cost: one file per rank, written only on a timeout",
+        "on a collective's timeout each rank writes its flight recorder to the file "
+        f"{dump_file_name(torch)} names, with the rank appended (its default is under /tmp; "
+        "point it at shared storage, as torchtitan does with <dump folder>/comm_traces/rank_) "
+        "before the process ends; torch's analyzer (torch.distributed.flight_recorder) then "
+        "names the rank that diverged; the cost: one file per rank, written only on a timeout",
         FLIGHT_RECORDER_SOURCE,
         advisory=dump_now is not None and dump_now.strip() != "1",
     )
-    return [buffer, dump]
+    return [*buffers, dump]
 
 
 @record

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -27,7 +28,31 @@ from nodecheck.agent.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from nodecheck.checks.node.job_python import JobPython
     from nodecheck.tuning.plan import Plan
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What the torch and NCCL versions of the job are read from, and what that costs: said in
+# the options' help and in docs/tuning.md.
+PYTHON_HELP = (
+    "The job's Python: an interpreter (/opt/venv/bin/python) or an environment's folder "
+    "(a venv or conda prefix). torch's and NCCL's versions are read from its package "
+    "metadata, never by importing torch: a venv or conda environment is read as it lies "
+    "(no process started, about a millisecond); another interpreter (the system's, or a "
+    "venv that includes the system's site-packages) is started once with -S to print its "
+    "paths (some tens of ms, at most 10 s)."
+)
+
+
+def python_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--python",
+        "job_python",
+        default=None,
+        metavar="PATH",
+        help=help_text,
+    )
 
 
 def tune_plan(
@@ -36,8 +61,10 @@ def tune_plan(
     single_switch: bool,
     with_smt_siblings: bool,
     timeout_s: float = NODE_READ_TIMEOUT_S,
+    job_python: JobPython | None = None,
 ) -> Plan:
-    """The plan for this node, read within `timeout_s` (exit 3 when it could not be)."""
+    """The plan for this node, read within `timeout_s` (exit 3 when it could not be);
+    `job_python` the Python the job runs, where it was named."""
     fs = node_fs(ctx)
     from nodecheck.checks.context import CheckContext
     from nodecheck.checks.runner import UnfinishedError, run_bounded
@@ -48,9 +75,12 @@ def tune_plan(
         options = TuneOptions(
             shape=JobShape(nodes, single_switch), with_smt_siblings=with_smt_siblings
         )
-        # Every part make_plan reads (the cpuset, the installed torch's version, ...) comes
+        # Every part make_plan reads (the cpuset, the job's torch version, ...) comes
         # through the context: over a loaded capture, the same call plans another node.
-        return make_plan(CheckContext(fs=fs, environ=dict(os.environ), uid=os.getuid()), options)
+        context = CheckContext(
+            fs=fs, environ=dict(os.environ), uid=os.getuid(), job_python=job_python
+        )
+        return make_plan(context, options)
 
     try:
         # A read that blocks in the kernel (a wedged device's attribute) must not hang us.
@@ -58,6 +88,18 @@ def tune_plan(
     except UnfinishedError as err:
         say(f"nodecheck: {err}", err=True)
         sys.exit(EXIT_INTERNAL)
+
+
+def named_python(path: str | None, by_command: bool = False) -> JobPython | None:
+    """The Python the job runs as the user named it: --python's PATH (an empty one is a
+    usage error), or exec's CMD."""
+    if path is None:
+        return None
+    if not path.strip() or not path.isprintable():
+        fail_usage("--python: give the path of the job's interpreter or environment")
+    from nodecheck.checks.node.job_python import EXEC_COMMAND, JobPython
+
+    return JobPython(path, EXEC_COMMAND if by_command else "--python")
 
 
 def _tune_plan_of_capture(
@@ -94,6 +136,10 @@ def _tune_plan_of_capture(
 )
 @local_rank_option("Only this local rank (and its own variables in shell and env output).")
 @job_options
+@python_option(
+    PYTHON_HELP + " [default: the running GPU processes' mapped libraries, else unknown: "
+    "renamed variables are set under both names]"
+)
 @facts_option
 @global_options
 @click.pass_context
@@ -104,6 +150,7 @@ def tune(
     nodes: int | None,
     single_switch: bool,
     with_smt_siblings: bool,
+    job_python: str | None,
     facts_path: Path | None,
 ) -> None:
     """Recommend CPU/NUMA bindings and NCCL, allocator and thread settings per local rank.
@@ -116,9 +163,13 @@ def tune(
     determined (a capture without the part, or one that records it unread).
     """
     if facts_path is not None:
+        if job_python is not None:
+            fail_usage("--python reads this node's Python; a capture (--facts) holds its own")
         plan = _tune_plan_of_capture(ctx, facts_path, nodes, single_switch, with_smt_siblings)
     else:
-        plan = tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+        plan = tune_plan(
+            ctx, nodes, single_switch, with_smt_siblings, job_python=named_python(job_python)
+        )
     from nodecheck.agent.launch.tune_view import RENDERERS, refused_rank
 
     if local_rank is not None and plan.rank(local_rank) is None:
@@ -142,6 +193,10 @@ def tune(
     "MPI_LOCALRANKID, ...), SLURM_LOCALID]"
 )
 @job_options
+@python_option(
+    PYTHON_HELP + " [default: CMD's own, when CMD is a Python interpreter or a script whose "
+    "shebang names one (torchrun): exec is about to start it anyway]"
+)
 @click.option("--quiet", is_flag=True, help="Do not print what was applied to stderr.")
 @global_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
@@ -152,6 +207,7 @@ def exec_command(
     nodes: int | None,
     single_switch: bool,
     with_smt_siblings: bool,
+    job_python: str | None,
     quiet: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -169,7 +225,10 @@ def exec_command(
         if not command:
             raise ExecError("no command: nodecheck exec [OPTIONS] -- CMD [ARGS...]", EXIT_USAGE)
         rank = local_rank_from(local_rank, os.environ)
-        plan = tune_plan(ctx, nodes, single_switch, with_smt_siblings)
+        # The Python the job runs: --python, else CMD itself (checks/node/job_python.py
+        # tells an interpreter or a Python script from anything else).
+        named = named_python(job_python) or named_python(command[0], by_command=True)
+        plan = tune_plan(ctx, nodes, single_switch, with_smt_siblings, job_python=named)
         launch = prepare(plan, rank_plan_for(plan, rank.rank), list(command), os.environ, rank)
         from nodecheck.agent.launch.rank_exec import replace_process
 

@@ -39,7 +39,7 @@ from nodecheck.checks.settings_audit import audit, sources_summary
 )
 def check_nccl_env(ctx: CheckContext) -> Iterator[Result]:
     """NCCL, CUDA and torch.distributed variables that slow, hang or break jobs."""
-    facts = variable_facts(ctx)
+    facts = variable_facts(ctx, torch_settings=False)  # the allocator's are torch_alloc's
     variables = ctx.variables
     yield from source_problems(variables)
     yield from inventory_problems(ctx.inventory)

@@ -16,7 +16,12 @@ from nodecheck.checks.rules.allocator_settings import (
     both_names_disagree,
     expandable_segments_advice,
 )
-from nodecheck.checks.rules.variable_judges import allocator_judge, source_problems
+from nodecheck.checks.rules.variable_judges import (
+    JOB_VERSIONS,
+    allocator_judge,
+    job_torch_of,
+    source_problems,
+)
 from nodecheck.checks.settings_audit import audit, sources_summary
 
 
@@ -27,14 +32,14 @@ from nodecheck.checks.settings_audit import audit, sources_summary
     origin=Origin.JOB,
     interval_s=300,
     timeout_s=15,
-    needs=("variables",),
+    needs=("variables", JOB_VERSIONS, "torch_version"),
     root=True,
 )
 def check_torch_alloc(ctx: CheckContext) -> Iterator[Result]:
     """PyTorch allocator settings: options torch rejects, and expandable segments."""
     variables = ctx.variables
     yield from source_problems(variables)
-    results, samples = audit(variables, allocator_judge, "torch_alloc")
+    results, samples = audit(variables, allocator_judge(job_torch_of(ctx)), "torch_alloc")
     results += both_names_disagree(variables.settings)
     yield from results
     summary, details = sources_summary(variables)

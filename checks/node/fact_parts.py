@@ -218,9 +218,21 @@ def read_cpuset_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_cpuset(sources.fs)
 
 
+@part("job_versions", lazy_type("job_versions", "JobVersions"), root=True)
+def read_job_versions_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The job's torch and NCCL: the Python named (tune/exec --python), and the libraries
+    the running GPU processes mapped (/proc/<pid>/maps)."""
+    from nodecheck.checks.node.job_versions import read_job_versions
+
+    variables: Variables = facts.get("variables")
+    return read_job_versions(
+        sources.fs, sources.job_python, dict(sources.environ), variables.gpu_processes
+    )
+
+
 @part("torch_version", lazy_type("torch_package", "TorchVersion"))
 def read_torch_version_part(sources: NodeSources, facts: FactsSource) -> Any:
-    """The installed torch's version, from package metadata (torch is never imported)."""
+    """The torch of nodecheck's own Python, from package metadata (never imported)."""
     from nodecheck.checks.node.torch_package import read_torch_version
 
     return read_torch_version()

@@ -45,6 +45,7 @@ from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
+    from nodecheck.checks.node.job_python import JobPython
     from nodecheck.checks.node.nvml import NvmlSession
 
 SCHEMA_PREFIX = "nodecheck.facts/v"
@@ -92,6 +93,9 @@ class NodeSources:
     nvml: NvmlSession | None = None
     # Where the kernel log is read for XIDs and SXids; None means <rootfs>/dev/kmsg.
     kernel_log: Path | None = None
+    # The Python the job runs, where the user named it (`tune --python`, exec's command):
+    # the `job_versions` part reads its packages. None: only running processes are read.
+    job_python: JobPython | None = None
 
     def session(self) -> NvmlSession:
         if self.nvml is None:

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from nodecheck.checks.record import record
 
@@ -65,16 +65,20 @@ def metadata_version(text: str) -> str | None:
     return None
 
 
-def find_distribution_version(project: str, search_path: Iterable[str]) -> str | None:
-    """`project`'s version from the first folder of `search_path` that holds its
-    metadata, as importlib.metadata.version does; None where none does."""
+def find_distribution(
+    wanted: Callable[[str], bool], search_path: Iterable[str]
+) -> tuple[str, str] | None:
+    """(normalised name, version) of the first distribution whose name `wanted` takes, in
+    the first folder of `search_path` that holds one, as importlib.metadata finds it; None
+    where none does. Each METADATA read is bounded (METADATA_READ_LIMIT)."""
     for entry in search_path:
         try:
             names = sorted(os.listdir(entry or "."))
         except OSError:  # not a folder (a zip), or gone
             continue
         for folder in names:
-            if distribution_name(folder) != project:
+            name = distribution_name(folder)
+            if name is None or not wanted(name):
                 continue
             for file in ("METADATA", "PKG-INFO"):
                 path = os.path.join(entry or ".", folder, file)
@@ -88,8 +92,15 @@ def find_distribution_version(project: str, search_path: Iterable[str]) -> str |
                     continue
                 version = metadata_version(header.decode("utf-8", "replace"))
                 if version is not None:
-                    return version
+                    return name, version
     return None
+
+
+def find_distribution_version(project: str, search_path: Iterable[str]) -> str | None:
+    """`project`'s version from the first folder of `search_path` that holds its
+    metadata, as importlib.metadata.version does; None where none does."""
+    found = find_distribution(lambda name: name == project, search_path)
+    return None if found is None else found[1]
 
 
 def read_torch_version(search_path: Iterable[str] | None = None) -> TorchVersion:

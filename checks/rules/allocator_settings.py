@@ -16,6 +16,7 @@ import re
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
+from nodecheck.checks.rules.job_versions import VersionEvidence
 from nodecheck.checks.settings_audit import SettingJudgement
 
 ALLOC_CONF_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
@@ -31,7 +32,16 @@ BOOLEAN_OPTIONS = {
     "graph_capture_record_stream_reuse",
     "throw_on_cudamalloc_oom",
 }
+# The floor of these two is kLargeBuffer, 20 MiB, but not the same test in every torch:
+# before 2.10 the CUDA allocator parsed them itself and wanted more than 20
+# (c10/cuda/CUDAAllocatorConfig.cpp, parseMaxSplitSize and parseMaxNonSplitRoundingSize:
+# `val1 > kLargeBuffer / mb`, "must be > 20"); from 2.10 it hands them to the
+# device-generic parser, which takes 20 (c10/core/AllocatorConfig.cpp,
+# AcceleratorAllocatorConfig::parseMaxSplitSize: `val_env >= min_allowed_split_size_mb`,
+# "must be >= 20"). The release wheels agree: 2.9.0's libc10_cuda.so still holds the
+# "must be > " parser, 2.10.0's none of its own.
 MIN_MB_OPTIONS = {"max_split_size_mb": 20, "max_non_split_rounding_mb": 20}
+MIN_MB_INCLUSIVE_SINCE = (2, 10)
 OTHER_OPTIONS = {
     "backend",
     "garbage_collection_threshold",
@@ -75,8 +85,12 @@ class AllocOption:
     value: str
 
 
-def parse_alloc_conf(text: str) -> tuple[list[AllocOption], list[str]]:
-    """Options and the errors torch would raise for them (an empty list: torch accepts it)."""
+def parse_alloc_conf(
+    text: str, torch: tuple[int, ...] | None = None
+) -> tuple[list[AllocOption], list[str]]:
+    """Options and the errors torch would raise for them (an empty list: torch accepts it):
+    the job's torch `torch` (major, minor, ...), or None where it is not known, when only
+    what every torch refuses counts (`refused_before` says what only older ones do)."""
     tokens = lex_alloc_conf(text)
     options: list[AllocOption] = []
     errors: list[str] = []
@@ -107,13 +121,38 @@ def parse_alloc_conf(text: str) -> tuple[list[AllocOption], list[str]]:
                 break
             index += 1
     for option in options:
-        problem = check_option(option)
+        problem = check_option(option, torch)
         if problem:
             errors.append(problem)
     return options, errors
 
 
-def check_option(option: AllocOption) -> str | None:
+def _inclusive_floor(torch: tuple[int, ...] | None) -> bool:
+    """Whether the MiB options' floor itself is taken (torch 2.10 and later, or unknown)."""
+    return torch is None or torch[:2] >= MIN_MB_INCLUSIVE_SINCE
+
+
+def refused_before(options: list[AllocOption]) -> list[str]:
+    """What torch before 2.10 refuses among options newer torch takes (a MiB option at
+    its floor, 20): to say where the job's torch is not known."""
+    return [
+        f"{o.name}:{o.value}: torch before 2.10 refuses it (it needs more than "
+        f"{MIN_MB_OPTIONS[o.name]}; {MIN_MB_OPTIONS[o.name] + 1} works on every torch)"
+        for o in options
+        if o.name in MIN_MB_OPTIONS and o.value.isdigit() and int(o.value) == MIN_MB_OPTIONS[o.name]
+    ]
+
+
+def accepted_everywhere(option: AllocOption) -> AllocOption:
+    """The option as every torch takes it: a MiB option at its floor one above it."""
+    if option.name in MIN_MB_OPTIONS and option.value == str(MIN_MB_OPTIONS[option.name]):
+        return AllocOption(option.name, str(MIN_MB_OPTIONS[option.name] + 1))
+    return option
+
+
+def check_option(option: AllocOption, torch: tuple[int, ...] | None = None) -> str | None:
+    """Why torch refuses the option (None: it takes it). `torch` the job's (major, minor),
+    None where not known: then only what every torch refuses."""
     name, value = option.name, option.value
     if name not in KNOWN_OPTIONS:
         return f"unknown option {name!r} (torch aborts: Unrecognized CachingAllocator option)"
@@ -124,8 +163,15 @@ def check_option(option: AllocOption) -> str | None:
     if name in MIN_MB_OPTIONS:
         if not value.isdigit():
             return f"{name} takes a number of MiB, not {value!r}"
-        if int(value) < MIN_MB_OPTIONS[name]:
-            return f"{name}:{value} is too small: torch requires at least {MIN_MB_OPTIONS[name]}"
+        floor = MIN_MB_OPTIONS[name]
+        if int(value) < floor:
+            return f"{name}:{value} is too small: torch requires at least {floor}"
+        if int(value) == floor and not _inclusive_floor(torch):
+            release = ".".join(map(str, torch or ()))
+            return (
+                f"{name}:{value} is too small for torch {release}: before 2.10 it needs more "
+                f"than {floor} ({floor + 1} or more)"
+            )
         return None
     if name == "backend":
         if value not in ("native", "cudaMallocAsync"):
@@ -163,7 +209,11 @@ def _check_roundup(value: str) -> str | None:
     return None
 
 
-def judge_alloc_setting(setting: Setting) -> list[SettingJudgement]:
+def judge_alloc_setting(
+    setting: Setting, torch: VersionEvidence | None = None
+) -> list[SettingJudgement]:
+    """`torch`: the version of the job that reads the setting, and where it was read
+    (None, or one not known: what only older torch refuses is a warning)."""
     name = setting.name.strip()
     if name == "PYTORCH_NO_CUDA_MEMORY_CACHING" and setting.value.strip() not in ("", "0"):
         return [
@@ -175,13 +225,20 @@ def judge_alloc_setting(setting: Setting) -> list[SettingJudgement]:
         ]
     if name not in ALLOC_CONF_NAMES:
         return []
-    options, errors = parse_alloc_conf(setting.value)
+    known = None if torch is None else torch.known
+    options, errors = parse_alloc_conf(setting.value, known)
     if errors:
+        whose = "torch" if known is None or torch is None else torch.describe()
         return [
             SettingJudgement(
-                Status.FAIL, "torch will abort at the first CUDA allocation: " + "; ".join(errors)
+                Status.FAIL,
+                f"{whose} will abort at the first CUDA allocation: " + "; ".join(errors),
             )
         ]
+    older = refused_before(options) if known is None else []
+    if older:
+        unknown = "the job's torch is not known" if torch is None else torch.describe()
+        return [SettingJudgement(Status.WARN, f"{'; '.join(older)}; {unknown}")]
     names = {option.name for option in options}
     backend = next((o.value for o in options if o.name == "backend"), "native")
     if backend == "cudaMallocAsync" and names & NATIVE_ONLY:

@@ -13,11 +13,14 @@ from collections.abc import Callable
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import PartUnavailableError, Unread
+from nodecheck.checks.node.job_versions import JobVersions
 from nodecheck.checks.node.net import PortGidTypes
+from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import Setting, Variables
 from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
 from nodecheck.checks.rules.allocator_settings import judge_alloc_setting
+from nodecheck.checks.rules.job_versions import UNKNOWN_TORCH, JobTorch, job_torch
 from nodecheck.checks.rules.nccl_settings import (
     GID_INDEX,
     NcclFacts,
@@ -30,6 +33,7 @@ from nodecheck.checks.settings_audit import SettingJudgement
 NCCL_ENV = "nccl_env"
 TORCH_ALLOC = "torch_alloc"
 ROCE_GIDS = "roce_gids"  # the part holding the RoCE ports' GID tables
+JOB_VERSIONS = "job_versions"  # the job's torch and NCCL, where they were read
 # What stands in for the GID tables where no setting names a GID index: they are read
 # only then (a RoCE port's table has up to 256 entries, each a file).
 GIDS_NOT_READ = Unread("the GID tables were not read: no setting names a GID index", "not read")
@@ -41,6 +45,8 @@ class VariableFacts:
 
     nccl: NcclFacts
     gid_tables: list[PortGidTypes] | Unread = GIDS_NOT_READ
+    # The torch that reads each setting (its version decides some options' limits).
+    torch: JobTorch = UNKNOWN_TORCH
 
 
 def judging_check(name: str) -> str:
@@ -48,11 +54,16 @@ def judging_check(name: str) -> str:
     return TORCH_ALLOC if name.strip().startswith("PYTORCH_") else NCCL_ENV
 
 
-def allocator_judge(setting: Setting) -> list[SettingJudgement]:
-    """torch_alloc's judge: the allocator's rules, for the variables that are its."""
-    if judging_check(setting.name) != TORCH_ALLOC:
-        return []
-    return judge_alloc_setting(setting)
+def allocator_judge(torch: JobTorch) -> Callable[[Setting], list[SettingJudgement]]:
+    """torch_alloc's judge: the allocator's rules, for the variables that are its, by the
+    version of the torch that reads each."""
+
+    def judge(setting: Setting) -> list[SettingJudgement]:
+        if judging_check(setting.name) != TORCH_ALLOC:
+            return []
+        return judge_alloc_setting(setting, torch.for_source(setting.source))
+
+    return judge
 
 
 def nccl_judge(facts: VariableFacts) -> Callable[[Setting], list[SettingJudgement]]:
@@ -73,7 +84,7 @@ def judge_variable(setting: Setting, facts: VariableFacts) -> tuple[str, list[Se
     """The check a variable is judged by, and that check's findings for it."""
     check = judging_check(setting.name)
     if check == TORCH_ALLOC:
-        return check, allocator_judge(setting)
+        return check, allocator_judge(facts.torch)(setting)
     return check, nccl_judge(facts)(setting)
 
 
@@ -81,17 +92,33 @@ def names_gid_index(variables: Variables) -> bool:
     return any(setting.name.strip() == GID_INDEX for setting in variables.settings)
 
 
-def variable_facts(ctx: CheckContext) -> VariableFacts:
+def job_torch_of(ctx: CheckContext) -> JobTorch:
+    """The job's torch from the `job_versions` part (unknown where it is unread), with
+    nodecheck's own Python's said beside it."""
+    try:
+        versions: JobVersions | None = ctx.part(JOB_VERSIONS)
+    except PartUnavailableError:
+        versions = None
+    try:
+        own: TorchVersion | None = ctx.part("torch_version")
+    except PartUnavailableError:
+        own = None
+    return JobTorch(job_torch(versions, own), versions)
+
+
+def variable_facts(ctx: CheckContext, torch_settings: bool = True) -> VariableFacts:
     """The facts the judges take, from the context's parts: the inventory's network facts,
-    and the GID tables where a setting names a GID index (why not, if they are unread)."""
+    the job's torch (where the allocator's settings are judged too: `torch_settings`), and
+    the GID tables where a setting names a GID index (why not, if they are unread)."""
     facts = nccl_facts(ctx.inventory)
+    torch = job_torch_of(ctx) if torch_settings else UNKNOWN_TORCH
     if not names_gid_index(ctx.variables):
-        return VariableFacts(facts)
+        return VariableFacts(facts, torch=torch)
     try:
         tables: list[PortGidTypes] = ctx.part(ROCE_GIDS)
     except PartUnavailableError as err:
-        return VariableFacts(facts, err.unread)
-    return VariableFacts(facts, tables)
+        return VariableFacts(facts, err.unread, torch)
+    return VariableFacts(facts, tables, torch)
 
 
 def source_problems(variables: Variables) -> list[Result]:

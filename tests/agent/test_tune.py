@@ -25,7 +25,7 @@ from tests.faults.test_tune import build_two_gpu_box
 from tests.fixtures.graft import placed_gpus_spec
 from tests.fixtures.nodegen import build_node
 from tests.fixtures.nodes import SECRET
-from tests.fixtures.pinned_facts import TORCH_2_13, with_parts
+from tests.fixtures.pinned_facts import JOB_TORCH_2_13, TORCH_2_13, with_parts
 
 ENVIRONMENT_D_GENERATOR = Path(
     "/usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator"
@@ -480,7 +480,10 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true",  # torch would abort
         "NCCL_IB_HCA": "mlx5",  # a prefix (a warning): the user's
     }
-    plan = make_plan(with_parts(dgx.context(calling), torch_version=TORCH_2_13), TuneOptions())
+    plan = make_plan(
+        with_parts(dgx.context(calling), torch_version=TORCH_2_13, job_versions=JOB_TORCH_2_13),
+        TuneOptions(),
+    )
     rank = plan.rank(2)
     assert rank is not None
     env, changed, removed, kept = applied_environment(plan, rank, calling)
@@ -494,12 +497,18 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     assert {"CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF"} <= set(changed)
     # An interface that does not exist is no choice to keep.
     broken = {**calling, "NCCL_SOCKET_IFNAME": "eth9"}
-    plan = make_plan(with_parts(dgx.context(broken), torch_version=TORCH_2_13), TuneOptions())
+    plan = make_plan(
+        with_parts(dgx.context(broken), torch_version=TORCH_2_13, job_versions=JOB_TORCH_2_13),
+        TuneOptions(),
+    )
     env, *_ = applied_environment(plan, plan.ranks[0], broken)
     assert env["NCCL_SOCKET_IFNAME"] == "ibp"
     # An allocator setting torch accepts is the user's too: exec does not add to it.
     own = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
-    plan = make_plan(with_parts(dgx.context(own), torch_version=TORCH_2_13), TuneOptions())
+    plan = make_plan(
+        with_parts(dgx.context(own), torch_version=TORCH_2_13, job_versions=JOB_TORCH_2_13),
+        TuneOptions(),
+    )
     env, changed, _, kept = applied_environment(plan, plan.ranks[0], own)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
     assert "PYTORCH_CUDA_ALLOC_CONF" in kept and "PYTORCH_ALLOC_CONF" not in [*env, *changed]

@@ -16,6 +16,7 @@ from nodecheck.checks.rules.allocator_settings import (
     judge_alloc_setting,
 )
 from nodecheck.checks.rules.gpu_peaks import achievable_tflops, allreduce_floor
+from nodecheck.checks.rules.job_versions import UNKNOWN_TORCH
 from nodecheck.checks.rules.nccl_settings import (
     NcclFacts,
     gid_discovery_results,
@@ -220,7 +221,10 @@ def test_dispatch_gives_each_variable_one_judge(name: str, check: str) -> None:
         "CUDA_LAUNCH_BLOCKING": "1",
     }[name]
     setting = env(name, flagged)
-    by_check = {TORCH_ALLOC: allocator_judge(setting), NCCL_ENV: nccl_judge(facts)(setting)}
+    by_check = {
+        TORCH_ALLOC: allocator_judge(UNKNOWN_TORCH)(setting),
+        NCCL_ENV: nccl_judge(facts)(setting),
+    }
     assert by_check[check] != []
     assert [f for c, found in by_check.items() if c != check for f in found] == []
     assert judge_variable(setting, facts) == (check, by_check[check])

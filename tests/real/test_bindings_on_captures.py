@@ -31,7 +31,7 @@ from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from tests.agent.test_cli import run
 from tests.conftest import CLEAN_ENVIRON
 from tests.fixtures.graft import Grafted, graft_gpus
-from tests.fixtures.pinned_facts import TORCH_2_13, with_parts
+from tests.fixtures.pinned_facts import JOB_TORCH_2_13, TORCH_2_13, with_parts
 from tools.compare_hwloc import HwlocView, parse_expected
 from tools.hwloc_captures import Capture, list_captures, real_data_dir
 
@@ -72,7 +72,9 @@ def node_fs(root: Path) -> NodeFS:
 def plan_for(root: Path) -> Plan:
     fs = node_fs(root)
     ctx = CheckContext(fs=fs, environ=dict(CLEAN_ENVIRON), uid=1000)
-    return make_plan(with_parts(ctx, torch_version=TORCH_2_13), TuneOptions())
+    return make_plan(
+        with_parts(ctx, torch_version=TORCH_2_13, job_versions=JOB_TORCH_2_13), TuneOptions()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CAPTURES) or ["(no captures)"])

@@ -11,12 +11,17 @@ from nodecheck.tuning.nccl import JobShape, throughput_verdict
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Action, LeftUnset, Recommendation
 from tests.conftest import Node
-from tests.fixtures.pinned_facts import TORCH_2_13, with_parts
+from tests.fixtures.pinned_facts import JOB_TORCH_2_13, TORCH_2_13, with_parts
 
 
 def plan_for(node: Node, environ: Mapping[str, str] | None = None, nodes: int = 16) -> Plan:
     options = TuneOptions(shape=JobShape(nodes))
-    return make_plan(with_parts(node.context(environ or {}), torch_version=TORCH_2_13), options)
+    return make_plan(
+        with_parts(
+            node.context(environ or {}), torch_version=TORCH_2_13, job_versions=JOB_TORCH_2_13
+        ),
+        options,
+    )
 
 
 def env_of(plan: Plan) -> dict[str, Recommendation]:

@@ -10,14 +10,14 @@ import pytest
 
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.net import NetInterface
-from nodecheck.checks.node.torch_package import TorchVersion
+from nodecheck.checks.rules.job_versions import VersionEvidence
 from nodecheck.tuning.bindings import bind_ranks
 from nodecheck.tuning.nccl import JobShape, ifname_value, job_nodes, socket_candidates
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.pytorch import CpuBudget, allocator, cpu_budget, parse_version
 from nodecheck.tuning.recommendation import Action, Recommendation
 from tests.conftest import Node
-from tests.fixtures.pinned_facts import TORCH_2_13, with_parts
+from tests.fixtures.pinned_facts import JOB_TORCH_2_13, TORCH_2_13, job_with, with_parts
 
 IB_RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
 DGX_GPUS = [f"0000:{bus}:00.0" for bus in ("18", "1a", "3a", "3c", "9a", "9c", "ba", "bc")]
@@ -31,9 +31,18 @@ def plan_for(
     single_switch: bool = False,
     torch_version: tuple[int, int] | None = (2, 13),
 ) -> Plan:
+    """The plan with the job's torch at `torch_version` (None: not known)."""
     options = TuneOptions(shape=JobShape(nodes, single_switch))
-    ctx = with_parts(node.context(environ or {}), torch_version=TorchVersion(torch_version))
+    job = job_with(None if torch_version is None else ".".join(map(str, torch_version)) + ".0")
+    ctx = with_parts(node.context(environ or {}), torch_version=TORCH_2_13, job_versions=job)
     return make_plan(ctx, options)
+
+
+def torch_at(text: str | None) -> VersionEvidence:
+    """The job's torch as --python reads it (None: not known)."""
+    if text is None:
+        return VersionEvidence("torch")
+    return VersionEvidence("torch", text, "--python /opt/venv/bin/python", True)
 
 
 def by_name(recommendations: list[Recommendation]) -> dict[str, Recommendation]:
@@ -319,17 +328,17 @@ def test_missing_cpu_topology(dgx: Node, copy_node: Callable[[Node], Node]) -> N
 )
 def test_allocator_value(current: str | None, value: str) -> None:
     environ = {} if current is None else {"PYTORCH_CUDA_ALLOC_CONF": current}
-    recommendations = allocator(environ, (2, 13))
+    recommendations = allocator(environ, torch_at("2.13.0"))
     assert [r.value for r in recommendations] == [value, value]
 
 
 def test_allocator_name_follows_the_torch_version() -> None:
-    assert [r.name for r in allocator({}, (2, 8))] == ["PYTORCH_CUDA_ALLOC_CONF"]
-    assert [r.name for r in allocator({}, (2, 9))] == [
+    assert [r.name for r in allocator({}, torch_at("2.8.0"))] == ["PYTORCH_CUDA_ALLOC_CONF"]
+    assert [r.name for r in allocator({}, torch_at("2.9.0"))] == [
         "PYTORCH_CUDA_ALLOC_CONF",
         "PYTORCH_ALLOC_CONF",
     ]
-    assert len(allocator({}, None)) == 2  # unknown version: both, the same value
+    assert len(allocator({}, torch_at(None))) == 2  # unknown version: both, the same value
     assert parse_version("2.9.1+cu128") == (2, 9) and parse_version("nightly") is None
 
 
@@ -395,8 +404,8 @@ def test_allocator_reads_the_name_torch_reads() -> None:
         "PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync",
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
     }
-    assert {r.value for r in allocator(environ, (2, 13))} == {"backend:cudaMallocAsync"}
-    [old] = allocator(environ, (2, 8))
+    assert {r.value for r in allocator(environ, torch_at("2.13.0"))} == {"backend:cudaMallocAsync"}
+    [old] = allocator(environ, torch_at("2.8.0"))
     assert old.value == "max_split_size_mb:128,expandable_segments:True"
 
 
@@ -474,7 +483,9 @@ def test_cpu_budget_never_oversubscribes() -> None:
 def test_without_smt_siblings(dgx: Node) -> None:
     """--no-smt-siblings: one thread per core, and the budget is of those 14."""
     options = TuneOptions(with_smt_siblings=False)
-    plan = make_plan(with_parts(dgx.context({}), torch_version=TORCH_2_13), options)
+    plan = make_plan(
+        with_parts(dgx.context({}), torch_version=TORCH_2_13, job_versions=JOB_TORCH_2_13), options
+    )
     for rank in plan.ranks:
         assert len(rank.binding.cpus) == 14
         assert plan.environment(rank)["OMP_NUM_THREADS"] == "11"

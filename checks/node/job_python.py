@@ -1,0 +1,275 @@
+"""The torch and NCCL of the Python a job will run, named by `--python` or found as
+`nodecheck exec`'s command: read from that environment's package metadata, never by
+importing torch.
+
+Where the environment is a venv (`pyvenv.cfg` beside or above the interpreter: the venv
+module's documentation, "How venvs work") without the system's site-packages, or a conda
+environment (`conda-meta/`), its `lib/pythonX.Y/site-packages` is read as it lies, and
+nothing is started. Anywhere else (the system's Python, a venv that includes the system's
+site-packages) the interpreter is asked for its paths: one start-up with `-S`, so no
+`site` module runs, and with it no `.pth` file, sitecustomize or usercustomize (Python docs,
+the site module), bounded by INTERPRETER_TIMEOUT_S and INTERPRETER_OUTPUT_LIMIT, in the
+calling environment (PYTHONPATH counts as it does for the job). Its `site.venv()` reads
+`pyvenv.cfg` as `site.main()` would, so a venv's system site-packages are included.
+
+The distributions are `torch` and pip's NCCL for torch, `nvidia-nccl-cuXX` (its library
+is only `nvidia/nccl/lib/libnccl.so.2`: the version is the distribution's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_prefix
+from nodecheck.checks.node.torch_package import find_distribution
+from nodecheck.checks.record import record
+
+INTERPRETER_TIMEOUT_S = 10.0
+# The probe prints a few paths: 64 KiB is far past any sys.path.
+INTERPRETER_OUTPUT_LIMIT = 64 << 10
+# A script's first line, where its shebang is: the kernel reads at most BINPRM_BUF_SIZE,
+# 256 bytes of it (include/uapi/linux/binfmts.h).
+SHEBANG_LIMIT = 256
+PYVENV_CFG_LIMIT = 64 << 10
+PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+LIB_PYTHON = re.compile(r"^python(\d+)\.(\d+)t?$")
+NCCL_WHEEL = re.compile(r"^nvidia-nccl-cu\d+$")
+
+# The interpreter's answer: its paths as the job will search them, no site module run.
+PROBE = (
+    "import json, site, sys\n"
+    "if hasattr(site, 'venv'): site.venv(set())\n"
+    "enable = site.ENABLE_USER_SITE\n"
+    "if enable is None: enable = site.check_enableusersite()\n"
+    "user = site.getusersitepackages() if enable else None\n"
+    "print(json.dumps({'path': [p for p in sys.path if p], 'user': user,"
+    " 'site': site.getsitepackages()}))\n"
+)
+
+
+@record
+class JobPython:
+    """The Python the job runs, as the user named it: `--python PATH` (an interpreter or
+    an environment's folder), or exec's command (a name looked up on PATH, an
+    interpreter, or a script whose shebang names one)."""
+
+    path: str
+    named_by: str  # "--python" or "exec's command"
+
+    @property
+    def from_command(self) -> bool:
+        return self.named_by == EXEC_COMMAND
+
+
+EXEC_COMMAND = "exec's command"
+
+
+@record
+class JobPythonReading:
+    """What that environment holds: torch's and pip's NCCL's versions as its metadata
+    says them (None: not installed there), how they were read, or why they could not be."""
+
+    named: str  # "--python /opt/venv/bin/python"
+    how: str = ""  # "its site-packages read without starting it (a venv)"
+    torch: str | None = None
+    nccl: str | None = None
+    nccl_package: str = ""  # "nvidia-nccl-cu12"
+    problem: str = ""  # why it could not be read: the versions are then unknown
+
+    @property
+    def origin(self) -> str:
+        return f"{self.named}, {self.how}" if self.how else self.named
+
+
+def is_python_name(path: str) -> bool:
+    return PYTHON_NAME.match(os.path.basename(path)) is not None
+
+
+def _on_path(fs: NodeFS, name: str, search: str) -> Path | None:
+    """`name` as execvp finds it on PATH (a name with a "/" as it is), under the root."""
+    if "/" in name:
+        return fs.host(name) if name.startswith("/") else Path(name)
+    for folder in search.split(os.pathsep):
+        candidate = fs.host(os.path.join(folder or ".", name))
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def parse_shebang(first: bytes) -> list[str] | None:
+    """The interpreter and its argument from a script's first line ("#!/usr/bin/env
+    python3" -> ["/usr/bin/env", "python3"]); None without one."""
+    if not first.startswith(b"#!"):
+        return None
+    line = first[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    return line.split(None, 1) if line else None
+
+
+def command_interpreter(fs: NodeFS, command: str, search: str) -> tuple[Path | None, str]:
+    """The Python interpreter exec's command runs: the command itself when it is one, or
+    the interpreter its shebang names (torchrun's console script names the environment's
+    own); (None, why) when it is not Python."""
+    found = _on_path(fs, command, search)
+    if found is None:
+        return None, f"{command} is not on PATH"
+    if is_python_name(str(found)):
+        return found, ""
+    try:
+        shebang = parse_shebang(read_prefix(found, SHEBANG_LIMIT).data)
+    except ReadError as err:
+        return None, str(err)
+    if shebang is None:
+        return None, f"{command} is neither a Python interpreter nor a script run by one"
+    interpreter, *argument = shebang
+    if os.path.basename(interpreter) == "env" and argument:
+        # "#!/usr/bin/env python3": env looks the name up on PATH, as here.
+        name = argument[0].split()[-1]
+        if not is_python_name(name):
+            return None, f"{command} is a script run by {name}, not by Python"
+        return _on_path(fs, name, search), ""
+    if not is_python_name(interpreter):
+        return None, f"{command} is a script run by {interpreter}, not by Python"
+    return fs.host(interpreter), ""
+
+
+def environment_prefix(path: Path) -> Path | None:
+    """The venv or conda environment `path` is (a folder) or whose bin/ it is in (an
+    interpreter); None for anything else. A venv's interpreter is a symlink to its base
+    Python: the venv is found beside the link, as CPython's getpath does, never after it."""
+    folder = path if path.is_dir() else path.parent
+    for prefix in (folder, folder.parent):
+        if (prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir():
+            return prefix
+    return None
+
+
+def parse_pyvenv_cfg(text: str) -> dict[str, str]:
+    """pyvenv.cfg's `key = value` lines, keys in lower case (the venv module's format)."""
+    values = {}
+    for line in text.splitlines():
+        key, equals, value = line.partition("=")
+        if equals:
+            values[key.strip().lower()] = value.strip()
+    return values
+
+
+def _version_folder(names: list[str], version: str) -> str | None:
+    """The lib/pythonX.Y folder of the environment's Python: the one whose X.Y is
+    pyvenv.cfg's version where it says one, else the only one."""
+    folders = [name for name in names if LIB_PYTHON.match(name)]
+    wanted = re.match(r"^(\d+)\.(\d+)", version)
+    if wanted:
+        named = [f for f in folders if LIB_PYTHON.match(f).groups() == wanted.groups()]  # type: ignore[union-attr]
+        return named[0] if named else None
+    return folders[0] if len(folders) == 1 else None
+
+
+def prefix_site_packages(fs: NodeFS, prefix: Path) -> tuple[list[str] | None, str]:
+    """The site-packages of a venv or conda environment, read without starting anything;
+    (None, why) where only its interpreter can tell (the system's site-packages included,
+    or several Python versions and none named)."""
+    kind = "a conda environment"
+    cfg = prefix / "pyvenv.cfg"
+    values: dict[str, str] = {}
+    if cfg.is_file():
+        kind = "a venv"
+        try:
+            values = parse_pyvenv_cfg(
+                read_prefix(cfg, PYVENV_CFG_LIMIT).data.decode("utf-8", "replace")
+            )
+        except ReadError as err:
+            return None, str(err)
+        if values.get("include-system-site-packages", "false").lower() == "true":
+            return None, "a venv that includes the system's site-packages"
+    try:
+        names = list_dir(prefix / "lib")
+    except ReadError as err:
+        return None, str(err)
+    folder = _version_folder(names, values.get("version", values.get("version_info", "")))
+    if folder is None:
+        return None, f"{kind} whose lib/ holds no single pythonX.Y"
+    return [str(prefix / "lib" / folder / "site-packages")], kind
+
+
+def ask_interpreter(
+    interpreter: Path, environ: dict[str, str], timeout_s: float
+) -> tuple[list[str], str]:
+    """The interpreter's search path (sys.path, its user and system site-packages) from
+    one `-S` start-up; ValueError with the reason when it does not answer."""
+    from nodecheck.checks.node.slurm_state import SlurmStateError, run_bounded_command
+
+    started = time.monotonic()
+    argv = [str(interpreter), "-S", "-c", PROBE]
+    try:
+        status, out, err = run_bounded_command(argv, timeout_s, INTERPRETER_OUTPUT_LIMIT, environ)
+    except SlurmStateError as problem:
+        raise ValueError(str(problem)) from None
+    spent = time.monotonic() - started
+    if status != 0:
+        last = (err.strip().splitlines() or ["no message"])[-1][:200]
+        raise ValueError(f"{interpreter} exited {status}: {last}")
+    try:
+        answer = json.loads(out)
+        path = [str(p) for p in answer["path"]]
+        user = [str(answer["user"])] if answer.get("user") else []
+        site = [str(p) for p in answer["site"]]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{interpreter} answered something other than its paths") from None
+    how = f"asked the interpreter for its paths (one start-up with -S, {spent * 1000:.0f} ms)"
+    return [*path, *user, *site], how
+
+
+def _search_path(fs: NodeFS, site: list[str], environ: dict[str, str]) -> list[str]:
+    """PYTHONPATH's folders first, as Python puts them before site-packages."""
+    extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p.startswith("/")]
+    return [str(fs.host(p)) for p in extra] + site
+
+
+def read_job_python(
+    fs: NodeFS,
+    job: JobPython,
+    environ: dict[str, str],
+    timeout_s: float = INTERPRETER_TIMEOUT_S,
+) -> JobPythonReading:
+    """torch's and pip's NCCL's versions in the environment `job` names."""
+    named = f"{job.named_by} {job.path}"
+    search = environ.get("PATH", os.defpath)
+    if job.from_command:
+        found, why = command_interpreter(fs, job.path, search)
+        if found is None:
+            return JobPythonReading(named, problem=why)
+        named = f"{named} ({found})" if str(found) != job.path else named
+    else:
+        found = fs.host(job.path) if job.path.startswith("/") else Path(job.path)
+        if not found.exists():
+            return JobPythonReading(named, problem=f"{found}: missing")
+    prefix = environment_prefix(found)
+    site, how = (None, "") if prefix is None else prefix_site_packages(fs, prefix)
+    if site is not None:
+        how = f"its site-packages read without starting it ({how})"
+        paths = _search_path(fs, site, environ)
+    elif found.is_dir():
+        why = how or "no pyvenv.cfg or conda-meta/ there"
+        return JobPythonReading(named, problem=f"{found}: not an environment to read ({why})")
+    elif fs.rootfs.resolve() != Path("/"):
+        return JobPythonReading(
+            named, problem=f"{found} is another root's interpreter (--rootfs): it is not started"
+        )
+    else:
+        try:
+            paths, how = ask_interpreter(found, environ, timeout_s)
+        except ValueError as err:
+            return JobPythonReading(named, problem=str(err))
+    torch = find_distribution(lambda name: name == "torch", paths)
+    nccl = find_distribution(lambda name: NCCL_WHEEL.match(name) is not None, paths)
+    return JobPythonReading(
+        named,
+        how,
+        None if torch is None else torch[1],
+        None if nccl is None else nccl[1],
+        "" if nccl is None else nccl[0],
+    )
