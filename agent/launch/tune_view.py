@@ -352,6 +352,18 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
             for left in plan.left_unset
         ],
         "notes": plan.notes,
+        # The job's torch and NCCL that the renamed variables and version-dependent
+        # defaults follow: the version read ("" where the job's is not known), where from,
+        # and what was seen elsewhere (nodecheck's own Python, the node's libraries).
+        "versions": {
+            evidence.project.lower(): {
+                "version": evidence.text if evidence.known is not None else None,
+                "from": evidence.origin if evidence.known is not None else None,
+                "known": evidence.known is not None,
+                "seen_elsewhere": list(evidence.elsewhere),
+            }
+            for evidence in (plan.torch, plan.nccl)
+        },
         "code_hints": [
             {"title": h.title, "code": h.code, "reason": h.reason, "source": h.source}
             for h in plan.code_hints

@@ -24,7 +24,7 @@ import re
 import time
 from pathlib import Path
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_prefix
+from nodecheck.checks.node.fs import ReadError, list_dir, read_prefix
 from nodecheck.checks.node.torch_package import find_distribution
 from nodecheck.checks.record import record
 
@@ -89,12 +89,12 @@ def is_python_name(path: str) -> bool:
     return PYTHON_NAME.match(os.path.basename(path)) is not None
 
 
-def _on_path(fs: NodeFS, name: str, search: str) -> Path | None:
-    """`name` as execvp finds it on PATH (a name with a "/" as it is), under the root."""
+def _on_path(name: str, search: str) -> Path | None:
+    """`name` as execvp finds it on PATH (a name with a "/" as it is)."""
     if "/" in name:
-        return fs.host(name) if name.startswith("/") else Path(name)
+        return Path(name)
     for folder in search.split(os.pathsep):
-        candidate = fs.host(os.path.join(folder or ".", name))
+        candidate = Path(folder or ".", name)
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -109,11 +109,11 @@ def parse_shebang(first: bytes) -> list[str] | None:
     return line.split(None, 1) if line else None
 
 
-def command_interpreter(fs: NodeFS, command: str, search: str) -> tuple[Path | None, str]:
+def command_interpreter(command: str, search: str) -> tuple[Path | None, str]:
     """The Python interpreter exec's command runs: the command itself when it is one, or
     the interpreter its shebang names (torchrun's console script names the environment's
     own); (None, why) when it is not Python."""
-    found = _on_path(fs, command, search)
+    found = _on_path(command, search)
     if found is None:
         return None, f"{command} is not on PATH"
     if is_python_name(str(found)):
@@ -130,10 +130,10 @@ def command_interpreter(fs: NodeFS, command: str, search: str) -> tuple[Path | N
         name = argument[0].split()[-1]
         if not is_python_name(name):
             return None, f"{command} is a script run by {name}, not by Python"
-        return _on_path(fs, name, search), ""
+        return _on_path(name, search), ""
     if not is_python_name(interpreter):
         return None, f"{command} is a script run by {interpreter}, not by Python"
-    return fs.host(interpreter), ""
+    return Path(interpreter), ""
 
 
 def environment_prefix(path: Path) -> Path | None:
@@ -168,7 +168,7 @@ def _version_folder(names: list[str], version: str) -> str | None:
     return folders[0] if len(folders) == 1 else None
 
 
-def prefix_site_packages(fs: NodeFS, prefix: Path) -> tuple[list[str] | None, str]:
+def prefix_site_packages(prefix: Path) -> tuple[list[str] | None, str]:
     """The site-packages of a venv or conda environment, read without starting anything;
     (None, why) where only its interpreter can tell (the system's site-packages included,
     or several Python versions and none named)."""
@@ -223,42 +223,41 @@ def ask_interpreter(
     return [*path, *user, *site], how
 
 
-def _search_path(fs: NodeFS, site: list[str], environ: dict[str, str]) -> list[str]:
+def _search_path(site: list[str], environ: dict[str, str]) -> list[str]:
     """PYTHONPATH's folders first, as Python puts them before site-packages."""
-    extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p.startswith("/")]
-    return [str(fs.host(p)) for p in extra] + site
+    extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return extra + site
 
 
 def read_job_python(
-    fs: NodeFS,
     job: JobPython,
     environ: dict[str, str],
     timeout_s: float = INTERPRETER_TIMEOUT_S,
 ) -> JobPythonReading:
-    """torch's and pip's NCCL's versions in the environment `job` names."""
+    """torch's and pip's NCCL's versions in the environment `job` names. Its path is one of
+    this machine, as the shell that named it sees it (never under --rootfs): exec starts
+    CMD here, and only an interpreter here can be asked."""
     named = f"{job.named_by} {job.path}"
     search = environ.get("PATH", os.defpath)
     if job.from_command:
-        found, why = command_interpreter(fs, job.path, search)
+        found, why = command_interpreter(job.path, search)
         if found is None:
             return JobPythonReading(named, problem=why)
         named = f"{named} ({found})" if str(found) != job.path else named
     else:
-        found = fs.host(job.path) if job.path.startswith("/") else Path(job.path)
-        if not found.exists():
+        found = Path(job.path)
+        # A venv's python is a link to its base interpreter; the venv is read beside the
+        # link, so the link alone is enough (the base is started only where it must be).
+        if not found.exists() and not found.is_symlink():
             return JobPythonReading(named, problem=f"{found}: missing")
     prefix = environment_prefix(found)
-    site, how = (None, "") if prefix is None else prefix_site_packages(fs, prefix)
+    site, how = (None, "") if prefix is None else prefix_site_packages(prefix)
     if site is not None:
         how = f"its site-packages read without starting it ({how})"
-        paths = _search_path(fs, site, environ)
+        paths = _search_path(site, environ)
     elif found.is_dir():
         why = how or "no pyvenv.cfg or conda-meta/ there"
         return JobPythonReading(named, problem=f"{found}: not an environment to read ({why})")
-    elif fs.rootfs.resolve() != Path("/"):
-        return JobPythonReading(
-            named, problem=f"{found} is another root's interpreter (--rootfs): it is not started"
-        )
     else:
         try:
             paths, how = ask_interpreter(found, environ, timeout_s)

@@ -162,7 +162,7 @@ def read_job_versions(
     environ: dict[str, str],
     gpu_processes: list[GpuProcess],
 ) -> JobVersions:
-    python = None if job_python is None else read_job_python(fs, job_python, environ)
+    python = None if job_python is None else read_job_python(job_python, environ)
     read: list[ProcessLibraries] = []
     pending = sorted(gpu_processes, key=lambda p: p.pid)
     while pending and len(read) < MAPS_PROCESSES_READ:

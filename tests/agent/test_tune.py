@@ -276,7 +276,8 @@ def test_exec_binds_the_child(box: Node, numactl: str, tmp_path: Path, rank: int
     assert child["policy"] == "bind:0"  # numactl --membind=0
     env = child["env"]
     assert isinstance(env, dict)
-    doc = document(box, "--local-rank", str(rank), env=calling)
+    # exec reads CMD's environment (this venv's torch); tune is told it with --python.
+    doc = document(box, "--local-rank", str(rank), "--python", sys.executable, env=calling)
     expected = {**doc["env"], **doc["ranks"][0]["env"], "NCCL_DEBUG": "INFO"}  # kept
     assert {name: env.get(name) for name in expected} == expected
     assert expected["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
