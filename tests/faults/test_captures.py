@@ -299,9 +299,10 @@ def test_nonsense_nvml_answered_is_the_same_gpu_error_in_its_capture(
 
 CAPTURED_PARTS = [name for name, spec in PARTS.items() if spec.captured]
 # What each command cannot do without; tune makes do without the cpuset (a warning on
-# every rank) and the torch version (a note), as tuning/plan.py says.
+# every rank) and the versions (unknown: both names of each renamed variable, and a
+# note), as tuning/plan.py says.
 NEEDED = {
-    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version"},
+    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "job_versions"},
     "inventory": {"inventory"},
 }
 DOING = {"tune": "plan the node", "inventory": "show the node"}
