@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.calling_environment import CallingEnvironment
@@ -20,7 +20,6 @@ from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
 from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
-from nodecheck.checks.node.job_versions import JobVersions
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.net import AddressedInterfaces
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
@@ -41,6 +40,9 @@ from nodecheck.tuning.gpu_usability import usability_problem
 from nodecheck.tuning.nccl import JobShape
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation
 from nodecheck.tuning.red_flags import removals
+
+if TYPE_CHECKING:
+    from nodecheck.checks.node.job_versions import JobVersions
 
 
 @record

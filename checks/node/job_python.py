@@ -160,12 +160,11 @@ def parse_pyvenv_cfg(text: str) -> dict[str, str]:
 def _version_folder(names: list[str], version: str) -> str | None:
     """The lib/pythonX.Y folder of the environment's Python: the one whose X.Y is
     pyvenv.cfg's version where it says one, else the only one."""
-    folders = [name for name in names if LIB_PYTHON.match(name)]
+    folders = {name: match.groups() for name in names if (match := LIB_PYTHON.match(name))}
     wanted = re.match(r"^(\d+)\.(\d+)", version)
     if wanted:
-        named = [f for f in folders if LIB_PYTHON.match(f).groups() == wanted.groups()]  # type: ignore[union-attr]
-        return named[0] if named else None
-    return folders[0] if len(folders) == 1 else None
+        return next((name for name, got in folders.items() if got == wanted.groups()), None)
+    return next(iter(folders)) if len(folders) == 1 else None
 
 
 def prefix_site_packages(prefix: Path) -> tuple[list[str] | None, str]:

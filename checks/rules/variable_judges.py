@@ -10,12 +10,11 @@ against the RoCE ports' GID tables as well.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.facts import PartUnavailableError, Unread
-from nodecheck.checks.node.job_versions import JobVersions
 from nodecheck.checks.node.net import PortGidTypes
-from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import Setting, Variables
 from nodecheck.checks.record import record
 from nodecheck.checks.result import NODE, Result, Status
@@ -29,6 +28,11 @@ from nodecheck.checks.rules.nccl_settings import (
     nccl_facts,
 )
 from nodecheck.checks.settings_audit import SettingJudgement
+
+if TYPE_CHECKING:
+    # Types only: `check` imports no reader it does not run.
+    from nodecheck.checks.node.job_versions import JobVersions
+    from nodecheck.checks.node.torch_package import TorchVersion
 
 NCCL_ENV = "nccl_env"
 TORCH_ALLOC = "torch_alloc"
