@@ -120,6 +120,9 @@ class Plan:
     # version-dependent defaults rest on them.
     torch: VersionEvidence = field(default_factory=lambda: VersionEvidence("torch"))
     nccl: VersionEvidence = field(default_factory=lambda: VersionEvidence("NCCL"))
+    # Why the Python named with --python could not be read: `tune` and `exec` say it on
+    # stderr, as the user asked for it by name.
+    python_problem: str = ""
 
     def rank(self, local_rank: int) -> RankPlan | None:
         """The plan for a local rank. With one GPU visible (a node with one GPU, or
@@ -278,6 +281,17 @@ def job_versions_of(ctx: CheckContext) -> tuple[VersionEvidence, VersionEvidence
     own: TorchVersion | None = _part_or_none(ctx, "torch_version")
     installed: NcclLibraries | None = _part_or_none(ctx, "nccl_library")
     return job_torch(versions, own), job_nccl(versions, installed)
+
+
+def _named_python_problem(ctx: CheckContext) -> str:
+    versions: JobVersions | None = _part_or_none(ctx, "job_versions")
+    python = None if versions is None else versions.python
+    if python is None or not python.problem or not python.named.startswith("--python"):
+        return ""
+    return (
+        f"{python.named} could not be read ({python.problem}): the job's versions are "
+        "taken from a running job, else unknown"
+    )
 
 
 def _version_notes(ctx: CheckContext, torch: VersionEvidence, nccl: VersionEvidence) -> list[str]:
@@ -465,4 +479,5 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         code_hints=pytorch.code_hints() if bindings else [],
         torch=torch,
         nccl=job_nccl_version,
+        python_problem=_named_python_problem(ctx),
     )

@@ -178,6 +178,8 @@ def tune(
             f"--local-rank {local_rank}: "
             + (f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU")
         )
+    if plan.python_problem:
+        say(f"nodecheck tune: warning: {plan.python_problem}", err=True)
     chosen = output_format or ("text" if sys.stdout.isatty() else "shell")
     click.echo(RENDERERS[chosen](plan, local_rank), nl=False)
     refusal = refused_rank(plan, local_rank)

@@ -263,7 +263,10 @@ def prepare(
             f"; not counted, not meant for this host or container: GPU "
             f"{', '.join(plan.left_out)} (see nodecheck tune)"
         )
+    # Which torch and NCCL the renamed variables followed, and where each came from.
+    summary += f"; versions: {plan.torch.describe()}; {plan.nccl.describe()}"
     warnings = (
+        *([plan.python_problem] if plan.python_problem else []),
         *plan.unusable,
         *([rank.warning] if rank.warning else []),
         *([local_rank.warning] if local_rank is not None and local_rank.warning else []),

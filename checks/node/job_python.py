@@ -18,13 +18,13 @@ is only `nvidia/nccl/lib/libnccl.so.2`: the version is the distribution's).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from pathlib import Path
 
 from nodecheck.checks.node.fs import ReadError, list_dir, read_prefix
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.node.torch_package import find_distribution
 from nodecheck.checks.record import record
 
@@ -35,9 +35,9 @@ INTERPRETER_OUTPUT_LIMIT = 64 << 10
 # 256 bytes of it (include/uapi/linux/binfmts.h).
 SHEBANG_LIMIT = 256
 PYVENV_CFG_LIMIT = 64 << 10
-PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
-LIB_PYTHON = re.compile(r"^python(\d+)\.(\d+)t?$")
-NCCL_WHEEL = re.compile(r"^nvidia-nccl-cu\d+$")
+PYTHON_NAME = LazyPattern(r"^python(\d+(\.\d+)?)?$")
+LIB_PYTHON = LazyPattern(r"^python(\d+)\.(\d+)t?$")
+NCCL_WHEEL = LazyPattern(r"^nvidia-nccl-cu\d+$")
 
 # The interpreter's answer: its paths as the job will search them, no site module run.
 PROBE = (
@@ -199,6 +199,8 @@ def ask_interpreter(
 ) -> tuple[list[str], str]:
     """The interpreter's search path (sys.path, its user and system site-packages) from
     one `-S` start-up; ValueError with the reason when it does not answer."""
+    import json
+
     from nodecheck.checks.node.slurm_state import SlurmStateError, run_bounded_command
 
     started = time.monotonic()

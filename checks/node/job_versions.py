@@ -22,7 +22,6 @@ rank's maps): MAPS_PROCESSES_READ at most, each maps file at most MAPS_LIMIT byt
 
 from __future__ import annotations
 
-import re
 from pathlib import Path, PurePosixPath
 
 from nodecheck.checks.node.fs import (
@@ -39,6 +38,7 @@ from nodecheck.checks.node.job_python import (
     JobPythonReading,
     read_job_python,
 )
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.node.torch_package import find_distribution
 from nodecheck.checks.node.variables import GpuProcess
 from nodecheck.checks.record import record
@@ -47,9 +47,9 @@ from nodecheck.checks.record import record
 # few MiB at most; a longer file is cut, and said.
 MAPS_LIMIT = 8 << 20
 MAPS_PROCESSES_READ = 4
-LIBNCCL_VERSIONED = re.compile(r"^libnccl\.so\.(\d+)\.(\d+)\.(\d+)$")
-LIBNCCL = re.compile(r"^libnccl\.so(\.\d+)*$")
-LIBTORCH = re.compile(r"^lib(torch|c10)[a-z_]*\.so$")
+LIBNCCL_VERSIONED = LazyPattern(r"^libnccl\.so\.(\d+)\.(\d+)\.(\d+)$")
+LIBNCCL = LazyPattern(r"^libnccl\.so(\.\d+)*$")
+LIBTORCH = LazyPattern(r"^lib(torch|c10)[a-z_]*\.so$")
 
 
 @record
@@ -97,7 +97,7 @@ def _site_packages(path: PurePosixPath, depth: int) -> PurePosixPath | None:
 
 
 def _distribution_beside(
-    root: Path, folder: PurePosixPath, wanted: re.Pattern[str] | str
+    root: Path, folder: PurePosixPath, wanted: LazyPattern | str
 ) -> tuple[str, str] | None:
     """The distribution `wanted` names in `folder` (a path of the process), read through
     its root."""

@@ -52,6 +52,12 @@ def test_tune_python_problems_are_said_not_guessed(dgx: Node, tmp_path: Path) ->
     assert doc["versions"]["torch"]["seen_elsewhere"][0] == (
         f"--python {missing} could not be read: {missing}: missing"
     )
+    done = run(*dgx.cli_args, "tune", "--format", "json", "--python", str(missing))
+    assert done.returncode == 0
+    assert done.stderr == (
+        f"nodecheck tune: warning: --python {missing} could not be read ({missing}: missing): "
+        "the job's versions are taken from a running job, else unknown\n"
+    )
     done = run(*dgx.cli_args, "tune", "--python", " ")
     assert done.returncode == 2 and "--python: give the path" in done.stderr
     capture = tmp_path / "facts.json"
@@ -64,7 +70,11 @@ def test_tune_python_problems_are_said_not_guessed(dgx: Node, tmp_path: Path) ->
 def test_exec_reads_its_commands_python(box: Node, tmp_path: Path) -> None:  # noqa: F811
     """CMD is this venv's Python, whose torch (the CPU build the tests install) is 2.9 or
     later: only the new names; --python naming an older torch's venv wins over CMD."""
-    _, child = exec_report(box, tmp_path, env={"LOCAL_RANK": "0"})
+    done, child = exec_report(box, tmp_path, env={"LOCAL_RANK": "0"})
+    from importlib.metadata import version
+
+    torch = version("torch")
+    assert f"; versions: torch {torch} (from exec's command {sys.executable}, " in done.stderr
     env = child["env"]
     assert isinstance(env, dict)
     assert "TORCH_FR_BUFFER_SIZE" in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
