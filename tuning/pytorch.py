@@ -112,6 +112,8 @@ def allocator(environ: Mapping[str, str], torch: VersionEvidence) -> list[Recomm
     # A working setting of the user's is theirs to change (nodecheck exec leaves it).
     advisory = current is not None and not errors
     source = f"{ALLOCATOR_DOCS}; {ML_ENGINEERING_PERFORMANCE}: memory fragmentation"
+    if not reads_new:
+        reason += f" ({torch.describe()}: it reads only this name)"
     recommendations = [Recommendation(OLD_NAME, value, reason, source, advisory=advisory)]
     if reads_new:
         recommendations.append(
@@ -346,7 +348,9 @@ def post_mortem(environ: Mapping[str, str], torch: VersionEvidence) -> list[Reco
         "TORCH_NCCL_DUMP_ON_TIMEOUT",
         "1",
         "on a collective's timeout each rank writes its flight recorder to the file "
-        f"{dump_file_name(torch)} names, with the rank appended (its default is under /tmp; "
+        f"{dump_file_name(torch)} names"
+        + (f" (for {torch.describe()})" if torch.known is not None else "")
+        + ", with the rank appended (its default place depends on the torch release; "
         "point it at shared storage, as torchtitan does with <dump folder>/comm_traces/rank_) "
         "before the process ends; torch's analyzer (torch.distributed.flight_recorder) then "
         "names the rank that diverged; the cost: one file per rank, written only on a timeout",
