@@ -2,7 +2,8 @@
 fairly, and the RDMA NIC nearest its GPU.
 
 Local rank N drives the Nth GPU in PCI bus order (what CUDA_DEVICE_ORDER=PCI_BUS_ID
-gives), or the Nth of CUDA_VISIBLE_DEVICES when that names GPUs by index, counting only
+gives), or the Nth GPU CUDA_VISIBLE_DEVICES names (by index, UUID or MIG device: read as
+CUDA reads it in tuning/visible_devices.py), counting only
 the GPUs meant for this host and container (checks/node/gpu_assignment.py), as CUDA
 does: a GPU passed through to a VM or given to another container is not counted. Each
 rank is bound to the NUMA node its GPU hangs off (docs/hardware.md §4), and the
@@ -18,6 +19,7 @@ from functools import partial
 
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.gpu_assignment import GpuAssignment
+from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.inventory import Inventory, Nic
 from nodecheck.checks.node.nic_roles import (
     GPUDIRECT_REACH,
@@ -30,6 +32,7 @@ from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.record import record
+from nodecheck.tuning.visible_devices import VisibleDevices, resolve_visible_devices
 
 
 @record
@@ -90,12 +93,17 @@ def slurm_gpus(gpus: list[PciDevice], environ: Mapping[str, str], *names: str) -
 
 
 def visible_gpus(
-    gpus: list[PciDevice], environ: Mapping[str, str], host: list[PciDevice] | None = None
+    gpus: list[PciDevice],
+    environ: Mapping[str, str],
+    host: list[PciDevice] | None = None,
+    identities: GpuIdentities | None = None,
 ) -> list[PciDevice]:
     """The GPUs local ranks count, in order: every GPU of `gpus` (those CUDA enumerates
-    here, in PCI bus order), or those CUDA_VISIBLE_DEVICES names by index among them.
-    CUDA stops at the first entry it cannot use, so "" or "-1" hide every GPU; UUIDs
-    cannot be matched from sysfs: all GPUs.
+    here, in PCI bus order), or those CUDA_VISIBLE_DEVICES names among them, by index,
+    UUID or MIG device, as CUDA reads it (tuning/visible_devices.py: it stops at the first
+    entry it cannot use, so "" or "-1" hide every GPU, and a GPU named twice leaves none).
+    `identities`: the nvidia driver's GPU UUIDs and MIG instances (None: not read, so an
+    entry naming a GPU by UUID cannot be mapped).
 
     Slurm's SLURM_STEP_GPUS and SLURM_JOB_GPUS index the host's GPUs (`host`, default
     `gpus`: inside a container it also holds the GPUs given to others). Slurm with
@@ -103,30 +111,21 @@ def visible_gpus(
     device cgroup hides the others from CUDA, not from sysfs). When indices name GPUs
     outside those Slurm lists but fit its length, they are read as positions in it.
     """
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return gpus
-    indices = []
-    for raw in visible.split(","):
-        item = raw.strip()
-        if item.startswith(("GPU-", "MIG-")):
-            return gpus
-        index = parse_count(item)
-        if index is None:
-            break
-        indices.append(index)
+    return visible_devices(gpus, environ, host, identities).gpus
+
+
+def visible_devices(
+    gpus: list[PciDevice],
+    environ: Mapping[str, str],
+    host: list[PciDevice] | None = None,
+    identities: GpuIdentities | None = None,
+) -> VisibleDevices:
+    """visible_gpus with how it was read: the notes, the warnings every visible rank
+    carries, and why CUDA sees no GPU past them."""
     allocated = slurm_gpus(
         gpus if host is None else host, environ, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"
     )
-    outside = any(index >= len(gpus) or gpus[index] not in allocated for index in indices)
-    if allocated and outside and all(index < len(allocated) for index in indices):
-        return [allocated[index] for index in indices]
-    picked = []
-    for index in indices:
-        if index >= len(gpus):
-            break
-        picked.append(gpus[index])
-    return picked
+    return resolve_visible_devices(gpus, environ, identities, allocated)
 
 
 def _cores_of(inventory: Inventory, cpus: frozenset[int]) -> list[tuple[int, ...]]:
@@ -313,16 +312,19 @@ def gpu_numa_node(inventory: Inventory, gpu: PciDevice) -> tuple[int | None, str
 
 
 def sharing_gpus(
-    gpus: list[PciDevice], environ: Mapping[str, str], host: list[PciDevice] | None = None
+    gpus: list[PciDevice],
+    environ: Mapping[str, str],
+    host: list[PciDevice] | None = None,
+    identities: GpuIdentities | None = None,
 ) -> list[PciDevice] | None:
     """Every GPU of this job step on the node, when the launcher shows that this process
     sees only some of them: `srun --gpus-per-task` or `--gpu-bind` give each task its own
     CUDA_VISIBLE_DEVICES, while SLURM_STEP_GPUS lists the step's GPUs by index. Sibling
     tasks then share the node's cores, and each must take only its GPU's share. None
     when there is nothing to share with (SLURM_JOB_GPUS alone does not say so: a batch
-    script may run one process on one of its GPUs). `gpus` and `host` as for
-    visible_gpus."""
-    visible = visible_gpus(gpus, environ, host)
+    script may run one process on one of its GPUs). `gpus`, `host` and `identities` as
+    for visible_gpus."""
+    visible = visible_gpus(gpus, environ, host, identities)
     step = slurm_gpus(gpus if host is None else host, environ, "SLURM_STEP_GPUS")
     if len(step) > len(visible) and all(gpu in step for gpu in visible):
         return step
@@ -346,6 +348,7 @@ def bind_ranks(
     with_smt_siblings: bool = False,
     assignment: GpuAssignment | None = None,
     allowed_nodes: frozenset[int] | None = None,
+    identities: GpuIdentities | None = None,
 ) -> list[RankBinding]:
     """As _bind_ranks. SMT siblings are given with their cores only where that leaves no
     rank sharing more CPUs than without them: with fewer cores than ranks, the siblings
@@ -358,6 +361,7 @@ def bind_ranks(
         allowed=allowed,
         assignment=assignment,
         allowed_nodes=allowed_nodes,
+        identities=identities,
     )
     if not with_smt_siblings:
         return bind(with_smt_siblings=False)
@@ -377,17 +381,19 @@ def _bind_ranks(
     with_smt_siblings: bool,
     assignment: GpuAssignment | None,
     allowed_nodes: frozenset[int] | None,
+    identities: GpuIdentities | None,
 ) -> list[RankBinding]:
     """One binding per visible GPU (one rank per GPU), inside the CPUs `allowed`
     (this process's cpuset; None: every online CPU), its memory bound only to a node of
     `allowed_nodes` (the cpuset's memory nodes; None: any). The cores of each NUMA node are
     split among the GPUs on it that this job uses: the visible ones, or the whole
     step's when each task sees only its own (sharing_gpus). `assignment`: which GPUs
-    are meant for this host and container (None: every GPU of the inventory)."""
+    are meant for this host and container (None: every GPU of the inventory);
+    `identities`: the driver's GPU UUIDs, for a CUDA_VISIBLE_DEVICES naming GPUs by UUID."""
     here = inventory.gpus if assignment is None else assignment.here
     host = inventory.gpus if assignment is None else assignment.host
-    gpus = visible_gpus(here, environ, host)
-    sharers = sharing_gpus(here, environ, host) or gpus
+    gpus = visible_gpus(here, environ, host, identities)
+    sharers = sharing_gpus(here, environ, host, identities) or gpus
     online = frozenset(inventory.cpu.online)
     usable = online if allowed is None else online & allowed
     if not usable:

@@ -18,6 +18,7 @@ from nodecheck.checks.node.coherent_gpus import CoherentGpus
 from nodecheck.checks.node.cpulist import format_cpulist
 from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.gpu_assignment import GpuAssignment, assign_gpus
+from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
@@ -34,12 +35,13 @@ from nodecheck.tuning.bindings import (
     RankBinding,
     bind_ranks,
     pair_nics,
-    visible_gpus,
+    visible_devices,
 )
 from nodecheck.tuning.gpu_usability import usability_problem
 from nodecheck.tuning.nccl import JobShape
 from nodecheck.tuning.recommendation import DataLoaderHint, LeftUnset, Recommendation
 from nodecheck.tuning.red_flags import removals
+from nodecheck.tuning.visible_devices import names_gpus_by_id
 
 if TYPE_CHECKING:
     from nodecheck.checks.node.job_versions import JobVersions
@@ -61,6 +63,7 @@ PLAN_NEEDS = (
     "variables",
     "calling_environment",
     "nvidia_driver",
+    "gpu_identities",
     "gpu_presence",
     "coherent_gpus",
     "addressed_interfaces",
@@ -116,6 +119,10 @@ class Plan:
     left_out: dict[str, str] = field(default_factory=dict)
     # Changes to the training script no variable can make (garbage collection, torchrun).
     code_hints: list[pytorch.CodeHint] = field(default_factory=list)
+    # Why no GPU is seen (or placed) past `ranks`: CUDA_VISIBLE_DEVICES names more, and
+    # CUDA stops at an entry that names no GPU here, or nodecheck cannot tell which GPU
+    # an entry names. A rank past `ranks` then has none, even with one GPU visible.
+    unseen: str = ""
     # The job's torch and NCCL, where each was read: the renamed variables' names and the
     # version-dependent defaults rest on them.
     torch: VersionEvidence = field(default_factory=lambda: VersionEvidence("torch"))
@@ -126,9 +133,10 @@ class Plan:
 
     def rank(self, local_rank: int) -> RankPlan | None:
         """The plan for a local rank. With one GPU visible (a node with one GPU, or
-        `srun --gpus-per-task=1` giving each task its own), every rank drives that GPU."""
+        `srun --gpus-per-task=1` giving each task its own), every rank drives that GPU,
+        unless CUDA_VISIBLE_DEVICES meant more GPUs than CUDA sees (`unseen`)."""
         found = next((r for r in self.ranks if r.local_rank == local_rank), None)
-        if found is None and len(self.ranks) == 1:
+        if found is None and len(self.ranks) == 1 and not self.unseen:
             only = self.ranks[0]
             return replace(only, binding=replace(only.binding, local_rank=local_rank))
         return found
@@ -139,24 +147,17 @@ class Plan:
         return {r.name: r.value for r in chosen if r.value is not None}
 
 
-def _visibility_notes(assignment: GpuAssignment, environ: Mapping[str, str]) -> list[str]:
-    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
-    entries = [item.strip() for item in visible.split(",")]
-    if any(item.startswith(("GPU-", "MIG-")) for item in entries):
-        return [
-            "CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance, which sysfs cannot "
-            "match: ranks are counted over every GPU"
-        ]
-    gpus, host = assignment.here, assignment.host
-    shown = visible_gpus(gpus, environ, host)
-    by_index = visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if visible else shown
-    if shown != by_index:
-        names = ", ".join(gpu.bdf for gpu in shown)
-        return [
-            f"CUDA_VISIBLE_DEVICES={visible} counts among the job's GPUs (Slurm's "
-            f"ConstrainDevices numbers them from 0), so it means {names}"
-        ]
-    return []
+def _gpu_identities(ctx: CheckContext, environ: Mapping[str, str]) -> GpuIdentities | None:
+    """The driver's GPU UUIDs and MIG instances, read only when CUDA_VISIBLE_DEVICES names
+    a GPU by UUID or a MIG device (None otherwise); a part that could not be read (or a
+    capture without it) is known as nothing, its reason kept, never as "no such GPU"."""
+    if not names_gpus_by_id(environ):
+        return None
+    try:
+        identities: GpuIdentities = ctx.part("gpu_identities")
+    except PartUnavailableError as err:
+        return GpuIdentities({}, problem=str(err))
+    return identities
 
 
 def _merge_flags(
@@ -347,6 +348,8 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     cpuset = _cpuset(ctx)
     torch, job_nccl_version = job_versions_of(ctx)
     cpuset_notes, cpuset_warning = _cpuset_notes(cpuset)
+    identities = _gpu_identities(ctx, environ)
+    visible = visible_devices(assignment.here, environ, assignment.host, identities)
     bindings = bind_ranks(
         inventory,
         environ,
@@ -354,6 +357,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         with_smt_siblings=options.with_smt_siblings,
         assignment=assignment,
         allowed_nodes=cpuset.mems,
+        identities=identities,
     )
     # Every host GPU's NIC, not only the visible ones': NCCL_IB_HCA must be the same on
     # every rank of the node, and NICs are dealt out in bus order. A GPU passed through
@@ -389,7 +393,9 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     unusable: list[str] = []
     if not bindings:
         if assignment.here:
-            why = "no GPU visible (CUDA_VISIBLE_DEVICES hides them all): no ranks to bind"
+            hidden = visible.stop or "no GPU visible (CUDA_VISIBLE_DEVICES hides them all)"
+            why = f"{hidden}: no ranks to bind"
+            notes = [*visible.notes, *notes]
         elif inventory.gpus:
             why = (
                 "no GPU on this node is meant for this host and container (see the notes "
@@ -399,7 +405,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             why = "no NVIDIA GPU on this node: no ranks to bind, and no GPU settings"
         notes.insert(0, why)  # the first note is what exec says when it finds no rank
     else:
-        notes += _visibility_notes(assignment, environ)
+        notes += visible.notes + visible.warnings
         env.append(pytorch.device_order())
         notes += _version_notes(ctx, torch, job_nccl_version)
         env += pytorch.allocator(environ, torch)
@@ -452,7 +458,11 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             # A degraded or down rail of this GPU is the rank's warning too: `eval "$(tune)"`
             # and `exec` show the rank's warnings, never the node's notes.
             rail_warning = pairings[binding.gpu].warning
-            warnings = [w for w in (warning, binding.warning, cpuset_warning, rail_warning) if w]
+            warnings = [
+                w
+                for w in (warning, *visible.warnings, binding.warning, cpuset_warning, rail_warning)
+                if w
+            ]
             ranks.append(
                 RankPlan(
                     binding,
@@ -475,6 +485,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         ranks=ranks,
         notes=notes,
         unusable=unusable,
+        unseen=visible.stop if bindings else "",
         left_out=assignment.left_out,
         code_hints=pytorch.code_hints() if bindings else [],
         torch=torch,

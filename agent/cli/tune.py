@@ -177,6 +177,8 @@ def tune(
         fail_usage(
             f"--local-rank {local_rank}: "
             + (f"this node has {visible} GPU rank(s), 0-{visible - 1}" if visible else "no GPU")
+            # Why (the plan's first note when it has no rank: exec says the same).
+            + (f": {plan.unseen or plan.notes[0]}" if plan.unseen or not visible else "")
         )
     if plan.python_problem:
         say(f"nodecheck tune: warning: {plan.python_problem}", err=True)

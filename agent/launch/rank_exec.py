@@ -120,9 +120,10 @@ def rank_plan_for(plan: Plan, local_rank: int) -> RankPlan:
         return rank
     if not plan.ranks:
         raise ExecError(f"no GPU for local rank {local_rank}: {plan.notes[0]}", EXIT_USAGE)
+    unseen = f": {plan.unseen}" if plan.unseen else ""
     raise ExecError(
         f"no GPU for local rank {local_rank}: this node has {len(plan.ranks)} visible "
-        f"(local ranks 0-{len(plan.ranks) - 1})",
+        f"(local ranks 0-{len(plan.ranks) - 1}){unseen}",
         EXIT_USAGE,
     )
 

@@ -12,11 +12,10 @@ only other platform with such a file, POWER9 with NVLink to the CPU, is no longe
 
 from __future__ import annotations
 
-import contextlib
 import re
 
-from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text
-from nodecheck.checks.node.gpu import normalize_bus_id
+from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
+from nodecheck.checks.node.gpu import driver_gpu_folders
 from nodecheck.checks.record import record
 
 
@@ -45,20 +44,18 @@ def read_coherent_gpus(fs: NodeFS) -> CoherentGpus:
     cannot be listed is `problem`, never "no coherent GPU"."""
     path = fs.proc("driver", "nvidia", "gpus")
     try:
-        names = list_dir(path)
+        folders = driver_gpu_folders(fs)
     except ReadError as err:
         return CoherentGpus({}, str(err))
     found = {}
-    for name in names:
-        with contextlib.suppress(ValueError):
-            bdf = normalize_bus_id(name)
-            try:
-                text = read_optional_text(path / name / "numa_status")
-            except ReadError as err:
-                found[bdf] = CoherentGpu(bdf, None, "", str(err))
-                continue
-            if text is not None:
-                found[bdf] = CoherentGpu(bdf, *parse_numa_status(text))
+    for bdf, name in folders.items():
+        try:
+            text = read_optional_text(path / name / "numa_status")
+        except ReadError as err:
+            found[bdf] = CoherentGpu(bdf, None, "", str(err))
+            continue
+        if text is not None:
+            found[bdf] = CoherentGpu(bdf, *parse_numa_status(text))
     return CoherentGpus(found)
 
 

@@ -142,6 +142,16 @@ def read_nvidia_driver_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_nvidia_driver(sources.fs)
 
 
+@part("gpu_identities", lazy_type("gpu_identities", "GpuIdentities"))
+def read_gpu_identities_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The UUID and device minor the nvidia driver gives each GPU it exposes here, and the
+    MIG compute instances it lists for each (<procfs>/driver/nvidia/gpus/*/information,
+    capabilities/gpu*/mig); no NVML."""
+    from nodecheck.checks.node.gpu_identities import read_gpu_identities
+
+    return read_gpu_identities(sources.fs)
+
+
 @part("gpu_process_names", lazy_type("processes", "GpuProcessNames"), nvml=True)
 def read_gpu_process_names_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The command name (<procfs>/PID/comm) of each process NVML lists on a GPU, or why

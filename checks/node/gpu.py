@@ -1009,6 +1009,18 @@ def parse_kernel_module_version(text: str) -> str | None:
     return None
 
 
+def driver_gpu_folders(fs: NodeFS) -> dict[str, str]:
+    """The folders of /proc/driver/nvidia/gpus, by the bus id each is named for (the
+    folder's name as the driver wrote it); {} without the folder. ReadError when it
+    cannot be listed."""
+    folders = {}
+    for name in list_dir(fs.proc("driver", "nvidia", "gpus")):
+        # Anything else in the folder is not a GPU the driver exposes.
+        with contextlib.suppress(ValueError):
+            folders[normalize_bus_id(name)] = name
+    return folders
+
+
 def read_driver_gpus(fs: NodeFS) -> set[str] | None:
     """Bus ids in /proc/driver/nvidia/gpus: the GPUs the nvidia driver exposes here.
 
@@ -1016,15 +1028,9 @@ def read_driver_gpus(fs: NodeFS) -> set[str] | None:
     there (mount_procfs_gpu), while sysfs shows every GPU of the host. None
     when the folder is absent (no driver loaded).
     """
-    path = fs.proc("driver", "nvidia", "gpus")
-    if not path.is_dir():
+    if not fs.proc("driver", "nvidia", "gpus").is_dir():
         return None
-    exposed = set()
-    for name in list_dir(path):
-        # Anything else in the folder is not a GPU the driver exposes.
-        with contextlib.suppress(ValueError):
-            exposed.add(normalize_bus_id(name))
-    return exposed
+    return set(driver_gpu_folders(fs))
 
 
 def read_kernel_module_version(fs: NodeFS) -> str | None:

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from nodecheck.agent.launch.rank_exec import LocalRank, applied_environment, local_rank_from
+from nodecheck.agent.launch.rank_exec import (
+    LocalRank,
+    applied_environment,
+    local_rank_from,
+    prepare,
+    rank_plan_for,
+)
 from nodecheck.agent.launch.tune_view import env_file_value, render_env
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Recommendation
@@ -680,6 +686,112 @@ def test_exec_refuses_a_memory_node_this_machine_lacks(numactl: str, tmp_path: P
     assert line.startswith("nodecheck exec: local rank 1: numactl cannot apply this binding")
     assert f"--membind={missing} names a NUMA node this process may not allocate on" in line
     assert not started.exists()
+
+
+# CUDA_VISIBLE_DEVICES by UUID, twice, or naming no GPU: tune and exec on the replica ----
+
+# GPU 5 of the 8-GPU replica, 0000:9c:00.0 on NUMA node 1, as its information file names it.
+GPU5_UUID = "GPU-6f0c0005-1b2e-4d5c-9a7b-00000000009c"
+NODE1_CPULIST = "56-111,168-223"
+
+
+def test_tune_binds_a_gpu_named_by_uuid_next_to_it(dgx: Node) -> None:
+    doc = document(dgx, env={"CUDA_VISIBLE_DEVICES": GPU5_UUID})
+    [rank] = doc["ranks"]
+    assert (rank["gpu"], rank["numa_node"], rank["cpulist"]) == ("0000:9c:00.0", 1, NODE1_CPULIST)
+    assert rank["numactl"] == ["numactl", f"--physcpubind={NODE1_CPULIST}", "--membind=1"]
+    assert rank["status"] == "ok" and rank["nics"][0] == "mlx5_5"
+    assert any("is GPU 0000:9c:00.0, by its UUID" in note for note in doc["notes"])
+
+
+def test_exec_binds_a_rank_named_by_a_uuid_prefix_next_to_its_gpu(dgx: Node, numactl: str) -> None:
+    """exec's command line for the rank (in-process: the replica's CPUs are not this
+    machine's, so the child could not be started on them here)."""
+    environ = {"CUDA_VISIBLE_DEVICES": "GPU-6f0c0005", "PATH": os.environ["PATH"]}
+    plan = make_plan(with_parts(dgx.context(environ), torch_version=TORCH_2_13), TuneOptions())
+    launch = prepare(plan, rank_plan_for(plan, 0), ["true"], environ)
+    assert launch.argv == [numactl, f"--physcpubind={NODE1_CPULIST}", "--membind=1", "--", "true"]
+    assert "local rank 0 -> GPU 0000:9c:00.0, NUMA node 1" in launch.summary
+    assert launch.warnings == ()
+
+
+def test_exec_warns_the_ranks_before_an_unknown_entry(dgx: Node) -> None:
+    environ = {"CUDA_VISIBLE_DEVICES": f"{GPU5_UUID},GPU-deadbeef", "PATH": os.environ["PATH"]}
+    plan = make_plan(with_parts(dgx.context(environ), torch_version=TORCH_2_13), TuneOptions())
+    launch = prepare(plan, rank_plan_for(plan, 0), ["true"], environ)
+    assert launch.warnings == (
+        "CUDA_VISIBLE_DEVICES entry 2 ('GPU-deadbeef') is the UUID of no GPU here: CUDA stops "
+        "there and sees only the 1 GPU(s) before it (local rank 0); a rank past them has no "
+        "GPU (nodecheck exec refuses such a rank)",
+    )
+
+
+STOPPED = (
+    "CUDA_VISIBLE_DEVICES entry 2 ('GPU-deadbeef') is the UUID of no GPU here: CUDA stops "
+    "there and sees only the 1 GPU(s) before it (local rank 0); a rank past them has no GPU"
+)
+TWICE = (
+    "CUDA_VISIBLE_DEVICES names GPU 0000:9c:00.0 twice, {}: CUDA then enumerates no GPU at "
+    "all (the driver as PyTorch models it, torch/cuda/__init__.py: a repeated device leaves an "
+    "empty set), and were it to enumerate both, two ranks would drive one GPU bound to the "
+    "same CPUs; name each GPU once: no ranks to bind"
+)
+
+
+@pytest.mark.parametrize(
+    ("visible", "rank", "message"),
+    [
+        ("5,5", 0, TWICE.format("entry 1 ('5') and entry 2 ('5')")),
+        ("5,5", 1, TWICE.format("entry 1 ('5') and entry 2 ('5')")),
+        (
+            f"GPU-6f0c0005,{GPU5_UUID}",
+            0,
+            TWICE.format(f"entry 1 ('GPU-6f0c0005') and entry 2 ('{GPU5_UUID}')"),
+        ),
+        (
+            "GPU-deadbeef",
+            0,
+            "CUDA_VISIBLE_DEVICES entry 1 ('GPU-deadbeef') is the UUID of no GPU here: CUDA "
+            "stops there and sees no GPU: no ranks to bind",
+        ),
+        (
+            "GPU-6f0c000",
+            0,
+            "CUDA_VISIBLE_DEVICES entry 1 ('GPU-6f0c000') begins the UUIDs of GPUs "
+            "0000:18:00.0, 0000:1a:00.0, 0000:3a:00.0, 0000:3c:00.0, 0000:9a:00.0, "
+            "0000:9c:00.0, 0000:ba:00.0, 0000:bc:00.0, and CUDA needs enough of a UUID to name "
+            "one GPU: CUDA stops there and sees no GPU: no ranks to bind",
+        ),
+    ],
+)
+def test_exec_refuses_a_gpu_named_twice_or_no_gpu_at_all(
+    dgx: Node, visible: str, rank: int, message: str
+) -> None:
+    done = run(
+        *dgx.cli_args,
+        *("exec", "--local-rank", str(rank), "--", "true"),
+        env={"CUDA_VISIBLE_DEVICES": visible},
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"nodecheck exec: no GPU for local rank {rank}: {message}\n"
+
+
+def test_exec_and_tune_refuse_a_rank_past_an_unknown_entry(dgx: Node) -> None:
+    env = {"CUDA_VISIBLE_DEVICES": f"{GPU5_UUID},GPU-deadbeef"}
+    done = run(*dgx.cli_args, "exec", "--local-rank", "1", "--", "true", env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"nodecheck exec: no GPU for local rank 1: this node has 1 visible (local ranks 0-0): "
+        f"{STOPPED}\n"
+    )
+    done = run(*dgx.cli_args, "tune", "--local-rank", "1", env=env)
+    assert done.returncode == 2
+    assert (
+        done.stderr == f"nodecheck: --local-rank 1: this node has 1 GPU rank(s), 0-0: {STOPPED}\n"
+    )
+    doc = document(dgx, env=env)
+    [rank] = doc["ranks"]
+    assert rank["status"] == "warn" and rank["warning"].startswith(STOPPED)
 
 
 def test_exec_help_lists_every_exit_status() -> None:

@@ -18,6 +18,7 @@ from nodecheck.checks.node.cgroup import CpusetReading
 from nodecheck.checks.node.coherent_gpus import CoherentGpus
 from nodecheck.checks.node.facts import NodeFacts, Unread, dumps, loads
 from nodecheck.checks.node.gpu import GpuProcess, GpuReading, GpuSnapshot
+from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.gpu_presence import GpuPresences, answers_config_reads
 from nodecheck.checks.node.net import AddressedInterfaces
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
@@ -36,6 +37,7 @@ from tests.fixtures.nvml_scenarios import DGX_GPUS, FAULTY_JOB_PID
 
 NEW_PARTS = (
     "nvidia_driver",
+    "gpu_identities",
     "gpu_process_names",
     "gpu_presence",
     "coherent_gpus",
@@ -68,6 +70,9 @@ def test_each_part_reads_the_replica_and_loads_back_equal(dgx_faulty: Node, name
         assert isinstance(value, NvidiaDriver)
         assert value.module_version == "570.124.06" and not value.module_error
         assert value.exposed_gpus is not None and "0000:18:00.0" in value.exposed_gpus
+    elif name == "gpu_identities":
+        assert isinstance(value, GpuIdentities) and not value.problem
+        assert value.by_bus_id[FALLEN_OFF].uuid == "GPU-6f0c0007-1b2e-4d5c-9a7b-0000000000bc"
     elif name == "gpu_process_names":
         assert isinstance(value, GpuProcessNames)
         assert value.name_of(FAULTY_JOB_PID) == "python3"

@@ -300,9 +300,10 @@ def test_nonsense_nvml_answered_is_the_same_gpu_error_in_its_capture(
 CAPTURED_PARTS = [name for name, spec in PARTS.items() if spec.captured]
 # What each command cannot do without; tune makes do without the cpuset (a warning on
 # every rank) and the versions (unknown: both names of each renamed variable, and a
-# note), as tuning/plan.py says.
+# note), as tuning/plan.py says, and reads the GPU identities only for a
+# CUDA_VISIBLE_DEVICES naming GPUs by UUID (which this one does not).
 NEEDED = {
-    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "job_versions"},
+    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "job_versions", "gpu_identities"},
     "inventory": {"inventory"},
 }
 DOING = {"tune": "plan the node", "inventory": "show the node"}
@@ -341,3 +342,31 @@ def test_a_capture_without_a_part_says_which_never_internal_error(
     judged = run(*NOWHERE, "check", "--json", "--facts", str(path))
     assert judged.returncode in (1, 3) and judged.stderr == "", judged.stderr
     assert {r["check"] for r in json.loads(judged.stdout)["results"]} == set(load_checks())
+
+
+def test_a_uuid_in_a_captured_environment_is_placed_from_the_capture(
+    faulty_capture: Path, tmp_path: Path
+) -> None:
+    """`tune --facts` maps a captured CUDA_VISIBLE_DEVICES naming GPU 5 by UUID through the
+    captured gpu_identities; a capture without them cannot tell (no rank, said first),
+    never every GPU."""
+    document = json.loads(faulty_capture.read_text())
+    calling = document["parts"]["calling_environment"]["value"]["values"]
+    calling["CUDA_VISIBLE_DEVICES"] = "GPU-6f0c0005"
+    path = tmp_path / "capture.json"
+    path.write_text(json.dumps(document))
+    done = run(*NOWHERE, "tune", "--format", "json", "--facts", str(path))
+    assert done.returncode == 0, done.stderr
+    [rank] = json.loads(done.stdout)["ranks"]
+    assert (rank["gpu"], rank["numa_node"]) == ("0000:9c:00.0", 1)
+    del document["parts"]["gpu_identities"]
+    path.write_text(json.dumps(document))
+    done = run(*NOWHERE, "tune", "--format", "json", "--facts", str(path))
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    assert planned["ranks"] == []
+    assert planned["notes"][0] == (
+        "nodecheck cannot tell which GPU CUDA_VISIBLE_DEVICES entry 1 ('GPU-6f0c0005') names: the "
+        "nvidia driver's GPU list could not be read (the capture holds no gpu_identities (it was "
+        "not captured)): CUDA may see a GPU there, but nodecheck cannot place it: no ranks to bind"
+    )

@@ -228,7 +228,55 @@ def test_cuda_visible_devices(dgx: Node) -> None:
     hidden = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": ""})
     assert hidden.ranks == [] and "hides them all" in hidden.notes[0]
     uuids = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "GPU-6f0c0000-1b2e"})
-    assert len(uuids.ranks) == 8 and any("UUID" in note for note in uuids.notes)
+    assert [r.binding.gpu for r in uuids.ranks] == [DGX_GPUS[0]]
+    assert any("is GPU 0000:18:00.0, by its UUID" in note for note in uuids.notes)
+
+
+# GPU 5 of the replica (0000:9c:00.0, NUMA node 1), as its information file names it.
+GPU5_UUID = "GPU-6f0c0005-1b2e-4d5c-9a7b-00000000009c"
+NODE1_CPUS = frozenset(range(56, 112)) | frozenset(range(168, 224))
+
+
+@pytest.mark.parametrize("visible", [GPU5_UUID, "GPU-6f0c0005", "5"])
+def test_a_uuid_binds_its_gpu_s_socket(dgx: Node, visible: str) -> None:
+    """The reviewer's case: CUDA_VISIBLE_DEVICES=GPU-<GPU 5's UUID> gave rank 0 GPU
+    0000:18:00.0 and NUMA node 0's CPUs. Its rank is GPU 5's, on node 1's CPUs (all 56
+    cores with their siblings: the only rank there), exactly as index 5 gives."""
+    plan = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": visible})
+    [rank] = plan.ranks
+    assert (rank.binding.gpu, rank.binding.numa_node) == (DGX_GPUS[5], 1)
+    assert frozenset(rank.binding.cpus) == NODE1_CPUS
+    assert rank.nics.nics[0] == "mlx5_5" and rank.warning == ""
+    assert plan.unseen == ""
+
+
+def test_uuids_in_any_order_are_the_gpus_they_name(dgx: Node) -> None:
+    uuid = "GPU-6f0c{:04x}-1b2e-4d5c-9a7b-{:012x}".format
+    visible = ",".join(uuid(i, int(DGX_GPUS[i][5:7], 16)) for i in (7, 0, 4, 3))
+    plan = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": visible})
+    assert [r.binding.gpu for r in plan.ranks] == [DGX_GPUS[i] for i in (7, 0, 4, 3)]
+    assert [r.binding.numa_node for r in plan.ranks] == [1, 0, 1, 0]
+
+
+@pytest.mark.parametrize("visible", ["5,5", f"5,{GPU5_UUID}", "GPU-6f0c0005,GPU-6f0c0005-1b2e"])
+def test_a_gpu_named_twice_gets_no_rank(dgx: Node, visible: str) -> None:
+    """The reviewer's other case: 0,0 gave two ranks the same CPUs with status ok."""
+    plan = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": visible})
+    assert plan.ranks == [] and plan.env == []
+    assert plan.notes[0].startswith("CUDA_VISIBLE_DEVICES names GPU 0000:9c:00.0 twice")
+    assert plan.notes[0].endswith("name each GPU once: no ranks to bind")
+
+
+def test_an_unknown_uuid_is_where_cuda_stops(dgx: Node) -> None:
+    plan = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": f"{GPU5_UUID},GPU-deadbeef,3"})
+    [rank] = plan.ranks
+    assert rank.binding.gpu == DGX_GPUS[5]
+    assert plan.unseen.startswith(
+        "CUDA_VISIBLE_DEVICES entry 2 ('GPU-deadbeef') is the UUID of no GPU here: CUDA stops "
+        "there and sees only the 1 GPU(s) before it"
+    )
+    assert rank.warning == f"{plan.unseen} (nodecheck exec refuses such a rank)"
+    assert plan.rank(1) is None  # not the one-GPU-per-task rule: a second GPU was meant
 
 
 def test_binding_stays_inside_the_cpuset(dgx: Node) -> None:
