@@ -21,7 +21,7 @@ from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
-from nodecheck.checks.node.net import AddressedInterfaces
+from nodecheck.checks.node.net import AddressedInterfaces, MasterAddrRoute
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
@@ -62,6 +62,7 @@ PLAN_NEEDS = (
     "gpu_presence",
     "coherent_gpus",
     "addressed_interfaces",
+    "master_addr_route",
     "nccl_library",
     "cpuset",
     "torch_version",
@@ -365,14 +366,16 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         env += pytorch.allocator(environ, torch_version)
         addressed: AddressedInterfaces = ctx.part("addressed_interfaces")
         libraries: NcclLibraries = ctx.part("nccl_library")
+        master: MasterAddrRoute = ctx.part("master_addr_route")
         advice = nccl.nccl_advice(
             inventory,
             list(pairings.values()),
-            None if addressed.names is None else set(addressed.names),
+            addressed,
             environ,
             shape,
             len(bindings),
             libraries,
+            master,
         )
         env += advice.env
         env += pytorch.post_mortem(environ, torch_version)
