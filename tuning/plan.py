@@ -267,6 +267,19 @@ def _torch_version(ctx: CheckContext) -> tuple[tuple[int, int] | None, list[str]
     return found.version, []
 
 
+def _master_addr_route(ctx: CheckContext) -> tuple[MasterAddrRoute | None, list[str]]:
+    """Which interface's subnet holds MASTER_ADDR, and a note when that could not be read
+    (a capture taken before nodecheck read it): the plan then goes without it."""
+    try:
+        found: MasterAddrRoute = ctx.part("master_addr_route")
+    except PartUnavailableError as err:
+        return None, [
+            f"which interface's subnet holds MASTER_ADDR is unknown ({err}): "
+            "NCCL_SOCKET_IFNAME is chosen without it"
+        ]
+    return found, []
+
+
 def _cpuset_notes(cpuset: CpusetReading) -> tuple[list[str], str]:
     """The notes on how the cpuset was read, and the warning every rank carries when it
     could not be."""
@@ -366,7 +379,8 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         env += pytorch.allocator(environ, torch_version)
         addressed: AddressedInterfaces = ctx.part("addressed_interfaces")
         libraries: NcclLibraries = ctx.part("nccl_library")
-        master: MasterAddrRoute = ctx.part("master_addr_route")
+        master, master_notes = _master_addr_route(ctx)
+        notes += master_notes
         advice = nccl.nccl_advice(
             inventory,
             list(pairings.values()),

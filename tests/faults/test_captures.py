@@ -302,7 +302,7 @@ CAPTURED_PARTS = [name for name, spec in PARTS.items() if spec.captured]
 # every rank) and the torch version (a note), as tuning/plan.py says, and reads the GPU
 # identities only for a CUDA_VISIBLE_DEVICES naming GPUs by UUID (which this one does not).
 NEEDED = {
-    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "gpu_identities"},
+    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "gpu_identities", "master_addr_route"},
     "inventory": {"inventory"},
 }
 DOING = {"tune": "plan the node", "inventory": "show the node"}

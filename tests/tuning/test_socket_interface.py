@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import pytest
 
 from nodecheck.agent.launch.tune_view import render_text, tune_document
-from nodecheck.checks.node.facts import dumps
+from nodecheck.checks.node.facts import FactsSource, PartUnavailableError, Unread, dumps
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.net import MasterAddrOutcome, MasterAddrRoute
 from nodecheck.checks.result import Status
@@ -20,7 +21,7 @@ from nodecheck.checks.rules.nccl_settings import nccl_facts, rule_socket_ifname
 from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Action, Recommendation
 from tests.conftest import Node
-from tests.fixtures.pinned_facts import TORCH_2_13, with_parts
+from tests.fixtures.pinned_facts import TORCH_2_13, PinnedFacts, with_parts
 
 
 def plan_for(node: Node, environ: Mapping[str, str] | None = None) -> Plan:
@@ -189,3 +190,28 @@ def test_no_default_route_and_no_master_addr_leaves_it_to_nccl(
     [left] = [item for item in plan.left_unset if "NCCL_SOCKET_IFNAME" in item.names]
     assert left.names == ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
     assert "no IPv4 default route" in left.reason and "first ib* interface" in left.reason
+
+
+class WithoutPart(PinnedFacts):
+    """Facts with one part unavailable, as in a capture taken before it was read."""
+
+    def __init__(self, underlying: FactsSource, missing: str) -> None:
+        super().__init__(underlying, {})
+        self.missing = missing
+
+    def get(self, name: str) -> object:
+        if name == self.missing:
+            reason = f"the capture holds no {name} (it was not captured)"
+            raise PartUnavailableError(name, Unread(reason, "not captured"))
+        return super().get(name)
+
+
+def test_a_capture_without_the_master_addr_part_still_plans(l40s: Node) -> None:
+    ctx = with_parts(l40s.context({}), torch_version=TORCH_2_13)
+    ctx = replace(ctx, facts=WithoutPart(ctx.facts, "master_addr_route"))
+    plan = make_plan(ctx, TuneOptions())
+    assert env_of(plan)["NCCL_SOCKET_IFNAME"].value == "eno1"  # the default route's
+    assert (
+        "which interface's subnet holds MASTER_ADDR is unknown (the capture holds no "
+        "master_addr_route (it was not captured)): NCCL_SOCKET_IFNAME is chosen without it"
+    ) in plan.notes
