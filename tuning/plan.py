@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field, replace
+from typing import Any
 
 from nodecheck.checks.context import CheckContext
 from nodecheck.checks.node.calling_environment import CallingEnvironment
@@ -255,29 +256,25 @@ def _cpuset(ctx: CheckContext) -> CpusetReading:
     return reading
 
 
+def _optional_part(ctx: CheckContext, name: str, what: str, instead: str) -> tuple[Any, list[str]]:
+    """Part `name`, or None and a note saying `what` is unknown, why, and what the plan
+    does `instead` (a part a capture may lack: one taken by an older nodecheck)."""
+    try:
+        return ctx.part(name), []
+    except PartUnavailableError as err:
+        return None, [f"{what} is unknown ({err}): {instead}"]
+
+
 def _torch_version(ctx: CheckContext) -> tuple[tuple[int, int] | None, list[str]]:
     """The installed torch's (major, minor), and a note when it could not be read."""
-    try:
-        found: TorchVersion = ctx.part("torch_version")
-    except PartUnavailableError as err:
-        return None, [
-            f"the installed torch's version is unknown ({err}): the allocator and flight "
-            "recorder variables are named as the newest torch names them"
-        ]
-    return found.version, []
-
-
-def _master_addr_route(ctx: CheckContext) -> tuple[MasterAddrRoute | None, list[str]]:
-    """Which interface's subnet holds MASTER_ADDR, and a note when that could not be read
-    (a capture taken before nodecheck read it): the plan then goes without it."""
-    try:
-        found: MasterAddrRoute = ctx.part("master_addr_route")
-    except PartUnavailableError as err:
-        return None, [
-            f"which interface's subnet holds MASTER_ADDR is unknown ({err}): "
-            "NCCL_SOCKET_IFNAME is chosen without it"
-        ]
-    return found, []
+    found: TorchVersion | None
+    found, notes = _optional_part(
+        ctx,
+        "torch_version",
+        "the installed torch's version",
+        "the allocator and flight recorder variables are named as the newest torch names them",
+    )
+    return (None if found is None else found.version), notes
 
 
 def _cpuset_notes(cpuset: CpusetReading) -> tuple[list[str], str]:
@@ -379,7 +376,13 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         env += pytorch.allocator(environ, torch_version)
         addressed: AddressedInterfaces = ctx.part("addressed_interfaces")
         libraries: NcclLibraries = ctx.part("nccl_library")
-        master, master_notes = _master_addr_route(ctx)
+        master: MasterAddrRoute | None
+        master, master_notes = _optional_part(
+            ctx,
+            "master_addr_route",
+            "which interface's subnet holds MASTER_ADDR",
+            "NCCL_SOCKET_IFNAME is chosen without it",
+        )
         notes += master_notes
         advice = nccl.nccl_advice(
             inventory,

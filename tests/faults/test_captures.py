@@ -299,8 +299,9 @@ def test_nonsense_nvml_answered_is_the_same_gpu_error_in_its_capture(
 
 CAPTURED_PARTS = [name for name, spec in PARTS.items() if spec.captured]
 # What each command cannot do without; tune makes do without the cpuset (a warning on
-# every rank) and the torch version (a note), as tuning/plan.py says, and reads the GPU
-# identities only for a CUDA_VISIBLE_DEVICES naming GPUs by UUID (which this one does not).
+# every rank), the torch version and MASTER_ADDR's interface (a note each), as
+# tuning/plan.py says, and reads the GPU identities only for a CUDA_VISIBLE_DEVICES
+# naming GPUs by UUID (which this one does not).
 NEEDED = {
     "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "gpu_identities", "master_addr_route"},
     "inventory": {"inventory"},
