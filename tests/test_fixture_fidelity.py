@@ -37,7 +37,7 @@ def lspci_blocks(node: Node) -> dict[str, str]:
     return blocks
 
 
-@pytest.mark.parametrize("name", ["dgx-h100", "dgx-h100-faulty", "workstation"])
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-h100-faulty", "workstation", "l40s-epyc"])
 def test_lspci_agrees_with_nodecheck(build: object, name: str) -> None:
     node = build(name)  # type: ignore[operator]
     blocks = lspci_blocks(node)
@@ -256,3 +256,30 @@ def test_xe9680_replica_matches_the_real_lspci(xe9680_replica: Node) -> None:
         assert (ours.link_cap, ours.link_status) == (theirs.link_cap, theirs.link_status), bdf
         assert ours.acs_control == theirs.acs_control, bdf
         assert ours.numa_node == theirs.numa_node, bdf
+
+
+def test_l40s_replica_as_lspci_reads_it(build: object) -> None:
+    """The L40S/EPYC replica decoded by lspci: eight L40S (10de:26b9) in pairs below four
+    PEX890xx switches, each pair with its ConnectX-7, every switch on a Genoa root port
+    (1022:14ab) of its own host bridge, the GPUs' downstream ports trained at Gen4 of
+    their Gen5; NUMA 0 for host bridges 00-60, 1 for 80-e0 (NPS1)."""
+    node = build("l40s-epyc")  # type: ignore[operator]
+    ids = lspci_ids(node)
+    by_id: dict[str, list[str]] = {}
+    for bdf, (_, _, vendor_id, _, device_id) in ids.items():
+        by_id.setdefault(f"{vendor_id}:{device_id}", []).append(bdf)
+    assert by_id["10de:26b9"] == [
+        "03:00.0", "04:00.0", "23:00.0", "24:00.0", "83:00.0", "84:00.0", "a3:00.0", "a4:00.0"
+    ]  # fmt: skip
+    assert by_id["15b3:1021"] == ["05:00.0", "25:00.0", "85:00.0", "a5:00.0"]
+    assert by_id["15b3:101d"] == ["c1:00.0", "c1:00.1"]
+    assert by_id["8086:15ff"] == ["41:00.0", "41:00.1"]
+    assert by_id["1022:14ab"] == ["00:01.1", "20:01.1", "40:01.1", "80:01.1", "a0:01.1", "c0:01.1"]
+    devices = parse_lspci_vvv("\n".join(lspci_blocks(node).values()))
+    for gpu in by_id["10de:26b9"]:
+        port = parent_bridge(gpu, devices)
+        assert port is not None and (ids[port][2], ids[port][4]) == ("1000", "c030"), gpu
+        assert devices[port].link_cap == (32.0, 16) and devices[port].link_status == (16.0, 16)
+        assert devices[gpu].link_status == (16.0, 16)
+        assert devices[gpu].numa_node == (0 if gpu < "80" else 1)
+    assert assert_lspci_agrees(node) > 0

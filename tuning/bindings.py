@@ -693,11 +693,7 @@ def pair_nics(
         over_c2c = gpu.bdf in c2c_gpus and relation in (Relation.PHB, Relation.NODE)
         if over_c2c:
             notes.append(C2C_NOTE.format(gpu=gpu.bdf, relation=relation.name))
-        elif relation >= Relation.PHB:
-            notes.append(
-                f"the nearest RDMA NIC is {relation.name} from this GPU: NCCL does not use "
-                "GPUDirect RDMA that far by default (NCCL_NET_GDR_LEVEL)"
-            )
+        # A NIC at PHB or farther without C2C: said once for all such GPUs (far_nic_notes).
         also = _also_near(inventory, gpu, storage, relation)
         if also:
             own_rate = next((n.rate_gbps for n in rdma if n.name == ordered[0]), None) or 0.0
@@ -724,3 +720,19 @@ def pair_nics(
             NicPairing(gpu.bdf, ordered, relation.name, "; ".join(notes), also, warning, over_c2c)
         )
     return pairings
+
+
+def far_nic_notes(pairings: list[NicPairing]) -> list[str]:
+    """One note per PCIe relation (PHB, NODE, SYS) at which GPUs' nearest RDMA NIC sits,
+    naming each GPU and its NIC: NCCL uses GPUDirect RDMA only up to PXB by default
+    (NCCL docs: NCCL_NET_GDR_LEVEL), so those GPUs' traffic is staged through host
+    memory. A GPU on NVLink-C2C has its own note (C2C_NOTE): NCCL's P2C path."""
+    far: dict[str, list[str]] = {}
+    for pairing in pairings:
+        if pairing.nics and not pairing.over_c2c and pairing.relation in ("PHB", "NODE", "SYS"):
+            far.setdefault(pairing.relation, []).append(f"{pairing.gpu} ({pairing.nics[0]})")
+    return [
+        f"the nearest RDMA NIC of GPU {', '.join(gpus)} is {relation} from it: NCCL does not "
+        "use GPUDirect RDMA that far by default (NCCL_NET_GDR_LEVEL)"
+        for relation, gpus in far.items()
+    ]

@@ -1,13 +1,16 @@
-"""NCCL settings for this node: the bootstrap interface, the HCAs, the fabric knobs the
-job's size calls for, what to leave to NCCL, and whether the network is fast enough.
+"""NCCL settings for this node: the bootstrap interface (and gloo's beside it), the HCAs,
+the fabric knobs the job's size calls for, what to leave to NCCL, and the node's network
+against the one published rule of thumb.
 
 Rules: NCCL's environment documentation (2.30, env.rst) and source (NVIDIA/nccl);
-Stas Bekman's "Machine Learning Engineering" open book (github.com/stas00/ml-engineering):
-network/benchmarks/README.md, "Performance-Oriented NCCL Environment Variables"
-(NCCL_IB_QPS_PER_CONNECTION=4 as a starting point for large clusters, to confirm with
-the provider; NCCL_CROSS_NIC=1 when every NIC hangs off one switch), and
-network/README.md, which measured DeepSpeed ZeRO-3 on V100s at 64+ GPUs: "100Gbps is
-not enough", "200-400Gbps is ok", "800-1000Gbps is ideal".
+PyTorch's gloo backend (torch/csrc/distributed/c10d); Stas Bekman's "Machine Learning
+Engineering" open book (github.com/stas00/ml-engineering): network/benchmarks/README.md,
+"Performance-Oriented NCCL Environment Variables" (NCCL_IB_QPS_PER_CONNECTION=4 as a
+starting point for large clusters, to confirm with the provider; NCCL_CROSS_NIC=1 when
+every NIC hangs off one switch) and its network-throughput bands, the tl;dr of the math in
+deepspeedai/DeepSpeed#2928 for a node's inter-node traffic under ZeRO-3 (quoted with their
+unit, Gbps, for a node); network/README.md, "Out-Of-Band networking" (the bootstrap
+network).
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from collections.abc import Mapping
 
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import GID_DISCOVERY, NcclLibraries
-from nodecheck.checks.node.net import ARPHRD_LOOPBACK, NetInterface
+from nodecheck.checks.node.net import (
+    ARPHRD_LOOPBACK,
+    AddressedInterfaces,
+    MasterAddrOutcome,
+    MasterAddrRoute,
+    NetInterface,
+)
 from nodecheck.checks.node.nic_roles import RailProblem, node_rail_problems, node_role_notes
 from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.record import record
@@ -30,7 +39,7 @@ from nodecheck.checks.rules.nccl_settings import (
     selected_names,
 )
 from nodecheck.checks.settings_audit import SettingJudgement
-from nodecheck.tuning.bindings import NicPairing
+from nodecheck.tuning.bindings import NicPairing, far_nic_notes
 from nodecheck.tuning.recommendation import LeftUnset, Recommendation, plain
 
 NCCL_DOCS = "NCCL docs, Environment Variables"
@@ -40,14 +49,29 @@ ML_ENGINEERING_NETWORK = (
 )
 ML_ENGINEERING_THROUGHPUT = (
     'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
-    "network/README.md, network throughput"
+    "network/benchmarks/README.md, from deepspeedai/DeepSpeed#2928"
 )
-# The book's figures (network/README.md): DeepSpeed ZeRO-3 on V100s at 64+ GPUs. It
-# measured them, it did not derive them, and says A100s and H100s need more.
+ML_ENGINEERING_OOB = (
+    'Stas Bekman, "Machine Learning Engineering" open book (github.com/stas00/ml-engineering), '
+    "network/README.md, Out-Of-Band networking"
+)
+# The book's bands (network/benchmarks/README.md), in its words and unit: "To get
+# reasonable GPU throughput when training at scale (64+GPUs) with DeepSpeed ZeRO Stage 3
+# with V100s 1. 100Gbps is not enough 2. 200-400Gbps is ok 3. 800-1000Gbps is ideal",
+# linked to deepspeedai/DeepSpeed#2928, whose answer gives them as the tl;dr of its math for
+# the traffic between nodes (G GPUs per node, N nodes): a node's inter-node bandwidth, a
+# derivation, not a figure per GPU. The book adds: "the requirements are higher for A100
+# gpu nodes and even higher for H100s".
 BOOK_JOB_GPUS = 64
 BOOK_NOT_ENOUGH_GBPS = 100  # "100Gbps is not enough"
 BOOK_OK_GBPS = (200, 400)  # "200-400Gbps is ok"
 BOOK_IDEAL_GBPS = (800, 1000)  # "800-1000Gbps is ideal"
+BOOK_BANDS = (
+    f'"To get reasonable GPU throughput when training at scale ({BOOK_JOB_GPUS}+GPUs) with '
+    f'DeepSpeed ZeRO Stage 3 with V100s": "{BOOK_NOT_ENOUGH_GBPS}Gbps is not enough", '
+    f'"{BOOK_OK_GBPS[0]}-{BOOK_OK_GBPS[1]}Gbps is ok", '
+    f'"{BOOK_IDEAL_GBPS[0]}-{BOOK_IDEAL_GBPS[1]}Gbps is ideal"'
+)
 NCCL_DEBUG_LEVEL = "WARN"
 
 
@@ -136,45 +160,212 @@ def ifname_value(chosen: list[str], every_interface: list[str]) -> str:
     return "=" + ",".join(chosen)
 
 
+NCCL_SOCKET_SOURCE = (
+    "NVIDIA/nccl src/misc/socket.cc (ncclFindInterfaces) and src/bootstrap.cc "
+    f"(bootstrapNetInit); {NCCL_DOCS}: NCCL_SOCKET_IFNAME; /sys/class/net, /proc/net/route"
+)
+GLOO_SOURCE = (
+    "PyTorch torch/csrc/distributed/c10d/init.cpp (ProcessGroupGloo: GLOO_SOCKET_IFNAME "
+    "split at commas, a device each) and ProcessGroupGloo.cpp (createDefaultDevice); "
+    "pytorch/gloo gloo/transport/tcp/device.cc (lookupAddrForIface: the exact name)"
+)
+NCCL_OWN_CHOICE = (
+    "NCCL on its own takes the first ib* interface (IPoIB), else the first one other than "
+    "docker*, lo and virbr* (src/misc/socket.cc ncclFindInterfaces)"
+)
+
+
+@record
+class SocketChoice:
+    """The interfaces NCCL's sockets should use on this node, and why."""
+
+    interfaces: list[NetInterface]
+    why: str
+
+    @property
+    def names(self) -> list[str]:
+        return [interface.name for interface in self.interfaces]
+
+
+# Why MASTER_ADDR did not decide the bootstrap interface; its value is never shown (it is
+# not a variable nodecheck audits).
+MASTER_ADDR_NOT_MATCHED = {
+    MasterAddrOutcome.NOT_AN_ADDRESS: (
+        "MASTER_ADDR is a host name (not shown), which nodecheck does not resolve (a DNS "
+        "lookup has no time bound): the interface that leads to rank 0 could not be matched"
+    ),
+    MasterAddrOutcome.NO_SUBNET: (
+        "MASTER_ADDR (not shown) is in no subnet of this node's interfaces: it is reached "
+        "through a gateway, which does not tell the interface the nodes share"
+    ),
+    MasterAddrOutcome.LOOPBACK: (
+        "MASTER_ADDR is a loopback address: only the ranks of this node can rendezvous there"
+    ),
+    MasterAddrOutcome.ROUTES_UNREAD: (
+        "MASTER_ADDR (not shown) could not be matched to an interface: the node's routes "
+        "could not be read"
+    ),
+}
+
+
+def bootstrap_choice(
+    candidates: list[NetInterface], addressed: AddressedInterfaces, master: MasterAddrRoute
+) -> tuple[SocketChoice | None, list[str]]:
+    """With RDMA rails NCCL's sockets only bootstrap the job, so the interface that
+    matters is the one every node reaches the others on: the one whose subnet holds
+    MASTER_ADDR (rank 0 is reached there), else the one holding the default route; None
+    when neither tells. The notes say why MASTER_ADDR did not decide, where it is set."""
+    usable = {interface.name: interface for interface in candidates}
+    notes: list[str] = []
+    if master.outcome is MasterAddrOutcome.IN_SUBNET and master.interface is not None:
+        if master.interface in usable:
+            why = (
+                f"MASTER_ADDR (not shown) is in {master.interface}'s subnet: rank 0 is "
+                "reached over it"
+            )
+            return SocketChoice([usable[master.interface]], why), notes
+        notes.append(
+            f"MASTER_ADDR (not shown) is in the subnet of {master.interface}, which cannot "
+            "carry it (down, without an address, or a virtual bridge)"
+        )
+    elif master.outcome in MASTER_ADDR_NOT_MATCHED:
+        notes.append(MASTER_ADDR_NOT_MATCHED[master.outcome])
+    defaults = [name for name in addressed.default_route or () if name in usable]
+    if defaults:
+        return SocketChoice([usable[defaults[0]]], f"{defaults[0]} holds the default route"), notes
+    return None, notes
+
+
+def fastest_choice(candidates: list[NetInterface]) -> SocketChoice:
+    """Without RDMA NCCL's sockets carry the collectives: the fastest usable interfaces."""
+    best = candidates[0].speed_mbps or 0
+    fastest = [i for i in candidates if (i.speed_mbps or 0) == best]
+    speed = f"{best / 1000:g} Gb/s" if best else "speed unknown"
+    names = ", ".join(i.name for i in fastest)
+    return SocketChoice(fastest, f"{names} the fastest up with an address ({speed})")
+
+
+def _kept_reason(picked: list[str], choice: SocketChoice | None) -> str:
+    reason = f"set, and it works: it selects {', '.join(picked)} (the nccl_env check passes it)"
+    if choice is not None and sorted(picked) != sorted(choice.names):
+        reason += f"; nodecheck would have named {', '.join(choice.names)}: {choice.why}"
+    return reason
+
+
 def _socket_ifname(
-    inventory: Inventory, addressed: set[str] | None, environ: Mapping[str, str]
-) -> tuple[list[Recommendation], list[str], list[NetInterface]]:
+    inventory: Inventory,
+    addressed: AddressedInterfaces,
+    master: MasterAddrRoute,
+    environ: Mapping[str, str],
+    rails: list[str],
+) -> tuple[list[Recommendation], list[LeftUnset], list[str], SocketChoice | None]:
+    """NCCL_SOCKET_IFNAME: with RDMA rails the interface the nodes reach each other on,
+    without them the fastest; a value the user set that works is kept as it is (the
+    nccl_env check's judgement, so tune never says "change" where check passes)."""
     names = [i.name for i in inventory.interfaces]
-    candidates = socket_candidates(inventory.interfaces, addressed)
+    candidates = socket_candidates(
+        inventory.interfaces, None if addressed.names is None else set(addressed.names)
+    )
     if not candidates:
         note = (
             "no network interface is up with an address other nodes can reach "
             "(lo and virtual bridges do not count): a multi-node job cannot bootstrap NCCL"
         )
-        return [], [note], []
-    best = candidates[0].speed_mbps or 0
-    fastest = [i for i in candidates if (i.speed_mbps or 0) == best]
-    speed = f"{best / 1000:g} Gb/s" if best else "speed unknown"
-    current = environ.get("NCCL_SOCKET_IFNAME")
-    good = {i.name for i in fastest}
-    picked = selected_names(current, names) if current is not None else []
-    if current is not None and plain(current) and picked and set(picked) <= good:
-        value = current
-        reason = f"already names the fastest usable interface(s) ({', '.join(picked)}, {speed})"
-    else:
-        value = ifname_value([i.name for i in fastest], names)
-        reason = (
-            f"bootstrap (and socket traffic without RDMA) over {', '.join(sorted(good))} "
-            f"({speed}, up, with an address); NCCL on its own takes the first ib* interface, "
-            "else any but lo and docker*, which can be a virtual bridge or an unrouted link"
-        )
-    notes = []
-    if addressed is None:
+        return [], [], [note], None
+    notes: list[str] = []
+    if addressed.names is None:
         notes.append(
             "/proc/net/route and /proc/net/if_inet6 could not be read: NCCL_SOCKET_IFNAME is "
             "chosen without knowing which interfaces have addresses"
         )
-    source = f"{NCCL_DOCS}: NCCL_SOCKET_IFNAME; /sys/class/net and /proc/net/route"
+    if rails:
+        choice, master_notes = bootstrap_choice(candidates, addressed, master)
+        notes += master_notes
+        role = (
+            f"with RDMA rails ({', '.join(rails)}) NCCL's sockets only bootstrap the job (one "
+            "interface, src/bootstrap.cc) and the IB transport's out-of-band exchange: the "
+            "book's out-of-band network, which \"typically uses a single slow 1Gbps ethernet "
+            'connection"; what matters is that every node reaches the others on it'
+        )
+        source = f"{NCCL_SOCKET_SOURCE}; {ML_ENGINEERING_OOB}"
+    else:
+        choice = fastest_choice(candidates)
+        role = "without RDMA NCCL's sockets carry the collectives too"
+        source = NCCL_SOCKET_SOURCE
+    current = environ.get("NCCL_SOCKET_IFNAME")
     works = current is not None and not fails(
         rule_socket_ifname("", current, nccl_facts(inventory))
     )
-    recommendation = Recommendation("NCCL_SOCKET_IFNAME", value, reason, source, advisory=works)
-    return [recommendation], notes, fastest
+    if current is not None and works and plain(current):
+        reason = _kept_reason(selected_names(current, names), choice)
+        return [Recommendation("NCCL_SOCKET_IFNAME", current, reason, source)], [], notes, choice
+    if choice is None:
+        left = LeftUnset(
+            ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
+            f"{role}, and which interface that is could not be told here (no IPv4 default "
+            f"route, MASTER_ADDR unset or not matched): {NCCL_OWN_CHOICE}, and gloo binds to "
+            "the address this host's name resolves to; set both to the interface the nodes "
+            "share if the job cannot bootstrap",
+            f"{source}; {GLOO_SOURCE}",
+        )
+        return [], [left], notes, None
+    reason = f"{role}: {choice.why}; {NCCL_OWN_CHOICE}, which need not be it"
+    recommendation = Recommendation(
+        "NCCL_SOCKET_IFNAME",
+        ifname_value(choice.names, names),
+        reason,
+        source,
+        advisory=works,
+    )
+    return [recommendation], [], notes, choice
+
+
+def gloo_value_works(value: str, inventory: Inventory, addressed: AddressedInterfaces) -> bool:
+    """Whether gloo can make a device of every entry: torch splits the value at commas
+    and gloo looks each name up exactly (no prefix, no '^' or '='), on an interface
+    that is up with an address; torch ignores a value of one character or none."""
+    states = {i.name: i.operstate for i in inventory.interfaces}
+    entries = value.split(",")
+    return len(value) > 1 and all(
+        states.get(entry) in ("up", "unknown")
+        and (addressed.names is None or entry in addressed.names)
+        for entry in entries
+    )
+
+
+def gloo_ifname(
+    choice: SocketChoice | None,
+    inventory: Inventory,
+    addressed: AddressedInterfaces,
+    environ: Mapping[str, str],
+) -> tuple[list[Recommendation], list[str]]:
+    """GLOO_SOCKET_IFNAME beside NCCL_SOCKET_IFNAME, with its own reason: without it gloo
+    binds to the address this host's name resolves to (falling back to loopback), where
+    other nodes may not reach it. Its value is not audited: one the user set that works
+    is kept and never shown; one that cannot work is replaced, without showing it."""
+    current = environ.get("GLOO_SOCKET_IFNAME")
+    value = None if choice is None else ",".join(choice.names)
+    if current is not None and current != value and gloo_value_works(current, inventory, addressed):
+        note = (
+            "GLOO_SOCKET_IFNAME is set (its value is not shown: nodecheck does not audit it) "
+            "and names only interfaces that are up with an address: kept"
+        )
+        return [], [note]
+    if value is None:
+        return [], []
+    reason = (
+        "torch.distributed's gloo backend (CPU collectives, and the helper group "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL adds) binds to the address this host's name "
+        "resolves to unless told, falling back to loopback, which other nodes cannot "
+        f"reach: {value}, as for NCCL; gloo takes exact names, comma-separated, one device "
+        "each, and every process must list as many"
+    )
+    if current is not None and current != value:
+        reason += (
+            "; the value set (not shown) names an interface that is not here, is down or "
+            "has no address, so gloo cannot make its device"
+        )
+    return [Recommendation("GLOO_SOCKET_IFNAME", value, reason, GLOO_SOURCE)], []
 
 
 def _gbps(rate: float | None) -> str:
@@ -377,11 +568,23 @@ def ib_timeout_default_text(nccl: VersionEvidence) -> str:
     )
 
 
+def roce_rails(inventory: Inventory, rails: list[str]) -> list[str]:
+    """The compute rails among `rails` that run RoCE (link layer Ethernet): where a GID
+    index matters to NCCL. A storage RoCE port carries none of its collectives."""
+    ethernet = {
+        rdma.name
+        for rdma in inventory.rdma
+        if any(port.link_layer == "Ethernet" for port in rdma.ports)
+    }
+    return [name for name in rails if name in ethernet]
+
+
 def _left_to_nccl(
     inventory: Inventory,
     pairings: list[NicPairing],
     libraries: NcclLibraries | None,
     nccl: VersionEvidence,
+    rails: list[str],
 ) -> list[LeftUnset]:
     far = sorted(
         {p.relation for p in pairings if p.relation in ("PHB", "NODE", "SYS") and not p.over_c2c}
@@ -428,11 +631,13 @@ def _left_to_nccl(
                 "src/transport/net_ib (NCCL_PARAM IbTimeout)",
             )
         )
-    if any(p.link_layer == "Ethernet" for r in inventory.rdma for p in r.ports):
+    roce = roce_rails(inventory, rails)
+    if roce:
         left.append(
             LeftUnset(
                 ("NCCL_IB_GID_INDEX",),
-                "NCCL 2.21 and later find the RoCE v2 GID themselves"
+                f"on the RoCE rails ({', '.join(roce)}) NCCL 2.21 and later find the RoCE v2 "
+                "GID themselves"
                 + (
                     f"; the job's: {nccl.describe()}"
                     if nccl.known is not None
@@ -456,11 +661,15 @@ def _installed_versions(libraries: NcclLibraries | None) -> str:
 
 
 def gid_discovery_warning(
-    inventory: Inventory, libraries: NcclLibraries | None, nccl: VersionEvidence | None = None
+    inventory: Inventory,
+    libraries: NcclLibraries | None,
+    rails: list[str],
+    nccl: VersionEvidence | None = None,
 ) -> str | None:
-    """An NCCL older than 2.21 on a RoCE node takes GID index 0 unless told, which on most
+    """An NCCL older than 2.21 on RoCE rails takes GID index 0 unless told, which on most
     RoCE ports is a RoCE v1 or link-local GID that does not route (NCCL docs:
-    NCCL_IB_GID_INDEX; NCCL 2.21 release notes: RoCE GID detection)."""
+    NCCL_IB_GID_INDEX; NCCL 2.21 release notes: RoCE GID detection). Only the compute
+    rails count: the plan keeps NCCL off a storage port (NCCL_IB_HCA)."""
     if nccl is not None and nccl.known is not None:
         # The job's own NCCL decides, whatever else is installed.
         old = "" if nccl.known[:2] >= GID_DISCOVERY else nccl.describe()
@@ -468,7 +677,7 @@ def gid_discovery_warning(
         old = ", ".join(library.text for library in libraries.without_gid_discovery)
     else:
         old = ""
-    roce = [r.name for r in inventory.rdma if any(p.link_layer == "Ethernet" for p in r.ports)]
+    roce = roce_rails(inventory, rails)
     if not old or not roce:
         return None
     return (
@@ -488,8 +697,9 @@ def network_note(
     ranks: int,
     rail_problems: list[RailProblem] | None = None,
 ) -> str:
-    """The node's inter-node bandwidth against the ML Engineering book's guidance. A
-    compute NIC without an active port carries nothing and is not counted, but named."""
+    """The node's inter-node bandwidth, for the node and per GPU, against the ML
+    Engineering book's bands, which are for the node. A compute NIC without an active
+    port carries nothing and is not counted, but named."""
     if shape.nodes == 1:
         return "one-node job: the network carries no collective traffic"
     if used_hcas:
@@ -518,42 +728,46 @@ def network_note(
         what = f"no RDMA; TCP sockets over {', '.join(i.name for i in sockets)}"
     else:
         return "no usable network interface: this node cannot join a multi-node job"
+    per_gpu = f", {total / ranks:g} Gb/s per GPU over {ranks} GPU(s)" if ranks else ""
     return (
-        f"network: {total:g} Gb/s between nodes ({what}); {throughput_verdict(total, ranks, shape)}"
+        f"network: {total:g} Gb/s between nodes ({what}){per_gpu}; "
+        f"{throughput_verdict(total, ranks, shape)}"
     )
 
 
-def throughput_verdict(total_gbps: float, ranks: int, shape: JobShape) -> str:
-    """The node's bandwidth per GPU against the book's measured bands, quoted as the book
-    gives them: what it measured (ZeRO-3 on V100s at 64+ GPUs) is said with them, and
-    nothing is called a need."""
-    per_gpu = total_gbps / ranks if ranks else total_gbps
+def throughput_verdict(node_gbps: float, ranks: int, shape: JobShape) -> str:
+    """The node's inter-node bandwidth against the book's bands, quoted in its words and
+    unit (Gbps, for a node: the math of deepspeedai/DeepSpeed#2928 they come from counts the
+    traffic between nodes of G GPUs each), said to be a derivation for ZeRO-3 on V100s.
+    Nothing is called a need, and no band is applied per GPU (the book gives none)."""
     low, high = BOOK_OK_GBPS
     ideal_low, ideal_high = BOOK_IDEAL_GBPS
-    if per_gpu >= ideal_low:
-        band = f'in the book\'s "ideal" band ({ideal_low}-{ideal_high} Gb/s) or above'
-    elif per_gpu > high:
-        band = (
-            f'above the book\'s "ok" band ({low}-{high} Gb/s), '
-            f'below "ideal" ({ideal_low}-{ideal_high})'
-        )
-    elif per_gpu >= low:
-        band = f'in the book\'s "ok" band ({low}-{high} Gb/s)'
-    elif per_gpu > BOOK_NOT_ENOUGH_GBPS:
-        band = f'below the book\'s "ok" band ({low}-{high} Gb/s)'
+    not_enough = f'"{BOOK_NOT_ENOUGH_GBPS}Gbps is not enough"'
+    ok = f'"{low}-{high}Gbps is ok"'
+    ideal = f'"{ideal_low}-{ideal_high}Gbps is ideal"'
+    if node_gbps > ideal_high:
+        band = f"above the book's {ideal}"
+    elif node_gbps >= ideal_low:
+        band = f"in the book's {ideal}"
+    elif node_gbps > high:
+        band = f"between the book's {ok} and {ideal}"
+    elif node_gbps >= low:
+        band = f"in the book's {ok}"
+    elif node_gbps > BOOK_NOT_ENOUGH_GBPS:
+        band = f"between the book's {not_enough} and {ok}"
     else:
-        band = f'at or below what the book calls "not enough" ({BOOK_NOT_ENOUGH_GBPS} Gb/s)'
+        band = f"at or below the book's {not_enough}"
     gpus = shape.nodes * ranks if shape.nodes is not None else None
     scale = (
-        f"; this job has {gpus} GPUs, fewer than the {BOOK_JOB_GPUS} the book measured"
+        f"; this job has {gpus} GPUs, fewer than the {BOOK_JOB_GPUS}+ the bands are for"
         if gpus is not None and gpus < BOOK_JOB_GPUS
         else ""
     )
     return (
-        f"{per_gpu:g} Gb/s per GPU over {ranks} GPU(s): {band}; the book, for DeepSpeed "
-        f'ZeRO-3 on V100s at {BOOK_JOB_GPUS}+ GPUs: "{BOOK_NOT_ENOUGH_GBPS}Gbps is not '
-        f'enough, {low}-{high}Gbps is ok, {ideal_low}-{ideal_high}Gbps is ideal" (A100s and '
-        "H100s want more, pipeline parallelism less)"
+        f"{node_gbps:g} Gb/s for the node is {band}: {BOOK_BANDS}, for a node's bandwidth to "
+        "the others (the tl;dr of the math in deepspeedai/DeepSpeed#2928 for ZeRO-3's traffic "
+        'between nodes: a derivation, for V100s, with no figure per GPU; the book adds that "the '
+        'requirements are higher for A100 gpu nodes and even higher for H100s")'
         f"{scale} ({ML_ENGINEERING_THROUGHPUT})"
     )
 
@@ -602,19 +816,26 @@ def roce_traffic_class_note(inventory: Inventory, used_hcas: list[str]) -> str |
 def nccl_advice(
     inventory: Inventory,
     pairings: list[NicPairing],
-    addressed: set[str] | None,
+    addressed: AddressedInterfaces,
     environ: Mapping[str, str],
     shape: JobShape,
     ranks: int,
     libraries: NcclLibraries | None = None,
     nccl: VersionEvidence | None = None,
+    master: MasterAddrRoute | None = None,
 ) -> NcclAdvice:
-    """`libraries`: the NCCL versions read on the node (checks/node/nccl_library.py);
-    None when not read, and the advice then names no version. `nccl`: the job's NCCL
-    (checks/rules/job_versions.py), for the defaults that depend on its version."""
+    """`addressed`: the interfaces with addresses and the default route's; `master`: the
+    interface MASTER_ADDR's subnet is on (None: not read, as if unset); `libraries`: the
+    NCCL versions read on the node (checks/node/nccl_library.py), None when not read, and
+    the advice then names no version; `nccl`: the job's NCCL (checks/rules/job_versions.py),
+    for the defaults that depend on its version."""
     nccl = VersionEvidence("NCCL") if nccl is None else nccl
-    env, notes, sockets = _socket_ifname(inventory, addressed, environ)
     hca_env, hca_left, used = _ib_hca(inventory, pairings, environ)
+    env, socket_left, notes, choice = _socket_ifname(
+        inventory, addressed, master or MasterAddrRoute(MasterAddrOutcome.UNSET), environ, used
+    )
+    gloo_env, gloo_notes = gloo_ifname(choice, inventory, addressed, environ)
+    notes += gloo_notes
     layers = {
         port.link_layer
         for rdma in inventory.rdma
@@ -623,18 +844,21 @@ def nccl_advice(
         if port.link_layer
     }
     fabric_env, fabric_left = _fabric(shape, ranks, layers, len(used))
-    left = hca_left + fabric_left + _left_to_nccl(inventory, pairings, libraries, nccl)
+    left = socket_left + hca_left + fabric_left
+    left += _left_to_nccl(inventory, pairings, libraries, nccl, used)
     notes += list(dict.fromkeys(p.note for p in pairings if p.note))
+    notes += far_nic_notes(pairings)
     # A degraded or down rail slows every collective of a multi-node job: said as a
     # warning, with the fix (the ranks whose GPU it serves carry it too).
     rail_problems = node_rail_problems(inventory)
     notes += [f"warning: {problem.message()}" for problem in rail_problems]
     notes += [f"NIC roles: {note}" for note in node_role_notes(inventory)]
+    sockets = [] if used or choice is None else choice.interfaces
     notes.append(network_note(inventory, used, sockets, shape, ranks, rail_problems))
     traffic_class = roce_traffic_class_note(inventory, used)
     if traffic_class is not None:
         notes.append(traffic_class)
-    gid = gid_discovery_warning(inventory, libraries, nccl)
+    gid = gid_discovery_warning(inventory, libraries, used, nccl)
     if gid is not None:
         notes.append(gid)
-    return NcclAdvice([*env, *hca_env, *fabric_env, debug_level(environ)], left, notes)
+    return NcclAdvice([*env, *gloo_env, *hca_env, *fabric_env, debug_level(environ)], left, notes)

@@ -22,7 +22,7 @@ from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
-from nodecheck.checks.node.net import AddressedInterfaces
+from nodecheck.checks.node.net import AddressedInterfaces, MasterAddrRoute
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
@@ -67,6 +67,7 @@ PLAN_NEEDS = (
     "gpu_presence",
     "coherent_gpus",
     "addressed_interfaces",
+    "master_addr_route",
     "nccl_library",
     "cpuset",
     "torch_version",
@@ -267,6 +268,15 @@ def _cpuset(ctx: CheckContext) -> CpusetReading:
     return reading
 
 
+def _optional_part(ctx: CheckContext, name: str, what: str, instead: str) -> tuple[Any, list[str]]:
+    """Part `name`, or None and a note saying `what` is unknown, why, and what the plan
+    does `instead` (a part a capture may lack: one taken by an older nodecheck)."""
+    try:
+        return ctx.part(name), []
+    except PartUnavailableError as err:
+        return None, [f"{what} is unknown ({err}): {instead}"]
+
+
 def _part_or_none(ctx: CheckContext, name: str) -> Any:
     """A part, or None where it could not be read (a capture without it): the versions
     are then unknown, which the plan says."""
@@ -411,15 +421,24 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         env += pytorch.allocator(environ, torch)
         addressed: AddressedInterfaces = ctx.part("addressed_interfaces")
         libraries: NcclLibraries = ctx.part("nccl_library")
+        master: MasterAddrRoute | None
+        master, master_notes = _optional_part(
+            ctx,
+            "master_addr_route",
+            "which interface's subnet holds MASTER_ADDR",
+            "NCCL_SOCKET_IFNAME is chosen without it",
+        )
+        notes += master_notes
         advice = nccl.nccl_advice(
             inventory,
             list(pairings.values()),
-            None if addressed.names is None else set(addressed.names),
+            addressed,
             environ,
             shape,
             len(bindings),
             libraries,
             job_nccl_version,
+            master,
         )
         env += advice.env
         env += pytorch.post_mortem(environ, torch)

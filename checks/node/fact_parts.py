@@ -193,12 +193,21 @@ def read_coherent_gpus_part(sources: NodeSources, facts: FactsSource) -> Any:
 
 @part("addressed_interfaces", lazy_type("net", "AddressedInterfaces"))
 def read_addressed_interfaces_part(sources: NodeSources, facts: FactsSource) -> Any:
-    """The interfaces with an IPv4 route or a global IPv6 address (<procfs>/net/route and
-    net/if_inet6), or unknown when neither could be read."""
-    from nodecheck.checks.node.net import AddressedInterfaces, read_addressed_interfaces
+    """The interfaces with an IPv4 route or a global IPv6 address, and those holding the
+    IPv4 default route (<procfs>/net/route and net/if_inet6), or unknown when unreadable."""
+    from nodecheck.checks.node.net import read_addressed_interfaces
 
-    names = read_addressed_interfaces(sources.fs)
-    return AddressedInterfaces(None if names is None else frozenset(names))
+    return read_addressed_interfaces(sources.fs)
+
+
+@part("master_addr_route", lazy_type("net", "MasterAddrRoute"))
+def read_master_addr_route_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """Which interface's subnet holds the calling environment's MASTER_ADDR (an IP
+    literal; a host name is never resolved): the outcome and the interface, never the
+    address (<procfs>/net/route, net/if_inet6)."""
+    from nodecheck.checks.node.net import read_master_addr_route
+
+    return read_master_addr_route(sources.fs, sources.environ)
 
 
 @part("nccl_library", lazy_type("nccl_library", "NcclLibraries"))

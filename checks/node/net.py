@@ -8,13 +8,18 @@ through a bus of its own (virtio-net: `0000:00:03.0/virtio2/net/eth0`).
 
 from __future__ import annotations
 
+import enum
 import errno
+import ipaddress
 import os
 import re
+import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import field
 from pathlib import Path
+from typing import TypeVar
 
 from nodecheck.checks.node.fs import (
     NodeFS,
@@ -26,6 +31,8 @@ from nodecheck.checks.node.fs import (
 )
 from nodecheck.checks.node.pci import split_device_path
 from nodecheck.checks.record import record
+
+T = TypeVar("T")
 
 # include/uapi/linux/if_arp.h
 ARPHRD_ETHER = 1
@@ -180,51 +187,219 @@ def read_net_interfaces(fs: NodeFS) -> list[NetInterface]:
 # column of /proc/net/if_inet6). Such addresses cannot reach another node.
 IPV6_LOCAL_SCOPES = {0x10, 0x20}
 
+# The route flags /proc/net/route prints (include/uapi/linux/route.h): fib_flag_trans in
+# net/ipv4/fib_trie.c sets RTF_UP on every route, RTF_GATEWAY on one through a gateway
+# and RTF_REJECT on an unreachable or prohibit route (which has no interface: "*").
+RTF_GATEWAY = 0x0002
+RTF_REJECT = 0x0200
 
-def parse_ipv4_routes(text: str) -> set[str]:
-    """Interfaces with an IPv4 route, from /proc/net/route (net/ipv4/fib_trie.c
-    fib_route_seq_show: a header line, then "Iface\tDestination\tGateway..." rows).
-    An interface with an address has at least its subnet's route."""
-    interfaces = set()
+
+@record
+class Ipv4Route:
+    """One route of the main table as /proc/net/route shows it."""
+
+    interface: str
+    network: ipaddress.IPv4Network
+    through_gateway: bool
+    metric: int
+
+
+def _host_order_ipv4(text: str) -> ipaddress.IPv4Address:
+    """An address as fib_route_seq_show prints it: the network-order word printed as a
+    host integer (%08X), so "0100000A" is 10.0.0.1 on a little-endian machine. Parsed
+    where it was read, in this machine's byte order."""
+    return ipaddress.IPv4Address(int(text, 16).to_bytes(4, sys.byteorder))
+
+
+def parse_ipv4_route_table(text: str) -> list[Ipv4Route]:
+    """The routes of /proc/net/route (net/ipv4/fib_trie.c fib_route_seq_show: a header
+    line, then "Iface Destination Gateway Flags RefCnt Use Metric Mask ..." rows),
+    without reject routes, which lead nowhere. ValueError on a row that is not one."""
+    routes = []
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 8:
-            interfaces.add(fields[0])
-    return interfaces
+        if not fields:
+            continue
+        if len(fields) < 8:
+            raise ValueError(f"a route row has {len(fields)} fields, not 11: {line.strip()!r}")
+        interface, destination, gateway, flags, _, _, metric, mask = fields[:8]
+        flag_bits, through = int(flags, 16), _host_order_ipv4(gateway)
+        network = ipaddress.IPv4Network(
+            (_host_order_ipv4(destination), str(_host_order_ipv4(mask))), strict=False
+        )
+        if flag_bits & RTF_REJECT or interface == "*":
+            continue
+        via_gateway = bool(flag_bits & RTF_GATEWAY) or int(through) != 0
+        routes.append(Ipv4Route(interface, network, via_gateway, int(metric)))
+    return routes
+
+
+def parse_ipv4_routes(text: str) -> set[str]:
+    """Interfaces with an IPv4 route, from /proc/net/route. An interface with an
+    address has at least its subnet's route."""
+    return {route.interface for route in parse_ipv4_route_table(text)}
+
+
+def default_route_interfaces(routes: list[Ipv4Route]) -> tuple[str, ...]:
+    """The interfaces of the IPv4 default routes (0.0.0.0/0), lowest metric first: the
+    one the kernel sends to any address outside the node's subnets."""
+    defaults = sorted(
+        (route.metric, route.interface) for route in routes if route.network.prefixlen == 0
+    )
+    return tuple(dict.fromkeys(interface for _, interface in defaults))
+
+
+@record
+class Ipv6Address:
+    """One address of /proc/net/if_inet6 another node can reach (global scope)."""
+
+    interface: str
+    network: ipaddress.IPv6Network
+
+
+def parse_ipv6_address_table(text: str) -> list[Ipv6Address]:
+    """The addresses of /proc/net/if_inet6 another node can reach, with their prefix
+    (net/ipv6/addrconf.c if6_seq_show: address, ifindex, prefix length, scope, flags,
+    name; all hex but the name). ValueError on a line that is not one."""
+    addresses = []
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 6:
+            raise ValueError(f"an address line has {len(fields)} fields, not 6: {line!r}")
+        address, _, prefix, scope, _, interface = fields
+        if int(scope, 16) in IPV6_LOCAL_SCOPES:
+            continue
+        network = ipaddress.IPv6Network(
+            (ipaddress.IPv6Address(bytes.fromhex(address)), int(prefix, 16)), strict=False
+        )
+        addresses.append(Ipv6Address(interface, network))
+    return addresses
 
 
 def parse_ipv6_addresses(text: str) -> set[str]:
-    """Interfaces with an IPv6 address another node can reach, from /proc/net/if_inet6
-    (net/ipv6/addrconf.c if6_seq_show: address, ifindex, prefix, scope, flags, name)."""
-    interfaces = set()
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) == 6 and int(fields[3], 16) not in IPV6_LOCAL_SCOPES:
-            interfaces.add(fields[5])
-    return interfaces
+    """Interfaces with an IPv6 address another node can reach, from /proc/net/if_inet6."""
+    return {address.interface for address in parse_ipv6_address_table(text)}
 
 
 @record
 class AddressedInterfaces:
-    """The addressed_interfaces part: `names` None when neither file could be read."""
+    """The addressed_interfaces part: the interfaces with an IPv4 route or a global IPv6
+    address (`names`, None when neither file could be read), and those holding the IPv4
+    default route, lowest metric first (`default_route`: None when /proc/net/route
+    could not be read; empty when it holds none)."""
 
     names: frozenset[str] | None
+    default_route: tuple[str, ...] | None = None
 
 
-def read_addressed_interfaces(fs: NodeFS) -> set[str] | None:
-    """Interfaces with an IPv4 route or a global IPv6 address; None if neither file
-    could be read (then whether an interface can reach other nodes is unknown)."""
-    found: set[str] = set()
-    readable = False
-    for name, parse in (("route", parse_ipv4_routes), ("if_inet6", parse_ipv6_addresses)):
-        try:
-            text = read_optional_text(fs.proc("net", name))
-        except ReadError:
-            continue
-        if text is not None:
-            readable = True
-            found |= parse(text)
-    return found if readable else None
+def _read_table(fs: NodeFS, name: str, parse: Callable[[str], T], what: str) -> T | None:
+    """A /proc/net table, parsed; None when it is missing, unreadable or not what the
+    kernel prints (then what it would have told is unknown)."""
+    try:
+        return read_optional_parsed(fs.proc("net", name), parse, what)
+    except ReadError:
+        return None
+
+
+def read_addressed_interfaces(fs: NodeFS) -> AddressedInterfaces:
+    """Interfaces with an IPv4 route or a global IPv6 address and the default route's;
+    unknown (None) where the files could not be read, never guessed."""
+    routes = _read_table(fs, "route", parse_ipv4_route_table, "the IPv4 route table")
+    addresses = _read_table(fs, "if_inet6", parse_ipv6_address_table, "IPv6 addresses")
+    if routes is None and addresses is None:
+        return AddressedInterfaces(None)
+    names = {route.interface for route in routes or []}
+    names |= {address.interface for address in addresses or []}
+    return AddressedInterfaces(
+        frozenset(names), None if routes is None else default_route_interfaces(routes)
+    )
+
+
+class MasterAddrOutcome(str, enum.Enum):
+    """What MASTER_ADDR told of the interface that leads to rank 0's node."""
+
+    UNSET = "unset"
+    NOT_AN_ADDRESS = "not an IP address"  # a host name: never resolved (DNS has no bound)
+    LOOPBACK = "loopback"
+    IN_SUBNET = "in a subnet of an interface"
+    NO_SUBNET = "in no subnet of this node"  # reached through a gateway, if at all
+    ROUTES_UNREAD = "routes unreadable"
+
+
+@record
+class MasterAddrRoute:
+    """The master_addr_route part: which interface's subnet holds MASTER_ADDR, the
+    address torchrun's and torch.distributed's rank 0 listens on. Only the outcome and
+    the interface are kept, never the address: MASTER_ADDR is not a variable nodecheck
+    audits, so its value never enters the facts, a capture or the output."""
+
+    outcome: MasterAddrOutcome
+    interface: str | None = None
+
+
+def master_address(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """MASTER_ADDR as an IP literal ("10.10.0.7", "fd00::7", "[fd00::7]"); None for
+    anything else, a host name among them."""
+    text = value.strip().removeprefix("[").removesuffix("]")
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def match_master_addr(
+    value: str | None,
+    routes: list[Ipv4Route] | None,
+    addresses: list[Ipv6Address] | None,
+) -> MasterAddrRoute:
+    """MASTER_ADDR against the node's subnets: an IP literal only (a host name would
+    need a DNS lookup, which has no time bound: not made). The longest prefix among the
+    routes that reach a subnet directly (no gateway, not the default route) wins, as the
+    kernel's own lookup would; an IPv6 address against the global addresses' prefixes."""
+    if value is None:
+        return MasterAddrRoute(MasterAddrOutcome.UNSET)
+    address = master_address(value)
+    if address is None:
+        return MasterAddrRoute(MasterAddrOutcome.NOT_AN_ADDRESS)
+    if address.is_loopback:
+        return MasterAddrRoute(MasterAddrOutcome.LOOPBACK)
+    subnets: list[tuple[int, int, str]]
+    if isinstance(address, ipaddress.IPv4Address):
+        if routes is None:
+            return MasterAddrRoute(MasterAddrOutcome.ROUTES_UNREAD)
+        subnets = [
+            (route.network.prefixlen, -route.metric, route.interface)
+            for route in routes
+            if not route.through_gateway
+            and route.network.prefixlen > 0
+            and address in route.network
+        ]
+    else:
+        if addresses is None:
+            return MasterAddrRoute(MasterAddrOutcome.ROUTES_UNREAD)
+        subnets = [
+            (entry.network.prefixlen, 0, entry.interface)
+            for entry in addresses
+            if address in entry.network
+        ]
+    if not subnets:
+        return MasterAddrRoute(MasterAddrOutcome.NO_SUBNET)
+    return MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, max(subnets)[2])
+
+
+def read_master_addr_route(fs: NodeFS, environ: Mapping[str, str]) -> MasterAddrRoute:
+    """Which interface's subnet holds the MASTER_ADDR of `environ`: /proc/net/route for
+    an IPv4 address, /proc/net/if_inet6 for an IPv6 one, each read only when needed."""
+    value = environ.get("MASTER_ADDR")
+    address = None if value is None else master_address(value)
+    routes = addresses = None
+    if isinstance(address, ipaddress.IPv4Address) and not address.is_loopback:
+        routes = _read_table(fs, "route", parse_ipv4_route_table, "the IPv4 route table")
+    elif isinstance(address, ipaddress.IPv6Address) and not address.is_loopback:
+        addresses = _read_table(fs, "if_inet6", parse_ipv6_address_table, "IPv6 addresses")
+    return match_master_addr(value, routes, addresses)
 
 
 def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:

@@ -82,7 +82,8 @@ def test_json_document(dgx: Node) -> None:
     ]
     assert "gc.disable()" in doc["code_hints"][0]["code"]
     assert "--numa-binding" in doc["code_hints"][1]["code"]
-    assert doc["env"]["NCCL_SOCKET_IFNAME"] == "ibp"
+    # RDMA rails: NCCL's sockets only bootstrap, over the default route's eno1; gloo too.
+    assert doc["env"]["NCCL_SOCKET_IFNAME"] == "eno1" and doc["env"]["GLOO_SOCKET_IFNAME"] == "eno1"
     recommendation = doc["recommendations"][0]
     assert set(recommendation) >= {
         "name",
@@ -172,7 +173,7 @@ def test_shell_output_sourced_in_bash(dgx_faulty: Node, tmp_path: Path) -> None:
     doc = document(dgx_faulty, "--local-rank", "3", env=calling)
     expected = {**doc["env"], **doc["ranks"][0]["env"]}
     assert {name: after.get(name) for name in expected} == expected
-    assert expected["NCCL_SOCKET_IFNAME"] == "ibp" and expected["OMP_NUM_THREADS"] == "14"
+    assert expected["NCCL_SOCKET_IFNAME"] == "eno1" and expected["OMP_NUM_THREADS"] == "14"
     assert after["NCCL_DEBUG"] == "WARN"  # INFO becomes WARN: unset, NCCL logs nothing
     assert (
         "# rank 3's CPU budget: OMP_NUM_THREADS=14 (the training process's own thread and 13 "
@@ -479,7 +480,7 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     """exec replaces what the checks fail and fills in what is unset; a working choice of
     the user's (an interface, a protocol workaround, debug logging) stays."""
     calling = {
-        "NCCL_SOCKET_IFNAME": "eno1",  # works, though the IPoIB ports are faster
+        "NCCL_SOCKET_IFNAME": "=ibp25s0",  # works, though not the default route's eno1
         "NCCL_PROTO": "^LL128",  # NCCL's documented workaround for a suspected bug
         "NCCL_DEBUG": "INFO",
         "NCCL_P2P_DISABLE": "1",  # fails: 8 NVLink GPUs
@@ -494,14 +495,17 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     rank = plan.rank(2)
     assert rank is not None
     env, changed, removed, kept = applied_environment(plan, rank, calling)
-    assert env["NCCL_SOCKET_IFNAME"] == "eno1" and env["NCCL_PROTO"] == "^LL128"
+    assert env["NCCL_SOCKET_IFNAME"] == "=ibp25s0" and env["NCCL_PROTO"] == "^LL128"
     assert env["NCCL_DEBUG"] == "INFO" and "NCCL_P2P_DISABLE" not in env
     assert env["OMP_NUM_THREADS"] == "14"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert removed == ["NCCL_P2P_DISABLE"]
-    assert sorted(kept) == ["NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_PROTO", "NCCL_SOCKET_IFNAME"]
+    # The working interface is no advice to weigh at all: tune keeps it, as check passes it.
+    assert sorted(kept) == ["NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_PROTO"]
+    assert "NCCL_SOCKET_IFNAME" not in changed
     assert env["NCCL_IB_HCA"] == "mlx5"
     assert {"CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF"} <= set(changed)
+    assert env["GLOO_SOCKET_IFNAME"] == "eno1" and "GLOO_SOCKET_IFNAME" in changed
     # An interface that does not exist is no choice to keep.
     broken = {**calling, "NCCL_SOCKET_IFNAME": "eth9"}
     plan = make_plan(
@@ -509,7 +513,7 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
         TuneOptions(),
     )
     env, *_ = applied_environment(plan, plan.ranks[0], broken)
-    assert env["NCCL_SOCKET_IFNAME"] == "ibp"
+    assert env["NCCL_SOCKET_IFNAME"] == "eno1"
     # An allocator setting torch accepts is the user's too: exec does not add to it.
     own = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
     plan = make_plan(

@@ -13,7 +13,9 @@ import pytest
 from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.nccl_library import read_nccl_libraries
+from nodecheck.checks.node.net import AddressedInterfaces
 from nodecheck.checks.result import Status
+from nodecheck.tuning.bindings import pair_nics
 from nodecheck.tuning.nccl import JobShape, gid_discovery_warning, nccl_advice
 from tests.conftest import Node, by_status
 
@@ -101,10 +103,15 @@ def test_tune_names_the_installed_version(xe: Node, copy_node: Callable[[Node], 
     with_library(node, "libnccl.so.2.18.3")
     inventory = read_inventory(node.fs)
     libraries = read_nccl_libraries(node.fs)
-    advice = nccl_advice(inventory, [], None, {}, JobShape(4), 8, libraries)
+    pairings = pair_nics(inventory, inventory.gpus)
+    advice = nccl_advice(
+        inventory, pairings, AddressedInterfaces(None), {}, JobShape(4), 8, libraries
+    )
     [gid] = [item for item in advice.left_unset if item.names == ("NCCL_IB_GID_INDEX",)]
     assert "installed: NCCL 2.18.3" in gid.reason
-    warning = gid_discovery_warning(inventory, libraries)
+    rails = [f"mlx5_{i}" for i in (0, 3, 4, 5, 6, 9, 10, 11)]  # each switch's CX-7
+    assert f"on the RoCE rails ({', '.join(rails)})" in gid.reason
+    warning = gid_discovery_warning(inventory, libraries, rails)
     assert warning is not None and warning in advice.notes
     assert "older than 2.21" in warning and "does not find the RoCE v2 GID" in warning
 

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from nodecheck.checks.node.cgroup import parse_proc_cgroup
 from nodecheck.checks.node.cpu import is_amd_compute_unit_cpu, parse_cpuinfo
 from nodecheck.checks.node.cpulist import format_cpulist, parse_cpulist, parse_cpumask
-from nodecheck.checks.node.fs import ImplausibleValueError
+from nodecheck.checks.node.fs import ImplausibleValueError, NodeFS
 from nodecheck.checks.node.net import (
+    AddressedInterfaces,
+    MasterAddrOutcome,
+    MasterAddrRoute,
+    default_route_interfaces,
+    match_master_addr,
+    parse_ipv4_route_table,
     parse_ipv4_routes,
+    parse_ipv6_address_table,
     parse_ipv6_addresses,
     parse_net_speed,
     parse_port_rate,
     parse_port_state,
+    read_addressed_interfaces,
+    read_master_addr_route,
 )
 from nodecheck.checks.node.numa import parse_meminfo_total, parse_node_meminfo
 from nodecheck.checks.node.pci import (
@@ -285,6 +296,109 @@ def test_interfaces_with_routes_and_addresses() -> None:
     assert parse_ipv4_routes(PROC_NET_ROUTE.splitlines()[0]) == set()
     # Link-local (scope 20) and loopback (scope 10) addresses reach no other node.
     assert parse_ipv6_addresses(PROC_NET_IF_INET6) == {"eth0"}
+
+
+# Two default routes (the kernel lists them in its own order, the metric decides), a
+# route through a gateway, a wider subnet beside a narrower one, and an unreachable route
+# (RTF_REJECT, no interface), as a little-endian machine prints them.
+PROC_NET_ROUTE_MORE = (
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    "wlan0\t00000000\t0101A8C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n"
+    "eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+    "eth0\t000200C0\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0\n"
+    "eth0\t006433C6\tFE0200C0\t0003\t0\t0\t100\t00FFFFFF\t0\t0\t0\n"
+    "eth1\t0000640A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
+    "ibp25s0\t0000640A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+    "*\t0000000A\t00000000\t0201\t0\t0\t0\t000000FF\t0\t0\t0\n"
+)
+LITTLE_ENDIAN = pytest.mark.skipif(
+    sys.byteorder != "little", reason="the literals are a little-endian machine's"
+)
+
+
+@LITTLE_ENDIAN
+def test_route_table_and_default_route() -> None:
+    routes = parse_ipv4_route_table(PROC_NET_ROUTE_MORE)
+    assert [(r.interface, str(r.network), r.through_gateway, r.metric) for r in routes] == [
+        ("wlan0", "0.0.0.0/0", True, 600),
+        ("eth0", "0.0.0.0/0", True, 100),
+        ("eth0", "192.0.2.0/24", False, 100),
+        ("eth0", "198.51.100.0/24", True, 100),
+        ("eth1", "10.100.0.0/16", False, 0),
+        ("ibp25s0", "10.100.0.0/24", False, 0),
+    ]  # the reject route leads nowhere: left out
+    assert default_route_interfaces(routes) == ("eth0", "wlan0")  # lowest metric first
+    assert default_route_interfaces(parse_ipv4_route_table(PROC_NET_ROUTE)) == ("eth0",)
+    assert default_route_interfaces(parse_ipv4_route_table(PROC_NET_ROUTE.splitlines()[0])) == ()
+    with pytest.raises(ValueError, match="a route row has 3 fields"):
+        parse_ipv4_route_table("Iface\tDestination\neth0\t00000000\tzz\n")
+    with pytest.raises(ValueError):
+        parse_ipv4_route_table(PROC_NET_ROUTE.replace("010200C0", "0102zzC0"))
+
+
+@LITTLE_ENDIAN
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, MasterAddrRoute(MasterAddrOutcome.UNSET)),
+        ("192.0.2.77", MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, "eth0")),
+        (" 192.0.2.77 ", MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, "eth0")),
+        # The /24 of ibp25s0 inside eth1's /16: the longest prefix, as the kernel picks.
+        ("10.100.0.5", MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, "ibp25s0")),
+        ("10.100.7.5", MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, "eth1")),
+        # Behind a gateway, or only through the default route: in no subnet of the node.
+        ("198.51.100.9", MasterAddrRoute(MasterAddrOutcome.NO_SUBNET)),
+        ("8.8.8.8", MasterAddrRoute(MasterAddrOutcome.NO_SUBNET)),
+        ("127.0.0.1", MasterAddrRoute(MasterAddrOutcome.LOOPBACK)),
+        ("::1", MasterAddrRoute(MasterAddrOutcome.LOOPBACK)),
+        ("fd00::5", MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, "eth0")),
+        ("[fd00::5]", MasterAddrRoute(MasterAddrOutcome.IN_SUBNET, "eth0")),
+        ("fe80::fc00:ff:fe00:1", MasterAddrRoute(MasterAddrOutcome.NO_SUBNET)),  # link-local
+        # A host name is never resolved; neither is anything else that is no IP literal.
+        ("node-017", MasterAddrRoute(MasterAddrOutcome.NOT_AN_ADDRESS)),
+        ("localhost", MasterAddrRoute(MasterAddrOutcome.NOT_AN_ADDRESS)),
+        ("10.0.0.1:29500", MasterAddrRoute(MasterAddrOutcome.NOT_AN_ADDRESS)),
+        ("", MasterAddrRoute(MasterAddrOutcome.NOT_AN_ADDRESS)),
+    ],
+)
+def test_master_addr_against_the_subnets(value: str | None, expected: MasterAddrRoute) -> None:
+    routes = parse_ipv4_route_table(PROC_NET_ROUTE_MORE)
+    addresses = parse_ipv6_address_table(PROC_NET_IF_INET6)
+    assert match_master_addr(value, routes, addresses) == expected
+
+
+def test_master_addr_without_readable_routes(tmp_path: Path) -> None:
+    """Routes that cannot be read are said to be so; a host name needs no file at all."""
+    fs = NodeFS(tmp_path / "sys", tmp_path / "proc", tmp_path)
+    assert match_master_addr("192.0.2.7", None, None).outcome is MasterAddrOutcome.ROUTES_UNREAD
+    assert read_master_addr_route(fs, {"MASTER_ADDR": "192.0.2.7"}) == MasterAddrRoute(
+        MasterAddrOutcome.ROUTES_UNREAD
+    )
+    assert read_master_addr_route(fs, {"MASTER_ADDR": "fd00::7"}).outcome is (
+        MasterAddrOutcome.ROUTES_UNREAD
+    )
+    assert read_master_addr_route(fs, {"MASTER_ADDR": "node-017"}) == MasterAddrRoute(
+        MasterAddrOutcome.NOT_AN_ADDRESS
+    )
+    assert read_master_addr_route(fs, {}) == MasterAddrRoute(MasterAddrOutcome.UNSET)
+
+
+@LITTLE_ENDIAN
+def test_addressed_interfaces_from_what_could_be_read(tmp_path: Path) -> None:
+    fs = NodeFS(tmp_path / "sys", tmp_path / "proc", tmp_path)
+    assert read_addressed_interfaces(fs) == AddressedInterfaces(None)
+    net = tmp_path / "proc" / "net"
+    net.mkdir(parents=True)
+    (net / "if_inet6").write_text(PROC_NET_IF_INET6)
+    # Addresses but no route table: the default route is unknown, not "none".
+    assert read_addressed_interfaces(fs) == AddressedInterfaces(frozenset({"eth0"}), None)
+    (net / "route").write_text(PROC_NET_ROUTE_MORE)
+    assert read_addressed_interfaces(fs) == AddressedInterfaces(
+        frozenset({"eth0", "eth1", "wlan0", "ibp25s0"}), ("eth0", "wlan0")
+    )
+    # A table that is not what the kernel prints is unreadable, never half-read.
+    (net / "route").write_text("Iface\tDestination\neth9\t0\n")
+    assert read_addressed_interfaces(fs) == AddressedInterfaces(frozenset({"eth0"}), None)
 
 
 def test_proc_cgroup() -> None:

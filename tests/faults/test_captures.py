@@ -299,11 +299,12 @@ def test_nonsense_nvml_answered_is_the_same_gpu_error_in_its_capture(
 
 CAPTURED_PARTS = [name for name, spec in PARTS.items() if spec.captured]
 # What each command cannot do without; tune makes do without the cpuset (a warning on
-# every rank) and the versions (unknown: both names of each renamed variable, and a
-# note), as tuning/plan.py says, and reads the GPU identities only for a
-# CUDA_VISIBLE_DEVICES naming GPUs by UUID (which this one does not).
+# every rank), the versions (unknown: both names of each renamed variable, and a note)
+# and MASTER_ADDR's interface (a note), as tuning/plan.py says, and reads the GPU
+# identities only for a CUDA_VISIBLE_DEVICES naming GPUs by UUID (which this one does not).
 NEEDED = {
-    "tune": set(PLAN_NEEDS) - {"cpuset", "torch_version", "job_versions", "gpu_identities"},
+    "tune": set(PLAN_NEEDS)
+    - {"cpuset", "torch_version", "job_versions", "gpu_identities", "master_addr_route"},
     "inventory": {"inventory"},
 }
 DOING = {"tune": "plan the node", "inventory": "show the node"}

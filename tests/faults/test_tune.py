@@ -36,6 +36,7 @@ SENTINELS = {
     "SLURM_JOB_GPUS": "SENTINEL-job-gpus",
     "MASTER_ADDR": "SENTINEL-master",
     "RANK": "SENTINEL-rank",
+    "GLOO_SOCKET_IFNAME": "SENTINEL-gloo",
 }
 FALLEN_OFF = (
     "GPU 0000:bc:00.0 does not answer on the PCI bus (fallen off?): drain the node; CUDA will "
@@ -69,6 +70,9 @@ def test_tune_says_a_caller_variable_is_set_never_its_value(
     assert leaked(done.stdout + done.stderr) == []
     output = done.stdout.replace("\n    ", " ").replace("\n", " ")
     assert "SLURM_JOB_NUM_NODES, SLURM_NNODES, WORLD_SIZE, LOCAL_WORLD_SIZE set but not a" in output
+    # MASTER_ADDR, no IP literal, is said to be a host name; gloo's list is replaced.
+    assert "MASTER_ADDR is a host name (not shown)" in output
+    assert "GLOO_SOCKET_IFNAME" in output
     if output_format == "text":
         assert "OMP_NUM_THREADS=" in output and "(set by the caller, nodecheck sets this)" in output
     if output_format == "json":

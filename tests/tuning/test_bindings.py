@@ -11,7 +11,7 @@ import pytest
 
 from nodecheck.checks.node.cgroup import CpusetReading
 from nodecheck.checks.node.inventory import read_inventory
-from nodecheck.tuning.bindings import RankBinding, bind_ranks, pair_nics
+from nodecheck.tuning.bindings import RankBinding, bind_ranks, far_nic_notes, pair_nics
 from nodecheck.tuning.plan import TuneOptions, make_plan
 from tests.conftest import Node
 from tests.fixtures.graft import placed_gpus_spec
@@ -73,7 +73,17 @@ def test_far_nic_is_noted(dgx: Node) -> None:
     storage_only = replace(inventory, nics=[n for n in inventory.nics if n.name == "mlx5_8"])
     pairings = pair_nics(storage_only, inventory.gpus)
     assert [p.relation for p in pairings] == ["SYS"] * 4 + ["NODE"] * 4
-    assert all(p.nics == ("mlx5_8",) and "GPUDirect RDMA" in p.note for p in pairings)
+    assert all(p.nics == ("mlx5_8",) for p in pairings)
+    # One note per relation, naming each GPU and its NIC (not "this GPU" eight times).
+    sys_gpus, node_gpus = inventory.gpus[:4], inventory.gpus[4:]
+    assert far_nic_notes(pairings) == [
+        f"the nearest RDMA NIC of GPU {', '.join(f'{g.bdf} (mlx5_8)' for g in gpus)} is "
+        f"{relation} from it: NCCL does not use GPUDirect RDMA that far by default "
+        "(NCCL_NET_GDR_LEVEL)"
+        for relation, gpus in (("SYS", sys_gpus), ("NODE", node_gpus))
+    ]
+    # Each GPU's nearest NIC is PIX with its own rails: nothing is far.
+    assert far_nic_notes(pair_nics(inventory, inventory.gpus)) == []
 
 
 # --- bindings that can always run ---------------------------------------------------------
