@@ -381,8 +381,9 @@ def async_error_handling_verdict(value: str, torch_version: tuple[int, int] | No
         )
     return (
         "kept, at a cost: torch 2.4 and later" + installed + " wait for the flight "
-        "recorder's dump before any abort, so it is written (with torch 2.3 and older, 1 "
-        "ended the process first: pytorch issue #121055); 1 then calls ncclCommAbort before "
+        "recorder's dump (up to TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC) before any abort, so it "
+        "is written (with torch 2.3 and older, 1 ended the process first: pytorch issue "
+        "#121055); 1 then calls ncclCommAbort before "
         "ending the process, which can hang where a GPU or NIC is wedged, the reason the "
         "default 3 skips it"
     )

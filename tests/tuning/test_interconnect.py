@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from nodecheck.agent.launch.tune_view import render_text, tune_document
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import dumps, loads
 from nodecheck.checks.node.nccl_library import NcclLibraries, NcclLibrary
 from nodecheck.checks.node.topology import Relation
 from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.tuning.interconnect import default_p2p_level, nvls_memory_mib
 from nodecheck.tuning.nccl import JobShape, queue_pairs_verdict
-from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
+from nodecheck.tuning.plan import PLAN_NEEDS, Plan, TuneOptions, make_plan
 from nodecheck.tuning.pytorch import async_error_handling_verdict
 from nodecheck.tuning.recommendation import LeftUnset
 from tests.conftest import Node
@@ -325,3 +327,14 @@ def test_async_error_handling_1_and_the_flight_recorder(dgx: Node) -> None:
     assert f"{ASYNC}=1: warning: with torch 2.3 and older" in found.verdict
     # The replica's job sets 3, the default: said as such, once.
     assert f"{ASYNC}=3: torch's default" in found.verdict
+
+
+def test_a_capture_without_the_platform_part_says_what_it_could_not_judge(dgx: Node) -> None:
+    """A capture from a nodecheck before the nccl_platform part: tune plans anyway, names
+    what it could not judge, and still gives what the inventory shows (NVSwitches: NVLS)."""
+    names = [name for name in PLAN_NEEDS if name != "nccl_platform"]
+    capture = dgx.context({}).facts.capture(names)  # type: ignore[attr-defined]
+    plan = make_plan(CheckContext(facts=loads(dumps(capture))), TuneOptions(shape=JobShape(16)))
+    [said] = [n for n in plan.notes if n.startswith("nccl_platform could not be read")]
+    assert said.endswith("NVLink domain, SHARP, VM topology and peer-to-peer advice not judged")
+    assert left(plan, "NCCL_NVLS_ENABLE") is not None
