@@ -233,29 +233,29 @@ def collnet_left(sharp: SharpClient) -> LeftUnset:
     )
 
 
+COLLNET_VERDICTS = {
+    "1": "kept: NCCL tries CollNet, which works only where the fabric runs SHARP",
+    "0": "NCCL's default: CollNet off",
+}
+
+
 def collnet_verdict(value: str) -> str:
-    if value.strip() == "1":
-        return "kept: NCCL tries CollNet, which works only where the fabric runs SHARP"
-    if value.strip() == "0":
-        return "NCCL's default: CollNet off"
-    return "NCCL takes 0 or 1 here, and reads anything else as 0"
+    return COLLNET_VERDICTS.get(
+        value.strip(), "NCCL takes 0 or 1 here, and reads anything else as 0"
+    )
+
+
+MNNVL_VERDICTS = {
+    "2": "NCCL's default",
+    "1": "kept: with NCCL 2.21-2.24 the init fails where multi-node NVLink cannot be used; "
+    "from 2.25, 1 has NCCL look for it even in a communicator within one node",
+    "0": "warning: 0 sends the traffic between this NVLink domain's nodes over the network "
+    "instead of NVLink",
+}
 
 
 def mnnvl_verdict(value: str) -> str:
-    mode = value.strip()
-    if mode == "2":
-        return "NCCL's default"
-    if mode == "1":
-        return (
-            "kept: with NCCL 2.21-2.24 the init fails where multi-node NVLink cannot be used; "
-            "from 2.25, 1 has NCCL look for it even in a communicator within one node"
-        )
-    if mode == "0":
-        return (
-            "warning: 0 sends the traffic between this NVLink domain's nodes over the "
-            "network instead of NVLink"
-        )
-    return "none of NCCL's values (0, 1, 2)"
+    return MNNVL_VERDICTS.get(value.strip(), "none of NCCL's values (0, 1, 2)")
 
 
 # --- peer-to-peer between far GPUs ---------------------------------------------------------

@@ -56,8 +56,11 @@ SHARP_DIRS = (
     "/opt/hpcx/nccl_rdma_sharp_plugin/lib",
     "/opt/hpcx/sharp/lib",
 )
-NET_PLUGIN_NAME = LazyPattern(r"^libnccl-net(-[A-Za-z0-9_.-]+)?\.so(\.\d+)*$")
-SHARP_LIBRARY_NAME = LazyPattern(r"^libsharp_coll\.so(\.\d+)*$")
+# A network plugin (libnccl-net.so, or libnccl-net-<name>.so as NCCL_NET_PLUGIN names
+# one) or SHARP's client library, with or without its version suffix.
+SHARP_CLIENT_FILE = LazyPattern(
+    r"^(?:(?P<plugin>libnccl-net(?:-[\w.-]+)?)|(?P<sharp>libsharp_coll))\.so(?:\.\d+)*$"
+)
 CHANNEL_NAME = LazyPattern(r"^channel\d+$")
 
 
@@ -197,10 +200,9 @@ def read_sharp_client(fs: NodeFS, problems: list[str]) -> SharpClient:
     sharp: list[str] = []
     for directory in dict.fromkeys(SHARP_DIRS):
         for name in _listed(fs, directory, problems) or []:
-            if NET_PLUGIN_NAME.match(name):
-                plugins.append(f"{directory}/{name}")
-            elif SHARP_LIBRARY_NAME.match(name):
-                sharp.append(f"{directory}/{name}")
+            match = SHARP_CLIENT_FILE.match(name)
+            if match:
+                (plugins if match.group("plugin") else sharp).append(f"{directory}/{name}")
     return SharpClient(tuple(plugins), tuple(sharp))
 
 
