@@ -481,6 +481,76 @@ def _qps_advice(gpus: int | None, link_layers: set[str]) -> str:
     )
 
 
+# NCCL's limit on queue pairs per connection (NVIDIA/nccl src/transport/net_ib/common.h,
+# NCCL_IB_MAX_QPS).
+MAX_QUEUE_PAIRS = 128
+# NCCL_IB_SPLIT_DATA_ON_QPS, added in 2.18 with the default 1 (split every message over
+# the connection's queue pairs, as NCCL always had), default 0 from 2.20 (round-robin:
+# each message on one queue pair per NIC, the next on the next): NCCL_PARAM
+# (IbSplitDataOnQps, "IB_SPLIT_DATA_ON_QPS", ...) in NVIDIA/nccl src/transport/net_ib.cc
+# (2.18-2.28) and src/transport/net_ib/common.cc (2.29 on), whose
+# ncclIbCommBaseGetQpForRequest picks the queue pairs of a request.
+SPLIT_DATA_SINCE = (2, 18)
+ROUND_ROBIN_SINCE = (2, 20)
+SPLIT_SOURCE = (
+    "NVIDIA/nccl src/transport/net_ib.cc (2.18-2.28), src/transport/net_ib/common.cc "
+    f"(2.29 on): IB_SPLIT_DATA_ON_QPS; {NCCL_DOCS}: NCCL_IB_SPLIT_DATA_ON_QPS"
+)
+
+
+def nccl_versions(nccl: VersionEvidence) -> list[tuple[int, int]]:
+    """The job's NCCL as (major, minor), in a list; [] when the job's is not known (the
+    NCCL installed on the node is not taken for it: checks/rules/job_versions.py)."""
+    known = nccl.known
+    return [] if known is None or len(known) < 2 else [(known[0], known[1])]
+
+
+def _split_advice(count: int, nccl: VersionEvidence) -> str:
+    """How the job's NCCL uses `count` queue pairs, and what NCCL_IB_SPLIT_DATA_ON_QPS
+    changes there; every release's way where the job's NCCL is not known."""
+    versions = nccl_versions(nccl)
+    named = nccl.describe()
+    in_turn = "each message on one of them in turn (NCCL_IB_SPLIT_DATA_ON_QPS=0, round-robin)"
+    split = (
+        f"NCCL_IB_SPLIT_DATA_ON_QPS=1 splits every message over all {count}, so that even "
+        f"one large transfer takes {count} paths, at {count} work requests and completions "
+        "a message: measure both with the job's message sizes"
+    )
+    if versions and all(version >= ROUND_ROBIN_SINCE for version in versions):
+        return f"{named} sends {in_turn}; {split}"
+    if versions and all(SPLIT_DATA_SINCE <= version < ROUND_ROBIN_SINCE for version in versions):
+        return f"{named} splits every message over all {count} (its default, =1)"
+    if versions and all(version < SPLIT_DATA_SINCE for version in versions):
+        return (
+            f"{named} splits every message over all {count} (it has no NCCL_IB_SPLIT_DATA_ON_QPS)"
+        )
+    return (
+        f"{nccl.account()}: NCCL 2.20 and later send {in_turn}, 2.18-2.19 split every "
+        f"message over all {count} (=1), as NCCL always did before; with 2.20 and later, "
+        f"{split}"
+    )
+
+
+def queue_pairs_verdict(value: str, nccl: VersionEvidence, environ: Mapping[str, str]) -> str:
+    """What a NCCL_IB_QPS_PER_CONNECTION someone set means, with the split-data advice
+    where there is more than one queue pair to split over."""
+    count = parse_count(value)
+    if count is None or not 1 <= count <= MAX_QUEUE_PAIRS:
+        return f"not a count NCCL takes (1-{MAX_QUEUE_PAIRS})"
+    if count == 1:
+        return "NCCL's default"
+    split = environ.get("NCCL_IB_SPLIT_DATA_ON_QPS")
+    chosen = (
+        f" (NCCL_IB_SPLIT_DATA_ON_QPS={split.strip()} in this environment)"
+        if split is not None and plain(split)
+        else ""
+    )
+    return (
+        f"kept: {count} queue pairs, {count} paths through the fabric for each connection; "
+        f"{_split_advice(count, nccl)}{chosen}"
+    )
+
+
 def _fabric(
     shape: JobShape, ranks: int, link_layers: set[str], rdma_nics: int
 ) -> tuple[list[Recommendation], list[LeftUnset]]:
@@ -490,7 +560,7 @@ def _fabric(
     names_cross = ("NCCL_CROSS_NIC",)
     qps_source = (
         f"{ML_ENGINEERING_NETWORK}: NCCL_IB_QPS_PER_CONNECTION; "
-        f"{NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION, NCCL_IB_ADAPTIVE_ROUTING"
+        f"{NCCL_DOCS}: NCCL_IB_QPS_PER_CONNECTION, NCCL_IB_ADAPTIVE_ROUTING; {SPLIT_SOURCE}"
     )
     cross_source = f"{ML_ENGINEERING_NETWORK}: NCCL_CROSS_NIC; {NCCL_DOCS}: NCCL_CROSS_NIC"
     if rdma_nics == 0:
@@ -612,15 +682,6 @@ def _left_to_nccl(
             f"{NCCL_DOCS}: Debugging",
         ),
     ]
-    if inventory.nvswitches:
-        left.append(
-            LeftUnset(
-                ("NCCL_NVLS_ENABLE",),
-                "NVLink SHARP is on by default on NVSwitch systems and speeds all_reduce about "
-                "1.3x (482 vs 368 GB/s on 8x H200)",
-                f"{NCCL_DOCS}: NCCL_NVLS_ENABLE; ML Engineering book, network benchmarks",
-            )
-        )
     if any(r.active for r in inventory.rdma):
         left.append(
             LeftUnset(

@@ -7,8 +7,9 @@ shares, each rank's own variables, what to remove, what to leave alone, and note
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nodecheck.checks.context import CheckContext
@@ -22,6 +23,7 @@ from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
+from nodecheck.checks.node.nccl_platform import NcclPlatform
 from nodecheck.checks.node.net import AddressedInterfaces, MasterAddrRoute
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.torch_package import TorchVersion
@@ -29,7 +31,7 @@ from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Status
 from nodecheck.checks.rules.job_versions import VersionEvidence, job_nccl, job_torch
-from nodecheck.tuning import nccl, pytorch
+from nodecheck.tuning import interconnect, nccl, pytorch
 from nodecheck.tuning.bindings import (
     NicPairing,
     RankBinding,
@@ -72,6 +74,20 @@ PLAN_NEEDS = (
     "cpuset",
     "torch_version",
     "job_versions",
+    "nccl_platform",
+    "virtualization",
+)
+# Parts make_plan does without, with a note (a capture taken by an older nodecheck may
+# lack them): the cpuset (a warning on every rank), the versions (unknown: both names of
+# each renamed variable), MASTER_ADDR's interface, and what the interconnect advice
+# rests on.
+PLAN_OPTIONAL = (
+    "cpuset",
+    "torch_version",
+    "job_versions",
+    "master_addr_route",
+    "nccl_platform",
+    "virtualization",
 )
 
 
@@ -194,15 +210,48 @@ def _merge_flags(
     return merged, rest
 
 
-def _with_current(left: LeftUnset, ctx: CheckContext, flagged: list[Recommendation]) -> LeftUnset:
-    """Say where a variable left to NCCL or torch is set now (flagged ones are removals)."""
+def _with_current(
+    left: LeftUnset,
+    ctx: CheckContext,
+    flagged: list[Recommendation],
+    verdicts: Mapping[str, Callable[[str], str]],
+) -> LeftUnset:
+    """Say where a variable left to NCCL or torch is set now (flagged ones are removals),
+    and what nodecheck makes of each value set, where it has a word for it."""
     flagged_names = {r.name for r in flagged}
-    found = tuple(
-        f"{s.name.strip()}={s.value.strip()} in {s.where}"
+    settings = [
+        (s.name.strip(), s.value.strip(), s.where)
         for s in ctx.variables.settings
         if s.name.strip() in left.names and s.name.strip() not in flagged_names
+    ]
+    if not settings:
+        return left
+    judged = dict.fromkeys(
+        f"{name}={value}: {verdicts[name](value)}"
+        for name, value, _ in settings
+        if name in verdicts
     )
-    return replace(left, found=found) if found else left
+    return replace(
+        left,
+        found=tuple(f"{name}={value} in {where}" for name, value, where in settings),
+        verdict="; ".join(judged),
+    )
+
+
+def _verdicts(
+    torch: VersionEvidence, job_nccl_version: VersionEvidence, environ: Mapping[str, str]
+) -> dict[str, Callable[[str], str]]:
+    """What nodecheck says of a value someone set for a variable it leaves unset, by the
+    job's versions."""
+    return {
+        "NCCL_IB_QPS_PER_CONNECTION": partial(
+            nccl.queue_pairs_verdict, nccl=job_nccl_version, environ=environ
+        ),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": partial(
+            pytorch.async_error_handling_verdict, torch=torch
+        ),
+        **interconnect.VERDICTS,
+    }
 
 
 def _assignment(ctx: CheckContext) -> tuple[GpuAssignment, list[str]]:
@@ -399,6 +448,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             )
     env: list[Recommendation] = []
     left: list[LeftUnset] = []
+    value_verdicts: dict[str, Callable[[str], str]] = {}
     ranks: list[RankPlan] = []
     unusable: list[str] = []
     if not bindings:
@@ -442,8 +492,37 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         )
         env += advice.env
         env += pytorch.post_mortem(environ, torch)
-        left += advice.left_unset + pytorch.left_to_torch()
-        notes += advice.notes
+        platform: NcclPlatform | None
+        vm: str | None
+        platform, platform_notes = _optional_part(
+            ctx,
+            "nccl_platform",
+            "what NCCL's interconnect features rest on (the nccl_platform part)",
+            "the NVLink domain, SHARP, VM topology and peer-to-peer advice not judged",
+        )
+        vm, vm_notes = _optional_part(
+            ctx, "virtualization", "whether this is a VM", "no VM topology advice"
+        )
+        extra = interconnect.interconnect_advice(
+            inventory,
+            assignment.host,
+            list(pairings.values()),
+            platform,
+            vm,
+            coherent,
+            job_nccl_version,
+            libraries,
+            environ,
+            shape,
+        )
+        left += advice.left_unset + extra.left_unset + pytorch.left_to_torch()
+        notes += advice.notes + extra.notes + platform_notes + vm_notes
+        if platform is not None and platform.problems:
+            notes.append(
+                "reading what NCCL's features need (nccl_platform) met: "
+                + "; ".join(platform.problems)
+            )
+        value_verdicts = _verdicts(torch, job_nccl_version, environ)
         # A rank's error (no CPU to run on) is said once, on its own line, not as a note.
         notes += list(dict.fromkeys(b.note for b in bindings if b.note))
         shared = [b.local_rank for b in bindings if b.warning]
@@ -500,7 +579,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         hostname=inventory.hostname,
         env=marked,
         removals=flagged,
-        left_unset=[_with_current(item, ctx, flagged) for item in left],
+        left_unset=[_with_current(item, ctx, flagged, value_verdicts) for item in left],
         ranks=ranks,
         notes=notes,
         unusable=unusable,

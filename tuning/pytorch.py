@@ -398,13 +398,62 @@ def code_hints() -> list[CodeHint]:
     ]
 
 
+# TORCH_NCCL_ASYNC_ERROR_HANDLING's modes (pytorch/pytorch torch/csrc/distributed/c10d/
+# ProcessGroupNCCL.hpp, ErrorHandlingMode; PyTorch docs, torch.distributed NCCL environment
+# variables): 0 no handling, 1 abort the communicators then end the process, 2 abort them
+# and keep the process, 3 end the process without aborting them (the default), added
+# because ncclCommAbort can itself hang (pytorch PR #102599). The watchdog of torch 2.3
+# and older aborted the communicators (1, 2) before it launched the flight recorder's
+# dump, and with 1 the process ended before the dump was written (pytorch issue #121055,
+# "Flight Recorder dumps fail when TORCH_NCCL_ASYNC_ERROR_HANDLING=1"); pytorch PR #123023
+# (April 2024, torch 2.4) put the dump first: the watchdog signals it and waits for it
+# (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC) before any abort, whatever the mode.
+DUMP_BEFORE_ABORT_SINCE = (2, 4)
+ASYNC_ERROR_SOURCE = (
+    "PyTorch docs, torch.distributed NCCL environment variables; pytorch/pytorch "
+    "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (watchdog), pytorch/pytorch#121055, "
+    "#102599, #123023"
+)
+
+
+def async_error_handling_verdict(value: str, torch: VersionEvidence) -> str:
+    """What a TORCH_NCCL_ASYNC_ERROR_HANDLING someone set means (0 the checks flag), by
+    the job's torch (both outcomes said where it is not known)."""
+    mode = value.strip()
+    if mode == "3":
+        return "torch's default"
+    if mode == "2":
+        return (
+            "2 aborts the communicators and keeps the process: the failure reaches the "
+            "training code as an error, which must handle it or the job stops making progress"
+        )
+    if mode != "1":
+        return "none of torch's modes (0-3)"
+    installed = f" ({torch.describe()})"
+    if torch.at_least(DUMP_BEFORE_ABORT_SINCE) is False:
+        return (
+            f"warning: with torch 2.3 and older{installed} the watchdog aborts the NCCL "
+            "communicators before it launches the flight recorder's dump, and with 1 the "
+            "process ends before the dump is written (pytorch issue #121055): unset it (3, "
+            "the default, ends the process without that abort)"
+        )
+    return (
+        "kept, at a cost: torch 2.4 and later" + installed + " wait for the flight "
+        "recorder's dump (up to TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC) before any abort, so it "
+        "is written (with torch 2.3 and older, 1 ended the process first: pytorch issue "
+        "#121055); 1 then calls ncclCommAbort before "
+        "ending the process, which can hang where a GPU or NIC is wedged, the reason the "
+        "default 3 skips it"
+    )
+
+
 def left_to_torch() -> list[LeftUnset]:
     return [
         LeftUnset(
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING",),
-            "torch's default (3) ends the process when a collective fails, so the job "
-            "restarts instead of hanging until its timeout",
-            "PyTorch docs, torch.distributed NCCL environment variables",
+            "torch's default (3) ends the process when a collective fails or times out, "
+            "so the job restarts instead of hanging",
+            ASYNC_ERROR_SOURCE,
         ),
         LeftUnset(
             ("CUDA_DEVICE_MAX_CONNECTIONS",),

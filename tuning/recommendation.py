@@ -80,6 +80,9 @@ class LeftUnset:
     reason: str
     source: str
     found: tuple[str, ...] = ()  # where one is set now, unflagged: "NCCL_IB_TIMEOUT=22 in ..."
+    # What nodecheck says of the values set now ("kept: ...", "warning: ..."); "" where
+    # nothing is set or the variable's value needs no word.
+    verdict: str = ""
 
 
 @record

@@ -348,6 +348,7 @@ def tune_document(plan: Plan, local_rank: int | None) -> dict[str, Any]:
                 "reason": left.reason,
                 "source": left.source,
                 "set_now": list(left.found),
+                "verdict": left.verdict,
             }
             for left in plan.left_unset
         ],
@@ -486,6 +487,8 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
             reason = left.reason
             if left.found:
                 reason += f" (set now: {'; '.join(left.found)})"
+            if left.verdict:
+                reason += f"; {left.verdict}"
             lines += _explained(", ".join(left.names), reason, left.source)
     if plan.notes:
         lines += ["", "Notes:"]

@@ -219,6 +219,16 @@ def read_nccl_library_part(sources: NodeSources, facts: FactsSource) -> Any:
     return read_nccl_libraries(sources.fs)
 
 
+@part("nccl_platform", lazy_type("nccl_platform", "NcclPlatform"))
+def read_nccl_platform_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """What NCCL decides by beyond the PCI tree: the CPU vendor, its default topology file,
+    IMEX's node list and channels, and (with InfiniBand up) the SHARP plugin's files."""
+    from nodecheck.checks.node.nccl_platform import read_nccl_platform
+
+    inventory: Inventory = facts.get("inventory")
+    return read_nccl_platform(sources.fs, inventory)
+
+
 @part("calling_environment", lazy_type("calling_environment", "CallingEnvironment"))
 def read_calling_environment_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The calling environment's variables that tune and exec read (job size, local rank,

@@ -20,6 +20,7 @@ from nodecheck.checks.node.facts import NodeFacts, Unread, dumps, loads
 from nodecheck.checks.node.gpu import GpuProcess, GpuReading, GpuSnapshot
 from nodecheck.checks.node.gpu_identities import GpuIdentities
 from nodecheck.checks.node.gpu_presence import GpuPresences, answers_config_reads
+from nodecheck.checks.node.nccl_platform import NcclPlatform, SharpClient
 from nodecheck.checks.node.net import AddressedInterfaces
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.processes import (
@@ -43,6 +44,7 @@ NEW_PARTS = (
     "coherent_gpus",
     "addressed_interfaces",
     "nccl_library",
+    "nccl_platform",
     "calling_environment",
     "cpuset",
     "torch_version",
@@ -85,6 +87,10 @@ def test_each_part_reads_the_replica_and_loads_back_equal(dgx_faulty: Node, name
         assert value == CoherentGpus({})  # no Grace here: no numa_status file
     elif name == "addressed_interfaces":
         assert isinstance(value, AddressedInterfaces) and value.names
+    elif name == "nccl_platform":
+        assert isinstance(value, NcclPlatform) and value.cpu_vendor == "GenuineIntel"
+        assert value.sharp == SharpClient((), ())  # InfiniBand up, looked for, none installed
+        assert value.imex.domain_evidence == "" and value.virtual_topology is False
     elif name == "cpuset":
         # A replica tree has no /proc/self: nothing limits the CPUs, and that is no error.
         assert value == CpusetReading(None)

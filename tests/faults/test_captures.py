@@ -17,7 +17,7 @@ import pytest
 
 from nodecheck.checks.node.facts import PARTS
 from nodecheck.checks.registry import load_checks
-from nodecheck.tuning.plan import PLAN_NEEDS
+from nodecheck.tuning.plan import PLAN_NEEDS, PLAN_OPTIONAL
 from tests.agent.test_capture import NOWHERE, capture
 from tests.agent.test_cli import run
 from tests.conftest import Node
@@ -298,13 +298,13 @@ def test_nonsense_nvml_answered_is_the_same_gpu_error_in_its_capture(
 
 
 CAPTURED_PARTS = [name for name, spec in PARTS.items() if spec.captured]
-# What each command cannot do without; tune makes do without the cpuset (a warning on
-# every rank), the versions (unknown: both names of each renamed variable, and a note)
-# and MASTER_ADDR's interface (a note), as tuning/plan.py says, and reads the GPU
-# identities only for a CUDA_VISIBLE_DEVICES naming GPUs by UUID (which this one does not).
+# What each command cannot do without; tune makes do without the parts of PLAN_OPTIONAL
+# (the cpuset: a warning on every rank; the versions: both names of each renamed variable,
+# and a note; MASTER_ADDR's interface and what the interconnect advice rests on: a note),
+# as tuning/plan.py says, and reads the GPU identities only for a CUDA_VISIBLE_DEVICES
+# naming GPUs by UUID (which this one does not).
 NEEDED = {
-    "tune": set(PLAN_NEEDS)
-    - {"cpuset", "torch_version", "job_versions", "gpu_identities", "master_addr_route"},
+    "tune": set(PLAN_NEEDS) - set(PLAN_OPTIONAL) - {"gpu_identities"},
     "inventory": {"inventory"},
 }
 DOING = {"tune": "plan the node", "inventory": "show the node"}

@@ -467,3 +467,19 @@ def test_a_gpu_whose_local_cpulist_is_unusable_says_its_numa_node_stands_in(
     text = run(*node.cli_args, "tune", "--format", "text").stdout
     # The notes are wrapped, a long path broken anywhere: compared without whitespace.
     assert "".join(said.split()) in "".join(text.split())
+
+
+def test_an_nvlink_domain_without_an_imex_channel_is_a_warning(tmp_path: Path) -> None:
+    """A GB200 tray of an NVL72 rack's IMEX domain whose process sees no IMEX channel (never
+    created, or not passed into the container): `tune` warns in its notes, in the JSON and
+    as a shell comment, naming the device's major and how to make one."""
+    spec = nodes.gb200_tray()
+    del spec.files["/dev/nvidia-caps-imex-channels/channel0"]
+    node = Node(build_node(spec, tmp_path / "tray"))
+    document = tune_json(node)
+    [warning] = [n for n in document["notes"] if n.startswith("warning: no IMEX channel")]
+    assert "major 234 in /proc/devices" in warning and "NVreg_CreateImexChannel0=1" in warning
+    [mnnvl] = [e for e in document["left_unset"] if e["names"] == ["NCCL_MNNVL_ENABLE"]]
+    assert "names 18 nodes" in mnnvl["reason"]
+    shell = run(*node.cli_args, "tune", "--format", "shell")
+    assert shell.returncode == 0 and "# note: warning: no IMEX channel" in shell.stdout
