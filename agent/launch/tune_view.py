@@ -405,9 +405,10 @@ def render_text(plan: Plan, local_rank: int | None) -> str:
     ranks = _selected(plan, local_rank)
     lines = [f"nodecheck tune: {plan.hostname}"]
     if ranks:
-        lines[0] += (
-            f", {len(plan.ranks)} GPU rank(s); local rank N drives the Nth GPU in PCI bus order"
-        )
+        gpus = [rank.binding.gpu for rank in plan.ranks]
+        # CUDA_VISIBLE_DEVICES may name the GPUs out of bus order: CUDA counts them as named.
+        order = "PCI bus order" if gpus == sorted(gpus) else "CUDA_VISIBLE_DEVICES's order"
+        lines[0] += f", {len(plan.ranks)} GPU rank(s); local rank N drives the Nth GPU in {order}"
         rows = [
             [
                 str(rank.local_rank),

@@ -253,6 +253,17 @@ def test_far_gpus_without_nvlink_lose_peer_to_peer(tmp_path: Path, dgx: Node) ->
     assert note(plan_for(dgx), "peer-to-peer") is None
 
 
+def test_the_l40s_nodes_gpus_across_switches_lose_peer_to_peer(build: Callable[..., Node]) -> None:
+    """The L40S/EPYC replica: no NVLink, two GPUs under each of four PCIe switches. Only
+    the pairs under one switch (PIX) stay on peer-to-peer with NCCL 2.23 and later."""
+    found = note(plan_for(build("l40s-epyc"), nodes=1, job_nccl="2.27.3"), "peer-to-peer")
+    assert found is not None
+    assert found.startswith("peer-to-peer: GPUs 0000:03:00.0 and 0000:23:00.0 (NODE);")
+    assert "0000:03:00.0 and 0000:83:00.0 (SYS)" in found and "20 more pair(s)" in found
+    assert "0000:03:00.0 and 0000:04:00.0" not in found  # one switch: PIX, peer-to-peer
+    assert "on this AMD CPU with 8 GPUs that is PXB" in found
+
+
 def amd_box(gpus: int, root: Path) -> Node:
     spec = placed_gpus_spec([0, 1] * (gpus // 2))
     spec.cpu = replace(spec.cpu, vendor_id="AuthenticAMD", model="AMD EPYC 9654 96-Core Processor")

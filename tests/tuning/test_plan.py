@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
+from nodecheck.agent.launch.tune_view import render_text
 from nodecheck.checks.node.inventory import read_inventory
 from nodecheck.checks.node.net import NetInterface
 from nodecheck.checks.rules.job_versions import VersionEvidence
@@ -264,6 +265,11 @@ def test_uuids_in_any_order_are_the_gpus_they_name(dgx: Node) -> None:
     plan = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": visible})
     assert [r.binding.gpu for r in plan.ranks] == [DGX_GPUS[i] for i in (7, 0, 4, 3)]
     assert [r.binding.numa_node for r in plan.ranks] == [1, 0, 1, 0]
+    # The text's header says whose order local ranks follow.
+    header = render_text(plan, None).splitlines()[0]
+    assert header.endswith("local rank N drives the Nth GPU in CUDA_VISIBLE_DEVICES's order")
+    in_bus_order = render_text(plan_for(dgx, {"CUDA_VISIBLE_DEVICES": "2,5"}), None)
+    assert in_bus_order.splitlines()[0].endswith("drives the Nth GPU in PCI bus order")
 
 
 @pytest.mark.parametrize("visible", ["5,5", f"5,{GPU5_UUID}", "GPU-6f0c0005,GPU-6f0c0005-1b2e"])
