@@ -16,29 +16,45 @@ CUDA_VISIBLE_DEVICES; NVIDIA's MIG user guide, "CUDA Device Enumeration"):
 
 What the documentation leaves out is taken from PyTorch's model of the driver, which
 counts the visible devices without creating a CUDA context (pytorch/pytorch,
-torch/cuda/__init__.py: _parse_visible_devices, _transform_uuid_to_ordinals): an
-unknown or ambiguous UUID ends the list as an invalid index does ("First invalid
-ordinal stops parsing"); a GPU named twice leaves no device visible at all ("Repeated
-ordinal results in empty set", "Duplicates result in empty set"); spaces around an
-index are ignored (the driver reads it as strtoul does), while a UUID entry with a space
-before it is no UUID there. None of this was checked on a GPU here.
+torch/cuda/__init__.py: _parse_visible_devices, _strtoul, _transform_uuid_to_ordinals):
+
+- the first entry sets the list's kind: a list that begins with `GPU-` is read as GPU
+  UUIDs, one that begins with `MIG-` as MIG devices, any other as indices; the first
+  entry of another kind ends it ("Anything other but prefix is ignored"; in a list of
+  indices a UUID reads as no number, which "aborts the sequence"), so `0,GPU-...`
+  shows GPU 0 only;
+- an index is read as strtoul reads it ("something like strtoul"): spaces around it,
+  an optional sign, then digits, whatever follows ignored: `1gpu` and `+1` are 1, and an
+  entry that begins with no digit ends the list as an invalid index does;
+- an unknown or ambiguous UUID ends the list as an invalid index does ("First invalid
+  ordinal stops parsing");
+- a GPU named twice leaves no device visible at all ("Repeated ordinal results in empty
+  set", "Duplicates result in empty set").
+
+Spaces around a UUID entry depart from it: PyTorch's model takes no UUID after a space
+(the entry is of no kind), nodecheck takes it with a warning to remove them. None of
+this was checked on a GPU here.
 
 What nodecheck does with each (`exec` refuses with exit 2 and one line):
 
-- a GPU named twice (0,0; an index and its UUID; two prefixes of one UUID; a MIG
-  instance of a GPU also named whole): every rank is refused. CUDA then sees no GPU;
-  were it to see both, two ranks would drive one GPU bound to the same CPUs. Either
-  way the job is not what was meant.
+- a GPU named twice (0,0; two prefixes of one UUID): every rank is refused. CUDA then
+  sees no GPU; were it to see both, two ranks would drive one GPU bound to the same
+  CPUs. Either way the job is not what was meant.
 - an entry that names no GPU here (an index past the last, an unknown or ambiguous
-  UUID, a MIG instance the driver does not list, anything else): CUDA stops there. The
-  ranks before it run as CUDA will run them, each warned, in `tune`'s output and
-  `exec`'s stderr, that CUDA sees no more; the ranks from it on have no GPU, and `exec`
-  refuses them naming the entry, as it refuses any rank past the visible GPUs.
-- an entry nodecheck cannot map (a GPU's UUID unreadable, the parent of a `MIG-<uuid>`
-  not determinable): "could not determine", never a guessed GPU. CUDA may see it, so
-  the ranks before it are warned, and `exec` refuses the ranks from it on, saying why:
-  binding them next to a guessed GPU is what this module exists to avoid.
-- a second MIG device: CUDA enumerates the first only; the ranks are warned.
+  UUID, a MIG instance the driver does not list, an entry of another kind than the
+  first, anything else): CUDA stops there. The ranks before it run as CUDA will run
+  them, each warned, in `tune`'s output and `exec`'s stderr, that CUDA sees no more;
+  the ranks from it on have no GPU, and `exec` refuses them naming the entry, as it
+  refuses any rank past the visible GPUs.
+- an entry nodecheck cannot map (a UUID, or a prefix that begins one known UUID, where
+  another GPU's UUID is unreadable; the parent of a `MIG-<uuid>` not determinable):
+  "could not determine", never a guessed GPU. CUDA may see it, so the ranks before it
+  are warned, and `exec` refuses the ranks from it on, saying why: binding them next to
+  a guessed GPU is what this module exists to avoid. A whole UUID is certain: UUIDs are
+  unique and of one length, so no unreadable one can begin with it.
+- a second MIG device: CUDA enumerates one MIG device per process (NVIDIA's MIG user
+  guide, "CUDA Device Enumeration"): rank 0 runs on the first, warned; a rank past it
+  has no GPU, and `exec` refuses it (torch.cuda.set_device(1) would fail).
 - a negative index: the documented way to end the list: a note when entries follow.
 
 UUIDs come from the nvidia driver's information files (checks/node/gpu_identities.py),
@@ -57,7 +73,6 @@ from dataclasses import field
 
 from nodecheck.checks.node.gpu_identities import DriverGpu, GpuIdentities, MigInstance
 from nodecheck.checks.node.pci import PciDevice
-from nodecheck.checks.node.variables import parse_count
 from nodecheck.checks.record import record
 
 VARIABLE = "CUDA_VISIBLE_DEVICES"
@@ -65,15 +80,38 @@ GPU_PREFIX = "GPU-"
 MIG_PREFIX = "MIG-"
 # MIG-GPU-<GPU UUID>/<GPU instance ID>/<compute instance ID>
 _LEGACY_MIG = re.compile(r"MIG-(GPU-[^/]+)/([0-9]{1,9})/([0-9]{1,9})")
-_NEGATIVE = re.compile(r"-[0-9]{1,9}")
+# strtoul's reading of an index: an optional sign, then digits (what follows is ignored).
+_LEADING_INTEGER = re.compile(r"([+-]?)([0-9]+)")
+# Past 9 digits no GPU index is meant (and int() refuses over 4300): past every GPU.
+_MAX_INDEX_DIGITS = 9
 NOT_EXPOSED = "it is not in /proc/driver/nvidia/gpus"
 
 
+def read_index(text: str) -> int | None:
+    """The index an entry gives, read as strtoul reads it (PyTorch's _strtoul): spaces
+    around it, an optional sign, then digits, whatever follows ignored (`1gpu` and `+1`
+    are 1); None when it begins with no digit. Negative: the documented end of the list."""
+    match = _LEADING_INTEGER.match(text.strip())
+    if match is None:
+        return None
+    sign, digits = match.groups()
+    digits = digits.lstrip("0") or "0"
+    index = int(digits) if len(digits) <= _MAX_INDEX_DIGITS else 10**_MAX_INDEX_DIGITS
+    return -index if sign == "-" else index
+
+
+def _list_kind(entries: Sequence[str]) -> str:
+    """What the list names, from its first entry (PyTorch's _parse_visible_devices): GPU
+    UUIDs (GPU_PREFIX), MIG devices (MIG_PREFIX) or indices ("")."""
+    first = entries[0].strip()
+    return next((prefix for prefix in (GPU_PREFIX, MIG_PREFIX) if first.startswith(prefix)), "")
+
+
 def names_gpus_by_id(environ: Mapping[str, str]) -> bool:
-    """Whether CUDA_VISIBLE_DEVICES names a GPU by UUID or a MIG device (what needs the
-    driver's GPU identities)."""
-    entries = (item.strip() for item in environ.get(VARIABLE, "").split(","))
-    return any(item.startswith((GPU_PREFIX, MIG_PREFIX)) for item in entries)
+    """Whether CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG device (what needs the
+    driver's GPU identities): a list of indices ends at its first UUID, so only a list
+    that begins with one does."""
+    return _list_kind(environ.get(VARIABLE, "").split(",")) != ""
 
 
 @record
@@ -178,10 +216,14 @@ class _Reading:
             return _Found(None, f"{shown} is the UUID of no GPU here")
         [gpu] = matches
         if unknown and self.driver_gpu(gpu).uuid != uuid:
-            self.warnings.append(
-                f"{shown} begins GPU {gpu.bdf}'s UUID and is taken as that GPU, but "
-                f"the UUID of GPU {_names(unknown)} is not known ({why_unknown}): if it begins "
-                "the same way, CUDA finds the entry ambiguous and stops there"
+            # A prefix only: the unknown UUID may begin the same way. A whole UUID is
+            # certain, as UUIDs are unique and of one length.
+            return _Found(
+                None,
+                f"nodecheck cannot tell which GPU {shown} names: it begins GPU {gpu.bdf}'s "
+                f"UUID, but the UUID of GPU {_names(unknown)} is not known ({why_unknown}), "
+                "and if it begins the same way, CUDA finds the entry ambiguous and stops there",
+                certain=False,
             )
         return _Found(gpu)
 
@@ -253,28 +295,42 @@ class _Reading:
             certain=False,
         )
 
-    def entry(self, position: int, raw: str) -> _Found:
-        """One entry's GPU, or why there is none."""
+    def entry(self, position: int, raw: str, kind: str) -> _Found:
+        """One entry's GPU, or why there is none, in a list of `kind` (_list_kind)."""
         text = raw.strip()
         shown = _named(position, text)
-        if text != raw and text.startswith((GPU_PREFIX, MIG_PREFIX)):
+        if kind == "":
+            index = read_index(text)
+            if index is not None:
+                return self.by_index(shown, index)
+            if text.startswith((GPU_PREFIX, MIG_PREFIX)):
+                return _Found(None, _of_another_kind(shown, "an index"))
+            return _Found(None, f"{shown} is no index, GPU UUID or MIG device")
+        if not text.startswith(kind):
+            first = "a GPU UUID" if kind == GPU_PREFIX else "a MIG device"
+            return _Found(None, _of_another_kind(shown, first))
+        if text != raw:
             self.warnings.append(
                 f"{_named(position, raw)} has spaces around it: taken as {text!r}, "
                 "but what the driver makes of them is not documented, and PyTorch's model of "
                 "it (torch.cuda.device_count) takes no UUID after a space: remove them"
             )
-        index = parse_count(text)
-        if index is not None:
-            return self.by_index(shown, index)
         legacy = _LEGACY_MIG.fullmatch(text)
         if legacy is not None:
             instance = MigInstance(int(legacy.group(2)), int(legacy.group(3)))
             return self.legacy_mig_entry(shown, legacy.group(1), instance)
-        if text.startswith(GPU_PREFIX):
+        if kind == GPU_PREFIX:
             return self.gpu_entry(shown, text)
-        if text.startswith(MIG_PREFIX):
-            return self.mig_entry(shown)
-        return _Found(None, f"{shown} is no index, GPU UUID or MIG device")
+        return self.mig_entry(shown)
+
+
+def _of_another_kind(shown: str, first: str) -> str:
+    """Why an entry of another kind than the list's first ends it."""
+    return (
+        f"{shown} is of another kind than entry 1, {first}: the driver as PyTorch models it "
+        "reads the whole list as the first entry's kind and ends it there "
+        "(torch/cuda/__init__.py, _parse_visible_devices)"
+    )
 
 
 def _index_space(
@@ -327,22 +383,22 @@ def resolve_visible_devices(
     if not raw.strip():
         return VisibleDevices([])  # set and empty: CUDA sees no GPU, as documented
     entries = raw.split(",")
+    kind = _list_kind(entries)
     indices = []
-    for item in entries:
-        index = parse_count(item)
-        if index is not None:
-            indices.append(index)
-        elif not item.strip().startswith((GPU_PREFIX, MIG_PREFIX)):
+    for item in entries if kind == "" else ():
+        index = read_index(item)
+        if index is None or index < 0:
             break
+        indices.append(index)
     space = _index_space(gpus, indices, allocated or [])
     reading = _Reading(gpus, space, identities)
     picked: list[PciDevice] = []
     named_at: dict[str, int] = {}
-    first_mig = 0
     stop = ""
     for position, item in enumerate(entries, start=1):
         text = item.strip()
-        if _NEGATIVE.fullmatch(text):
+        index = read_index(text)
+        if index is not None and index < 0:
             after = len(entries) - position
             if after:
                 reading.notes.append(
@@ -356,15 +412,15 @@ def resolve_visible_devices(
                     + " not seen"
                 )
             break
-        is_mig = text.startswith(MIG_PREFIX)
-        if is_mig and first_mig:
-            reading.warnings.append(
-                f"{_named(position, text)} is a second MIG device: CUDA 11 and 12 "
-                f"enumerate one MIG device per process (NVIDIA's MIG user guide), entry "
-                f"{first_mig}'s, so this one is not seen"
+        if kind == MIG_PREFIX and picked and text.startswith(MIG_PREFIX):
+            second = (
+                f"{_named(position, text)} is a second MIG device, and CUDA enumerates one "
+                'MIG device per process (NVIDIA\'s MIG user guide, "CUDA Device Enumeration"), '
+                "entry 1's"
             )
-            continue
-        found = reading.entry(position, item)
+            stop = _stopped(_Found(None, second), len(picked))
+            break
+        found = reading.entry(position, item, kind)
         if found.gpu is None:
             stop = _stopped(found, len(picked))
             break
@@ -383,7 +439,6 @@ def resolve_visible_devices(
                 ),
             )
         named_at[found.gpu.bdf] = position
-        first_mig = first_mig or (position if is_mig else 0)
         picked.append(found.gpu)
     if space is not gpus and picked:
         reading.notes.insert(

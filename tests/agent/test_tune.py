@@ -29,7 +29,7 @@ from tests.agent.test_cli import NODECHECK, run
 from tests.conftest import CLEAN_ENVIRON, Node
 from tests.faults.test_tune import build_two_gpu_box
 from tests.fixtures.graft import placed_gpus_spec
-from tests.fixtures.nodegen import build_node
+from tests.fixtures.nodegen import add_mig_instances, build_node
 from tests.fixtures.nodes import SECRET
 from tests.fixtures.pinned_facts import JOB_TORCH_2_13, TORCH_2_13, with_parts
 
@@ -780,22 +780,71 @@ def test_exec_refuses_a_gpu_named_twice_or_no_gpu_at_all(
     assert done.stderr == f"nodecheck exec: no GPU for local rank {rank}: {message}\n"
 
 
-def test_exec_and_tune_refuse_a_rank_past_an_unknown_entry(dgx: Node) -> None:
-    env = {"CUDA_VISIBLE_DEVICES": f"{GPU5_UUID},GPU-deadbeef"}
-    done = run(*dgx.cli_args, "exec", "--local-rank", "1", "--", "true", env=env)
+def assert_rank_1_refused(node: Node, env: dict[str, str], stop: str) -> None:
+    """`exec` and `tune --local-rank 1` exit 2 with one line saying where CUDA stopped."""
+    done = run(*node.cli_args, "exec", "--local-rank", "1", "--", "true", env=env)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
         f"nodecheck exec: no GPU for local rank 1: this node has 1 visible (local ranks 0-0): "
-        f"{STOPPED}\n"
+        f"{stop}\n"
     )
-    done = run(*dgx.cli_args, "tune", "--local-rank", "1", env=env)
-    assert done.returncode == 2
-    assert (
-        done.stderr == f"nodecheck: --local-rank 1: this node has 1 GPU rank(s), 0-0: {STOPPED}\n"
-    )
+    done = run(*node.cli_args, "tune", "--local-rank", "1", env=env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"nodecheck: --local-rank 1: this node has 1 GPU rank(s), 0-0: {stop}\n"
+
+
+def test_exec_and_tune_refuse_a_rank_past_an_unknown_entry(dgx: Node) -> None:
+    env = {"CUDA_VISIBLE_DEVICES": f"{GPU5_UUID},GPU-deadbeef"}
+    assert_rank_1_refused(dgx, env, STOPPED)
     doc = document(dgx, env=env)
     [rank] = doc["ranks"]
     assert rank["status"] == "warn" and rank["warning"].startswith(STOPPED)
+
+
+MIG_A = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"
+MIG_B = "MIG-0f9e8d7c-0000-5000-8000-000000000001"
+SECOND_MIG = (
+    f"CUDA_VISIBLE_DEVICES entry 2 ('{MIG_B}') is a second MIG device, and CUDA enumerates "
+    'one MIG device per process (NVIDIA\'s MIG user guide, "CUDA Device Enumeration"), '
+    "entry 1's: CUDA stops there and sees only the 1 GPU(s) before it (local rank 0); a rank "
+    "past them has no GPU"
+)
+
+
+def test_exec_and_tune_refuse_rank_1_on_a_second_mig_device(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """CUDA_VISIBLE_DEVICES=MIG-a,MIG-b: CUDA enumerates MIG-a only, so rank 1's
+    torch.cuda.set_device(1) fails: exec and tune refuse it as they refuse an index list's
+    rank past its GPUs; rank 0 runs on GPU 5 (whose MIG instances the driver lists), warned."""
+    node = copy_node(dgx)
+    add_mig_instances(node.root, minor=5, count=2)
+    env = {"CUDA_VISIBLE_DEVICES": f"{MIG_A},{MIG_B}"}
+    assert_rank_1_refused(node, env, SECOND_MIG)
+    environ = {**env, "PATH": os.environ["PATH"]}
+    plan = make_plan(with_parts(node.context(environ), torch_version=TORCH_2_13), TuneOptions())
+    launch = prepare(plan, rank_plan_for(plan, 0), ["true"], environ)
+    assert "local rank 0 -> GPU 0000:9c:00.0, NUMA node 1" in launch.summary
+    [warning] = launch.warnings  # with the MIG note: GPU 5 holds two instances
+    assert warning.endswith(f"; {SECOND_MIG} (nodecheck exec refuses such a rank)")
+
+
+def test_exec_refuses_a_uuid_prefix_that_may_be_ambiguous(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """GPU 7's information file is empty: GPU-6f0c0001 begins GPU 1's UUID and may begin
+    GPU 7's unknown one: could not determine, never a guessed GPU (exit 2)."""
+    node = copy_node(dgx)
+    (node.root / "proc/driver/nvidia/gpus/0000:bc:00.0/information").write_text("")
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-6f0c0001"}
+    done = run(*node.cli_args, "exec", "--local-rank", "0", "--", "true", env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        "nodecheck exec: no GPU for local rank 0: nodecheck cannot tell which GPU "
+        "CUDA_VISIBLE_DEVICES entry 1 ('GPU-6f0c0001') names: it begins GPU 0000:1a:00.0's "
+        "UUID, but the UUID of GPU 0000:bc:00.0 is not known"
+    )
+    assert done.stderr.count("\n") == 1
 
 
 def test_exec_help_lists_every_exit_status() -> None:

@@ -18,6 +18,7 @@ from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
 from nodecheck.tuning.pytorch import CpuBudget, allocator, cpu_budget, parse_version
 from nodecheck.tuning.recommendation import Action, Recommendation
 from tests.conftest import Node
+from tests.fixtures.nodegen import add_mig_instances
 from tests.fixtures.pinned_facts import JOB_TORCH_2_13, TORCH_2_13, job_with, with_parts
 
 IB_RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
@@ -272,7 +273,7 @@ def test_uuids_in_any_order_are_the_gpus_they_name(dgx: Node) -> None:
     assert in_bus_order.splitlines()[0].endswith("drives the Nth GPU in PCI bus order")
 
 
-@pytest.mark.parametrize("visible", ["5,5", f"5,{GPU5_UUID}", "GPU-6f0c0005,GPU-6f0c0005-1b2e"])
+@pytest.mark.parametrize("visible", ["5,5", "5,+5gpu", "GPU-6f0c0005,GPU-6f0c0005-1b2e"])
 def test_a_gpu_named_twice_gets_no_rank(dgx: Node, visible: str) -> None:
     """The reviewer's other case: 0,0 gave two ranks the same CPUs with status ok."""
     plan = plan_for(dgx, {"CUDA_VISIBLE_DEVICES": visible})
@@ -291,6 +292,53 @@ def test_an_unknown_uuid_is_where_cuda_stops(dgx: Node) -> None:
     )
     assert rank.warning == f"{plan.unseen} (nodecheck exec refuses such a rank)"
     assert plan.rank(1) is None  # not the one-GPU-per-task rule: a second GPU was meant
+
+
+# Two MIG devices as `nvidia-smi -L` names them (R470 on): the driver's files name neither.
+MIG_A = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"
+MIG_B = "MIG-0f9e8d7c-0000-5000-8000-000000000001"
+
+
+def test_a_second_mig_device_leaves_rank_1_without_a_gpu(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """CUDA enumerates one MIG device per process (MIG user guide, "CUDA Device
+    Enumeration"): with two given, rank 0 runs on the first, warned, and rank 1 is not
+    the one-GPU-per-task rule's: torch.cuda.set_device(1) fails."""
+    node = copy_node(dgx)
+    add_mig_instances(node.root, minor=5, count=2)
+    plan = plan_for(node, {"CUDA_VISIBLE_DEVICES": f"{MIG_A},{MIG_B}"})
+    [rank] = plan.ranks
+    assert rank.binding.gpu == DGX_GPUS[5]
+    assert plan.unseen.startswith(
+        f"CUDA_VISIBLE_DEVICES entry 2 ('{MIG_B}') is a second MIG device, and CUDA enumerates "
+        "one MIG device per process"
+    )
+    assert f"{plan.unseen} (nodecheck exec refuses such a rank)" in rank.warning
+    assert plan.rank(1) is None
+    # One GPU by index is the one-GPU-per-task rule's: every rank drives it.
+    one_gpu = plan_for(node, {"CUDA_VISIBLE_DEVICES": "5"})
+    assert one_gpu.unseen == "" and one_gpu.rank(1) is not None
+
+
+def test_a_uuid_prefix_beside_an_unknown_uuid_is_not_guessed(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """GPU 7's information file is empty (the driver printed nothing): GPU-6f0c0001
+    begins GPU 1's UUID only among those known, but may begin GPU 7's too, which CUDA
+    would find ambiguous: could not determine, no rank; the whole UUID is certain."""
+    node = copy_node(dgx)
+    (node.root / f"proc/driver/nvidia/gpus/{DGX_GPUS[7]}/information").write_text("")
+    plan = plan_for(node, {"CUDA_VISIBLE_DEVICES": "GPU-6f0c0001"})
+    assert plan.ranks == [] and plan.rank(0) is None
+    assert plan.notes[0].startswith(
+        "nodecheck cannot tell which GPU CUDA_VISIBLE_DEVICES entry 1 ('GPU-6f0c0001') names: "
+        "it begins GPU 0000:1a:00.0's UUID, but the UUID of GPU 0000:bc:00.0 is not known"
+    )
+    assert "CUDA may see a GPU there, but nodecheck cannot place it" in plan.notes[0]
+    whole = plan_for(node, {"CUDA_VISIBLE_DEVICES": "GPU-6f0c0001-1b2e-4d5c-9a7b-00000000001a"})
+    [rank] = whole.ranks
+    assert rank.binding.gpu == DGX_GPUS[1] and rank.warning == ""
 
 
 def test_binding_stays_inside_the_cpuset(dgx: Node) -> None:

@@ -65,7 +65,9 @@ def test_unset_and_empty() -> None:
         (UUIDS[2], [2]),
         ("GPU-5a88", [2]),  # a prefix that names one GPU
         ("GPU-8932f937", [0]),  # longer than the prefix GPUs 0 and 1 share
-        (f"GPU-5a88,0,{UUIDS[3]}", [2, 0, 3]),  # forms mixed
+        (f"GPU-5a88,{UUIDS[3]}", [2, 3]),  # a prefix and a whole UUID
+        # strtoul's reading (PyTorch's _strtoul): a sign, digits, the rest ignored
+        ("1gpu,+2, 3 x", [1, 2, 3]),
     ],
 )
 def test_indices_uuids_and_unique_prefixes(visible: str, expected: list[int]) -> None:
@@ -83,7 +85,7 @@ def test_a_uuid_entry_says_which_gpu_it_is() -> None:
 
 
 def test_an_ambiguous_prefix_is_where_cuda_stops() -> None:
-    found = seen("2,GPU-8932f9,1")
+    found = seen(f"{UUIDS[2]},GPU-8932f9,{UUIDS[1]}")
     assert bus_ids(found) == [BUS_IDS[2]]
     assert found.stop == (
         "CUDA_VISIBLE_DEVICES entry 2 ('GPU-8932f9') begins the UUIDs of GPUs 0000:18:00.0, "
@@ -96,9 +98,10 @@ def test_an_ambiguous_prefix_is_where_cuda_stops() -> None:
 @pytest.mark.parametrize(
     ("visible", "before", "why"),
     [
-        ("1,GPU-ffffffff,2", [1], "entry 2 ('GPU-ffffffff') is the UUID of no GPU here"),
+        (f"{UUIDS[1]},GPU-ffffffff,2", [1], "entry 2 ('GPU-ffffffff') is the UUID of no GPU here"),
         ("0,3,4", [0, 3], "entry 3 ('4') is index 4, and CUDA numbers 4 GPUs here"),
-        ("1,1abc", [1], "entry 2 ('1abc') is no index, GPU UUID or MIG device"),
+        ("1,abc1", [1], "entry 2 ('abc1') is no index, GPU UUID or MIG device"),
+        ("2,+", [2], "entry 2 ('+') is no index, GPU UUID or MIG device"),
         ("0,,1", [0], "entry 2 ('') is no index, GPU UUID or MIG device"),
         ("gpu-5a88", [], "entry 1 ('gpu-5a88') is no index, GPU UUID or MIG device"),
         ("7", [], "entry 1 ('7') is index 7, and CUDA numbers 4 GPUs here"),
@@ -110,6 +113,34 @@ def test_an_unknown_entry_is_where_cuda_stops(visible: str, before: list[int], w
     assert found.stop.startswith(f"CUDA_VISIBLE_DEVICES {why}: CUDA stops there")
     # The ranks that run are told; with none, the plan says it instead.
     assert len(found.warnings) == (1 if before else 0)
+
+
+MIG_UUID = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"
+
+
+@pytest.mark.parametrize(
+    ("visible", "before", "why"),
+    [
+        ("0,GPU-5a88,1", [0], "entry 2 ('GPU-5a88') is of another kind than entry 1, an index"),
+        (f"3,{MIG_UUID}", [3], f"entry 2 ('{MIG_UUID}') is of another kind than entry 1, an index"),
+        ("GPU-5a88,0", [2], "entry 2 ('0') is of another kind than entry 1, a GPU UUID"),
+        (f"GPU-5a88,{MIG_UUID}", [2], f"entry 2 ('{MIG_UUID}') is of another kind than entry 1"),
+        (f"{MIG_UUID},1", [2], "entry 2 ('1') is of another kind than entry 1, a MIG device"),
+    ],
+)
+def test_the_first_entry_sets_the_list_s_kind(visible: str, before: list[int], why: str) -> None:
+    """PyTorch's model of the driver (_parse_visible_devices): a list is read as its first
+    entry's kind, and the first entry of another kind ends it."""
+    found = seen(visible, with_gpu(IDENTITIES, 2, mig_instances=(MigInstance(1, 0),)))
+    assert bus_ids(found) == [BUS_IDS[i] for i in before]
+    assert found.stop.startswith(f"CUDA_VISIBLE_DEVICES {why}")
+    assert "the driver as PyTorch models it reads the whole list as the first entry's kind" in (
+        found.stop
+    )
+    assert found.stop.endswith(
+        "CUDA stops there and sees only the 1 GPU(s) before it (local rank 0); a rank past "
+        "them has no GPU"
+    )
 
 
 def test_a_negative_index_ends_the_list_as_documented() -> None:
@@ -130,15 +161,15 @@ def test_a_negative_index_ends_the_list_as_documented() -> None:
     [
         ("0,0", 0, "entry 1 ('0')", "entry 2 ('0')"),
         ("3, 2 ,2", 2, "entry 2 ('2')", "entry 3 ('2')"),
-        (f"2,{UUIDS[2]}", 2, "entry 1 ('2')", f"entry 2 ('{UUIDS[2]}')"),
+        ("1,1gpu", 1, "entry 1 ('1')", "entry 2 ('1gpu')"),
+        ("+3,3", 3, "entry 1 ('+3')", "entry 2 ('3')"),
         ("GPU-5a88,GPU-5a88edbe", 2, "entry 1 ('GPU-5a88')", "entry 2 ('GPU-5a88edbe')"),
-        (f"1,MIG-{UUIDS[0]}/1/0,0", 0, f"entry 2 ('MIG-{UUIDS[0]}/1/0')", "entry 3 ('0')"),
     ],
 )
 def test_a_gpu_named_twice_leaves_none(visible: str, gpu: int, first: str, second: str) -> None:
     """PyTorch's model of the driver: a repeated device leaves an empty set; and were
     CUDA to enumerate both, two ranks would drive one GPU with the same CPUs."""
-    found = seen(visible, with_gpu(IDENTITIES, 0, mig_instances=(MigInstance(1, 0),)))
+    found = seen(visible)
     assert found.gpus == []
     assert found.stop == (
         f"CUDA_VISIBLE_DEVICES names GPU {BUS_IDS[gpu]} twice, {first} and {second}: CUDA "
@@ -155,7 +186,7 @@ def test_a_duplicate_after_the_stop_is_never_reached() -> None:
 
 
 def test_spaces_around_a_uuid_are_taken_with_a_warning() -> None:
-    found = seen("0, GPU-5a88")
+    found = seen("GPU-8932f937, GPU-5a88")
     assert bus_ids(found) == [BUS_IDS[0], BUS_IDS[2]]
     [warning] = found.warnings
     assert warning.startswith(
@@ -173,20 +204,17 @@ def test_a_uuid_cannot_be_mapped_without_the_driver_s_identities() -> None:
         "cannot place it"
     )
     assert (unread.gpus, unread.stop) == ([], said)
-    broken = seen("1,GPU-5a88", GpuIdentities({}, problem="/proc/driver/nvidia/gpus: EACCES"))
-    assert bus_ids(broken) == [BUS_IDS[1]]
+    broken = seen("GPU-5a88", GpuIdentities({}, problem="/proc/driver/nvidia/gpus: EACCES"))
+    assert broken.gpus == []
     assert "the nvidia driver's GPU list could not be read (/proc/driver/nvidia/gpus: EACCES)" in (
         broken.stop
-    )
-    assert broken.stop.endswith(
-        "the 1 GPU(s) before it are placed (local rank 0), a rank past them is not"
     )
 
 
 def test_a_gpu_without_a_uuid_line_makes_unmatched_entries_unknown() -> None:
     """GPU 3's information file printed no UUID (rm_get_gpu_uuid gave none): an entry
-    that matches no known UUID may be its; a prefix that matches one known UUID is taken,
-    warned that it may be ambiguous; a whole UUID is certain."""
+    that matches no known UUID may be its, and so may a prefix that begins one known UUID
+    (CUDA would find it ambiguous): could not determine; a whole UUID is certain."""
     identities = with_gpu(IDENTITIES, 3, uuid=None)
     unknown = seen("GPU-0c51", identities)
     assert unknown.gpus == []
@@ -196,12 +224,19 @@ def test_a_gpu_without_a_uuid_line_makes_unmatched_entries_unknown() -> None:
         "(0000:bc:00.0: its information file prints no GPU UUID line): CUDA may see a GPU "
         "there, but nodecheck cannot place it"
     )
-    prefix = seen("GPU-5a88", identities)
-    assert bus_ids(prefix) == [BUS_IDS[2]]
-    [warning] = prefix.warnings
-    assert "if it begins the same way, CUDA finds the entry ambiguous" in warning
-    whole = seen(UUIDS[2], identities)
-    assert bus_ids(whole) == [BUS_IDS[2]] and whole.warnings == []
+    prefix = seen(f"{UUIDS[1]},GPU-5a88,0", identities)
+    assert bus_ids(prefix) == [BUS_IDS[1]]
+    assert prefix.stop == (
+        "nodecheck cannot tell which GPU CUDA_VISIBLE_DEVICES entry 2 ('GPU-5a88') names: it "
+        "begins GPU 0000:9c:00.0's UUID, but the UUID of GPU 0000:bc:00.0 is not known "
+        "(0000:bc:00.0: its information file prints no GPU UUID line), and if it begins the "
+        "same way, CUDA finds the entry ambiguous and stops there: CUDA may see a GPU there, "
+        "but nodecheck cannot place it; the 1 GPU(s) before it are placed (local rank 0), a "
+        "rank past them is not"
+    )
+    assert prefix.warnings == [f"{prefix.stop} (nodecheck exec refuses such a rank)"]
+    whole = seen(f"{UUIDS[1]},{UUIDS[2]}", identities)
+    assert bus_ids(whole) == [BUS_IDS[1], BUS_IDS[2]] and whole.warnings == []
 
 
 def test_a_gpu_the_driver_does_not_show_has_no_known_uuid() -> None:
@@ -238,9 +273,6 @@ def test_the_legacy_mig_form_binds_next_to_its_parent() -> None:
     assert "entry 1 ('MIG-GPU-ffffffff/1/0') is the UUID of no GPU here" in unknown_parent.stop
 
 
-MIG_UUID = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"
-
-
 def test_a_mig_uuid_is_the_one_gpu_listing_mig_instances() -> None:
     """MIG-<uuid> (R470 on) is named in no file of the driver's; its parent is the one GPU
     here whose MIG instances the driver lists (in a container given one MIG device, its
@@ -255,14 +287,13 @@ def test_a_mig_uuid_is_the_one_gpu_listing_mig_instances() -> None:
 
 def test_a_mig_uuid_among_several_mig_gpus_cannot_be_placed() -> None:
     two = with_gpu(MIG_LISTED, 0, mig_instances=(MigInstance(2, 0),))
-    found = seen(f"1,{MIG_UUID}", two)
-    assert bus_ids(found) == [BUS_IDS[1]]
+    found = seen(MIG_UUID, two)
+    assert found.gpus == []
     assert found.stop == (
-        f"nodecheck cannot tell which GPU holds CUDA_VISIBLE_DEVICES entry 2 ('{MIG_UUID}'): the "
+        f"nodecheck cannot tell which GPU holds CUDA_VISIBLE_DEVICES entry 1 ('{MIG_UUID}'): the "
         "nvidia driver's files name no MIG device's UUID (NVML does: nvidia-smi -L lists it under "
         "its GPU), and GPUs 0000:18:00.0, 0000:9c:00.0 list MIG instances: CUDA may see a GPU "
-        "there, but nodecheck cannot place it; the 1 GPU(s) before it are placed (local rank 0), "
-        "a rank past them is not"
+        "there, but nodecheck cannot place it"
     )
     unlisted = with_gpu(MIG_LISTED, 0, mig_instances=None, mig_problem="EIO")
     assert "GPU 0000:18:00.0's: EIO" in seen(MIG_UUID, unlisted).stop
@@ -277,16 +308,23 @@ def test_a_mig_uuid_where_no_gpu_has_mig_instances_is_unknown() -> None:
     )
 
 
+SECOND_MIG = "MIG-0f9e8d7c-0000-5000-8000-000000000001"
+
+
 def test_a_second_mig_device_is_not_seen() -> None:
-    """CUDA 11 and 12 enumerate one MIG device per process."""
-    found = seen(f"{MIG_UUID},MIG-0f9e8d7c-0000-5000-8000-000000000001", MIG_LISTED)
-    assert bus_ids(found) == [BUS_IDS[2]] and found.stop == ""
-    [warning] = found.warnings
-    assert warning == (
-        "CUDA_VISIBLE_DEVICES entry 2 ('MIG-0f9e8d7c-0000-5000-8000-000000000001') is a second "
-        "MIG device: CUDA 11 and 12 enumerate one MIG device per process (NVIDIA's MIG user "
-        "guide), entry 1's, so this one is not seen"
+    """CUDA enumerates one MIG device per process (MIG user guide, "CUDA Device
+    Enumeration"): rank 0 runs on the first, warned; a rank past it has no GPU."""
+    found = seen(f"{MIG_UUID},{SECOND_MIG}", MIG_LISTED)
+    assert bus_ids(found) == [BUS_IDS[2]]
+    assert found.stop == (
+        f"CUDA_VISIBLE_DEVICES entry 2 ('{SECOND_MIG}') is a second MIG device, and CUDA "
+        "enumerates one MIG device per process (NVIDIA's MIG user guide, \"CUDA Device "
+        "Enumeration\"), entry 1's: CUDA stops there and sees only the 1 GPU(s) before it "
+        "(local rank 0); a rank past them has no GPU"
     )
+    assert found.warnings == [f"{found.stop} (nodecheck exec refuses such a rank)"]
+    legacy = seen(f"MIG-{UUIDS[2]}/1/0,MIG-{UUIDS[2]}/1/0", MIG_LISTED)
+    assert bus_ids(legacy) == [BUS_IDS[2]] and "is a second MIG device" in legacy.stop
 
 
 def test_slurm_renumbering_keeps_working_beside_uuids() -> None:
@@ -296,8 +334,8 @@ def test_slurm_renumbering_keeps_working_beside_uuids() -> None:
     renumbered = seen("0,1", slurm=step)
     assert bus_ids(renumbered) == [BUS_IDS[2], BUS_IDS[3]]
     assert "counts among the job's GPUs" in renumbered.notes[0]
-    mixed = seen(f"1,{UUIDS[0]}", slurm=step)
-    assert bus_ids(mixed) == [BUS_IDS[3], BUS_IDS[0]]
+    by_uuid = seen(f"{UUIDS[0]},{UUIDS[3]}", slurm=step)
+    assert bus_ids(by_uuid) == [BUS_IDS[0], BUS_IDS[3]]
     # Index 2 does not fit the job's two GPUs: the host's own numbering, as before.
     assert bus_ids(seen("0,2", slurm=step)) == [BUS_IDS[0], BUS_IDS[2]]
 
@@ -311,7 +349,15 @@ def test_a_task_seeing_one_gpu_by_uuid_shares_the_step() -> None:
 
 @pytest.mark.parametrize(
     ("visible", "needed"),
-    [("0,1", False), ("", False), ("GPU-5a88", True), ("0, MIG-abc", True), ("-1", False)],
+    [
+        ("0,1", False),
+        ("", False),
+        ("GPU-5a88", True),
+        (" MIG-abc,0", True),
+        ("-1", False),
+        # a list of indices ends at its first UUID: nothing to map
+        ("0, MIG-abc", False),
+    ],
 )
 def test_identities_are_read_only_for_uuids_and_mig_devices(visible: str, needed: bool) -> None:
     assert names_gpus_by_id({"CUDA_VISIBLE_DEVICES": visible}) is needed
