@@ -91,6 +91,26 @@ def _named_and_read(job: JobVersions | None) -> bool:
     return job is not None and job.python is not None and not job.python.problem
 
 
+def _from_running(
+    job: JobVersions | None, project: str, elsewhere: list[str]
+) -> VersionEvidence | None:
+    """The first running GPU process's `project` ("torch" or "NCCL"): the job's where no
+    named Python was read; else only added to `elsewhere`, and None."""
+    for process in () if job is None else job.processes:
+        if project == "torch":
+            text, where = process.torch, process.torch_where
+        else:
+            text, where = process.nccl, process.nccl_where
+        if text is None:
+            continue
+        origin = f"{process.label}, {where}"
+        if not _named_and_read(job):
+            return VersionEvidence(project, text, origin, True)
+        elsewhere.append(f"{project} {text} in {origin}: {RUNNING_ELSEWHERE}")
+        return None
+    return None
+
+
 def job_torch(job: JobVersions | None, own: TorchVersion | None) -> VersionEvidence:
     """The job's torch: the named Python's, else (none named, or it could not be read) a
     running process's; nodecheck's own is only said."""
@@ -103,14 +123,9 @@ def job_torch(job: JobVersions | None, own: TorchVersion | None) -> VersionEvide
             return VersionEvidence("torch", python.torch, python.origin, True)
         else:
             elsewhere.append(f"no torch in {python.origin}")
-    for process in () if job is None else job.processes:
-        if process.torch is None:
-            continue
-        origin = f"{process.label}, {process.torch_where}"
-        if not _named_and_read(job):
-            return VersionEvidence("torch", process.torch, origin, True)
-        elsewhere.append(f"torch {process.torch} in {origin}: {RUNNING_ELSEWHERE}")
-        break
+    running = _from_running(job, "torch", elsewhere)
+    if running is not None:
+        return running
     if own is not None and own.text:
         elsewhere.append(
             f"torch {own.text} is in {NODECHECK_PYTHON}, which the job may not run: "
@@ -134,14 +149,9 @@ def job_nccl(job: JobVersions | None, installed: NcclLibraries | None) -> Versio
             return VersionEvidence("NCCL", python.nccl, origin, True)
         if not python.problem:
             elsewhere.append(f"no nvidia-nccl-cuXX in {python.origin}")
-    for process in () if job is None else job.processes:
-        if process.nccl is None:
-            continue
-        origin = f"{process.label}, {process.nccl_where}"
-        if not _named_and_read(job):
-            return VersionEvidence("NCCL", process.nccl, origin, True)
-        elsewhere.append(f"NCCL {process.nccl} in {origin}: {RUNNING_ELSEWHERE}")
-        break
+    running = _from_running(job, "NCCL", elsewhere)
+    if running is not None:
+        return running
     if installed is not None and installed.found:
         found = ", ".join(library.text for library in installed.found)
         elsewhere.append(f"installed here, maybe not the job's: {found}")
