@@ -23,6 +23,8 @@ from nodecheck.checks.node.nccl_library import GID_DISCOVERY, NcclLibraries
 from nodecheck.checks.node.net import (
     ARPHRD_LOOPBACK,
     AddressedInterfaces,
+    GlooIfnameOutcome,
+    GlooSocketIfname,
     MasterAddrOutcome,
     MasterAddrRoute,
     NetInterface,
@@ -333,17 +335,27 @@ def gloo_value_works(value: str, inventory: Inventory, addressed: AddressedInter
     )
 
 
+def gloo_current(gloo: GlooSocketIfname | None) -> str | None:
+    """GLOO_SOCKET_IFNAME as far as the gloo_socket_ifname part tells it (its value is
+    never kept otherwise): the interfaces it names, comma-separated as set, where they
+    are all this node's; "" where it is set to anything else ("" works nowhere and is
+    never a choice); None where it is unset, or the part was not read."""
+    if gloo is None or gloo.outcome is GlooIfnameOutcome.UNSET:
+        return None
+    return ",".join(gloo.interfaces)
+
+
 def gloo_ifname(
     choice: SocketChoice | None,
     inventory: Inventory,
     addressed: AddressedInterfaces,
-    environ: Mapping[str, str],
+    gloo: GlooSocketIfname | None,
 ) -> tuple[list[Recommendation], list[str]]:
     """GLOO_SOCKET_IFNAME beside NCCL_SOCKET_IFNAME, with its own reason: without it gloo
     binds to the address this host's name resolves to (falling back to loopback), where
     other nodes may not reach it. Its value is not audited: one the user set that works
     is kept and never shown; one that cannot work is replaced, without showing it."""
-    current = environ.get("GLOO_SOCKET_IFNAME")
+    current = gloo_current(gloo)
     value = None if choice is None else ",".join(choice.names)
     if current is not None and current != value and gloo_value_works(current, inventory, addressed):
         note = (
@@ -884,9 +896,11 @@ def nccl_advice(
     libraries: NcclLibraries | None = None,
     nccl: VersionEvidence | None = None,
     master: MasterAddrRoute | None = None,
+    gloo: GlooSocketIfname | None = None,
 ) -> NcclAdvice:
     """`addressed`: the interfaces with addresses and the default route's; `master`: the
-    interface MASTER_ADDR's subnet is on (None: not read, as if unset); `libraries`: the
+    interface MASTER_ADDR's subnet is on (None: not read, as if unset); `gloo`: what
+    GLOO_SOCKET_IFNAME names (None: not read, as if unset); `libraries`: the
     NCCL versions read on the node (checks/node/nccl_library.py), None when not read, and
     the advice then names no version; `nccl`: the job's NCCL (checks/rules/job_versions.py),
     for the defaults that depend on its version."""
@@ -895,7 +909,7 @@ def nccl_advice(
     env, socket_left, notes, choice = _socket_ifname(
         inventory, addressed, master or MasterAddrRoute(MasterAddrOutcome.UNSET), environ, used
     )
-    gloo_env, gloo_notes = gloo_ifname(choice, inventory, addressed, environ)
+    gloo_env, gloo_notes = gloo_ifname(choice, inventory, addressed, gloo)
     notes += gloo_notes
     layers = {
         port.link_layer

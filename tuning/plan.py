@@ -24,7 +24,7 @@ from nodecheck.checks.node.gpu_presence import GpuPresences
 from nodecheck.checks.node.inventory import Inventory
 from nodecheck.checks.node.nccl_library import NcclLibraries
 from nodecheck.checks.node.nccl_platform import NcclPlatform
-from nodecheck.checks.node.net import AddressedInterfaces, MasterAddrRoute
+from nodecheck.checks.node.net import AddressedInterfaces, GlooSocketIfname, MasterAddrRoute
 from nodecheck.checks.node.nvidia_driver import NvidiaDriver
 from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT
@@ -70,6 +70,7 @@ PLAN_NEEDS = (
     "coherent_gpus",
     "addressed_interfaces",
     "master_addr_route",
+    "gloo_socket_ifname",
     "nccl_library",
     "cpuset",
     "torch_version",
@@ -79,13 +80,14 @@ PLAN_NEEDS = (
 )
 # Parts make_plan does without, with a note (a capture taken by an older nodecheck may
 # lack them): the cpuset (a warning on every rank), the versions (unknown: both names of
-# each renamed variable), MASTER_ADDR's interface, and what the interconnect advice
-# rests on.
+# each renamed variable), MASTER_ADDR's interface, what GLOO_SOCKET_IFNAME names (as if
+# unset), and what the interconnect advice rests on.
 PLAN_OPTIONAL = (
     "cpuset",
     "torch_version",
     "job_versions",
     "master_addr_route",
+    "gloo_socket_ifname",
     "nccl_platform",
     "virtualization",
 )
@@ -447,6 +449,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                 "job's size is unknown, pass --nodes N"
             )
     env: list[Recommendation] = []
+    gloo: GlooSocketIfname | None = None
     left: list[LeftUnset] = []
     value_verdicts: dict[str, Callable[[str], str]] = {}
     ranks: list[RankPlan] = []
@@ -479,6 +482,13 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             "NCCL_SOCKET_IFNAME is chosen without it",
         )
         notes += master_notes
+        gloo, gloo_notes = _optional_part(
+            ctx,
+            "gloo_socket_ifname",
+            "whether GLOO_SOCKET_IFNAME is set",
+            "GLOO_SOCKET_IFNAME is advised as if unset",
+        )
+        notes += gloo_notes
         advice = nccl.nccl_advice(
             inventory,
             list(pairings.values()),
@@ -489,6 +499,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             libraries,
             job_nccl_version,
             master,
+            gloo,
         )
         env += advice.env
         env += pytorch.post_mortem(environ, torch)
@@ -574,7 +585,11 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
                     "; ".join(warnings),
                 )
             )
-    marked, flagged = _merge_flags([r.against(environ) for r in env], removals(ctx))
+    # GLOO_SOCKET_IFNAME is not in the calling_environment part (its value is not kept):
+    # its advice is marked against what the gloo_socket_ifname part tells of it.
+    gloo_now = nccl.gloo_current(gloo)
+    marking = environ if gloo_now is None else {**environ, "GLOO_SOCKET_IFNAME": gloo_now}
+    marked, flagged = _merge_flags([r.against(marking) for r in env], removals(ctx))
     return Plan(
         hostname=inventory.hostname,
         env=marked,

@@ -92,10 +92,12 @@ def tune_plan(
 
 def named_python(path: str | None, by_command: bool = False) -> JobPython | None:
     """The Python the job runs as the user named it: --python's PATH (an empty one is a
-    usage error), or exec's CMD."""
+    usage error), or exec's CMD, taken as it is: its versions are read at best (a name
+    that is not found or not Python leaves them unknown, said in a note), and whether
+    CMD runs at all is exec's to say (127, 126)."""
     if path is None:
         return None
-    if not path.strip() or not path.isprintable():
+    if not by_command and (not path.strip() or not path.isprintable()):
         fail_usage("--python: give the path of the job's interpreter or environment")
     from nodecheck.checks.node.job_python import EXEC_COMMAND, JobPython
 

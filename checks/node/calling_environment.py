@@ -14,11 +14,11 @@ from nodecheck.checks.record import record
 # Names read beside the audited prefixes (node/variables.py): the launchers' job size
 # (Slurm's sbatch(1) OUTPUT ENVIRONMENT VARIABLES; torchrun's WORLD_SIZE and
 # LOCAL_WORLD_SIZE), the GPUs Slurm gave the job step, the local rank as each launcher
-# names it (torchrun, srun, Open MPI, MPICH/Intel MPI), OpenMP's thread count, which
-# tune sets per rank, and gloo's interface list, which tune sets beside
-# NCCL_SOCKET_IFNAME. None of their values is ever shown (they are not audited);
-# MASTER_ADDR is not kept at all: the master_addr_route part keeps only which
-# interface's subnet holds it.
+# names it (torchrun, srun, Open MPI, MPICH/Intel MPI) and OpenMP's thread count, which
+# tune sets per rank. None of their values is ever shown (they are not audited).
+# MASTER_ADDR and GLOO_SOCKET_IFNAME are not kept at all: the master_addr_route part
+# keeps only which interface's subnet holds MASTER_ADDR, the gloo_socket_ifname part only
+# whether GLOO_SOCKET_IFNAME is set and which of this node's interfaces it names.
 CALLING_NAMES = frozenset(
     {
         "OMP_NUM_THREADS",
@@ -32,7 +32,6 @@ CALLING_NAMES = frozenset(
         "LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "MPI_LOCALRANKID",
-        "GLOO_SOCKET_IFNAME",
     }
 )
 

@@ -210,6 +210,17 @@ def read_master_addr_route_part(sources: NodeSources, facts: FactsSource) -> Any
     return read_master_addr_route(sources.fs, sources.environ)
 
 
+@part("gloo_socket_ifname", lazy_type("net", "GlooSocketIfname"))
+def read_gloo_socket_ifname_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """Whether the calling environment sets GLOO_SOCKET_IFNAME and, where it names only
+    this node's interfaces (the inventory's), which: never any other value."""
+    from nodecheck.checks.node.net import match_gloo_socket_ifname
+
+    inventory: Inventory = facts.get("inventory")
+    names = {interface.name for interface in inventory.interfaces}
+    return match_gloo_socket_ifname(sources.environ.get("GLOO_SOCKET_IFNAME"), names)
+
+
 @part("nccl_library", lazy_type("nccl_library", "NcclLibraries"))
 def read_nccl_library_part(sources: NodeSources, facts: FactsSource) -> Any:
     """The installed NCCL versions: libnccl's file names under the root filesystem, and

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -89,6 +90,14 @@ def is_python_name(path: str) -> bool:
     return PYTHON_NAME.match(os.path.basename(path)) is not None
 
 
+def startable(interpreter: Path) -> bool:
+    """Whether `interpreter` may be started to ask for its paths: only a Python, told by
+    its name or the name of the file its links lead to (a venv's bin/python links to
+    python3.X). Anything else (/bin/true, a venv's torchrun, a wrapper script) would run
+    with the probe's arguments, doing whatever it does: never started."""
+    return is_python_name(str(interpreter)) or is_python_name(os.path.realpath(interpreter))
+
+
 def _on_path(name: str, search: str) -> Path | None:
     """`name` as execvp finds it on PATH (a name with a "/" as it is)."""
     if "/" in name:
@@ -102,17 +111,66 @@ def _on_path(name: str, search: str) -> Path | None:
 
 def parse_shebang(first: bytes) -> list[str] | None:
     """The interpreter and its argument from a script's first line ("#!/usr/bin/env
-    python3" -> ["/usr/bin/env", "python3"]); None without one."""
+    python3" -> ["/usr/bin/env", "python3"]); None without one. Linux passes all that
+    follows the interpreter's name as one argument, unsplit (execve(2), "Interpreter
+    scripts")."""
     if not first.startswith(b"#!"):
         return None
     line = first[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
     return line.split(None, 1) if line else None
 
 
+# env(1)'s options that take a value (GNU coreutils' env, "env invocation"): as a word of
+# their own or joined to the option ("-uNAME", "--unset=NAME").
+ENV_SHORT_WITH_VALUE = frozenset("uCS")
+ENV_LONG_WITH_VALUE = frozenset({"--unset", "--chdir", "--split-string"})
+
+
+def env_command(words: list[str]) -> str | None:
+    """The command env(1) runs given `words`, as it parses them: its options skipped (-i,
+    -0, -v, -u NAME, -C DIR, their long forms, the signal options), -S STRING split into
+    words where it stands ("#!/usr/bin/env -S python3 -u"), NAME=VALUE assignments
+    skipped; None where no command is left (env then prints the environment)."""
+    pending = list(words)
+    while pending:
+        word = pending.pop(0)
+        if word == "--":
+            return pending[0] if pending else None
+        if word.startswith("--"):
+            name, equals, joined = word.partition("=")
+            if name in ENV_LONG_WITH_VALUE:
+                value = joined if equals else (pending.pop(0) if pending else "")
+                if name == "--split-string":
+                    pending[:0] = _split_string(value)
+            continue
+        if word.startswith("-"):
+            # A cluster of flags ("-iv"), ended by the first option that takes a value.
+            for at, letter in enumerate(word[1:], start=1):
+                if letter in ENV_SHORT_WITH_VALUE:
+                    value = word[at + 1 :] or (pending.pop(0) if pending else "")
+                    if letter == "S":
+                        pending[:0] = _split_string(value)
+                    break
+            continue
+        if "=" in word:
+            continue
+        return word
+    return None
+
+
+def _split_string(text: str) -> list[str]:
+    """-S's STRING as env splits it: at white space, quotes kept together; an unbalanced
+    quote leaves nothing (env refuses it)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return []
+
+
 def command_interpreter(command: str, search: str) -> tuple[Path | None, str]:
     """The Python interpreter exec's command runs: the command itself when it is one, or
     the interpreter its shebang names (torchrun's console script names the environment's
-    own); (None, why) when it is not Python."""
+    own); (None, why) when it is not Python or the interpreter is not found."""
     found = _on_path(command, search)
     if found is None:
         return None, f"{command} is not on PATH"
@@ -125,12 +183,15 @@ def command_interpreter(command: str, search: str) -> tuple[Path | None, str]:
     if shebang is None:
         return None, f"{command} is neither a Python interpreter nor a script run by one"
     interpreter, *argument = shebang
-    if os.path.basename(interpreter) == "env" and argument:
+    if os.path.basename(interpreter) == "env":
         # "#!/usr/bin/env python3": env looks the name up on PATH, as here.
-        name = argument[0].split()[-1]
-        if not is_python_name(name):
-            return None, f"{command} is a script run by {name}, not by Python"
-        return _on_path(name, search), ""
+        name = env_command(argument)
+        if name is None or not is_python_name(name):
+            return None, f"{command} is a script run by {name or 'env'}, not by Python"
+        looked_up = _on_path(name, search)
+        if looked_up is None:
+            return None, f"{command} is a script run by {name}, which is not on PATH"
+        return looked_up, ""
     if not is_python_name(interpreter):
         return None, f"{command} is a script run by {interpreter}, not by Python"
     return Path(interpreter), ""
@@ -259,6 +320,14 @@ def read_job_python(
     elif found.is_dir():
         why = how or "no pyvenv.cfg or conda-meta/ there"
         return JobPythonReading(named, problem=f"{found}: not an environment to read ({why})")
+    elif not startable(found):
+        return JobPythonReading(
+            named,
+            problem=(
+                f"{found} is not a Python interpreter (neither it nor the file it links to "
+                "is named python, python3 or pythonX.Y): not started"
+            ),
+        )
     else:
         try:
             paths, how = ask_interpreter(found, environ, timeout_s)

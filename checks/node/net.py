@@ -16,7 +16,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import field
 from pathlib import Path
 from typing import TypeVar
@@ -400,6 +400,40 @@ def read_master_addr_route(fs: NodeFS, environ: Mapping[str, str]) -> MasterAddr
     elif isinstance(address, ipaddress.IPv6Address) and not address.is_loopback:
         addresses = _read_table(fs, "if_inet6", parse_ipv6_address_table, "IPv6 addresses")
     return match_master_addr(value, routes, addresses)
+
+
+class GlooIfnameOutcome(str, enum.Enum):
+    """What GLOO_SOCKET_IFNAME, as the calling environment sets it, names."""
+
+    UNSET = "unset"
+    INTERFACES = "interfaces of this node"
+    # Anything else (a name not here, an empty entry, a prefix, one character, which torch
+    # ignores): its value is not kept.
+    OTHER = "something other than interfaces of this node"
+
+
+@record
+class GlooSocketIfname:
+    """The gloo_socket_ifname part: whether GLOO_SOCKET_IFNAME is set and, where every
+    entry of it is the name of an interface of this node, those interfaces. Its value is
+    kept only then, as the interfaces, which the inventory names anyway: the variable is
+    not one nodecheck audits, so any other value never enters the facts, a capture or
+    the output (as master_addr_route keeps only MASTER_ADDR's interface)."""
+
+    outcome: GlooIfnameOutcome
+    interfaces: tuple[str, ...] = ()
+
+
+def match_gloo_socket_ifname(value: str | None, interfaces: Collection[str]) -> GlooSocketIfname:
+    """GLOO_SOCKET_IFNAME against the node's interface names. torch splits the value at
+    commas and gloo opens each entry as an exact interface name; a value of one character
+    or none torch ignores (torch/csrc/distributed/c10d/init.cpp, ProcessGroupGloo)."""
+    if value is None:
+        return GlooSocketIfname(GlooIfnameOutcome.UNSET)
+    entries = tuple(value.split(","))
+    if len(value) > 1 and all(entry in interfaces for entry in entries):
+        return GlooSocketIfname(GlooIfnameOutcome.INTERFACES, entries)
+    return GlooSocketIfname(GlooIfnameOutcome.OTHER)
 
 
 def read_rdma_devices(fs: NodeFS) -> list[RdmaDevice]:

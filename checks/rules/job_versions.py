@@ -3,8 +3,11 @@
 In order of how surely it is the job's:
 
 1. the Python the user named (`tune --python`, or `exec`'s command): the job's by
-   definition;
-2. a running GPU process's mapped libraries: a job on this node now;
+   definition; once it is read, what it lacks is not known, and nothing below is taken
+   in its place (a running process may be another user's job, and under `exec` whether
+   rank N sees rank 0's started is a race);
+2. where none was named, or it could not be read: a running GPU process's mapped
+   libraries, a job on this node now;
 3. nodecheck's own Python (`torch_version`) and the NCCL libraries installed on the node
    (`nccl_library`): what is here, which the job runs only if it runs this Python or
    links that library. These are said, but a setting that depends on the version is
@@ -29,6 +32,9 @@ if TYPE_CHECKING:
     from nodecheck.checks.node.variables import Source
 
 NODECHECK_PYTHON = "nodecheck's own Python"
+# A running GPU process beside a named Python: maybe another user's job, or (under exec)
+# another rank's that this rank may or may not see started yet.
+RUNNING_ELSEWHERE = "a running process, maybe not the job's"
 
 
 def parse_release(text: str) -> tuple[int, ...] | None:
@@ -79,9 +85,35 @@ class VersionEvidence:
         return self.describe() + (f" ({seen})" if seen and self.known is None else "")
 
 
+def _named_and_read(job: JobVersions | None) -> bool:
+    """Whether a Python was named (--python, or exec's command) and its environment read:
+    what it lacks the job lacks, whatever else runs here."""
+    return job is not None and job.python is not None and not job.python.problem
+
+
+def _from_running(
+    job: JobVersions | None, project: str, elsewhere: list[str]
+) -> VersionEvidence | None:
+    """The first running GPU process's `project` ("torch" or "NCCL"): the job's where no
+    named Python was read; else only added to `elsewhere`, and None."""
+    for process in () if job is None else job.processes:
+        if project == "torch":
+            text, where = process.torch, process.torch_where
+        else:
+            text, where = process.nccl, process.nccl_where
+        if text is None:
+            continue
+        origin = f"{process.label}, {where}"
+        if not _named_and_read(job):
+            return VersionEvidence(project, text, origin, True)
+        elsewhere.append(f"{project} {text} in {origin}: {RUNNING_ELSEWHERE}")
+        return None
+    return None
+
+
 def job_torch(job: JobVersions | None, own: TorchVersion | None) -> VersionEvidence:
-    """The job's torch: the named Python's, else a running process's; nodecheck's own is
-    only said."""
+    """The job's torch: the named Python's, else (none named, or it could not be read) a
+    running process's; nodecheck's own is only said."""
     elsewhere: list[str] = []
     if job is not None and job.python is not None:
         python = job.python
@@ -91,11 +123,9 @@ def job_torch(job: JobVersions | None, own: TorchVersion | None) -> VersionEvide
             return VersionEvidence("torch", python.torch, python.origin, True)
         else:
             elsewhere.append(f"no torch in {python.origin}")
-    for process in () if job is None else job.processes:
-        if process.torch is not None:
-            return VersionEvidence(
-                "torch", process.torch, f"{process.label}, {process.torch_where}", True
-            )
+    running = _from_running(job, "torch", elsewhere)
+    if running is not None:
+        return running
     if own is not None and own.text:
         elsewhere.append(
             f"torch {own.text} is in {NODECHECK_PYTHON}, which the job may not run: "
@@ -107,8 +137,10 @@ def job_torch(job: JobVersions | None, own: TorchVersion | None) -> VersionEvide
 
 
 def job_nccl(job: JobVersions | None, installed: NcclLibraries | None) -> VersionEvidence:
-    """The job's NCCL: pip's NCCL in the named Python, else a running process's mapped
-    libnccl; the libraries installed on the node are only said."""
+    """The job's NCCL: pip's NCCL in the named Python, else (none named, or it could not
+    be read) a running process's mapped libnccl; the libraries installed on the node are
+    only said (a named Python without pip's NCCL may load the system's libnccl, or one
+    linked into torch: which, is not known)."""
     elsewhere: list[str] = []
     if job is not None and job.python is not None:
         python = job.python
@@ -117,10 +149,9 @@ def job_nccl(job: JobVersions | None, installed: NcclLibraries | None) -> Versio
             return VersionEvidence("NCCL", python.nccl, origin, True)
         if not python.problem:
             elsewhere.append(f"no nvidia-nccl-cuXX in {python.origin}")
-    for process in () if job is None else job.processes:
-        if process.nccl is not None:
-            origin = f"{process.label}, {process.nccl_where}"
-            return VersionEvidence("NCCL", process.nccl, origin, True)
+    running = _from_running(job, "NCCL", elsewhere)
+    if running is not None:
+        return running
     if installed is not None and installed.found:
         found = ", ".join(library.text for library in installed.found)
         elsewhere.append(f"installed here, maybe not the job's: {found}")

@@ -3,6 +3,7 @@ the versions each reads, the names they set, and the JSON that says where from."
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -84,3 +85,31 @@ def test_exec_reads_its_commands_python(box: Node, tmp_path: Path) -> None:  # n
     assert isinstance(env, dict)
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" in env and "TORCH_FR_BUFFER_SIZE" not in env
     assert "PYTORCH_ALLOC_CONF" not in env
+
+
+def test_exec_odd_command_names_exit_as_the_shell_does(box: Node, tmp_path: Path) -> None:  # noqa: F811
+    """An empty CMD or one with a tab is not a --python usage error: exec says 127 (not
+    found) or 126 (cannot be run) as for any other name; its versions stay unknown."""
+    env = {"LOCAL_RANK": "0"}
+    for name in ("", "no\tsuch"):
+        done = run(*box.cli_args, "exec", "--", name, env=env)
+        assert done.returncode == 127, done.stderr
+        assert "command not found" in done.stderr and "--python" not in done.stderr
+    odd = tmp_path / "odd\tname"
+    odd.write_text("#!/bin/sh\n")
+    done = run(*box.cli_args, "exec", "--", str(odd), env=env)
+    assert done.returncode == 126 and "cannot be run" in done.stderr, done.stderr
+    assert run(*box.cli_args, "exec", "--python", "\t", "--", "true", env=env).returncode == 2
+
+
+def test_tune_python_refuses_to_start_a_non_python(dgx: Node, tmp_path: Path) -> None:
+    """--python /bin/true is never run: one warning line, the versions unknown."""
+    done = run(*dgx.cli_args, "tune", "--format", "json", "--python", "/bin/true")
+    assert done.returncode == 0
+    assert done.stderr == (
+        "nodecheck tune: warning: --python /bin/true could not be read (/bin/true is not a "
+        "Python interpreter (neither it nor the file it links to is named python, python3 "
+        "or pythonX.Y): not started): the job's versions are taken from a running job, else "
+        "unknown\n"
+    )
+    assert json.loads(done.stdout)["versions"]["torch"]["known"] is False

@@ -15,12 +15,20 @@ from nodecheck.checks.node.fs import NodeFS
 from nodecheck.checks.node.job_python import (
     EXEC_COMMAND,
     JobPython,
+    JobPythonReading,
     command_interpreter,
+    env_command,
     parse_pyvenv_cfg,
     parse_shebang,
     read_job_python,
 )
-from nodecheck.checks.node.job_versions import mapped_paths, read_job_versions
+from nodecheck.checks.node.job_versions import (
+    JobVersions,
+    ProcessLibraries,
+    mapped_paths,
+    read_job_versions,
+)
+from nodecheck.checks.node.nccl_library import NcclLibraries, NcclLibrary
 from nodecheck.checks.node.torch_package import TorchVersion
 from nodecheck.checks.node.variables import GpuProcess
 from nodecheck.checks.rules.job_versions import job_nccl, job_torch
@@ -221,3 +229,96 @@ def test_env_shebang_looks_python_up_on_path(tmp_path: Path) -> None:
     (venv / "bin" / "python").write_text("")
     (venv / "bin" / "python").chmod(0o755)
     assert command_interpreter(str(script), search) == (venv / "bin" / "python", "")
+
+
+def test_env_options_are_skipped_as_env_parses_them(tmp_path: Path) -> None:
+    """`#!/usr/bin/env -S python3 -u` runs python3 (-S splits its string; -u NAME takes
+    a value); without -S Linux hands env "python3 -u" as one name, which is no Python."""
+    venv = fake_venv(tmp_path / "venv")
+    python3 = venv / "bin" / "python3"
+    python3.write_text("")
+    python3.chmod(0o755)
+    search = f"{venv / 'bin'}:/usr/bin"
+    for shebang in (
+        "#!/usr/bin/env -S python3 -u",
+        "#!/usr/bin/env -iS python3",
+        "#!/usr/bin/env --split-string=python3 -u",
+        "#!/usr/bin/env -S -u HOME A=1 python3 -u",
+        "#!/usr/bin/env -S -uHOME -- python3",
+    ):
+        script = tmp_path / "train.py"
+        script.write_text(f"{shebang}\nprint()\n")
+        script.chmod(0o755)
+        assert command_interpreter(str(script), search) == (python3, ""), shebang
+    script = tmp_path / "train.py"
+    script.write_text("#!/usr/bin/env python3 -u\n")
+    assert command_interpreter(str(script), search) == (
+        None,
+        f"{script} is a script run by python3 -u, not by Python",
+    )
+    assert env_command(["-S", "'unbalanced"]) is None and env_command(["-i"]) is None
+
+
+def test_a_shebang_python_not_on_path_is_a_problem(tmp_path: Path) -> None:
+    """`#!/usr/bin/env python3.99` with no python3.99 on PATH: a problem, never "no torch"."""
+    script = tmp_path / "train.py"
+    script.write_text("#!/usr/bin/env python3.99\n")
+    script.chmod(0o755)
+    assert command_interpreter(str(script), "/nonexistent") == (
+        None,
+        f"{script} is a script run by python3.99, which is not on PATH",
+    )
+    found_on = {"PATH": "/nonexistent"}
+    found = read_job_python(JobPython(str(script), EXEC_COMMAND), found_on)
+    assert found.problem and found.torch is None
+    job = read_job_versions(NodeFS(), JobPython(str(script), EXEC_COMMAND), found_on, [])
+    torch = job_torch(job, None)
+    assert "no torch in" not in torch.account() and "could not be read" in torch.account()
+
+
+def test_only_a_python_is_ever_started(tmp_path: Path) -> None:
+    """--python /bin/true, a venv's torchrun, a wrapper script: refused, not started (a
+    marker file shows it); a link named otherwise that leads to a python3 is one."""
+    marker = tmp_path / "ran"
+    wrapper = tmp_path / "bin" / "mytool"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    wrapper.chmod(0o755)
+    for named in ("/bin/true", str(wrapper)):
+        found = read_job_python(JobPython(named, "--python"), ENVIRON)
+        assert found.problem.endswith(": not started") and found.torch is None, named
+    assert not marker.exists()
+    python3 = tmp_path / "real" / "python3"
+    python3.parent.mkdir()
+    python3.write_text(f"#!/bin/sh\ntouch {marker}\nexit 3\n")
+    python3.chmod(0o755)
+    (tmp_path / "bin" / "py").symlink_to(python3)
+    found = read_job_python(JobPython(str(tmp_path / "bin" / "py"), "--python"), ENVIRON)
+    assert found.problem.startswith(f"{tmp_path / 'bin' / 'py'} exited 3") and marker.exists()
+
+
+def test_a_named_pythons_gaps_are_not_filled_by_a_running_process(tmp_path: Path) -> None:
+    """A named Python without torch or pip's NCCL (conda's or NGC's system libnccl): the
+    job's versions are not known; a running process's are said as seen elsewhere, and the
+    installed libnccl only named. Named but unreadable: the running process counts."""
+    venv = tmp_path / "venv"
+    fake_venv(venv, nccl=None)
+    (venv / "lib" / "python3.11" / "site-packages" / "torch-2.8.0.dist-info").rename(
+        venv / "lib" / "python3.11" / "site-packages" / "other"
+    )
+    running = ProcessLibraries(7001, "pid 7001 (python3)", "2.9.1", "here", "2.27.3", "there")
+    python = read_job_python(JobPython(str(venv), "--python"), ENVIRON)
+    assert python.problem == "" and python.torch is None and python.nccl is None
+    job = JobVersions(python, (running,))
+    installed = NcclLibraries((NcclLibrary((2, 21, 5), "/usr/lib/libnccl.so.2.21.5"),), ())
+    torch, nccl = job_torch(job, None), job_nccl(job, installed)
+    assert torch.known is None and nccl.known is None
+    assert nccl.account() == (
+        f"the job's NCCL is not known (no nvidia-nccl-cuXX in --python {venv}, its "
+        "site-packages read without starting it (a venv); NCCL 2.27.3 in pid 7001 (python3), "
+        "there: a running process, maybe not the job's; installed here, maybe not the job's: "
+        "NCCL 2.21.5 (/usr/lib/libnccl.so.2.21.5))"
+    )
+    assert "torch 2.9.1 in pid 7001 (python3), here: a running process" in torch.account()
+    unread = JobVersions(JobPythonReading("--python /x", problem="/x: missing"), (running,))
+    assert job_torch(unread, None).known == (2, 9, 1) and job_nccl(unread, None).known == (2, 27, 3)

@@ -9,17 +9,25 @@ import json
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from nodecheck.agent.launch.tune_view import render_text, tune_document
-from nodecheck.checks.node.facts import FactsSource, PartUnavailableError, Unread, dumps
+from nodecheck.checks.context import CheckContext
+from nodecheck.checks.node.facts import FactsSource, PartUnavailableError, Unread, dumps, loads
 from nodecheck.checks.node.inventory import read_inventory
-from nodecheck.checks.node.net import MasterAddrOutcome, MasterAddrRoute
+from nodecheck.checks.node.net import (
+    GlooIfnameOutcome,
+    GlooSocketIfname,
+    MasterAddrOutcome,
+    MasterAddrRoute,
+)
 from nodecheck.checks.result import Status
 from nodecheck.checks.rules.nccl_settings import nccl_facts, rule_socket_ifname
-from nodecheck.tuning.plan import Plan, TuneOptions, make_plan
+from nodecheck.tuning.plan import PLAN_NEEDS, Plan, TuneOptions, make_plan
 from nodecheck.tuning.recommendation import Action, Recommendation
+from tests.agent.test_cli import run
 from tests.conftest import Node
 from tests.fixtures.pinned_facts import TORCH_2_13, PinnedFacts, with_parts
 
@@ -176,6 +184,32 @@ def test_gloo_value_kept_or_replaced_never_shown(dgx: Node) -> None:
         assert "the value set (not shown)" in gloo.reason
     same = env_of(plan_for(dgx, {"GLOO_SOCKET_IFNAME": "eno1"}))["GLOO_SOCKET_IFNAME"]
     assert same.action is Action.KEEP
+
+
+def test_a_capture_holds_no_gloo_value(dgx: Node, tmp_path: Path) -> None:
+    """GLOO_SOCKET_IFNAME is not audited: a capture keeps only whether it is set and,
+    where it names only this node's interfaces, which; the plan over the capture is the
+    live one (kept, replaced, keep). `capture` on the command line the same."""
+    for value, outcome in (
+        ("secretif0", GlooSocketIfname(GlooIfnameOutcome.OTHER)),
+        ("ibp25s0,ibp27s0", GlooSocketIfname(GlooIfnameOutcome.INTERFACES, ("ibp25s0", "ibp27s0"))),
+        ("eno1", GlooSocketIfname(GlooIfnameOutcome.INTERFACES, ("eno1",))),
+    ):
+        environ = {"GLOO_SOCKET_IFNAME": value}
+        captured = dgx.context(environ).facts.capture(PLAN_NEEDS)  # type: ignore[attr-defined]
+        assert captured.get("gloo_socket_ifname") == outcome
+        assert "GLOO_SOCKET_IFNAME" not in captured.get("calling_environment").values
+        if outcome.outcome is GlooIfnameOutcome.OTHER:
+            assert value not in dumps(captured)
+        over_capture = make_plan(CheckContext(facts=loads(dumps(captured))), TuneOptions())
+        live = plan_for(dgx, environ)
+        gloo = env_of(over_capture).get("GLOO_SOCKET_IFNAME")
+        assert gloo == env_of(live).get("GLOO_SOCKET_IFNAME"), value
+    assert gloo is not None and gloo.action is Action.KEEP
+    output = tmp_path / "facts.json"
+    done = run(*dgx.cli_args, "capture", "-o", str(output), env={"GLOO_SOCKET_IFNAME": "secretif0"})
+    assert done.returncode in (0, 3), done.stderr
+    assert "secretif0" not in output.read_text() + done.stdout + done.stderr
 
 
 def test_no_default_route_and_no_master_addr_leaves_it_to_nccl(
