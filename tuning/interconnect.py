@@ -322,7 +322,7 @@ def peer_to_peer_note(
     nccl: VersionEvidence,
 ) -> str | None:
     """Where NCCL keeps GPU pairs off peer-to-peer by default, on a node whose GPUs no
-    NVSwitch joins: which pairs, why, and what it costs. The rule is the installed NCCL's
+    NVSwitch joins: which pairs, why, and what it costs. The rule is the job's NCCL's
     (either where none was found)."""
     versions = nccl_versions(nccl)
     newer = {version >= P2P_LEVEL_CHANGED for version in versions} or {True, False}

@@ -254,6 +254,21 @@ def _kept_reason(picked: list[str], choice: SocketChoice | None) -> str:
     return reason
 
 
+def _kept_choice(
+    picked: list[str], candidates: list[NetInterface], choice: SocketChoice | None
+) -> SocketChoice | None:
+    """What gloo should use beside an NCCL_SOCKET_IFNAME the user set and nodecheck keeps:
+    nodecheck's own choice where the value selects it, else the one usable interface the
+    value selects; None where it selects several (NCCL bootstraps over the first it finds,
+    src/misc/socket.cc, which a node's files cannot tell), or none usable."""
+    if choice is not None and set(choice.names) <= set(picked):
+        return choice
+    usable = [interface for interface in candidates if interface.name in picked]
+    if len(usable) == 1:
+        return SocketChoice(usable, "the interface the NCCL_SOCKET_IFNAME set selects")
+    return None
+
+
 def _socket_ifname(
     inventory: Inventory,
     addressed: AddressedInterfaces,
@@ -299,13 +314,20 @@ def _socket_ifname(
         rule_socket_ifname("", current, nccl_facts(inventory))
     )
     if current is not None and works and plain(current):
-        reason = _kept_reason(selected_names(current, names), choice)
-        return [Recommendation("NCCL_SOCKET_IFNAME", current, reason, source)], [], notes, choice
+        picked = selected_names(current, names)
+        reason = _kept_reason(picked, choice)
+        kept = [Recommendation("NCCL_SOCKET_IFNAME", current, reason, source)]
+        return kept, [], notes, _kept_choice(picked, candidates, choice)
     if choice is None:
+        route = (
+            "the IPv4 default route unknown"
+            if addressed.default_route is None
+            else "no IPv4 default route"
+        )
         left = LeftUnset(
             ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
-            f"{role}, and which interface that is could not be told here (no IPv4 default "
-            f"route, MASTER_ADDR unset or not matched): {NCCL_OWN_CHOICE}, and gloo binds to "
+            f"{role}, and which interface that is could not be told here ({route}, "
+            f"MASTER_ADDR unset or not matched): {NCCL_OWN_CHOICE}, and gloo binds to "
             "the address this host's name resolves to; set both to the interface the nodes "
             "share if the job cannot bootstrap",
             f"{source}; {GLOO_SOURCE}",
@@ -350,11 +372,14 @@ def gloo_ifname(
     inventory: Inventory,
     addressed: AddressedInterfaces,
     gloo: GlooSocketIfname | None,
+    nccl_kept: bool = False,
 ) -> tuple[list[Recommendation], list[str]]:
     """GLOO_SOCKET_IFNAME beside NCCL_SOCKET_IFNAME, with its own reason: without it gloo
     binds to the address this host's name resolves to (falling back to loopback), where
     other nodes may not reach it. Its value is not audited: one the user set that works
-    is kept and never shown; one that cannot work is replaced, without showing it."""
+    is kept and never shown; one that cannot work is replaced, without showing it.
+    `nccl_kept`: the user's NCCL_SOCKET_IFNAME is kept (`choice` None: it selects several
+    interfaces, or none usable)."""
     current = gloo_current(gloo)
     value = None if choice is None else ",".join(choice.names)
     if current is not None and current != value and gloo_value_works(current, inventory, addressed):
@@ -364,6 +389,21 @@ def gloo_ifname(
         )
         return [], [note]
     if value is None:
+        if current is not None:
+            return [], [
+                "warning: GLOO_SOCKET_IFNAME is set (its value is not shown: nodecheck does "
+                "not audit it) but names an interface that is not here, is down or has no "
+                "address, so gloo cannot make its device; set it to the interface the nodes "
+                f"reach each other on, by its exact name ({GLOO_SOURCE})"
+            ]
+        if nccl_kept:
+            return [], [
+                "GLOO_SOCKET_IFNAME: the NCCL_SOCKET_IFNAME set selects several usable "
+                "interfaces (or none), and NCCL bootstraps over the first it finds; set "
+                "GLOO_SOCKET_IFNAME to the one of them the nodes reach each other on, by its "
+                f"exact name, or gloo binds to the address this host's name resolves to "
+                f"({GLOO_SOURCE})"
+            ]
         return [], []
     reason = (
         "torch.distributed's gloo backend (CPU collectives, and the helper group "
@@ -909,7 +949,8 @@ def nccl_advice(
     env, socket_left, notes, choice = _socket_ifname(
         inventory, addressed, master or MasterAddrRoute(MasterAddrOutcome.UNSET), environ, used
     )
-    gloo_env, gloo_notes = gloo_ifname(choice, inventory, addressed, gloo)
+    nccl_kept = any(r.name == "NCCL_SOCKET_IFNAME" and r.value == environ.get(r.name) for r in env)
+    gloo_env, gloo_notes = gloo_ifname(choice, inventory, addressed, gloo, nccl_kept)
     notes += gloo_notes
     layers = {
         port.link_layer

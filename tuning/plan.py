@@ -37,6 +37,7 @@ from nodecheck.tuning.bindings import (
     RankBinding,
     bind_ranks,
     pair_nics,
+    sharing_gpus,
     visible_devices,
 )
 from nodecheck.tuning.gpu_usability import usability_problem
@@ -411,6 +412,9 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
     cpuset_notes, cpuset_warning = _cpuset_notes(cpuset)
     identities = _gpu_identities(ctx, environ)
     visible = visible_devices(assignment.here, environ, assignment.host, identities)
+    # The job's GPUs on this node: the visible ones, or the whole step's where each task
+    # sees only its own (srun --gpus-per-task): what NCCL's communicator counts here.
+    job_gpus = sharing_gpus(assignment.here, environ, assignment.host, identities) or visible.gpus
     bindings = bind_ranks(
         inventory,
         environ,
@@ -495,7 +499,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
             addressed,
             environ,
             shape,
-            len(bindings),
+            len(job_gpus),
             libraries,
             job_nccl_version,
             master,
@@ -516,7 +520,7 @@ def make_plan(ctx: CheckContext, options: TuneOptions) -> Plan:
         )
         extra = interconnect.interconnect_advice(
             inventory,
-            assignment.host,
+            job_gpus,
             list(pairings.values()),
             platform,
             vm,

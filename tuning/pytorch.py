@@ -307,11 +307,12 @@ def post_mortem(environ: Mapping[str, str], torch: VersionEvidence) -> list[Reco
     stopped at which collective. For the job's torch (`torch`): where it is not known,
     the size goes under both names, which every torch takes (a torch before 2.9 reads only
     the old one, default 0: the recorder off and the dump nothing to write)."""
-    names = buffer_names(torch)
-    # The size in force now: the first of the names set (torch reads the new one first).
-    entries = next(
-        (parse_count(environ[name]) for name in names if environ.get(name) is not None), None
-    )
+    # The size in force now: the first of the names set, new one first as torch reads them
+    # (whichever names the job's torch reads: a size set under the other name is the
+    # user's too, and is recommended under that name as well, so `exec` keeps it).
+    set_names = [n for n in (NEW_BUFFER_NAME, OLD_BUFFER_NAME) if environ.get(n) is not None]
+    names = [n for n in (NEW_BUFFER_NAME, OLD_BUFFER_NAME) if n in buffer_names(torch) + set_names]
+    entries = next((parse_count(environ[name]) for name in set_names), None)
     keeps = entries is not None and entries > 0
     which = (
         f" ({torch.describe()}: this name)"
@@ -339,9 +340,10 @@ def post_mortem(environ: Mapping[str, str], torch: VersionEvidence) -> list[Reco
             FLIGHT_RECORDER_SOURCE,
             # A size of 0 set on purpose stays the user's; a value that is no count does not.
             advisory=entries is not None,
-            same_as=names[0] if index else None,
+            # Each name keeps the user's value where the other does (rank_exec).
+            same_as=next((other for other in names if other != name), None),
         )
-        for index, name in enumerate(names)
+        for name in names
     ]
     dump_now = environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT")
     dump = Recommendation(

@@ -155,13 +155,18 @@ def applied_environment(
     is replaced or removed.
     """
     env = dict(environ)
-    changed, kept = [], []
-    for recommendation in plan.env + rank.env:
+    changed: list[str] = []
+    recommendations = [r for r in plan.env + rank.env if r.value is not None]
+    # Names whose working value the user keeps, known before any is applied: a name that
+    # must agree with one of them (same_as) is left alone too, in whichever order they come.
+    kept = [
+        r.name
+        for r in recommendations
+        if env.get(r.name) != r.value and r.action is Action.CHANGE and r.advisory
+    ]
+    for recommendation in recommendations:
         name, value = recommendation.name, recommendation.value
-        if value is None or env.get(name) == value:
-            continue
-        if recommendation.action is Action.CHANGE and recommendation.advisory:
-            kept.append(name)
+        if value is None or env.get(name) == value or name in kept:
             continue
         if recommendation.same_as in kept:
             continue  # it would override the user's value kept under the other name

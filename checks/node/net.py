@@ -308,7 +308,10 @@ def read_addressed_interfaces(fs: NodeFS) -> AddressedInterfaces:
     unknown (None) where the files could not be read, never guessed."""
     routes = _read_table(fs, "route", parse_ipv4_route_table, "the IPv4 route table")
     addresses = _read_table(fs, "if_inet6", parse_ipv6_address_table, "IPv6 addresses")
-    if routes is None and addresses is None:
+    if routes is None:
+        # Every interface with an IPv4 address has its subnet's route in this table (an
+        # IPv4 kernel always has it): unread, or one row not as the kernel prints it, the
+        # IPv6 table alone would leave each IPv4-only interface out, as if unaddressed.
         return AddressedInterfaces(None)
     names = {route.interface for route in routes or []}
     names |= {address.interface for address in addresses or []}

@@ -505,7 +505,9 @@ def test_exec_keeps_what_the_user_set_and_works(dgx: Node) -> None:
     assert "NCCL_SOCKET_IFNAME" not in changed
     assert env["NCCL_IB_HCA"] == "mlx5"
     assert {"CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF"} <= set(changed)
-    assert env["GLOO_SOCKET_IFNAME"] == "eno1" and "GLOO_SOCKET_IFNAME" in changed
+    # gloo goes where the kept NCCL_SOCKET_IFNAME goes, not to nodecheck's own eno1: the
+    # user may have chosen ibp25s0 because eno1 does not reach the other nodes.
+    assert env["GLOO_SOCKET_IFNAME"] == "ibp25s0" and "GLOO_SOCKET_IFNAME" in changed
     # An interface that does not exist is no choice to keep.
     broken = {**calling, "NCCL_SOCKET_IFNAME": "eth9"}
     plan = make_plan(

@@ -372,3 +372,18 @@ def test_a_capture_without_the_platform_part_says_what_it_could_not_judge(dgx: N
     assert "(the nccl_platform part) is unknown (" in said
     assert said.endswith("the NVLink domain, SHARP, VM topology and peer-to-peer advice not judged")
     assert left(plan, "NCCL_NVLS_ENABLE") is not None
+
+
+def test_the_p2p_note_counts_the_jobs_gpus(build: Callable[..., Node]) -> None:
+    """NCCL's peer-to-peer level counts the communicator's GPUs on the node: two GPUs of
+    the L40S replica on an AMD CPU keep peer-to-peer (SYS) in NCCL 2.23 and later, and the
+    GPUs the job does not use make no pairs."""
+    node = build("l40s-epyc")
+    two = plan_for(node, {"CUDA_VISIBLE_DEVICES": "0,2"}, nodes=1, job_nccl="2.27.3")
+    assert note(two, "peer-to-peer") is None
+    four = note(
+        plan_for(node, {"CUDA_VISIBLE_DEVICES": "0,2,4,6"}, nodes=1, job_nccl="2.27.3"),
+        "peer-to-peer",
+    )
+    assert four is not None and "on this AMD CPU with 4 GPUs that is PXB" in four
+    assert "0000:04:00.0" not in four  # GPU 1, not the job's

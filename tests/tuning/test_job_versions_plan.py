@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nodecheck.agent.launch.rank_exec import applied_environment
 from nodecheck.agent.launch.tune_view import render_json
 from nodecheck.checks.node.variables import CALLING_ENVIRONMENT, Setting
 from nodecheck.checks.registry import load_checks
@@ -93,6 +94,28 @@ def test_a_users_buffer_size_stands_under_both_names(dgx: Node) -> None:
     plan = plan_with(dgx, None, TORCH_NCCL_TRACE_BUFFER_SIZE="4000")
     env = plan.environment(None)
     assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "4000"
+
+
+@pytest.mark.parametrize(
+    ("torch", "size", "expected_new"),
+    [
+        (None, "0", None),  # off on purpose, the torch unknown: the new name stays unset
+        ("2.9.0", "0", None),  # torch 2.9 reads the old name after the new one: same
+        ("2.9.0", "5000", "5000"),  # the user's size, under the name torch reads first
+    ],
+)
+def test_exec_keeps_a_size_set_under_the_old_name(
+    dgx: Node, torch: str | None, size: str, expected_new: str | None
+) -> None:
+    """The reviewer's case: TORCH_NCCL_TRACE_BUFFER_SIZE=0 (or 5000) set by the user must
+    not be overridden by a TORCH_FR_BUFFER_SIZE=20000 that torch reads first."""
+    calling = {"TORCH_NCCL_TRACE_BUFFER_SIZE": size}
+    plan = plan_with(dgx, torch, **calling)
+    rank = plan.rank(0)
+    assert rank is not None
+    env, _, _, _ = applied_environment(plan, rank, calling)
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == size
+    assert env.get("TORCH_FR_BUFFER_SIZE") == expected_new
 
 
 @pytest.mark.parametrize(

@@ -206,6 +206,17 @@ def test_job_size_from_the_launcher(dgx: Node) -> None:
     assert "NCCL_IB_QPS_PER_CONNECTION" not in plan.environment(None)
     assert "the job spans 16 node(s), from SLURM_JOB_NUM_NODES" in plan.notes
     assert any("400 Gb/s per GPU over 8 GPU(s)" in note for note in plan.notes)
+    # srun --gpus-per-task: this task sees GPU 3 only, the step's eight share the NICs.
+    task = plan_for(
+        dgx,
+        {
+            "SLURM_JOB_NUM_NODES": "2",
+            "CUDA_VISIBLE_DEVICES": "3",
+            "SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7",
+        },
+    )
+    [network] = [note for note in task.notes if note.startswith("network:")]
+    assert "400 Gb/s per GPU over 8 GPU(s)" in network and "this job has 16 GPUs" in network
 
 
 def test_workstation(workstation: Node) -> None:

@@ -249,3 +249,32 @@ def test_a_capture_without_the_master_addr_part_still_plans(l40s: Node) -> None:
         "which interface's subnet holds MASTER_ADDR is unknown (the capture holds no "
         "master_addr_route (it was not captured)): NCCL_SOCKET_IFNAME is chosen without it"
     ) in plan.notes
+
+
+def test_gloo_follows_a_kept_nccl_socket_ifname(l40s: Node, dgx: Node) -> None:
+    """The reviewer's case: a working NCCL_SOCKET_IFNAME the user chose is kept, so gloo
+    goes there too, not to nodecheck's own default-route interface (eno1 may be what does
+    not reach the other nodes). Where the kept value selects several usable interfaces,
+    gloo's one cannot be told: said, not guessed."""
+    one = env_of(plan_for(l40s, {"NCCL_SOCKET_IFNAME": "enp193s0f0np0"}))
+    assert one["NCCL_SOCKET_IFNAME"].action is Action.KEEP
+    assert one["GLOO_SOCKET_IFNAME"].value == "enp193s0f0np0"
+    several = plan_for(dgx, {"NCCL_SOCKET_IFNAME": "ibp"})
+    assert "GLOO_SOCKET_IFNAME" not in env_of(several)
+    assert any(
+        n.startswith("GLOO_SOCKET_IFNAME: the NCCL_SOCKET_IFNAME set selects several")
+        for n in several.notes
+    )
+    # A kept value that selects nodecheck's own choice among others: gloo takes that one.
+    with_eno1 = env_of(plan_for(dgx, {"NCCL_SOCKET_IFNAME": "eno1,ibp"}))
+    assert with_eno1["GLOO_SOCKET_IFNAME"].value == "eno1"
+
+
+def test_a_broken_gloo_value_is_warned_of_where_nothing_replaces_it(dgx: Node) -> None:
+    """No interface to recommend (the kept NCCL value selects several), and the user's
+    GLOO_SOCKET_IFNAME names none usable: a warning, its value never shown."""
+    plan = plan_for(dgx, {"NCCL_SOCKET_IFNAME": "ibp", "GLOO_SOCKET_IFNAME": "secretif0"})
+    assert "GLOO_SOCKET_IFNAME" not in env_of(plan)
+    [warning] = [n for n in plan.notes if n.startswith("warning: GLOO_SOCKET_IFNAME is set")]
+    assert "gloo cannot make its device" in warning
+    assert "secretif0" not in shown(plan)
