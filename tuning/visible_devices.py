@@ -67,11 +67,11 @@ mount_procfs_mig), and cannot be determined where several GPUs list instances.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 
 from nodecheck.checks.node.gpu_identities import DriverGpu, GpuIdentities, MigInstance
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.node.pci import PciDevice
 from nodecheck.checks.record import record
 
@@ -79,9 +79,9 @@ VARIABLE = "CUDA_VISIBLE_DEVICES"
 GPU_PREFIX = "GPU-"
 MIG_PREFIX = "MIG-"
 # MIG-GPU-<GPU UUID>/<GPU instance ID>/<compute instance ID>
-_LEGACY_MIG = re.compile(r"MIG-(GPU-[^/]+)/([0-9]{1,9})/([0-9]{1,9})")
+_LEGACY_MIG = LazyPattern(r"MIG-(GPU-[^/]+)/([0-9]{1,9})/([0-9]{1,9})")
 # strtoul's reading of an index: an optional sign, then digits (what follows is ignored).
-_LEADING_INTEGER = re.compile(r"([+-]?)([0-9]+)")
+_LEADING_INTEGER = LazyPattern(r"([+-]?)([0-9]+)")
 # Past 9 digits no GPU index is meant (and int() refuses over 4300): past every GPU.
 _MAX_INDEX_DIGITS = 9
 NOT_EXPOSED = "it is not in /proc/driver/nvidia/gpus"

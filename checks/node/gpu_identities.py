@@ -26,12 +26,13 @@ from dataclasses import field
 
 from nodecheck.checks.node.fs import NodeFS, ReadError, list_dir, read_optional_text
 from nodecheck.checks.node.gpu import driver_gpu_folders
+from nodecheck.checks.node.patterns import LazyPattern
 from nodecheck.checks.record import record
 
-_UUID_LINE = re.compile(r"^GPU UUID:\s*(\S+)\s*$", re.MULTILINE)
-_MINOR_LINE = re.compile(r"^Device Minor:\s*([0-9]{1,9})\s*$", re.MULTILINE)
-_GPU_INSTANCE = re.compile(r"gi([0-9]{1,9})")
-_COMPUTE_INSTANCE = re.compile(r"ci([0-9]{1,9})")
+_UUID_LINE = LazyPattern(r"^GPU UUID:\s*(\S+)\s*$", re.MULTILINE)
+_MINOR_LINE = LazyPattern(r"^Device Minor:\s*([0-9]{1,9})\s*$", re.MULTILINE)
+_GPU_INSTANCE = LazyPattern(r"gi([0-9]{1,9})")
+_COMPUTE_INSTANCE = LazyPattern(r"ci([0-9]{1,9})")
 
 
 def parse_gpu_information(text: str) -> tuple[str | None, int | None]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import time
 from pathlib import Path
 
@@ -161,6 +160,8 @@ def env_command(words: list[str]) -> str | None:
 def _split_string(text: str) -> list[str]:
     """-S's STRING as env splits it: at white space, quotes kept together; an unbalanced
     quote leaves nothing (env refuses it)."""
+    import shlex  # only for a `#!/usr/bin/env -S` line: `check` and `tune` never pay for it
+
     try:
         return shlex.split(text)
     except ValueError:

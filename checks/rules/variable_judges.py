@@ -32,7 +32,6 @@ from nodecheck.checks.settings_audit import SettingJudgement
 if TYPE_CHECKING:
     # Types only: `check` imports no reader it does not run.
     from nodecheck.checks.node.job_versions import JobVersions
-    from nodecheck.checks.node.torch_package import TorchVersion
 
 NCCL_ENV = "nccl_env"
 TORCH_ALLOC = "torch_alloc"
@@ -97,17 +96,14 @@ def names_gid_index(variables: Variables) -> bool:
 
 
 def job_torch_of(ctx: CheckContext) -> JobTorch:
-    """The job's torch from the `job_versions` part (unknown where it is unread), with
-    nodecheck's own Python's said beside it."""
+    """The job's torch from the `job_versions` part (unknown where it is unread).
+    nodecheck's own Python's torch is not read: it is never the job's, and a check that
+    judges a setting by the job's torch says nothing of it (`tune` says it beside)."""
     try:
         versions: JobVersions | None = ctx.part(JOB_VERSIONS)
     except PartUnavailableError:
         versions = None
-    try:
-        own: TorchVersion | None = ctx.part("torch_version")
-    except PartUnavailableError:
-        own = None
-    return JobTorch(job_torch(versions, own), versions)
+    return JobTorch(job_torch(versions, None), versions)
 
 
 def variable_facts(ctx: CheckContext, torch_settings: bool = True) -> VariableFacts:
