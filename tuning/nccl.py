@@ -255,18 +255,23 @@ def _kept_reason(picked: list[str], choice: SocketChoice | None) -> str:
 
 
 def _kept_choice(
-    picked: list[str], candidates: list[NetInterface], choice: SocketChoice | None
-) -> SocketChoice | None:
-    """What gloo should use beside an NCCL_SOCKET_IFNAME the user set and nodecheck keeps:
-    nodecheck's own choice where the value selects it, else the one usable interface the
-    value selects; None where it selects several (NCCL bootstraps over the first it finds,
-    src/misc/socket.cc, which a node's files cannot tell), or none usable."""
-    if choice is not None and set(choice.names) <= set(picked):
-        return choice
+    inventory: Inventory, addressed: AddressedInterfaces, current: str, choice: SocketChoice | None
+) -> tuple[SocketChoice | None, list[NetInterface]]:
+    """Beside an NCCL_SOCKET_IFNAME the user set and nodecheck keeps: what gloo should use
+    (nodecheck's own choice where the value selects it, else the one usable interface the
+    value selects; None where it selects several, as NCCL bootstraps over the first it
+    finds, src/misc/socket.cc, which a node's files cannot tell), and the usable interfaces
+    the value selects, which NCCL's sockets use."""
+    picked = selected_names(current, [i.name for i in inventory.interfaces])
+    candidates = socket_candidates(
+        inventory.interfaces, None if addressed.names is None else set(addressed.names)
+    )
     usable = [interface for interface in candidates if interface.name in picked]
+    if choice is not None and set(choice.names) <= set(picked):
+        return choice, usable
     if len(usable) == 1:
-        return SocketChoice(usable, "the interface the NCCL_SOCKET_IFNAME set selects")
-    return None
+        return SocketChoice(usable, "the interface the NCCL_SOCKET_IFNAME set selects"), usable
+    return None, usable
 
 
 def _socket_ifname(
@@ -317,7 +322,7 @@ def _socket_ifname(
         picked = selected_names(current, names)
         reason = _kept_reason(picked, choice)
         kept = [Recommendation("NCCL_SOCKET_IFNAME", current, reason, source)]
-        return kept, [], notes, _kept_choice(picked, candidates, choice)
+        return kept, [], notes, choice
     if choice is None:
         route = (
             "the IPv4 default route unknown"
@@ -949,8 +954,16 @@ def nccl_advice(
     env, socket_left, notes, choice = _socket_ifname(
         inventory, addressed, master or MasterAddrRoute(MasterAddrOutcome.UNSET), environ, used
     )
-    nccl_kept = any(r.name == "NCCL_SOCKET_IFNAME" and r.value == environ.get(r.name) for r in env)
-    gloo_env, gloo_notes = gloo_ifname(choice, inventory, addressed, gloo, nccl_kept)
+    current = environ.get("NCCL_SOCKET_IFNAME")
+    nccl_kept = current is not None and any(
+        r.name == "NCCL_SOCKET_IFNAME" and r.value == current for r in env
+    )
+    sockets = [] if choice is None else choice.interfaces
+    gloo_choice = choice
+    if current is not None and nccl_kept:
+        gloo_choice, selected = _kept_choice(inventory, addressed, current, choice)
+        sockets = selected or sockets
+    gloo_env, gloo_notes = gloo_ifname(gloo_choice, inventory, addressed, gloo, nccl_kept)
     notes += gloo_notes
     layers = {
         port.link_layer
@@ -969,8 +982,9 @@ def nccl_advice(
     rail_problems = node_rail_problems(inventory)
     notes += [f"warning: {problem.message()}" for problem in rail_problems]
     notes += [f"NIC roles: {note}" for note in node_role_notes(inventory)]
-    sockets = [] if used or choice is None else choice.interfaces
-    notes.append(network_note(inventory, used, sockets, shape, ranks, rail_problems))
+    notes.append(
+        network_note(inventory, used, [] if used else sockets, shape, ranks, rail_problems)
+    )
     traffic_class = roce_traffic_class_note(inventory, used)
     if traffic_class is not None:
         notes.append(traffic_class)

@@ -312,7 +312,9 @@ def post_mortem(environ: Mapping[str, str], torch: VersionEvidence) -> list[Reco
     # user's too, and is recommended under that name as well, so `exec` keeps it).
     set_names = [n for n in (NEW_BUFFER_NAME, OLD_BUFFER_NAME) if environ.get(n) is not None]
     names = [n for n in (NEW_BUFFER_NAME, OLD_BUFFER_NAME) if n in buffer_names(torch) + set_names]
-    entries = next((parse_count(environ[name]) for name in set_names), None)
+    counts = {name: parse_count(environ[name]) for name in set_names}
+    # The first name holding a count: one holding anything else is no size of the user's.
+    entries = next((count for count in counts.values() if count is not None), None)
     keeps = entries is not None and entries > 0
     which = (
         f" ({torch.describe()}: this name)"
@@ -339,7 +341,7 @@ def post_mortem(environ: Mapping[str, str], torch: VersionEvidence) -> list[Reco
             reason,
             FLIGHT_RECORDER_SOURCE,
             # A size of 0 set on purpose stays the user's; a value that is no count does not.
-            advisory=entries is not None,
+            advisory=counts.get(name) is not None,
             # Each name keeps the user's value where the other does (rank_exec).
             same_as=next((other for other in names if other != name), None),
         )

@@ -394,6 +394,7 @@ def resolve_visible_devices(
     reading = _Reading(gpus, space, identities)
     picked: list[PciDevice] = []
     named_at: dict[str, int] = {}
+    named_text: dict[str, int] = {}
     stop = ""
     for position, item in enumerate(entries, start=1):
         text = item.strip()
@@ -412,6 +413,21 @@ def resolve_visible_devices(
                     + " not seen"
                 )
             break
+        if kind == MIG_PREFIX and text in named_text:
+            # The same MIG device twice: a repeat, which leaves no device at all (torch's
+            # model, parse_list_with_prefix: "Repeated id results in empty set"), before
+            # the one-MIG-device rule below would make it a second device.
+            return VisibleDevices(
+                [],
+                reading.notes,
+                stop=(
+                    f"{VARIABLE} names MIG device {text!r} twice, "
+                    f"{_entry(named_text[text], text)} and {_entry(position, text)}: CUDA then "
+                    "enumerates no device at all (the driver as PyTorch models it, "
+                    "torch/cuda/__init__.py); name each device once"
+                ),
+            )
+        named_text.setdefault(text, position)
         if kind == MIG_PREFIX and picked and text.startswith(MIG_PREFIX):
             second = (
                 f"{_named(position, text)} is a second MIG device, and CUDA enumerates one "

@@ -168,8 +168,10 @@ def applied_environment(
         name, value = recommendation.name, recommendation.value
         if value is None or env.get(name) == value or name in kept:
             continue
-        if recommendation.same_as in kept:
-            continue  # it would override the user's value kept under the other name
+        if recommendation.same_as in kept and recommendation.current is None:
+            # Set, it would override the user's value kept under the other name; one the
+            # user set here that is not kept (no count, a value torch rejects) is replaced.
+            continue
         env[name] = value
         changed.append(name)
     removed = []

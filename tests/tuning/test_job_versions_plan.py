@@ -118,6 +118,18 @@ def test_exec_keeps_a_size_set_under_the_old_name(
     assert env.get("TORCH_FR_BUFFER_SIZE") == expected_new
 
 
+def test_exec_replaces_a_size_that_is_no_count_with_the_users_other_one(dgx: Node) -> None:
+    """A value that is no count is no size of the user's: replaced, by the count the user
+    set under the other name (the reviewer's TORCH_FR_BUFFER_SIZE=abc beside 5000)."""
+    calling = {"TORCH_FR_BUFFER_SIZE": "abc", "TORCH_NCCL_TRACE_BUFFER_SIZE": "5000"}
+    plan = plan_with(dgx, "2.10.0", **calling)
+    rank = plan.rank(0)
+    assert rank is not None
+    env, changed, _, _ = applied_environment(plan, rank, calling)
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "5000"
+    assert "TORCH_FR_BUFFER_SIZE" in changed
+
+
 @pytest.mark.parametrize(
     ("nccl", "text"),
     [

@@ -6,6 +6,7 @@ GLOO_SOCKET_IFNAME, not audited, never shown."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -278,3 +279,23 @@ def test_a_broken_gloo_value_is_warned_of_where_nothing_replaces_it(dgx: Node) -
     [warning] = [n for n in plan.notes if n.startswith("warning: GLOO_SOCKET_IFNAME is set")]
     assert "gloo cannot make its device" in warning
     assert "secretif0" not in shown(plan)
+
+
+def test_a_kept_value_selecting_several_interfaces_still_counts_them_without_rdma(
+    dgx: Node, copy_node: Callable[[Node], Node]
+) -> None:
+    """Without RDMA the sockets carry the collectives: a kept NCCL_SOCKET_IFNAME selecting
+    several interfaces is what the network note counts, never "cannot join"."""
+    node = copy_node(dgx)
+    shutil.rmtree(node.root / "sys" / "class" / "infiniband")
+    plan = make_plan(
+        with_parts(
+            node.context({"NCCL_SOCKET_IFNAME": "ibp", "SLURM_JOB_NUM_NODES": "2"}),
+            torch_version=TORCH_2_13,
+        ),
+        TuneOptions(),
+    )
+    assert env_of(plan)["NCCL_SOCKET_IFNAME"].action is Action.KEEP
+    [network] = [n for n in plan.notes if n.startswith("network:")]
+    assert "no RDMA; TCP sockets over ibp" in network
+    assert not [n for n in plan.notes if "cannot join a multi-node job" in n]

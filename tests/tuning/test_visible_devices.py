@@ -323,8 +323,15 @@ def test_a_second_mig_device_is_not_seen() -> None:
         "(local rank 0); a rank past them has no GPU"
     )
     assert found.warnings == [f"{found.stop} (nodecheck exec refuses such a rank)"]
-    legacy = seen(f"MIG-{UUIDS[2]}/1/0,MIG-{UUIDS[2]}/1/0", MIG_LISTED)
+    legacy = seen(f"MIG-{UUIDS[2]}/1/0,MIG-{UUIDS[2]}/2/0", MIG_LISTED)
     assert bus_ids(legacy) == [BUS_IDS[2]] and "is a second MIG device" in legacy.stop
+
+
+@pytest.mark.parametrize("device", [MIG_UUID, f"MIG-{UUIDS[2]}/1/0"])
+def test_a_mig_device_named_twice_leaves_none(device: str) -> None:
+    """A repeat, not a second device: torch's model leaves no device at all."""
+    found = seen(f"{device},{device}", MIG_LISTED)
+    assert found.gpus == [] and f"names MIG device {device!r} twice" in found.stop
 
 
 def test_slurm_renumbering_keeps_working_beside_uuids() -> None:
