@@ -76,8 +76,26 @@ class _ProgressBar:
             click.echo("\r" + " " * 50 + "\r", err=True, nl=False)
 
 
-@click.command("bench")
-@click.argument("which", type=click.Choice([*BENCH_ORDER, "all"]))
+class _BenchCommand(click.Command):
+    """`bench WHICH [options]`; `bench network [options]` is a command of its own, with its
+    own options (agent/cli/bench_network.py), imported only when it runs."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        if args[:1] == ["network"]:
+            from nodecheck.agent.cli.bench_network import network
+
+            return network.make_context(f"{info_name} network", args[1:], parent, **extra)
+        return super().make_context(info_name, args, parent, **extra)
+
+
+@click.command("bench", cls=_BenchCommand)
+@click.argument("which", type=click.Choice([*BENCH_ORDER, "all", "network"]))
 @click.option(
     "--gpus",
     callback=_parse_gpus,
@@ -198,12 +216,17 @@ def bench(
 ) -> None:
     """Run micro-benchmarks: matmul TFLOPS, all_reduce bus bandwidth, host-device copies.
 
+    `nodecheck bench network` (its own options: `bench network --help`) measures across
+    the nodes of a job launched by srun or torchrun.
+
     Each runs in a child process with a deadline, only while every GPU is idle,
     and is judged against the node's other GPUs, its own history and the GPU
     model's expected rate. Same exit status as `check`, and 3 when nothing
     was measured (every benchmark skipped: busy GPUs, no GPU).
     """
     long_lived()
+    if which == "network":
+        fail_usage("network takes its own options after it: nodecheck bench network --help")
     if fail_below > warn_below:
         fail_usage("--fail-below must not be above --warn-below")
     if gpus is not None and (device == "cpu" or len(set(gpus)) != len(gpus)):

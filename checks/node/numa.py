@@ -70,6 +70,23 @@ def parse_meminfo_total(text: str) -> int:
     return int(match.group(1)) * 1024
 
 
+def parse_meminfo_available(text: str) -> int:
+    """MemAvailable in bytes from /proc/meminfo ("MemAvailable:    9301232 kB"): what the
+    kernel estimates can be allocated without swapping (Documentation/filesystems/proc.rst)."""
+    match = re.search(r"^MemAvailable:\s+(\d+) kB$", text, re.MULTILINE)
+    if not match:
+        raise ValueError("no MemAvailable line")
+    return int(match.group(1)) * 1024
+
+
+def read_memory_available(fs: NodeFS) -> int | None:
+    """MemAvailable of the node in bytes; None where it cannot be read."""
+    try:
+        return read_parsed(fs.proc("meminfo"), parse_meminfo_available, "a MemAvailable line")
+    except ReadError:
+        return None
+
+
 @record
 class NumaNode:
     """One node: its online CPUs, its memory, why it could not be read, what was inferred."""

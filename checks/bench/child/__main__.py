@@ -19,6 +19,8 @@ from nodecheck.checks.bench.child.protocol import die_with_parent, emit
 
 
 def _cause(err: BaseException) -> str:
+    if type(err).__name__ == "NetworkBenchmarkError":  # said in one line already
+        return "refused"
     text = f"{type(err).__name__}: {err}".lower()
     if "out of memory" in text or isinstance(err, MemoryError):
         return "out of memory"
@@ -37,6 +39,10 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         from nodecheck.checks.bench.child import allreduce
 
         return allreduce.launch(spec)
+    if name == "network":
+        from nodecheck.checks.bench.child import network
+
+        return network.run(spec)
     if name == "h2d":
         from nodecheck.checks.bench.child import h2d
 

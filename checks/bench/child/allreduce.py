@@ -1,9 +1,8 @@
 """all_reduce bus bandwidth over torch.distributed (NCCL on GPUs, gloo on CPUs).
 
 As nccl-tests and stas00's all_reduce_bench define it: algbw = bytes / time,
-busbw = algbw x 2(n-1)/n. Each iteration is timed on its own (barrier, then
-one blocking all_reduce), and an iteration's time is the slowest rank's: the
-collective is done only when every rank is. The spread of those iterations
+busbw = algbw x 2(n-1)/n, each iteration timed on its own and taken as the slowest
+rank's (child/collective.py, shared with the `network` benchmark). The spread of those iterations
 is all_reduce_bench.py's --profile_stability (Machine Learning Engineering book,
 network/benchmarks): the coefficient of variation and the worst iteration.
 
@@ -33,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,13 @@ import torch
 import torch.distributed as dist
 
 from nodecheck.checks.bench import nccl_log
+from nodecheck.checks.bench.child.collective import (
+    WARMUP,
+    busbw_per_iteration,
+    payload_tensor,
+    rank_layout,
+    slowest_iterations,
+)
 from nodecheck.checks.bench.child.protocol import PARENT_VARIABLE, emit, parse_line, progress
 
 MIB = 1 << 20
@@ -48,15 +53,8 @@ GIB = 1 << 30
 # Published busbw figures are for 4-16 GiB (docs/hardware.md §13): the ladder reaches 4 GiB
 # where the memory cap allows.
 LADDER = {"cuda": [64 * MIB, 256 * MIB, GIB, 4 * GIB], "cpu": [MIB, 8 * MIB, 32 * MIB]}
-WARMUP = 2
-MIN_TIMED = 5
 # Where launch() asks NCCL to write its tuning log (the ranks' own temporary folder).
 NCCL_LOG_VARIABLE = "NODECHECK_NCCL_LOG_DIR"
-
-
-def bus_factor(world_size: int) -> float:
-    """nccl-tests AllReduceGetBw: busbw = algbw x 2(n-1)/n."""
-    return 2 * (world_size - 1) / world_size
 
 
 def _free_port() -> int:
@@ -172,18 +170,16 @@ def _launch(spec: dict[str, Any], world: int, logging_env: dict[str, str]) -> di
 
 def _rank_env() -> tuple[int, int, int]:
     """RANK, WORLD_SIZE, LOCAL_RANK from torchrun, or from srun's SLURM_* variables."""
-    env = os.environ
-    rank = env.get("RANK", env.get("SLURM_PROCID"))
-    world = env.get("WORLD_SIZE", env.get("SLURM_NTASKS"))
-    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
-    if rank is None or world is None:
-        raise SystemExit("not a rank: set RANK and WORLD_SIZE (torchrun) or run under srun")
-    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+    try:
+        layout = rank_layout(os.environ)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
         raise SystemExit(
             "set MASTER_ADDR and MASTER_PORT (torchrun sets them; under plain srun: "
             "export MASTER_ADDR=$(scontrol show hostnames | head -n1) MASTER_PORT=29500)"
         )
-    return int(rank), int(world), int(local)
+    return layout.rank, layout.world, layout.local
 
 
 def measure(spec: dict[str, Any], on_payload: Any = None) -> dict[str, Any]:
@@ -213,7 +209,7 @@ def measure(spec: dict[str, Any], on_payload: Any = None) -> dict[str, Any]:
 def _one_payload(
     size: int, device: torch.device, world: int, budget: float, cuda: bool, logs: str | None
 ) -> dict[str, Any]:
-    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    tensor = payload_tensor(size, device)
 
     def sync() -> None:
         if cuda:
@@ -231,31 +227,9 @@ def _one_payload(
         algorithm = nccl_log.algorithm_label(nccl_log.read_segment(log_file, start), size)
     else:
         algorithm = nccl_log.GLOO if not cuda else nccl_log.UNKNOWN
-    for _ in range(WARMUP - 1):
-        dist.all_reduce(tensor)
-    sync()
-    durations = []
-    stop = time.monotonic() + budget
-    while True:
-        dist.barrier()
-        began = time.perf_counter()
-        dist.all_reduce(tensor)
-        sync()
-        durations.append(time.perf_counter() - began)
-        # Every rank must run the same number of iterations: rank 0 decides.
-        more = torch.tensor(
-            [1 if len(durations) < MIN_TIMED or time.monotonic() < stop else 0], device=device
-        )
-        dist.broadcast(more, 0)
-        if not more.item():
-            break
-    local = torch.tensor(durations, dtype=torch.float64, device=device)
-    gathered = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local)
-    slowest = torch.stack(gathered).max(dim=0).values.tolist()
-    factor = bus_factor(world)
+    slowest = slowest_iterations(tensor, budget, sync, warmup=WARMUP - 1)
+    busbw = [value / 1e9 for value in busbw_per_iteration(size, slowest, world)]
     algbw = [size / seconds / 1e9 for seconds in slowest]
-    busbw = [value * factor for value in algbw]
     mean = statistics.fmean(busbw)
     return {
         "bytes": size,

@@ -1,0 +1,343 @@
+"""The cross-node benchmark's ranks: one all_reduce over the whole job, then the sweep.
+
+Every rank of the job runs this (under srun or torchrun, through `nodecheck bench
+network`, which gated the node and read its NICs and memory first, and put them in the
+spec). In order, each step a collective every rank takes part in:
+
+1. `init_process_group` within the rendezvous timeout (NCCL on GPUs, gloo on CPUs; the
+   same timeout bounds every collective after it, so a rank that dies leaves the others
+   an error, not a hang);
+2. every rank's node, gate verdict, NIC rate and memory gathered to all: a busy node, or
+   a payload that does not fit a node's memory, stops every rank with one line naming it;
+3. the whole-job all_reduce at each payload (per-iteration busbw, child/collective.py);
+4. the sweep (checks/rules/network_sweep.py): every pair group of every planned round
+   created up front on every rank (torch.distributed.new_group is collective over the
+   whole job), then round by round: each pair's all_reduce of the largest payload at the
+   same time, the figures gathered to all, localised, and the sweep stopped once sure.
+
+Every rank returns the same report; `nodecheck bench network` prints it on rank 0 and
+writes each node's record from that node's lowest rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nodecheck.checks.bench.child.collective import (
+    busbw_per_iteration,
+    payload_tensor,
+    rank_layout,
+    slowest_iterations,
+)
+from nodecheck.checks.rules.network_sweep import (
+    PairFigure,
+    localise,
+    pair_rounds,
+    planned_rounds,
+    should_sweep,
+    stability,
+    sweep_is_done,
+)
+
+# A gloo rank holds its tensor and as much again in flight (its ring's chunks); NCCL's
+# buffers are its own (NCCL_BUFFSIZE), beside the one tensor.
+COPIES_PER_RANK = 2
+
+
+class NetworkBenchmarkError(Exception):
+    """Why the ranks stopped without measuring: one line, the same on every rank."""
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    try:
+        layout = rank_layout(os.environ)
+    except ValueError as err:
+        raise NetworkBenchmarkError(str(err)) from None
+    cuda = spec["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(layout.local)
+    device = torch.device("cuda", layout.local) if cuda else torch.device("cpu")
+    timeout = datetime.timedelta(seconds=spec["rendezvous_timeout_s"])
+    try:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            rank=layout.rank,
+            world_size=layout.world,
+            timeout=timeout,
+        )
+    except (RuntimeError, ValueError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise NetworkBenchmarkError(
+            f"the rendezvous did not complete within {spec['rendezvous_timeout_s']:g} s "
+            f"({layout.world} ranks expected): {first}"
+        ) from None
+    try:
+        # Objects travel over gloo: NCCL's object collectives would need every GPU's
+        # memory before the gate verdicts are known.
+        control = dist.new_group(backend="gloo", timeout=timeout) if cuda else None
+        ranks = _gathered(
+            {
+                "node": spec["node"],
+                "local": layout.local,
+                "refused": spec.get("refused"),
+                "nic_bytes_per_second": spec.get("nic_bytes_per_second"),
+                "nic_text": spec.get("nic_text"),
+                "memory_available_bytes": spec.get("memory_available_bytes"),
+            },
+            control,
+        )
+        nodes = _nodes_in_order(ranks)
+        _stop_on_refusals(ranks)
+        largest = max(spec["payloads"])
+        _stop_on_memory(ranks, nodes, largest, cuda)
+        sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+        try:
+            report = _measure(spec, ranks, nodes, device, sync, control)
+        except (RuntimeError, dist.DistError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise NetworkBenchmarkError(
+                f"a collective failed (a rank lost, or past the "
+                f"{spec['rendezvous_timeout_s']:g} s timeout): {first}"
+            ) from None
+    finally:
+        dist.destroy_process_group()
+    me = ranks[layout.rank]
+    lowest = min(r for r, info in enumerate(ranks) if info["node"] == me["node"])
+    return {
+        "rank": layout.rank,
+        "node": me["node"],
+        "lowest_on_node": lowest == layout.rank,
+        "report": report,
+    }
+
+
+def _gathered(mine: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    """Every rank's `mine` (JSON), in rank order, on every rank. As JSON bytes in CPU
+    tensors over gloo: all_gather_object would unpickle what the network brings, and
+    needs numpy, which the CPU build of torch does not bring."""
+    data = json.dumps(mine).encode()
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=group)
+    lengths = [int(size.item()) for size in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8)
+    padded[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    parts = [torch.zeros(max(lengths), dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return [json.loads(bytes(part[:length].tolist())) for part, length in zip(parts, lengths)]
+
+
+def _nodes_in_order(ranks: list[dict[str, Any]]) -> list[str]:
+    """The nodes in the order of their lowest rank."""
+    return list(dict.fromkeys(info["node"] for info in ranks))
+
+
+def _stop_on_refusals(ranks: list[dict[str, Any]]) -> None:
+    refused = {info["node"]: info["refused"] for info in ranks if info["refused"]}
+    if refused:
+        node, why = next(iter(refused.items()))
+        more = f" (and {len(refused) - 1} node(s) more)" if len(refused) > 1 else ""
+        raise NetworkBenchmarkError(f"not run: {node}: {why}{more}")
+
+
+def _stop_on_memory(ranks: list[dict[str, Any]], nodes: list[str], size: int, cuda: bool) -> None:
+    for node in nodes:
+        infos = [info for info in ranks if info["node"] == node]
+        available = infos[0]["memory_available_bytes"]
+        if available is None:
+            continue
+        # A GPU's free memory is that GPU's; a node's host memory is every local rank's.
+        sharing = 1 if cuda else len(infos)
+        needed = size * COPIES_PER_RANK * sharing
+        if needed > available:
+            where = "its GPU's free memory" if cuda else "its available memory"
+            raise NetworkBenchmarkError(
+                f"the payload of {size / (1 << 20):.0f} MiB does not fit {node}: "
+                f"{needed / (1 << 20):.0f} MiB needed, {available / (1 << 20):.0f} MiB "
+                f"is {where}"
+            )
+
+
+def _expected(ranks: list[dict[str, Any]], cuda: bool) -> tuple[float | None, str]:
+    """The smallest NIC rate over the nodes: a ring's busbw reaches a node's NIC rate at
+    most (every byte the factor 2(n-1)/n counts crosses each node's NICs once)."""
+    if not cuda:
+        return None, "gloo runs over sockets: no NIC rate to judge by; judged by the run"
+    rates = [(info["nic_bytes_per_second"], info["nic_text"], info["node"]) for info in ranks]
+    if any(rate is None for rate, _, _ in rates):
+        missing = next(node for rate, _, node in rates if rate is None)
+        return None, f"no compute NIC rate read on {missing}; judged by the run"
+    rate, text, node = min(rates, key=lambda item: item[0])
+    return float(rate), f"{text} on {node}, ring busbw reaches the NICs' rate (2(n-1)/n)"
+
+
+def _measure(
+    spec: dict[str, Any],
+    ranks: list[dict[str, Any]],
+    nodes: list[str],
+    device: torch.device,
+    sync: Any,
+    control: dist.ProcessGroup | None,
+) -> dict[str, Any]:
+    world = len(ranks)
+    warn, fail = spec["warn_below"], spec["fail_below"]
+    budget = spec["duration_s"]
+    payloads = []
+    for size in sorted(spec["payloads"]):
+        tensor = payload_tensor(size, device)
+        seconds = slowest_iterations(tensor, budget, sync)
+        del tensor
+        busbw = busbw_per_iteration(size, seconds, world)
+        payloads.append({"bytes": size, "iterations": len(busbw), **_profile(busbw)})
+    whole = payloads[-1]
+    expected, expected_source = _expected(ranks, spec["device"] == "cuda")
+    sweep, why = should_sweep(spec["sweep"], whole["busbw_median"], expected, warn)
+    if len(nodes) < 2:
+        sweep, why = False, "one node: no pair to sweep"
+    figures: list[PairFigure] = []
+    rounds_run = 0
+    planned = planned_rounds(len(nodes)) if sweep else 0
+    localisation = None
+    if sweep:
+        groups = _pair_groups(ranks, nodes, planned)
+        size = whole["bytes"]
+        tensor = payload_tensor(size, device)
+        me = dist.get_rank()
+        for number, round_groups in enumerate(groups, start=1):
+            mine: dict[str, Any] | None = None
+            for (first, second), (members, group) in round_groups.items():
+                if me in members:
+                    seconds = slowest_iterations(tensor, budget, sync, group=group)
+                    median = stability(busbw_per_iteration(size, seconds, len(members)))
+                    if me == members[0]:
+                        mine = {"first": first, "second": second, "busbw": median.busbw_median}
+            found = [item for item in _gathered(mine, control) if item is not None]
+            figures += [PairFigure(number, **item) for item in found]
+            rounds_run = number
+            localisation = localise(nodes, figures, warn, fail)
+            if sweep_is_done(localisation, rounds_run, planned):
+                break
+    return _report(
+        spec,
+        world,
+        nodes,
+        payloads,
+        expected,
+        expected_source,
+        why,
+        figures,
+        localisation,
+        rounds_run,
+        planned,
+    )
+
+
+def _pair_groups(
+    ranks: list[dict[str, Any]], nodes: list[str], planned: int
+) -> list[dict[tuple[str, str], tuple[list[int], dist.ProcessGroup | None]]]:
+    """Every pair group of every planned round, created in the same order on every rank
+    (new_group is collective over the whole job even for ranks outside the group)."""
+    ranks_of = {node: [r for r, info in enumerate(ranks) if info["node"] == node] for node in nodes}
+    rounds = []
+    for pairs in pair_rounds(len(nodes), planned):
+        groups = {}
+        for a, b in pairs:
+            members = sorted(ranks_of[nodes[a]] + ranks_of[nodes[b]])
+            groups[(nodes[a], nodes[b])] = (members, dist.new_group(ranks=members))
+        rounds.append(groups)
+    return rounds
+
+
+def _profile(busbw: list[float]) -> dict[str, float]:
+    profile = stability(busbw)
+    return {
+        "busbw_median": profile.busbw_median,
+        "busbw_min": profile.busbw_min,
+        "busbw_p10": profile.busbw_p10,
+        "busbw_p90": profile.busbw_p90,
+        "cv": profile.cv,
+    }
+
+
+def _report(
+    spec: dict[str, Any],
+    world: int,
+    nodes: list[str],
+    payloads: list[dict[str, Any]],
+    expected: float | None,
+    expected_source: str,
+    why: str,
+    figures: list[PairFigure],
+    localisation: Any,
+    rounds_run: int,
+    planned: int,
+) -> dict[str, Any]:
+    whole = payloads[-1]
+    if localisation is not None:
+        verdicts = [
+            {
+                "node": v.node,
+                "status": v.status,
+                "culprit": v.culprit,
+                "peer": v.peer,
+                "confidence": v.confidence,
+                "message": v.message,
+            }
+            for v in localisation.verdicts
+        ]
+        reference: float | None = localisation.reference
+        confident = localisation.confident
+    else:
+        verdicts = [
+            {
+                "node": node,
+                "status": "ok",
+                "culprit": "none",
+                "peer": None,
+                "confidence": "high",
+                "message": f"{node}: no sweep ({why})",
+            }
+            for node in nodes
+        ]
+        reference, confident = None, True
+    slow_pairs = (
+        {(p.first, p.second, p.round) for p in localisation.slow_pairs} if localisation else set()
+    )
+    return {
+        "backend": dist.get_backend(),
+        "ranks": world,
+        "nodes": nodes,
+        "payloads": payloads,
+        "payload_bytes": whole["bytes"],
+        "whole_job": {key: whole[key] for key in _profile([1.0])},
+        "expected_bytes_per_second": expected if expected is not None else reference,
+        "expected_source": expected_source
+        if expected is not None
+        else ("the run's median pair" if reference is not None else None),
+        "expected_note": expected_source,
+        "sweep": {
+            "ran": localisation is not None,
+            "why": why,
+            "rounds_planned": planned,
+            "rounds_run": rounds_run,
+            "confident": confident,
+        },
+        "pairs": [
+            {
+                "round": p.round,
+                "first": p.first,
+                "second": p.second,
+                "busbw_bytes_per_second": p.busbw,
+                "slow": (p.first, p.second, p.round) in slow_pairs,
+            }
+            for p in figures
+        ],
+        "verdicts": verdicts,
+        "thresholds": {"warn": spec["warn_below"], "fail": spec["fail_below"]},
+    }
