@@ -108,6 +108,7 @@ OWN_FILES = (
     Allowed("agent/cli/check.py", "check", "nvml", "closes the command's NVML session"),
     Allowed("agent/cli/mfu.py", "mfu", "nvml", "closes the command's NVML session"),
     Allowed("agent/cli/bench.py", "bench", "nvml", "closes the command's NVML session"),
+    Allowed("agent/cli/bench_network.py", "network", "nvml", "closes its NVML session"),
     Allowed("checks/bench/state.py", "*", "read_text", "the benchmark state file"),
     Allowed("checks/bench/state.py", "*", "open", "the state directory's lock files"),
     # The benchmark's own NCCL debug log, in the ranks' private temporary folder.

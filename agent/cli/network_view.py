@@ -19,8 +19,8 @@ SEVERITY = {"ok": 0, "warn": 1, "fail": 2}
 
 
 def overall_status(report: Mapping[str, Any]) -> str:
-    statuses = [v["status"] for v in report["verdicts"]] + [whole_job_verdict(report)]
-    return max(statuses, key=SEVERITY.__getitem__)
+    statuses: list[str] = [v["status"] for v in report["verdicts"]]
+    return max([*statuses, whole_job_verdict(report)], key=SEVERITY.__getitem__)
 
 
 def render_json(report: Mapping[str, Any]) -> str:

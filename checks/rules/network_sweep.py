@@ -24,8 +24,9 @@ are slow), and every slow node is then slow with k + 1 partners. So one slow nod
 2 rounds (round 1 shows a slow pair, not which end; round 2 pairs each end with someone
 new and only the slow one stays slow), two slow nodes need 3 (2 when no node happened to
 meet both), at most N - 1 for an even N. An odd N gives one node a bye each round, so a
-node may need one round more, and no verdict is sure before every node has had a partner. A node slow with every partner is named; a slow pair whose
-ends are both named nodes' partners elsewhere is the link between them.
+node may need one round more, and no verdict is sure before every node has had a
+partner. A node slow with every partner is named; a slow pair neither of whose ends is
+named is the link between them.
 
 The confidence rule: a healthy node can be named only if every partner it had was a slow
 node; those are named too (a slow node is slow with everyone), so such a false name

@@ -43,6 +43,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["check"],
         ["inventory"],
         ["bench"],
+        ["bench", "network"],
         ["agent"],
         ["tune"],
         ["exec"],

@@ -23,6 +23,7 @@ from tests.conftest import Node
 COMMAND_MODULES = {
     "agent",
     "bench",
+    "bench_network",  # `bench network`, bench's own subcommand
     "capture",
     "check",
     "config",

@@ -129,23 +129,17 @@ def _child_of(pid: int) -> int | None:
     return int(children[0]) if children else None
 
 
+# Long enough that the kill lands while the others measure: 5 s a payload and a round.
+RUN_LONG = ("--payload-mib", "1", "--duration", "5", "--sweep", "always",
+            "--rendezvous-timeout", "30")  # fmt: skip
+
+
 def test_a_rank_that_dies_while_the_others_measure(tmp_path: Path) -> None:
     port = _free_port()
     world = 3
     processes = [
         start(
-            _argv(
-                tmp_path,
-                f"node-{rank}",
-                "--payload-mib",
-                "1",
-                "--duration",
-                "5",
-                "--sweep",
-                "always",
-                "--rendezvous-timeout",
-                "30",
-            ),  # fmt: skip
+            _argv(tmp_path, f"node-{rank}", *RUN_LONG),
             rank_env(rank, world, "127.0.0.1", port),
         )
         for rank in range(world)

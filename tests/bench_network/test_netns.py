@@ -61,7 +61,8 @@ def sweep(nodes: SimulatedNodes, state: Path) -> tuple[list[RankRun], dict, list
         argv = [
             *NODECHECK, "bench", "network", "--device", "cpu", "--payload-mib", "1",
             "--duration", "0.1", "--sweep", "always", "--json", "--rendezvous-timeout", "60",
-            "--warn-below", "0.1", "--fail-below", "0.05", "--node-name", f"node-{index}", "--state-dir", str(state / f"node-{index}"),
+            "--warn-below", "0.1", "--fail-below", "0.05", "--node-name", f"node-{index}",
+            "--state-dir", str(state / f"node-{index}"),
         ]  # fmt: skip
         env = rank_env(index, NODES, nodes.address(0), PORT, GLOO_SOCKET_IFNAME=INSIDE)
         processes.append(start(nodes.command(index, argv, env)))

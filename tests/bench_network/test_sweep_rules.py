@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from nodecheck.checks.rules.network_sweep import (
+    Localisation,
     PairFigure,
     bus_factor,
     localise,
@@ -24,8 +25,8 @@ NODES = [f"node-{i}" for i in range(8)]
 def measured(
     nodes: list[str],
     rounds: int,
-    slow_nodes: set[str] = frozenset(),  # type: ignore[assignment]
-    slow_links: set[frozenset[str]] = frozenset(),  # type: ignore[assignment]
+    slow_nodes: frozenset[str] = frozenset(),
+    slow_links: frozenset[frozenset[str]] = frozenset(),
 ) -> list[PairFigure]:
     """What a sweep of `rounds` rounds measures: 10 GB/s healthy, 2 GB/s through a slow
     node, 3 GB/s over a slow link, the healthy figures a little apart as real ones are."""
@@ -42,11 +43,16 @@ def measured(
     return figures
 
 
-def sweep(nodes: list[str], **slow: set) -> tuple[int, object]:  # type: ignore[type-arg]
+def sweep(
+    nodes: list[str],
+    slow_nodes: frozenset[str] = frozenset(),
+    slow_links: frozenset[frozenset[str]] = frozenset(),
+) -> tuple[int, Localisation]:
     """Round by round as the child runs it: the rounds it took, and the localisation."""
     planned = planned_rounds(len(nodes))
     for rounds in range(1, planned + 1):
-        found = localise(nodes, measured(nodes, rounds, **slow), warn=0.9, fail=0.8)
+        figures = measured(nodes, rounds, slow_nodes, slow_links)
+        found = localise(nodes, figures, warn=0.9, fail=0.8)
         if sweep_is_done(found, rounds, planned):
             return rounds, found
     raise AssertionError("the sweep ran past its plan")
@@ -79,7 +85,7 @@ def test_a_healthy_set_names_nothing_after_one_round() -> None:
 
 
 def test_one_slow_node_among_8_is_named_in_two_rounds() -> None:
-    rounds, found = sweep(NODES, slow_nodes={"node-5"})
+    rounds, found = sweep(NODES, slow_nodes=frozenset({"node-5"}))
     assert rounds == 2
     assert found.slow_nodes == ("node-5",) and found.slow_links == ()
     assert found.confident
@@ -91,13 +97,15 @@ def test_one_slow_node_among_8_is_named_in_two_rounds() -> None:
 
 
 def test_after_one_round_a_slow_pair_is_not_yet_a_verdict() -> None:
-    found = localise(NODES, measured(NODES, 1, slow_nodes={"node-5"}), warn=0.9, fail=0.8)
+    found = localise(
+        NODES, measured(NODES, 1, slow_nodes=frozenset({"node-5"})), warn=0.9, fail=0.8
+    )
     # Both ends are slow with their one partner: which one is not known yet.
     assert len(found.slow_nodes) == 2 and not found.confident
 
 
 def test_two_slow_nodes_among_8_are_named_in_at_most_three_rounds() -> None:
-    rounds, found = sweep(NODES, slow_nodes={"node-2", "node-6"})
+    rounds, found = sweep(NODES, slow_nodes=frozenset({"node-2", "node-6"}))
     assert rounds <= 3
     assert found.slow_nodes == ("node-2", "node-6") and found.confident
     assert {v.node for v in found.verdicts if v.status != "ok"} == {"node-2", "node-6"}
@@ -108,16 +116,16 @@ def test_two_slow_nodes_with_a_common_partner_take_three_rounds() -> None:
     # rounds it too is slow with every partner; the third round clears it.
     schedule = pair_rounds(8, 2)
     assert (0, 7) in schedule[0] and (0, 6) in schedule[1]
-    two = localise(NODES, measured(NODES, 2, slow_nodes={"node-6", "node-7"}), 0.9, 0.8)
+    two = localise(NODES, measured(NODES, 2, slow_nodes=frozenset({"node-6", "node-7"})), 0.9, 0.8)
     assert "node-0" in two.slow_nodes and not two.confident
-    rounds, found = sweep(NODES, slow_nodes={"node-6", "node-7"})
+    rounds, found = sweep(NODES, slow_nodes=frozenset({"node-6", "node-7"}))
     assert rounds == 3 and found.slow_nodes == ("node-6", "node-7") and found.confident
 
 
 def test_a_slow_link_is_told_apart_from_a_slow_node() -> None:
     link = frozenset(("node-1", "node-6"))  # paired in round 1
     assert (1, 6) in pair_rounds(8, 1)[0]
-    rounds, found = sweep(NODES, slow_links={link})
+    rounds, found = sweep(NODES, slow_links=frozenset({link}))
     assert rounds == 2
     assert found.slow_nodes == () and found.slow_links == (("node-1", "node-6"),)
     verdict = {v.node: v for v in found.verdicts}
@@ -131,7 +139,7 @@ def test_a_slow_link_is_told_apart_from_a_slow_node() -> None:
 @pytest.mark.parametrize("count", [3, 5, 7])
 def test_odd_counts_name_the_slow_node(count: int) -> None:
     nodes = NODES[:count] if count <= 8 else NODES
-    rounds, found = sweep(nodes, slow_nodes={nodes[1]})
+    rounds, found = sweep(nodes, slow_nodes=frozenset({nodes[1]}))
     assert found.slow_nodes == (nodes[1],) and found.confident
     assert rounds <= 3
 
@@ -145,7 +153,7 @@ def test_two_nodes_cannot_tell_which_end_is_slow() -> None:
 
 def test_a_verdict_is_low_when_named_nodes_had_too_few_partners() -> None:
     # Round 1 only, a slow node: two names with one partner each.
-    found = localise(NODES, measured(NODES, 1, slow_nodes={"node-3"}), 0.9, 0.8)
+    found = localise(NODES, measured(NODES, 1, slow_nodes=frozenset({"node-3"})), 0.9, 0.8)
     assert {v.confidence for v in found.verdicts if v.culprit == "node"} == {"low"}
 
 

@@ -1,9 +1,10 @@
 """`nodecheck bench network` under srun, as docs/benchmarks.md says: no MASTER_ADDR given.
 
-Four tasks on the one node of the test cluster (--overcommit: it has two CPUs), gloo: srun starts the ranks
-(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), each task finds the rendezvous itself (the
-step's first node by `scontrol show hostnames`, a port from the job and step ids), the
-four share one node name (SLURMD_NODENAME), and rank 0 alone prints the report.
+Four tasks on the one node of the test cluster (--overcommit: it has two CPUs), gloo:
+srun starts the ranks (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), each task finds the
+rendezvous itself (the step's first node by `scontrol show hostnames`, a port from the
+job and step ids), the four share one node name (SLURMD_NODENAME), and rank 0 alone
+prints the report.
 """
 
 from __future__ import annotations

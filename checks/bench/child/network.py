@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 from typing import Any
 
 import torch
@@ -130,7 +131,10 @@ def _gathered(mine: Any, group: dist.ProcessGroup | None) -> list[Any]:
     padded[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
     parts = [torch.zeros(max(lengths), dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(parts, padded, group=group)
-    return [json.loads(bytes(part[:length].tolist())) for part, length in zip(parts, lengths)]
+    return [
+        json.loads(bytes(part[:length].tolist()))
+        for part, length in zip(parts, lengths, strict=True)
+    ]
 
 
 def _nodes_in_order(ranks: list[dict[str, Any]]) -> list[str]:
@@ -190,11 +194,15 @@ def _measure(
     budget = spec["duration_s"]
     payloads = []
     for size in sorted(spec["payloads"]):
+        began = time.monotonic()
         tensor = payload_tensor(size, device)
         seconds = slowest_iterations(tensor, budget, sync)
         del tensor
         busbw = busbw_per_iteration(size, seconds, world)
-        payloads.append({"bytes": size, "iterations": len(busbw), **_profile(busbw)})
+        wall = time.monotonic() - began
+        payloads.append(
+            {"bytes": size, "iterations": len(busbw), "wall_s": wall, **_profile(busbw)}
+        )
     whole = payloads[-1]
     expected, expected_source = _expected(ranks, spec["device"] == "cuda")
     sweep, why = should_sweep(spec["sweep"], whole["busbw_median"], expected, warn)
@@ -204,6 +212,7 @@ def _measure(
     rounds_run = 0
     planned = planned_rounds(len(nodes)) if sweep else 0
     localisation = None
+    began = time.monotonic()
     if sweep:
         groups = _pair_groups(ranks, nodes, planned)
         size = whole["bytes"]
@@ -223,7 +232,7 @@ def _measure(
             localisation = localise(nodes, figures, warn, fail)
             if sweep_is_done(localisation, rounds_run, planned):
                 break
-    return _report(
+    report = _report(
         spec,
         world,
         nodes,
@@ -236,6 +245,8 @@ def _measure(
         rounds_run,
         planned,
     )
+    report["sweep"]["wall_s"] = time.monotonic() - began  # its groups made, its rounds run
+    return report
 
 
 def _pair_groups(
