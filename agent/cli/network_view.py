@@ -56,14 +56,19 @@ def render_table(report: Mapping[str, Any]) -> str:
             f"{_gbps(row['busbw_median']):>9} {_gbps(row['busbw_p90']):>9} {row['cv']:>6.1%}"
         )
     expected = report["expected_bytes_per_second"]
-    if report["expected_source"] is not None and expected:
+    if report["expected_source"] == report["expected_note"]:  # the NICs' rate
         lines.append(
             f"expected: {_gbps(expected)} GB/s ({report['expected_source']}); the whole "
             f"job's median is {whole['busbw_median'] / expected:.2f}x that: "
             f"{whole_job_verdict(report)}"
         )
-    if report["expected_note"] != report["expected_source"]:
+    else:
         lines.append(f"note: {report['expected_note']}")
+        if expected is not None:
+            lines.append(
+                f"reference: {_gbps(expected)} GB/s ({report['expected_source']}: the "
+                "median over the nodes of each node's best pair)"
+            )
     sweep = report["sweep"]
     if not sweep["ran"]:
         lines.append(f"sweep: not run ({sweep['why']})")
