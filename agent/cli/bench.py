@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -76,6 +77,52 @@ class _ProgressBar:
             click.echo("\r" + " " * 50 + "\r", err=True, nl=False)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def state_and_threshold_options(reference: str) -> Callable[[F], F]:
+    """--state-dir, --idle-window, --warn-below and --fail-below, as `bench` and `bench
+    network` both take them; `reference`: what the ratios are to."""
+
+    def apply(function: F) -> F:
+        for option in reversed(
+            [
+                click.option(
+                    "--state-dir",
+                    type=click.Path(file_okay=False, path_type=Path),
+                    default=None,
+                    callback=_state_dir,
+                    help="Where results, baselines and network.json are kept: a directory "
+                    "that exists (only the default is created). [default: "
+                    "/var/lib/nodecheck as root, else ~/.local/state/nodecheck]",
+                ),
+                click.option(
+                    "--idle-window",
+                    type=FiniteFloatRange(*IDLE_WINDOW_RANGE_S),
+                    default=BenchOptions.idle_window_s,
+                    show_default=True,
+                    metavar="SECONDS",
+                    help="How long every GPU must be idle before a benchmark starts.",
+                ),
+                *(
+                    click.option(
+                        f"--{verdict}-below",
+                        type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
+                        default=getattr(Thresholds, verdict),
+                        show_default=True,
+                        metavar="RATIO",
+                        help=f"{verdict.capitalize()} below this ratio to {reference}.",
+                    )
+                    for verdict in ("warn", "fail")
+                ),
+            ]
+        ):
+            function = option(function)
+        return function
+
+    return apply
+
+
 class _BenchCommand(click.Command):
     """`bench WHICH [options]`; `bench network [options]` is a command of its own, with its
     own options (agent/cli/bench_network.py), imported only when it runs."""
@@ -138,39 +185,7 @@ class _BenchCommand(click.Command):
     show_default=True,
     help="all_reduce ranks with --device cpu.",
 )
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    callback=_state_dir,
-    help="Where results and baselines are kept: a directory that exists (only the "
-    "default is created). [default: /var/lib/nodecheck as root, else "
-    "~/.local/state/nodecheck]",
-)
-@click.option(
-    "--idle-window",
-    type=FiniteFloatRange(*IDLE_WINDOW_RANGE_S),
-    default=BenchOptions.idle_window_s,
-    show_default=True,
-    metavar="SECONDS",
-    help="How long every GPU must be idle before a benchmark starts.",
-)
-@click.option(
-    "--warn-below",
-    type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
-    default=Thresholds.warn,
-    show_default=True,
-    metavar="RATIO",
-    help="Warn below this ratio to the node's median or the baseline.",
-)
-@click.option(
-    "--fail-below",
-    type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
-    default=Thresholds.fail,
-    show_default=True,
-    metavar="RATIO",
-    help="Fail below this ratio to the node's median or the baseline.",
-)
+@state_and_threshold_options("the node's median or the baseline")
 @click.option(
     "--memory-fraction",
     type=FiniteFloatRange(*MEMORY_FRACTION_RANGE),

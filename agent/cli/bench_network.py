@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from nodecheck.agent.cli.bench import _state_dir
+from nodecheck.agent.cli.bench import state_and_threshold_options
 from nodecheck.agent.cli.options import (
     FiniteFloatRange,
     check_config,
@@ -26,8 +26,6 @@ from nodecheck.agent.cli.options import (
 )
 from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
-    IDLE_WINDOW_RANGE_S,
-    RATIO_RANGE,
     BenchOptions,
     Thresholds,
 )
@@ -86,36 +84,9 @@ RENDEZVOUS_RANGE_S = (1.0, 3600.0)
     metavar="NAME",
     help="This node's name in the report. [default: SLURMD_NODENAME, else the host name]",
 )
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    callback=_state_dir,
-    help="Where each node's record (network.json) is written. [default: as `nodecheck bench`'s]",
-)
-@click.option(
-    "--idle-window",
-    type=FiniteFloatRange(*IDLE_WINDOW_RANGE_S),
-    default=BenchOptions.idle_window_s,
-    show_default=True,
-    metavar="SECONDS",
-    help="How long every GPU of the node must be idle before it takes part.",
-)
-@click.option(
-    "--warn-below",
-    type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
-    default=Thresholds.warn,
-    show_default=True,
-    metavar="RATIO",
-    help="A pair (or the whole job) below this ratio of its reference is slow.",
-)
-@click.option(
-    "--fail-below",
-    type=FiniteFloatRange(*RATIO_RANGE, min_open=True),
-    default=Thresholds.fail,
-    show_default=True,
-    metavar="RATIO",
-    help="Below this ratio a slow node or link fails (else warns).",
+@state_and_threshold_options(
+    "the reference (a pair: the run's median over the nodes of each node's best pair; "
+    "the whole job: its NICs' rate)"
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (rank 0).")
 @global_options
@@ -169,7 +140,9 @@ def network(
     finally:
         context.nvml.close()
     if outcome.report is None:
-        click.echo(f"nodecheck bench network: {run.node}: {outcome.error}", err=True)
+        from nodecheck.checks.printable import printable
+
+        click.echo(printable(f"nodecheck bench network: {run.node}: {outcome.error}"), err=True)
         ctx.exit(bench_network.EXIT_UNMEASURED)
     report = outcome.report
     if outcome.lowest_on_node:

@@ -60,6 +60,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         layout = rank_layout(os.environ)
     except ValueError as err:
         raise NetworkBenchmarkError(str(err)) from None
+    if layout.world < 2:
+        raise NetworkBenchmarkError("all_reduce needs at least two ranks")
     cuda = spec["device"] == "cuda"
     if cuda:
         torch.cuda.set_device(layout.local)
