@@ -75,39 +75,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             timeout=timeout,
         )
     except (RuntimeError, ValueError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NetworkBenchmarkError(
             f"the rendezvous did not complete within {spec['rendezvous_timeout_s']:g} s "
-            f"({layout.world} ranks expected): {first}"
+            f"({layout.world} ranks expected): {_first_line(err)}"
         ) from None
     try:
-        # Objects travel over gloo: NCCL's object collectives would need every GPU's
-        # memory before the gate verdicts are known.
-        control = dist.new_group(backend="gloo", timeout=timeout) if cuda else None
-        ranks = _gathered(
-            {
-                "node": spec["node"],
-                "local": layout.local,
-                "refused": spec.get("refused"),
-                "nic_bytes_per_second": spec.get("nic_bytes_per_second"),
-                "nic_text": spec.get("nic_text"),
-                "memory_available_bytes": spec.get("memory_available_bytes"),
-            },
-            control,
-        )
-        nodes = _nodes_in_order(ranks)
-        _stop_on_refusals(ranks)
-        largest = max(spec["payloads"])
-        _stop_on_memory(ranks, nodes, largest, cuda)
-        sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-        try:
-            report = _measure(spec, ranks, nodes, device, sync, control)
-        except (RuntimeError, dist.DistError) as err:
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise NetworkBenchmarkError(
-                f"a collective failed (a rank lost, or past the "
-                f"{spec['rendezvous_timeout_s']:g} s timeout): {first}"
-            ) from None
+        ranks, report = _after_rendezvous(spec, layout.local, cuda, device, timeout)
+    except (RuntimeError, dist.DistError) as err:
+        raise NetworkBenchmarkError(
+            f"a collective failed (a rank lost, or past the "
+            f"{spec['rendezvous_timeout_s']:g} s timeout): {_first_line(err)}"
+        ) from None
     finally:
         dist.destroy_process_group()
     me = ranks[layout.rank]
@@ -118,6 +96,39 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "lowest_on_node": lowest == layout.rank,
         "report": report,
     }
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def _after_rendezvous(
+    spec: dict[str, Any],
+    local: int,
+    cuda: bool,
+    device: torch.device,
+    timeout: datetime.timedelta,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every rank's readings shared, the refusals and memory judged, then the measurement."""
+    # Objects travel over gloo: NCCL's object collectives would need every GPU's
+    # memory before the gate verdicts are known.
+    control = dist.new_group(backend="gloo", timeout=timeout) if cuda else None
+    ranks = _gathered(
+        {
+            "node": spec["node"],
+            "local": local,
+            "refused": spec.get("refused"),
+            "nic_bytes_per_second": spec.get("nic_bytes_per_second"),
+            "nic_text": spec.get("nic_text"),
+            "memory_available_bytes": spec.get("memory_available_bytes"),
+        },
+        control,
+    )
+    nodes = _nodes_in_order(ranks)
+    _stop_on_refusals(ranks)
+    _stop_on_memory(ranks, nodes, max(spec["payloads"]), cuda)
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    return ranks, _measure(spec, ranks, nodes, device, sync, control)
 
 
 def _gathered(mine: Any, group: dist.ProcessGroup | None) -> list[Any]:
