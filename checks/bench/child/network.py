@@ -63,8 +63,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if layout.world < 2:
         raise NetworkBenchmarkError("all_reduce needs at least two ranks")
     cuda = spec["device"] == "cuda"
-    if cuda:
-        torch.cuda.set_device(layout.local)
     device = torch.device("cuda", layout.local) if cuda else torch.device("cpu")
     timeout = datetime.timedelta(seconds=spec["rendezvous_timeout_s"])
     try:
@@ -79,6 +77,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             f"the rendezvous did not complete within {spec['rendezvous_timeout_s']:g} s "
             f"({layout.world} ranks expected): {_first_line(err)}"
         ) from None
+    # Only now a CUDA context (cudaSetDevice initializes the primary context at once: CUDA
+    # Runtime API, cudaSetDevice), which NVML lists as a process: the rendezvous completes
+    # once every rank has started, so every rank's gate is done, and none of them saw
+    # another rank's context as a job on the node's GPUs.
+    if cuda:
+        torch.cuda.set_device(layout.local)
     try:
         ranks, report = _after_rendezvous(spec, layout.local, cuda, device, timeout)
     except (RuntimeError, dist.DistError) as err:
