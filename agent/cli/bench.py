@@ -80,13 +80,22 @@ class _ProgressBar:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def state_and_threshold_options(reference: str) -> Callable[[F], F]:
-    """--state-dir, --idle-window, --warn-below and --fail-below, as `bench` and `bench
-    network` both take them; `reference`: what the ratios are to."""
+def shared_bench_options(duration: str, reference: str) -> Callable[[F], F]:
+    """--duration, --state-dir, --idle-window, --warn-below and --fail-below, as `bench`
+    and `bench network` both take them; `duration`: what it times, `reference`: what the
+    ratios are to."""
 
     def apply(function: F) -> F:
         for option in reversed(
             [
+                click.option(
+                    "--duration",
+                    type=FiniteFloatRange(*BENCH_DURATION_RANGE_S),
+                    default=BenchOptions.duration_s,
+                    show_default=True,
+                    metavar="SECONDS",
+                    help=f"Measuring time {duration}.",
+                ),
                 click.option(
                     "--state-dir",
                     type=click.Path(file_okay=False, path_type=Path),
@@ -164,14 +173,6 @@ class _BenchCommand(click.Command):
     help="Matmul data type.",
 )
 @click.option(
-    "--duration",
-    type=FiniteFloatRange(*BENCH_DURATION_RANGE_S),
-    default=BenchOptions.duration_s,
-    show_default=True,
-    metavar="SECONDS",
-    help="Measuring time per benchmark.",
-)
-@click.option(
     "--device",
     type=click.Choice(["cuda", "cpu"]),
     default=BenchOptions.device,
@@ -185,7 +186,7 @@ class _BenchCommand(click.Command):
     show_default=True,
     help="all_reduce ranks with --device cpu.",
 )
-@state_and_threshold_options("the node's median or the baseline")
+@shared_bench_options("per benchmark", "the node's median or the baseline")
 @click.option(
     "--memory-fraction",
     type=FiniteFloatRange(*MEMORY_FRACTION_RANGE),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from nodecheck.agent.cli.bench import state_and_threshold_options
+from nodecheck.agent.cli.bench import shared_bench_options
 from nodecheck.agent.cli.options import (
     FiniteFloatRange,
     check_config,
@@ -25,7 +25,6 @@ from nodecheck.agent.cli.options import (
     nvml_session,
 )
 from nodecheck.checks.config import (
-    BENCH_DURATION_RANGE_S,
     BenchOptions,
     Thresholds,
 )
@@ -55,14 +54,6 @@ RENDEZVOUS_RANGE_S = (1.0, 3600.0)
     "[default: 1024 on cuda, 64 on cpu]",
 )
 @click.option(
-    "--duration",
-    type=FiniteFloatRange(*BENCH_DURATION_RANGE_S),
-    default=BenchOptions.duration_s,
-    show_default=True,
-    metavar="SECONDS",
-    help="Measuring time per payload, and per pair of a sweep round.",
-)
-@click.option(
     "--sweep",
     type=click.Choice(["auto", "always", "never"]),
     default="auto",
@@ -84,9 +75,10 @@ RENDEZVOUS_RANGE_S = (1.0, 3600.0)
     metavar="NAME",
     help="This node's name in the report. [default: SLURMD_NODENAME, else the host name]",
 )
-@state_and_threshold_options(
+@shared_bench_options(
+    "per payload, and per pair of a sweep round",
     "the reference (a pair: the run's median over the nodes of each node's best pair; "
-    "the whole job: its NICs' rate)"
+    "the whole job: its NICs' rate)",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (rank 0).")
 @global_options
