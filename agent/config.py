@@ -32,6 +32,8 @@ file prints every default, and checks/config.py is where the checks' are declare
     warn_below = 0.95            # ratio to the node's median GPU and to the baseline, (0, 1]
     fail_below = 0.85
     memory_fraction = 0.4        # of each GPU's free memory, 0.01 to 0.95
+    network_max_age = 259200     # seconds a cross-node sweep's record (network.json) judges
+                                 # the node, 1 hour to 30 days; older: could not determine
 
     [slurm]                      # nodecheck slurm health-check (HealthCheckProgram)
     results_max_age = 300        # seconds the agent's results file may be old, 1 to 86400
@@ -96,6 +98,7 @@ from nodecheck.checks.config import (
     BENCH_DURATION_RANGE_S,
     IDLE_WINDOW_RANGE_S,
     MEMORY_FRACTION_RANGE,
+    NETWORK_MAX_AGE_RANGE_S,
     NVML_TIMEOUT_RANGE_S,
     RATIO_RANGE,
     BenchOptions,
@@ -153,6 +156,7 @@ RESERVED_NODE_LABELS = frozenset(
     | {"gpu", "bus_id", "model", "uuid", "vbios", "driver_version", "dtype", "shape"}
     | {"payload_bytes", "algorithm", "ranks", "xid", "sxid", "action", "kind", "nvlink"}
     | {"bridge", "device", "port", "link_layer", "role", "reason", "cause", "error"}
+    | {"backend", "nodes", "statistic", "peer", "round", "culprit", "confidence"}
 )
 
 
@@ -303,6 +307,7 @@ class BenchmarkSettings:
     warn_below: float = Thresholds.warn  # ratios to the node's median and the baseline
     fail_below: float = Thresholds.fail
     memory_fraction: float = BenchOptions.memory_fraction
+    network_max_age_s: float = BenchOptions.network_max_age_s
 
 
 # nodecheck.service's RuntimeDirectory=nodecheck/agent: the agent's own (DynamicUser) folder
@@ -453,6 +458,7 @@ class AgentConfig:
             duration_s=bench.duration_s,
             idle_window_s=bench.idle_window_s,
             memory_fraction=bench.memory_fraction,
+            network_max_age_s=bench.network_max_age_s,
             thresholds=Thresholds(warn=bench.warn_below, fail=bench.fail_below),
         )
         if self.state_dir is not None:
@@ -542,6 +548,7 @@ class AgentConfig:
             f"warn_below = {bench.warn_below}",
             f"fail_below = {bench.fail_below}",
             f"memory_fraction = {bench.memory_fraction}",
+            f"network_max_age = {bench.network_max_age_s}",
         ]
         slurm = self.slurm
         lines += [
@@ -999,6 +1006,9 @@ def parse_config(text: str, path: Path, known_checks: set[str]) -> AgentConfig:
         fail_below=fail_below,
         memory_fraction=bench.number(
             "memory_fraction", defaults.memory_fraction, *MEMORY_FRACTION_RANGE, unit=""
+        ),
+        network_max_age_s=bench.number(
+            "network_max_age", defaults.network_max_age_s, *NETWORK_MAX_AGE_RANGE_S
         ),
     )
     bench.done()

@@ -64,6 +64,14 @@ BUDGET_RANGE_S = (0.5, 60.0)
 # waits BenchOptions.idle_window_s.
 AGENT_IDLE_WINDOW_S = 60.0
 
+# How old a cross-node sweep's record (network.json) may be and still judge the node: a
+# nightly sweep (README.md's cron line) that found no idle nodes for two nights running
+# is still within it; past it the node's last sweep says nothing of its links now (a cable
+# reseated since, a switch replaced), and the check says so instead of failing on it.
+# The agent's [benchmarks] network_max_age; sweeps run weekly need more than a week.
+NETWORK_MAX_AGE_S = 3 * 86400.0
+NETWORK_MAX_AGE_RANGE_S = (3600.0, 30 * 86400.0)
+
 
 @record
 class Thresholds:
@@ -99,6 +107,8 @@ class BenchOptions:
     baseline_runs: int = 10  # the rolling median's window
     on_progress: Callable[[str, float], None] | None = None
     timeout_s: float | None = None  # the child's deadline; None: child_timeout_s's default
+    # How old the last cross-node sweep's record may be and still judge the node.
+    network_max_age_s: float = NETWORK_MAX_AGE_S
 
     @property
     def child_timeout_s(self) -> float:

@@ -130,6 +130,7 @@ class CheckContext:
                 nvml=self.nvml,
                 kernel_log=self.kernel_log,
                 job_python=self.job_python,
+                state_dir=self.config.bench.state_dir,
             )
             self.facts = LiveFacts(sources, self.shared)
 

@@ -348,3 +348,12 @@ def read_cpu_model_part(sources: NodeSources, facts: FactsSource) -> str:
     from nodecheck.checks.node.cpu import read_cpu_model
 
     return read_cpu_model(sources.fs)
+
+
+@part("network_sweep", lazy_type("network_sweep", "NetworkSweepReading"))
+def read_network_sweep_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """This node's record of the last cross-node sweep (<state dir>/network.json, written
+    by `nodecheck bench network`), or why there is none."""
+    from nodecheck.checks.node.network_sweep import RECORD_FILE, read_network_sweep
+
+    return read_network_sweep(sources.state_directory / RECORD_FILE)

@@ -96,6 +96,10 @@ class NodeSources:
     # The Python the job runs, where the user named it (`tune --python`, exec's command):
     # the `job_versions` part reads its packages. None: only running processes are read.
     job_python: JobPython | None = None
+    # nodecheck's state directory (BenchOptions.state_dir), where the network_sweep part
+    # reads network.json. None, or nodecheck's own default (/var/lib/nodecheck for root):
+    # a path of the node, under the root filesystem (a replica's own); any other as given.
+    state_dir: Path | None = None
 
     def session(self) -> NvmlSession:
         if self.nvml is None:
@@ -107,6 +111,13 @@ class NodeSources:
     @property
     def kernel_log_path(self) -> Path:
         return self.kernel_log if self.kernel_log is not None else self.fs.host("/dev/kmsg")
+
+    @property
+    def state_directory(self) -> Path:
+        from nodecheck.checks.config import default_state_dir, is_default_state_dir
+
+        given = self.state_dir if self.state_dir is not None else default_state_dir()
+        return self.fs.host(str(given)) if is_default_state_dir(given) else given
 
 
 Reader = Callable[[NodeSources, "FactsSource"], Any]

@@ -117,6 +117,7 @@ def test_config_show_on_an_empty_file_prints_the_check_configs_defaults(
     assert benchmarks["warn_below"] == options.thresholds.warn
     assert benchmarks["fail_below"] == options.thresholds.fail
     assert benchmarks["memory_fraction"] == options.memory_fraction
+    assert benchmarks["network_max_age"] == options.network_max_age_s
     assert benchmarks["idle_window"] == AGENT_IDLE_WINDOW_S
 
 

@@ -34,6 +34,7 @@ NUMERIC_KEYS = [
     ("benchmarks", "warn_below", "above 0 and at most 1"),
     ("benchmarks", "fail_below", "above 0 and at most 1"),
     ("benchmarks", "memory_fraction", "from 0.01 to 0.95"),
+    ("benchmarks", "network_max_age", "from 3600 to 2592000 seconds (30 days)"),
 ]
 # TOML literals that are numbers outside every range (TOML has nan and inf).
 OUT_OF_RANGE = ["nan", "+nan", "inf", "-inf", "-1", "99999999999999999999", "1e300"]
