@@ -6,7 +6,6 @@ child; agent/cli/network_view.py renders the report on rank 0.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import replace
@@ -73,7 +72,7 @@ RENDEZVOUS_RANGE_S = (1.0, 3600.0)
     "--node-name",
     default=None,
     metavar="NAME",
-    help="This node's name in the report. [default: SLURMD_NODENAME, else the host name]",
+    help="This node's name in the report. [default: the host name, as the node's agent reads it]",
 )
 @shared_bench_options(
     "per payload, and per pair of a sweep round",
@@ -124,7 +123,7 @@ def network(
         payloads=tuple(size * MIB for size in payload_mib or (DEFAULT_PAYLOAD_MIB[device],)),
         sweep=sweep,
         rendezvous_timeout_s=rendezvous_timeout,
-        node=bench_network.node_name(os.environ, node_name),
+        node=bench_network.node_name(node_name),
     )
     context = CheckContext(fs=fs, nvml=nvml_session(ctx), config=check_config(ctx, bench=options))
     try:

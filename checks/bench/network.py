@@ -66,9 +66,11 @@ class NetworkOutcome:
     error: str | None = None
 
 
-def node_name(env: Mapping[str, str], given: str | None) -> str:
-    """--node-name, else Slurm's name for this node, else the host name."""
-    return given or env.get("SLURMD_NODENAME") or socket.gethostname()
+def node_name(given: str | None) -> str:
+    """--node-name, else the kernel's host name: what the node's agent compares the record
+    with (checks/host/network_sweep.py), which Slurm's NodeName need not be (NodeHostname
+    in slurm.conf)."""
+    return given or socket.gethostname()
 
 
 def rendezvous(env: Mapping[str, str]) -> dict[str, str] | str:

@@ -13,14 +13,20 @@ are set between (--warn-below 0.1, --fail-below 0.05), where a real fabric's def
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from nodecheck.checks.config import default_state_dir
 from nodecheck.checks.rules.network_sweep import pair_rounds
+from tests.conftest import Node
 from tests.fixtures.netns import INSIDE, SimulatedNodes, unavailable
 from tests.fixtures.network_ranks import NODECHECK, RankRun, rank_env, start, wait_all
+from tests.fixtures.nodegen import build_node
+from tests.fixtures.nodes import workstation
 
 pytest.importorskip("torch", reason="torch (the CPU build make test installs)")
 
@@ -53,23 +59,28 @@ def unshaped(nodes: SimulatedNodes) -> Iterator[SimulatedNodes]:
     nodes.clear()
 
 
-def sweep(nodes: SimulatedNodes, state: Path) -> tuple[list[RankRun], dict, list[dict]]:  # type: ignore[type-arg]
-    """One run over the 8 nodes: every rank's exit, rank 0's JSON report, each record."""
+def sweep(
+    nodes: SimulatedNodes, state: Path, state_dirs: dict[int, Path] | None = None
+) -> tuple[list[RankRun], dict, list[dict]]:  # type: ignore[type-arg]
+    """One run over the 8 nodes: every rank's exit, rank 0's JSON report, each record
+    (node i's in `state`/node-i, or in `state_dirs`[i])."""
+    directories = {index: state / f"node-{index}" for index in range(NODES)}
+    directories.update(state_dirs or {})
     processes = []
     for index in range(NODES):
-        (state / f"node-{index}").mkdir(parents=True, exist_ok=True)
+        directories[index].mkdir(parents=True, exist_ok=True)
         argv = [
             *NODECHECK, "bench", "network", "--device", "cpu", "--payload-mib", "1",
             "--duration", "0.1", "--sweep", "always", "--json", "--rendezvous-timeout", "60",
             "--warn-below", "0.1", "--fail-below", "0.05", "--node-name", f"node-{index}",
-            "--state-dir", str(state / f"node-{index}"),
+            "--state-dir", str(directories[index]),
         ]  # fmt: skip
         env = rank_env(index, NODES, nodes.address(0), PORT, GLOO_SOCKET_IFNAME=INSIDE)
         processes.append(start(nodes.command(index, argv, env)))
     runs = wait_all(processes, DEADLINE_S)
     report = json.loads(runs[0].stdout)
     records = [
-        json.loads((state / f"node-{index}" / "network.json").read_text()) for index in range(NODES)
+        json.loads((directories[index] / "network.json").read_text()) for index in range(NODES)
     ]
     return runs, report, records
 
@@ -96,8 +107,15 @@ def test_a_healthy_set_names_nothing(unshaped: SimulatedNodes, tmp_path: Path) -
 
 
 def test_a_slow_node_is_named(unshaped: SimulatedNodes, tmp_path: Path) -> None:
+    # node-5 is also a replica node of that name, its record written where its agent reads
+    # it (the default state directory under its root), and judged there by its agent's
+    # check after the sweep: the record as the sweep writes it, not a literal one.
+    spec = workstation(with_gpu=False)
+    spec.hostname = "node-5"
+    replica = Node(build_node(spec, tmp_path / "node-5-root"))
+    agent_state = replica.fs.host(str(default_state_dir()))
     unshaped.slow_node(5, SLOW_RATE)
-    runs, report, records = sweep(unshaped, tmp_path)
+    runs, report, records = sweep(unshaped, tmp_path, {5: agent_state})
     assert [run.code for run in runs] == [1] * NODES, [run.stderr for run in runs]
     named = {node: v for node, v in verdicts(report).items() if v != ("none", None)}
     assert named == {"node-5": ("node", None)}, report["results"]
@@ -111,6 +129,15 @@ def test_a_slow_node_is_named(unshaped: SimulatedNodes, tmp_path: Path) -> None:
     for record in records[:5] + records[6:]:
         assert record["verdict"]["culprit"] == "none"
         assert all(pair["peer"] == "node-5" for pair in record["pairs"] if pair["slow"])
+    judged = subprocess.run(
+        [*NODECHECK, *replica.cli_args, "check", "--only", "network_sweep", "--json"],
+        capture_output=True, text=True, env={**replica.env, "PATH": os.environ["PATH"]},
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert judged.returncode == 1, judged.stderr
+    [result] = json.loads(judged.stdout)["results"]
+    assert result["status"] == "fail" and result["class"] == "gpu-performance"
+    assert "node-5" in result["summary"], result
 
 
 def test_a_slow_link_is_told_apart_from_a_slow_node(

@@ -3,7 +3,7 @@
 Four tasks on the one node of the test cluster (--overcommit: it has two CPUs), gloo:
 srun starts the ranks (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), each task finds the
 rendezvous itself (the step's first node by `scontrol show hostnames`, a port from the
-job and step ids), the four share one node name (SLURMD_NODENAME), and rank 0 alone
+job and step ids), the four share one node name (the host name), and rank 0 alone
 prints the report.
 """
 
