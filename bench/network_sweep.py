@@ -8,7 +8,10 @@ payload.
 one node's veth held to 50 Mbit/s by tbf. Each run reports, from rank 0's report, the
 whole-job all_reduce's wall time (warm-up and timed iterations) and the sweep's (its pair
 groups created, then its rounds), and the rounds it took: the sweep's overhead is its wall
-time over the whole job's. Needs root and iproute2.
+time over the whole job's. Every measurement runs for `--duration` (as the node
+benchmarks, time-bounded), so a sweep takes about its rounds times that, plus its pair
+groups' creation and each round's gathering: the rows say how much those add, and how
+many rounds each case took. Needs root and iproute2.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ SLOW_RATE = "50mbit"
 
 
 def one_run(nodes: SimulatedNodes, payload_mib: int, duration: float) -> dict:  # type: ignore[type-arg]
-    state = Path(tempfile.mkdtemp(prefix="nodecheck-sweep-bench-"))
+    with tempfile.TemporaryDirectory(prefix="nodecheck-sweep-bench-") as directory:
+        return _run_in(nodes, payload_mib, duration, Path(directory))
+
+
+def _run_in(nodes: SimulatedNodes, payload_mib: int, duration: float, state: Path) -> dict:  # type: ignore[type-arg]
     processes = []
     for index in range(NODES):
         (state / str(index)).mkdir()

@@ -7,7 +7,6 @@ child; agent/cli/network_view.py renders the report on rank 0.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -107,7 +106,6 @@ def network(
         fail_usage("--fail-below must not be above --warn-below")
     from nodecheck.agent.cli.network_view import render_json, render_table
     from nodecheck.checks.bench import network as bench_network
-    from nodecheck.checks.config import is_default_state_dir
     from nodecheck.checks.context import CheckContext
 
     fs = node_fs(ctx)
@@ -130,26 +128,16 @@ def network(
         outcome = bench_network.run_network(context, options, run)
     finally:
         context.nvml.close()
-    if outcome.report is None:
-        from nodecheck.checks.printable import printable
+    from nodecheck.checks.printable import printable
 
+    if outcome.report is None:
         click.echo(printable(f"nodecheck bench network: {run.node}: {outcome.error}"), err=True)
         ctx.exit(bench_network.EXIT_UNMEASURED)
     report = outcome.report
-    if outcome.lowest_on_node:
-        try:
-            if is_default_state_dir(options.state_dir):
-                options.state_dir.mkdir(parents=True, exist_ok=True)
-            bench_network.write_record(
-                options.state_dir, bench_network.node_record(report, run.node, time.time())
-            )
-        except OSError as err:
-            click.echo(
-                f"nodecheck bench network: {run.node}: cannot write its record in "
-                f"{options.state_dir}: {err.strerror or err}",
-                err=True,
-            )
+    if outcome.record_error is not None:
+        line = f"nodecheck bench network: {run.node}: {outcome.record_error}"
+        click.echo(printable(line), err=True)
     if outcome.rank == 0:
         click.echo(render_json(report) if as_json else render_table(report), nl=False)
     sys.stdout.flush()
-    ctx.exit(bench_network.exit_status(report))
+    ctx.exit(bench_network.exit_status(report, outcome.rank))

@@ -9,26 +9,23 @@ starts the torch child (`python -m nodecheck.checks.bench.child`, child/network.
 under a deadline with all of that in its spec. The ranks share every node's verdict
 before measuring, so a refused node stops them all.
 
-The child's report comes back the same on every rank; `node_record` is one node's part
-of it, written atomically to `<state dir>/network.json` by the node's lowest rank. A run
-that could not measure writes nothing: the previous record ages.
+The child's report comes back the same on every rank; the child's lowest rank on each
+node has written that node's part of it (network_record.py) before the ranks' last
+barrier. A run that could not measure writes nothing: the previous record ages.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from nodecheck.checks.bench.child_runner import run_child
 from nodecheck.checks.bench.gate import check_gate
-from nodecheck.checks.config import BenchOptions
+from nodecheck.checks.config import BenchOptions, is_default_state_dir
 from nodecheck.checks.context import CheckContext
-from nodecheck.checks.node.fs import write_atomically
 from nodecheck.checks.node.gpu import read_gpu_activity
 from nodecheck.checks.node.nic_roles import NicRole, nic_facts, nic_roles
 from nodecheck.checks.node.numa import read_memory_available
@@ -36,8 +33,6 @@ from nodecheck.checks.node.nvml import NvmlHungError, NvmlUnavailableError
 from nodecheck.checks.record import record
 from nodecheck.checks.rules.network_sweep import MAX_ROUNDS
 
-RECORD_NAME = "network.json"
-RECORD_VERSION = 1
 EXIT_OK, EXIT_SLOW, EXIT_UNMEASURED = 0, 1, 2
 # torch's import, and the slack a loaded machine needs around the measured time.
 STARTUP_S = 120.0
@@ -62,7 +57,7 @@ class NetworkOutcome:
 
     report: dict[str, Any] | None
     rank: int | None = None
-    lowest_on_node: bool = False
+    record_error: str | None = None  # this node's record could not be written: why
     error: str | None = None
 
 
@@ -92,8 +87,16 @@ def rendezvous(env: Mapping[str, str]) -> dict[str, str] | str:
                 timeout=SCONTROL_TIMEOUT_S,
                 check=True,
             ).stdout.split()
-        except (OSError, subprocess.SubprocessError) as err:
-            return f"cannot name the first node of the step (scontrol show hostnames): {err}"
+        except subprocess.CalledProcessError as err:
+            # Its text would hold the command, and so the node list's value.
+            return f"scontrol show hostnames failed (exit status {err.returncode}): set MASTER_ADDR"
+        except subprocess.TimeoutExpired:
+            return (
+                f"scontrol show hostnames gave no answer within {SCONTROL_TIMEOUT_S:g} s: "
+                "set MASTER_ADDR"
+            )
+        except OSError as err:
+            return f"cannot run scontrol ({err.strerror or type(err).__name__}): set MASTER_ADDR"
         if not listed:
             return "scontrol show hostnames named no node: set MASTER_ADDR"
         found["MASTER_ADDR"] = listed[0]
@@ -162,6 +165,11 @@ def child_spec(ctx: CheckContext, options: BenchOptions, run: NetworkRun) -> dic
         ),
         "warn_below": options.thresholds.warn,
         "fail_below": options.thresholds.fail,
+        # Where the node's lowest rank writes its record, inside the child, before the
+        # ranks' last barrier: no rank exits (and no launcher kills the rest) before
+        # every node's record is written.
+        "state_dir": str(options.state_dir),
+        "create_state_dir": is_default_state_dir(options.state_dir),
     }
 
 
@@ -197,7 +205,7 @@ def run_network(ctx: CheckContext, options: BenchOptions, run: NetworkRun) -> Ne
             line = f"no result within {child_deadline(options, run):.0f} s: {line}"
         return NetworkOutcome(None, error=line)
     result = outcome.result
-    return NetworkOutcome(result["report"], result["rank"], result["lowest_on_node"])
+    return NetworkOutcome(result["report"], result["rank"], result.get("record_error"))
 
 
 def whole_job_verdict(report: Mapping[str, Any]) -> str:
@@ -210,44 +218,11 @@ def whole_job_verdict(report: Mapping[str, Any]) -> str:
     return "fail" if ratio < thresholds["fail"] else "warn" if ratio < thresholds["warn"] else "ok"
 
 
-def exit_status(report: Mapping[str, Any]) -> int:
-    """0: measured and nothing slow; 1: a node, a link or the whole job is slow."""
+def exit_status(report: Mapping[str, Any], rank: int | None) -> int:
+    """Rank 0's: 0 measured and nothing slow, 1 a node, a link or the whole job slow.
+    Every other rank that measured exits 0: torchrun, and srun --kill-on-bad-exit, stop
+    the other ranks as soon as one exits otherwise, which would cut rank 0's report."""
+    if rank != 0:
+        return EXIT_OK
     slow = any(v["status"] != "ok" for v in report["verdicts"])
     return EXIT_SLOW if slow or whole_job_verdict(report) != "ok" else EXIT_OK
-
-
-def node_record(report: Mapping[str, Any], node: str, finished_at: float) -> dict[str, Any]:
-    """One node's record (version 1): the run's figures, its pairs, its verdict."""
-    verdict = next(v for v in report["verdicts"] if v["node"] == node)
-    pairs = [
-        {
-            "peer": pair["second"] if pair["first"] == node else pair["first"],
-            "round": pair["round"],
-            "busbw_bytes_per_second": pair["busbw_bytes_per_second"],
-            "slow": pair["slow"],
-        }
-        for pair in report["pairs"]
-        if node in (pair["first"], pair["second"])
-    ]
-    return {
-        "version": RECORD_VERSION,
-        "node": node,
-        "finished_at": finished_at,
-        "backend": report["backend"],
-        "payload_bytes": report["payload_bytes"],
-        "nodes": len(report["nodes"]),
-        "ranks": report["ranks"],
-        "whole_job": report["whole_job"],
-        "expected_bytes_per_second": report["expected_bytes_per_second"],
-        "expected_source": report["expected_source"],
-        "pairs": pairs,
-        "verdict": {key: verdict[key] for key in ("status", "culprit", "peer", "confidence")}
-        | {"message": verdict["message"]},
-    }
-
-
-def write_record(state_dir: Path, record_document: Mapping[str, Any]) -> Path:
-    """`<state dir>/network.json`, replaced whole (checks/node/fs.write_atomically)."""
-    path = state_dir / RECORD_NAME
-    write_atomically(path, json.dumps(record_document, indent=1) + "\n", mode=0o644)
-    return path

@@ -11,18 +11,23 @@ alert rules act on it as on every other finding: a slow node or link is a GPU pe
 fault (a collective job spanning it runs at its pace), which takes the node out of service
 unless `[remediation] performance = false`.
 
-It fails the node only for what the record lays at this node: its verdict `fail`, the
-culprit this node or one of its links, with high confidence. A whole job that was slow with
-no node or link named, or a verdict of low confidence (two nodes alone cannot tell a slow
-node from a slow link), warns: draining on it would drain healthy nodes. A slow link named
-with high confidence asks for the cable, transceivers and switch ports to be inspected.
+It fails the node only for what the record lays at this node with high confidence: its
+verdict `fail`, the culprit this node, measured over NCCL (the GPUs' rails). Everything
+else warns: a whole job that was slow with no node or link named, a verdict of low
+confidence (a node slow with too few partners that were fast elsewhere; every slow link,
+measured once: checks/rules/network_sweep.py), and a gloo sweep (the host's sockets, not
+the GPUs' rails): draining on them would drain healthy nodes. A slow link asks for the
+cable, transceivers and switch ports to be inspected.
 
 A record is evidence of its time: older than `[benchmarks] network_max_age` (3 days), or
-dated in the future, it judges nothing (`error`: could not determine), and its measured
-rates are exported with their timestamp so that a fleet sees them age, but not its verdict
-(as the benchmarks' last measurements, checks/bench/driver.py). A record that names another
-node (a state directory shared between nodes, a file copied over) is refused, never read as
-this node's.
+dated in the future, it judges nothing (`skip`, naming why: sweeps that stopped must not
+flag or drain a fleet, and a drain set on a record lifts once the record is no longer
+evidence), and its measured rates are exported with their timestamp so that a fleet sees
+them age, but not its verdict (as the benchmarks' last measurements,
+checks/bench/driver.py). A record that names another node (a state directory shared
+between nodes, a file copied with a node's image) is refused, `skip`, never read as this
+node's. A record an operator removes judges nothing either: after a repair that needs no
+new sweep, or to return a node that a record keeps draining.
 """
 
 from __future__ import annotations
@@ -195,6 +200,15 @@ def _judged(sweep: NetworkSweep) -> tuple[Status, str, str, Action | None]:
         return Status.WARN, "", remedy, None
     if verdict.confidence == "low":
         return Status.WARN, "low confidence: not failing the node on it", remedy, None
+    if sweep.backend != "nccl":
+        # gloo over sockets measured the interface the host's sockets use and its CPUs,
+        # not the GPUs' compute rails: worth a look, never a drain of a GPU node.
+        return (
+            Status.WARN,
+            f"measured over {sweep.backend}: not failing the node on it",
+            remedy,
+            None,
+        )
     return Status.FAIL, "", remedy, action
 
 
@@ -276,8 +290,10 @@ def check_network_sweep(ctx: CheckContext) -> Iterator[Result]:
         )
         return
     if not _same_node(sweep.node, here):
+        # Skip, not error: a record copied with a node's image, or a state directory
+        # shared between nodes, says nothing of this node, and is no fault of it.
         yield Result(
-            Status.ERROR,
+            Status.SKIP,
             NODE,
             f"{reading.path} is the record of node {sweep.node}, not of this node ({here}): "
             "refused",
@@ -302,7 +318,7 @@ def check_network_sweep(ctx: CheckContext) -> Iterator[Result]:
     measured = _rates(sweep)
     if age < -FUTURE_SLACK_S:
         yield Result(
-            Status.ERROR,
+            Status.SKIP,
             NODE,
             f"the last sweep's record is dated {_age(-age)} in the future: its age, and so "
             "whether it still holds, cannot be told",
@@ -312,8 +328,11 @@ def check_network_sweep(ctx: CheckContext) -> Iterator[Result]:
         )
         return
     if age > max_age:
+        # Skip, not error: sweeps that stopped (or a node drained, which the sweep's
+        # batch job cannot be given) must not flag or drain the fleet, and a drain set on
+        # the record lifts once it is no longer evidence.
         yield Result(
-            Status.ERROR,
+            Status.SKIP,
             NODE,
             f"the last sweep is {_age(age)} old, past network_max_age ({_age(max_age)}): "
             f"no longer judged (it said: {sweep.verdict.status}, {sweep.verdict.message})",

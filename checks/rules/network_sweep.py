@@ -4,7 +4,7 @@
 that figure is below what the nodes should reach) splits the nodes into pairs, a round
 at a time: every pair of a round runs at once, each pair in its own process group, and
 the next round pairs each node with someone new (`pair_rounds`, the circle method of a
-round-robin tournament: node 0 stays, the others rotate one place).
+round-robin tournament, round 1 pairing neighbours in the job's order).
 
 How a culprit shows:
 - a slow node (a NIC trained low, a bad PCIe link, a busy CPU) is slow with *every*
@@ -14,28 +14,29 @@ How a culprit shows:
 
 A pair's figure is judged against the run's own reference: the median, over the nodes,
 of each node's best pair. A node's best pair is as fast as that node goes with a healthy
-partner, so while fewer than half the nodes are slow, the median of those is a healthy
-figure, whatever the slow ones did to their partners. A pair below `warn` x that
-reference is slow.
+partner, so while few nodes are slow, the median of those is a healthy figure, whatever
+the slow ones did to their partners. Round 1 alone can mislead it (a slow node's partner
+has only that slow pair), so the sweep never stops before MIN_ROUNDS. A pair below
+`warn` x that reference is slow.
 
-How many rounds: with k slow nodes among N, a healthy node is sure to have met a healthy
-partner after k + 1 rounds (its k + 1 partners are all different and at most k of them
-are slow), and every slow node is then slow with k + 1 partners. So one slow node needs
-2 rounds (round 1 shows a slow pair, not which end; round 2 pairs each end with someone
-new and only the slow one stays slow), two slow nodes need 3 (2 when no node happened to
-meet both), at most N - 1 for an even N. An odd N gives one node a bye each round, so a
-node may need one round more, and no verdict is sure before every node has had a
-partner. A node slow with every partner is named; a slow pair neither of whose ends is
-named is the link between them.
+What a verdict rests on, and so how sure it is: a node is named slow when every pair it
+was in is slow; its verdict is "high" only when CONFIRMING_PARTNERS of those partners were
+*known good*, fast with some other partner. One pair's figure is one measurement, and a
+healthy node can be unlucky once (a noisy pair, a busy switch port, a partner across a
+slower part of the fabric); three partners that are each fast elsewhere can hardly all
+be. A slow link is one pair, measured once (the schedule never repeats a pair), so a link
+is never "high": it is worth a look, never a drain. Neither is a whole job below what its
+NICs should reach with nobody named: every node's verdict is then a low-confidence warn.
+The node's agent fails a node only on a "high" verdict (checks/host/network_sweep.py).
 
-The confidence rule: a healthy node can be named only if every partner it had was a slow
-node; those are named too (a slow node is slow with everyone), so such a false name
-needs at least m + 1 named nodes for a node with m partners. The verdict is "high" when
-every named node had at least as many partners as there are named nodes (no false name
-is then possible), and the sweep stops as soon as that holds; otherwise it runs the
-rounds it planned (`planned_rounds`: 3, enough for two slow nodes, fewer when N is
-small) and says "low". Links are only seen among the pairs measured: N/2 of the
-N(N-1)/2 links each round.
+How many rounds: a slow node needs CONFIRMING_PARTNERS (3) known-good partners, so one
+slow node among N needs 3 rounds (all its partners are healthy, and each of them is fast
+with its other partners). With k slow nodes, up to k - 1 of a slow node's partners may
+be slow ones, so it needs up to k + 2 rounds: 4 for two slow nodes (3 when they never
+met). MAX_ROUNDS is 4: enough for two. A node with fewer partners than that (N of 3, an
+odd N's byes) is named with low confidence. A healthy set stops after MIN_ROUNDS (2),
+with no slow pair. Links are only seen among the pairs measured: N/2 of the N(N-1)/2 links
+each round.
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ from collections.abc import Sequence
 
 from nodecheck.checks.record import record
 
-# Enough rounds for two slow nodes among an even number (see the docstring): every
+# Enough rounds to name two slow nodes with high confidence (see the docstring): every
 # rank creates every pair group of every planned round up front, as torch requires.
-MAX_ROUNDS = 3
+MAX_ROUNDS = 4
+# Round 1 alone can take a slow node's partner for the reference (see the docstring).
+MIN_ROUNDS = 2
+# Known-good partners a node must be slow with for a "high" verdict.
+CONFIRMING_PARTNERS = 3
 
 
 @record
@@ -134,21 +139,33 @@ def planned_rounds(nodes: int) -> int:
 
 
 def pair_rounds(nodes: int, rounds: int) -> list[list[tuple[int, int]]]:
-    """`rounds` rounds of disjoint pairs of node indices, no pair repeated (circle
-    method: index 0 fixed, the rest rotated one place per round; an odd count gets a
-    bye, so one node sits each round out)."""
+    """`rounds` rounds of disjoint pairs of node indices, no pair repeated: the circle
+    method (one seat fixed, the rest rotated one place per round; an odd count gets a
+    bye, so one node sits each round out), its seats filled so that round 1 pairs
+    neighbours, (0, 1), (2, 3), ...
+
+    Neighbours first: a job's nodes come in the order of their names, which usually
+    follows racks and leaf switches, and a partner across a slower part of the fabric is
+    no fault of the node. A node slow with its neighbour as well as with far partners is
+    slow wherever it is; one that is slow only with far partners never is with all."""
     if nodes < 2:
         return []
-    seats = list(range(nodes)) + ([-1] if nodes % 2 else [])
-    half = len(seats) // 2
+    count = nodes + nodes % 2  # an odd count's bye is one more seat, -1
+    # Seat i faces seat count-1-i in round 1: seats 0, count-1 hold nodes 0 and 1, seats
+    # 1, count-2 nodes 2 and 3, and so on.
+    seats = [0] * count
+    for i in range(count // 2):
+        seats[i], seats[count - 1 - i] = 2 * i, 2 * i + 1
+    seats = [seat if seat < nodes else -1 for seat in seats]
+    half = count // 2
     schedule = []
-    for _ in range(min(rounds, len(seats) - 1)):
+    for _ in range(min(rounds, count - 1)):
         pairs = []
         for i in range(half):
-            first, second = seats[i], seats[len(seats) - 1 - i]
+            first, second = seats[i], seats[count - 1 - i]
             if first >= 0 and second >= 0:
                 pairs.append((min(first, second), max(first, second)))
-        schedule.append(pairs)
+        schedule.append(sorted(pairs))
         seats = [seats[0], seats[-1], *seats[1:-1]]
     return schedule
 
@@ -158,9 +175,15 @@ def _gbps(value: float) -> str:
 
 
 def localise(
-    nodes: Sequence[str], pairs: Sequence[PairFigure], warn: float, fail: float
+    nodes: Sequence[str],
+    pairs: Sequence[PairFigure],
+    warn: float,
+    fail: float,
+    whole_job_shortfall: str | None = None,
 ) -> Localisation:
-    """Name the slow nodes and links from the pairs measured so far (see the docstring)."""
+    """Name the slow nodes and links from the pairs measured so far (see the docstring).
+    `whole_job_shortfall`: why the whole job was below expectation, if it was (the sweep
+    then says so of every node when it names nobody)."""
     best: dict[str, float] = {}
     partners: dict[str, list[PairFigure]] = {node: [] for node in nodes}
     for pair in pairs:
@@ -169,6 +192,7 @@ def localise(
             best[end] = max(best.get(end, 0.0), pair.busbw)
     reference = statistics.median(best.values()) if best else 0.0
     slow = tuple(pair for pair in pairs if pair.busbw < warn * reference)
+    known_good = {node for node in nodes if best.get(node, 0.0) >= warn * reference > 0}
     slow_nodes = tuple(
         node
         for node in nodes
@@ -180,46 +204,75 @@ def localise(
         for pair in slow
         if pair.first not in named and pair.second not in named
     )
-    # Sure only once every node has met someone (an odd count's bye leaves one out of a
-    # round), and no name can be false (the docstring's rule).
-    confident = all(partners[node] for node in nodes) and all(
-        len(partners[node]) >= len(named) for node in named
+
+    def confirmed_by(node: str) -> int:
+        """The known-good partners `node` was slow with."""
+        return len({_other(pair, node) for pair in partners[node]} & known_good)
+
+    sure = {node: confirmed_by(node) >= CONFIRMING_PARTNERS for node in slow_nodes}
+    # Sure only once every node has met MIN_ROUNDS partners (an odd count's bye leaves one
+    # out of a round), every name is confirmed, and no link is left to explain.
+    confident = (
+        all(len(partners[node]) >= MIN_ROUNDS for node in nodes)
+        and all(sure.values())
+        and not links
     )
-    confidence = "high" if confident else "low"
 
     def status(value: float) -> str:
         return "fail" if value < fail * reference else "warn"
 
+    unexplained = whole_job_shortfall is not None and not named and not links
     verdicts = []
     for node in nodes:
         own = partners[node]
         if node in named:
             top = best[node]
+            confirmed = confirmed_by(node)
             verdicts.append(
                 NodeVerdict(
                     node,
                     status(top),
                     "node",
                     None,
-                    confidence,
-                    f"{node} is slow with every partner ({len(own)}): {_gbps(top)} at best, "
-                    f"{top / reference:.2f}x the run's {_gbps(reference)}",
+                    "high" if sure[node] else "low",
+                    f"{node} is slow with every partner ({len(own)}, {confirmed} of them fast "
+                    f"with others): {_gbps(top)} at best, {top / reference:.2f}x the run's "
+                    f"{_gbps(reference)}",
                 )
             )
             continue
-        link = next((pair for pair in slow if node in (pair.first, pair.second)), None)
-        if link is not None and (link.first, link.second) in links:
-            peer = link.second if link.first == node else link.first
+        link = next(
+            (
+                pair
+                for pair in slow
+                if node in (pair.first, pair.second) and (pair.first, pair.second) in links
+            ),
+            None,
+        )
+        if link is not None:
+            peer = _other(link, node)
             verdicts.append(
                 NodeVerdict(
                     node,
                     status(link.busbw),
                     "link",
                     peer,
-                    "high",
+                    "low",  # one measurement: the schedule never repeats a pair
                     f"the link {node} <-> {peer} is slow: {_gbps(link.busbw)}, "
-                    f"{link.busbw / reference:.2f}x the run's {_gbps(reference)}; both ends "
-                    "are fast with other partners",
+                    f"{link.busbw / reference:.2f}x the run's {_gbps(reference)}, in one "
+                    "measurement; both ends are fast with other partners",
+                )
+            )
+            continue
+        if unexplained:
+            verdicts.append(
+                NodeVerdict(
+                    node,
+                    "warn",
+                    "none",
+                    None,
+                    "low",
+                    f"{whole_job_shortfall}, and the pairs name no node or link",
                 )
             )
             continue
@@ -232,7 +285,7 @@ def localise(
                 "ok",
                 "none",
                 None,
-                confidence,
+                "high" if len(own) >= MIN_ROUNDS else "low",
                 f"{node}: {_gbps(best[node])} at best with {len(own)} partner(s), "
                 f"{best[node] / reference:.2f}x the run's {_gbps(reference)}",
             )
@@ -240,9 +293,16 @@ def localise(
     return Localisation(reference, slow, slow_nodes, links, confident, tuple(verdicts))
 
 
+def _other(pair: PairFigure, node: str) -> str:
+    return pair.second if pair.first == node else pair.first
+
+
 def sweep_is_done(localisation: Localisation, rounds_run: int, planned: int) -> bool:
-    """Stop once the verdict is sure (the confidence rule), or the planned rounds are run."""
-    return localisation.confident or rounds_run >= planned
+    """Stop once the verdict is sure (the confidence rule) and MIN_ROUNDS are run, or the
+    planned rounds are run."""
+    if rounds_run >= planned:
+        return True
+    return rounds_run >= MIN_ROUNDS and localisation.confident
 
 
 def should_sweep(

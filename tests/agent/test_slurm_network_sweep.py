@@ -59,10 +59,10 @@ def test_a_healthy_sweep_changes_nothing(dgx: Node, tmp_path: Path) -> None:
     assert slurm.updates() == []
 
 
-def test_a_stale_record_drains_nothing_and_says_it_cannot_tell(dgx: Node, tmp_path: Path) -> None:
+def test_a_stale_record_drains_nothing_and_flags_nothing(dgx: Node, tmp_path: Path) -> None:
     old = record(SLOW_NODE, finished_at=time.time() - 4 * 86400)
     done, line, slurm = health_check_on(dgx, tmp_path, old)
-    assert done.returncode == 3, done.stderr  # could not determine
-    assert "action=nothing" in line
-    assert "1 undetermined, first network_sweep node: the last sweep is 4.0 days old" in line
+    # Sweeps that stopped must not drain a fleet (nor, as errors, with drain_on_error).
+    assert done.returncode == 0, done.stderr
+    assert "action=nothing" in line and "in service, nothing to do" in line
     assert slurm.updates() == []

@@ -95,7 +95,7 @@ def test_a_healthy_set_names_nothing(unshaped: SimulatedNodes, tmp_path: Path) -
     assert all(not run.stdout for run in runs[1:])  # only rank 0 reports
     assert report["status"] == "ok" and report["ranks"] == NODES
     assert set(verdicts(report).values()) == {("none", None)}
-    assert report["sweep"]["rounds_run"] == 1 and report["sweep"]["confident"]
+    assert report["sweep"]["rounds_run"] == 2 and report["sweep"]["confident"]  # MIN_ROUNDS
     assert report["expected_source"] == "the run's median pair"
     assert "no NIC rate" in report["expected_note"]
     whole = report["whole_job"]
@@ -103,7 +103,7 @@ def test_a_healthy_set_names_nothing(unshaped: SimulatedNodes, tmp_path: Path) -
     assert whole["busbw_median"] <= whole["busbw_p90"]
     assert [record["node"] for record in records] == [f"node-{i}" for i in range(NODES)]
     assert all(record["verdict"]["status"] == "ok" for record in records)
-    assert all(len(record["pairs"]) == 1 for record in records)
+    assert all(len(record["pairs"]) == 2 for record in records)
 
 
 def test_a_slow_node_is_named(unshaped: SimulatedNodes, tmp_path: Path) -> None:
@@ -116,10 +116,11 @@ def test_a_slow_node_is_named(unshaped: SimulatedNodes, tmp_path: Path) -> None:
     agent_state = replica.fs.host(str(default_state_dir()))
     unshaped.slow_node(5, SLOW_RATE)
     runs, report, records = sweep(unshaped, tmp_path, {5: agent_state})
-    assert [run.code for run in runs] == [1] * NODES, [run.stderr for run in runs]
+    # Rank 0 says something is slow; the others measured (their records written).
+    assert [run.code for run in runs] == [1] + [0] * (NODES - 1), [run.stderr for run in runs]
     named = {node: v for node, v in verdicts(report).items() if v != ("none", None)}
     assert named == {"node-5": ("node", None)}, report["results"]
-    assert report["sweep"]["confident"] and report["sweep"]["rounds_run"] >= 2
+    assert report["sweep"]["confident"] and report["sweep"]["rounds_run"] >= 3
     slow = records[5]
     assert slow["verdict"]["culprit"] == "node" and slow["verdict"]["status"] == "fail"
     assert slow["verdict"]["confidence"] == "high"
@@ -134,24 +135,31 @@ def test_a_slow_node_is_named(unshaped: SimulatedNodes, tmp_path: Path) -> None:
         capture_output=True, text=True, env={**replica.env, "PATH": os.environ["PATH"]},
         timeout=120, check=False,
     )  # fmt: skip
-    assert judged.returncode == 1, judged.stderr
+    # Named with high confidence, but over gloo (sockets, not the GPUs' rails): a warning
+    # of the GPU-performance class, never a failure that drains (exit 0).
+    assert judged.returncode == 0, judged.stderr
     [result] = json.loads(judged.stdout)["results"]
-    assert result["status"] == "fail" and result["class"] == "gpu-performance"
+    assert result["status"] == "warn" and result["class"] == "gpu-performance"
     assert "node-5" in result["summary"], result
+    assert "measured over gloo: not failing the node on it" in result["summary"]
 
 
 def test_a_slow_link_is_told_apart_from_a_slow_node(
     unshaped: SimulatedNodes, tmp_path: Path
 ) -> None:
-    first, second = pair_rounds(NODES, 1)[0][1]  # node-1 and node-6 meet in round 1
+    first, second = pair_rounds(NODES, 1)[0][1]  # node-2 and node-3 meet in round 1
     unshaped.slow_link(first, second, SLOW_RATE)
     runs, report, records = sweep(unshaped, tmp_path)
-    assert [run.code for run in runs] == [1] * NODES, [run.stderr for run in runs]
+    # Rank 0 says something is slow; the others measured (their records written).
+    assert [run.code for run in runs] == [1] + [0] * (NODES - 1), [run.stderr for run in runs]
     named = {node: v for node, v in verdicts(report).items() if v != ("none", None)}
     assert named == {
         f"node-{first}": ("link", f"node-{second}"),
         f"node-{second}": ("link", f"node-{first}"),
     }, report["results"]
     assert records[first]["verdict"]["culprit"] == "link"
+    assert records[first]["verdict"]["confidence"] == "low"  # one measurement
     assert records[first]["verdict"]["peer"] == f"node-{second}"
-    assert "the link node-1 <-> node-6 is slow" in records[first]["verdict"]["message"]
+    assert (
+        f"the link node-{first} <-> node-{second} is slow" in records[first]["verdict"]["message"]
+    )

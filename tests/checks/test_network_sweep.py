@@ -23,9 +23,9 @@ from tests.conftest import CLEAN_ENVIRON, Node
 
 HOST = "dgx-h100-01"  # the healthy replica's host name
 
-# A node named slow in an 8-node gloo sweep, its pairs 0.31 GB/s against 1.1 GB/s.
+# A node named slow in an 8-node NCCL sweep, its pairs 0.31 GB/s against 1.1 GB/s.
 SLOW_NODE = """{"version": 1, "node": "%(node)s", "finished_at": %(finished_at)s,
- "backend": "gloo", "payload_bytes": 67108864, "nodes": 8, "ranks": 8,
+ "backend": "nccl", "payload_bytes": 67108864, "nodes": 8, "ranks": 8,
  "whole_job": {"busbw_median": 3.1e8, "busbw_min": 2.9e8, "busbw_p10": 3.0e8,
                "busbw_p90": 3.2e8, "cv": 0.04},
  "expected_bytes_per_second": 1.1e9, "expected_source": "the run's median pair",
@@ -104,7 +104,7 @@ def test_a_node_named_slow_fails_as_a_performance_finding(dgx: Node, tmp_path: P
     }
     assert busbw == {"median": 3.1e8, "min": 2.9e8, "p10": 3.0e8, "p90": 3.2e8}
     [(labels, _)] = found["nodecheck_bench_network_variation_ratio"]
-    assert labels == {"backend": "gloo", "payload_bytes": "67108864", "nodes": "8", "ranks": "8"}
+    assert labels == {"backend": "nccl", "payload_bytes": "67108864", "nodes": "8", "ranks": "8"}
     assert found["nodecheck_bench_network_expected_bus_bandwidth_bytes_per_second"][0][1] == 1.1e9
     pairs = found["nodecheck_bench_network_pair_bus_bandwidth_bytes_per_second"]
     assert [(labels["peer"], labels["round"], value) for labels, value in pairs] == [
@@ -185,7 +185,7 @@ def test_the_default_state_directory_is_the_nodes_own(
         ("[1, 2]", "not a JSON object"),
         ('{"version": "1"}', "no integer 'version'"),
         ('{"version": 0}', "version 0 is no version"),
-        (record(SLOW_NODE).replace('"backend": "gloo", ', ""), "no 'backend'"),
+        (record(SLOW_NODE).replace('"backend": "nccl", ', ""), "no 'backend'"),
         (record(SLOW_NODE).replace('"cv": 0.04', '"cv": "low"'), "whole_job.cv: expected a number"),
         (record(SLOW_NODE).replace('"busbw_p90": 3.2e8', '"busbw_p90": NaN'), "NaN"),
         (record(SLOW_NODE).replace('3.1e8, "slow"', '-3.1e8, "slow"'), "pairs[0]"),
@@ -235,10 +235,18 @@ def test_an_unreadable_record_names_why(dgx: Node, tmp_path: Path) -> None:
 
 def test_another_nodes_record_is_refused(dgx: Node, tmp_path: Path) -> None:
     result = judge(dgx, tmp_path, record(SLOW_NODE, node="dgx-h100-02"))
-    assert result.status is Status.ERROR
+    assert result.status is Status.SKIP
     assert result.details["cause"] == "another_node"
     assert "record of node dgx-h100-02, not of this node (dgx-h100-01): refused" in result.summary
     assert result.samples == ()  # none of its figures is this node's
+
+
+def test_a_gloo_sweep_warns_and_never_fails(dgx: Node, tmp_path: Path) -> None:
+    """gloo measured the host's sockets and CPUs, not the GPUs' rails."""
+    text = record(SLOW_NODE).replace('"backend": "nccl"', '"backend": "gloo"')
+    result = judge(dgx, tmp_path, text)
+    assert result.status is Status.WARN
+    assert "measured over gloo: not failing the node on it" in result.summary
 
 
 def test_the_slurm_node_name_of_the_host_is_this_node(dgx: Node, tmp_path: Path) -> None:
@@ -250,7 +258,7 @@ def test_the_slurm_node_name_of_the_host_is_this_node(dgx: Node, tmp_path: Path)
 def test_an_old_record_judges_nothing_but_its_rates_age(dgx: Node, tmp_path: Path) -> None:
     four_days = time.time() - 4 * 86400
     result = judge(dgx, tmp_path, record(SLOW_NODE, finished_at=four_days))
-    assert result.status is Status.ERROR
+    assert result.status is Status.SKIP
     assert result.details["cause"] == "stale"
     assert "the last sweep is 4.0 days old, past network_max_age (3.0 days)" in result.summary
     found = metrics(result)
@@ -265,7 +273,7 @@ def test_an_old_record_judges_nothing_but_its_rates_age(dgx: Node, tmp_path: Pat
 
 def test_a_record_from_the_future_cannot_be_aged(dgx: Node, tmp_path: Path) -> None:
     result = judge(dgx, tmp_path, record(SLOW_NODE, finished_at=time.time() + 3600))
-    assert (result.status, result.details["cause"]) == (Status.ERROR, "future")
+    assert (result.status, result.details["cause"]) == (Status.SKIP, "future")
     assert "in the future" in result.summary
     # Minutes of skew between the writer's clock and this node's are no future.
     assert judge(dgx, tmp_path, record(SLOW_NODE, finished_at=time.time() + 60)).status is (

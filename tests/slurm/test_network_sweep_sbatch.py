@@ -125,8 +125,6 @@ def test_a_sweep_runs_one_task_per_gpu_with_the_state_dir_and_options(
         assert task["argv"] == [
             "bench",
             "network",
-            "--node-name",
-            task["host"],
             "--state-dir",
             str(tmp_path / "state"),
             "--device",

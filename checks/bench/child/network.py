@@ -24,7 +24,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from nodecheck.checks.bench.child.collective import (
     rank_layout,
     slowest_iterations,
 )
+from nodecheck.checks.bench.network_record import node_record, write_record
 from nodecheck.checks.rules.network_sweep import (
     PairFigure,
     localise,
@@ -73,9 +76,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             timeout=timeout,
         )
     except (RuntimeError, ValueError) as err:
+        # torch's own message names the rendezvous address: only its kind is shown.
         raise NetworkBenchmarkError(
             f"the rendezvous did not complete within {spec['rendezvous_timeout_s']:g} s "
-            f"({layout.world} ranks expected): {_first_line(err)}"
+            f"({layout.world} ranks expected): {type(err).__name__}"
         ) from None
     # Only now a CUDA context (cudaSetDevice initializes the primary context at once: CUDA
     # Runtime API, cudaSetDevice), which NVML lists as a process: the rendezvous completes
@@ -84,26 +88,42 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if cuda:
         torch.cuda.set_device(layout.local)
     try:
-        ranks, report = _after_rendezvous(spec, layout.local, cuda, device, timeout)
+        # Objects travel over gloo: NCCL's object collectives would need every GPU's
+        # memory before the gate verdicts are known.
+        control = dist.new_group(backend="gloo", timeout=timeout) if cuda else None
+        ranks, report = _after_rendezvous(spec, layout.local, cuda, device, timeout, control)
+        me = ranks[layout.rank]
+        lowest = min(r for r, info in enumerate(ranks) if info["node"] == me["node"])
+        record_error = _write_record(spec, report) if lowest == layout.rank else None
+        # Every node's record written before any rank returns: a launcher stops the other
+        # ranks once one exits with an error (torchrun, srun --kill-on-bad-exit).
+        dist.barrier(group=control)
     except (RuntimeError, dist.DistError) as err:
+        # torch's message can name a peer's address and port: only its kind is shown.
         raise NetworkBenchmarkError(
             f"a collective failed (a rank lost, or past the "
-            f"{spec['rendezvous_timeout_s']:g} s timeout): {_first_line(err)}"
+            f"{spec['rendezvous_timeout_s']:g} s timeout): {type(err).__name__}"
         ) from None
     finally:
         dist.destroy_process_group()
-    me = ranks[layout.rank]
-    lowest = min(r for r, info in enumerate(ranks) if info["node"] == me["node"])
     return {
         "rank": layout.rank,
         "node": me["node"],
-        "lowest_on_node": lowest == layout.rank,
+        "record_error": record_error,
         "report": report,
     }
 
 
-def _first_line(err: BaseException) -> str:
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
+def _write_record(spec: dict[str, Any], report: dict[str, Any]) -> str | None:
+    """This node's record in the state directory; the one line why not, if it fails."""
+    state_dir = Path(spec["state_dir"])
+    try:
+        if spec["create_state_dir"]:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        write_record(state_dir, node_record(report, spec["node"], time.time()))
+    except OSError as err:
+        return f"cannot write its record in {state_dir}: {err.strerror or err}"
+    return None
 
 
 def _after_rendezvous(
@@ -112,11 +132,9 @@ def _after_rendezvous(
     cuda: bool,
     device: torch.device,
     timeout: datetime.timedelta,
+    control: dist.ProcessGroup | None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every rank's readings shared, the refusals and memory judged, then the measurement."""
-    # Objects travel over gloo: NCCL's object collectives would need every GPU's
-    # memory before the gate verdicts are known.
-    control = dist.new_group(backend="gloo", timeout=timeout) if cuda else None
     ranks = _gathered(
         {
             "node": spec["node"],
@@ -186,16 +204,22 @@ def _stop_on_memory(ranks: list[dict[str, Any]], nodes: list[str], size: int, cu
 
 
 def _expected(ranks: list[dict[str, Any]], cuda: bool) -> tuple[float | None, str]:
-    """The smallest NIC rate over the nodes: a ring's busbw reaches a node's NIC rate at
-    most (every byte the factor 2(n-1)/n counts crosses each node's NICs once)."""
+    """The median over the nodes of their compute NICs' summed rate: a ring's busbw
+    reaches a node's NIC rate at most (every byte the factor 2(n-1)/n counts crosses each
+    node's NICs once). The median, not the smallest: a node whose NICs trained low would
+    otherwise lower the bar for the whole job and hide itself (its own checks, rdma_ports
+    and pcie_link, judge its NICs)."""
     if not cuda:
         return None, "gloo runs over sockets: no NIC rate to judge by; judged by the run"
-    rates = [(info["nic_bytes_per_second"], info["nic_text"], info["node"]) for info in ranks]
-    if any(rate is None for rate, _, _ in rates):
-        missing = next(node for rate, _, node in rates if rate is None)
-        return None, f"no compute NIC rate read on {missing}; judged by the run"
-    rate, text, node = min(rates, key=lambda item: item[0])
-    return float(rate), f"{text} on {node}, ring busbw reaches the NICs' rate (2(n-1)/n)"
+    by_node = {info["node"]: (info["nic_bytes_per_second"], info["nic_text"]) for info in ranks}
+    missing = [node for node, (rate, _) in by_node.items() if rate is None]
+    if missing:
+        return None, f"no compute NIC rate read on {missing[0]}; judged by the run"
+    rates = sorted(float(rate) for rate, _ in by_node.values())
+    median = statistics.median(rates)
+    texts = sorted({text for _, text in by_node.values()})
+    shown = texts[0] if len(texts) == 1 else f"the nodes' median of {', '.join(texts)}"
+    return median, f"{shown}, ring busbw reaches the NICs' rate (2(n-1)/n)"
 
 
 def _measure(
@@ -223,6 +247,11 @@ def _measure(
     whole = payloads[-1]
     expected, expected_source = _expected(ranks, spec["device"] == "cuda")
     sweep, why = should_sweep(spec["sweep"], whole["busbw_median"], expected, warn)
+    shortfall = (
+        f"the whole job is {whole['busbw_median'] / expected:.2f}x what its NICs should reach"
+        if expected is not None and whole["busbw_median"] < warn * expected
+        else None
+    )
     if len(nodes) < 2:
         sweep, why = False, "one node: no pair to sweep"
     figures: list[PairFigure] = []
@@ -231,7 +260,8 @@ def _measure(
     localisation = None
     began = time.monotonic()
     if sweep:
-        groups = _pair_groups(ranks, nodes, planned)
+        timeout = datetime.timedelta(seconds=spec["rendezvous_timeout_s"])
+        groups = _pair_groups(ranks, nodes, planned, timeout)
         size = whole["bytes"]
         tensor = payload_tensor(size, device)
         me = dist.get_rank()
@@ -246,7 +276,7 @@ def _measure(
             found = [item for item in _gathered(mine, control) if item is not None]
             figures += [PairFigure(number, **item) for item in found]
             rounds_run = number
-            localisation = localise(nodes, figures, warn, fail)
+            localisation = localise(nodes, figures, warn, fail, shortfall)
             if sweep_is_done(localisation, rounds_run, planned):
                 break
     report = _report(
@@ -257,6 +287,7 @@ def _measure(
         expected,
         expected_source,
         why,
+        shortfall,
         figures,
         localisation,
         rounds_run,
@@ -267,7 +298,7 @@ def _measure(
 
 
 def _pair_groups(
-    ranks: list[dict[str, Any]], nodes: list[str], planned: int
+    ranks: list[dict[str, Any]], nodes: list[str], planned: int, timeout: datetime.timedelta
 ) -> list[dict[tuple[str, str], tuple[list[int], dist.ProcessGroup | None]]]:
     """Every pair group of every planned round, created in the same order on every rank
     (new_group is collective over the whole job even for ranks outside the group)."""
@@ -277,7 +308,10 @@ def _pair_groups(
         groups = {}
         for a, b in pairs:
             members = sorted(ranks_of[nodes[a]] + ranks_of[nodes[b]])
-            groups[(nodes[a], nodes[b])] = (members, dist.new_group(ranks=members))
+            # The job's timeout, or torch's default (30 min for gloo) would bound a pair
+            # whose partner stopped.
+            group = dist.new_group(ranks=members, timeout=timeout)
+            groups[(nodes[a], nodes[b])] = (members, group)
         rounds.append(groups)
     return rounds
 
@@ -301,6 +335,7 @@ def _report(
     expected: float | None,
     expected_source: str,
     why: str,
+    shortfall: str | None,
     figures: list[PairFigure],
     localisation: Any,
     rounds_run: int,
@@ -322,18 +357,20 @@ def _report(
         reference: float | None = localisation.reference
         confident = localisation.confident
     else:
+        # No sweep: a whole job below its NICs' rate is every node's low-confidence warn.
         verdicts = [
             {
                 "node": node,
-                "status": "ok",
+                "status": "ok" if shortfall is None else "warn",
                 "culprit": "none",
                 "peer": None,
-                "confidence": "high",
-                "message": f"{node}: no sweep ({why})",
+                "confidence": "high" if shortfall is None else "low",
+                "message": f"{node}: no sweep ({why})"
+                + ("" if shortfall is None else f"; {shortfall}"),
             }
             for node in nodes
         ]
-        reference, confident = None, True
+        reference, confident = None, shortfall is None
     slow_pairs = (
         {(p.first, p.second, p.round) for p in localisation.slow_pairs} if localisation else set()
     )
