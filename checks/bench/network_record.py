@@ -6,7 +6,9 @@ by the node's agent (checks/node/network_sweep.py, checks/host/network_sweep.py)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,9 @@ from typing import Any
 from nodecheck.checks.node.fs import write_atomically
 
 RECORD_NAME = "network.json"
+# The record a sweep replaces: the node's agent fails a node only when two sweeps in a
+# row named it (checks/host/network_sweep.py).
+PREVIOUS_NAME = "network.previous.json"
 RECORD_VERSION = 1
 
 
@@ -51,5 +56,7 @@ def write_record(state_dir: Path, record_document: Mapping[str, Any]) -> Path:
     """`<state dir>/network.json`, replaced whole (checks/node/fs.write_atomically),
     readable by the agent, which runs as another user (systemd's DynamicUser)."""
     path = state_dir / RECORD_NAME
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, state_dir / PREVIOUS_NAME)
     write_atomically(path, json.dumps(record_document, indent=1) + "\n", mode=0o644)
     return path

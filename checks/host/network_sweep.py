@@ -124,7 +124,7 @@ def _age(seconds: float) -> str:
 
 def _same_node(named: str, here: str) -> bool:
     """Whether the record's node is this one: the same name, or the same first label (the
-    sweep names a node as Slurm does, SLURMD_NODENAME, often the short host name)."""
+    sweep names a node by its host name, or as --node-name says, perhaps fully qualified)."""
     named, here = named.casefold(), here.casefold()
     return named == here or named.split(".", 1)[0] == here.split(".", 1)[0]
 
@@ -182,9 +182,12 @@ def _verdict_samples(sweep: NetworkSweep, status: Status) -> tuple[Sample, ...]:
     return (Sample(VERDICT, VERDICT_VALUES[status], labels), *slow)
 
 
-def _judged(sweep: NetworkSweep) -> tuple[Status, str, str, Action | None]:
+def _judged(
+    sweep: NetworkSweep, previous: NetworkSweep | None, max_age: float
+) -> tuple[Status, str, str, Action | None]:
     """This node's status from the record's verdict, why it differs from the record's
-    where it does, the remedy, and the action where the evidence sets it."""
+    where it does, the remedy, and the action where the evidence sets it. `previous`:
+    the record this one replaced, if it is this node's."""
     verdict = sweep.verdict
     if verdict.status == "ok":
         return Status.OK, "", "", None
@@ -193,9 +196,10 @@ def _judged(sweep: NetworkSweep) -> tuple[Status, str, str, Action | None]:
         # is as likely healthy as any other of the sweep.
         return Status.WARN, "no node or link named, so not this node's alone", SWEEP, None
     if verdict.culprit == "link":
-        remedy, action = LINK_REMEDY.format(peer=verdict.peer), Action.INSPECT_HARDWARE
-    else:
-        remedy, action = NODE_REMEDY, None
+        # One pair, measured once: the cable and ports are worth a look, never a drain.
+        remedy = LINK_REMEDY.format(peer=verdict.peer)
+        return Status.WARN, "a link, not the node: not failing it", remedy, Action.INSPECT_HARDWARE
+    remedy = NODE_REMEDY
     if verdict.status == "warn":
         return Status.WARN, "", remedy, None
     if verdict.confidence == "low":
@@ -203,13 +207,26 @@ def _judged(sweep: NetworkSweep) -> tuple[Status, str, str, Action | None]:
     if sweep.backend != "nccl":
         # gloo over sockets measured the interface the host's sockets use and its CPUs,
         # not the GPUs' compute rails: worth a look, never a drain of a GPU node.
-        return (
-            Status.WARN,
-            f"measured over {sweep.backend}: not failing the node on it",
-            remedy,
-            None,
-        )
-    return Status.FAIL, "", remedy, action
+        note = f"measured over {sweep.backend}: not failing the node on it"
+        return Status.WARN, note, remedy, None
+    if not _named_before(sweep, previous, max_age):
+        # One sweep's partners can all sit across a slower part of the fabric from it
+        # (the job's order need not follow the switches); the next sweep starts its
+        # schedule elsewhere (checks/rules/network_sweep.py), with other partners.
+        note = "named by one sweep: the next that names it again fails the node"
+        return Status.WARN, note, remedy, None
+    return Status.FAIL, "", remedy, None
+
+
+def _named_before(sweep: NetworkSweep, previous: NetworkSweep | None, max_age: float) -> bool:
+    """Whether the sweep before this one, within network_max_age of it, named this node
+    slow as surely, over NCCL."""
+    if previous is None or previous.backend != "nccl":
+        return False
+    if not 0 < sweep.finished_at - previous.finished_at <= max_age:
+        return False
+    named = previous.verdict
+    return (named.status, named.culprit, named.confidence) == ("fail", "node", "high")
 
 
 def _summary(sweep: NetworkSweep, age: float, note: str) -> str:
@@ -267,7 +284,7 @@ def _unusable(reading: NetworkSweepReading) -> Result:
     action=Action.INVESTIGATE,
     interval_s=300,
     timeout_s=10,
-    needs=("network_sweep", "hostname"),
+    needs=("network_sweep", "network_sweep_previous", "hostname"),
     options=("bench",),
 )
 def check_network_sweep(ctx: CheckContext) -> Iterator[Result]:
@@ -341,7 +358,9 @@ def check_network_sweep(ctx: CheckContext) -> Iterator[Result]:
             measured,
         )
         return
-    status, note, remedy, action = _judged(sweep)
+    before = ctx.part("network_sweep_previous").sweep
+    previous = before if before is not None and _same_node(before.node, here) else None
+    status, note, remedy, action = _judged(sweep, previous, max_age)
     yield Result(
         status,
         NODE,

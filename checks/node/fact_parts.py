@@ -357,3 +357,12 @@ def read_network_sweep_part(sources: NodeSources, facts: FactsSource) -> Any:
     from nodecheck.checks.node.network_sweep import RECORD_FILE, read_network_sweep
 
     return read_network_sweep(sources.state_directory / RECORD_FILE)
+
+
+@part("network_sweep_previous", lazy_type("network_sweep", "NetworkSweepReading"))
+def read_network_sweep_previous_part(sources: NodeSources, facts: FactsSource) -> Any:
+    """The record the last sweep replaced (<state dir>/network.previous.json): a node is
+    failed only when two sweeps in a row named it."""
+    from nodecheck.checks.node.network_sweep import PREVIOUS_RECORD_FILE, read_network_sweep
+
+    return read_network_sweep(sources.state_directory / PREVIOUS_RECORD_FILE)

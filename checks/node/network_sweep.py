@@ -38,6 +38,8 @@ from nodecheck.checks.node.fs import MISSING, ReadError, decode_text, read_bytes
 from nodecheck.checks.record import record
 
 RECORD_FILE = "network.json"
+# The record a sweep replaced, kept beside it (checks/bench/network_record.py).
+PREVIOUS_RECORD_FILE = "network.previous.json"
 RECORD_VERSION = 1
 # A record holds one node's figures and its pairs (a few per round, a few rounds): some
 # kilobytes at a thousand nodes. Anything past this is no record.

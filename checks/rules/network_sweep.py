@@ -12,12 +12,13 @@ How a culprit shows:
 - a slow link (a cable, a switch port between two particular nodes) is slow with *one*
   partner only: both ends are fast with everyone else.
 
-A pair's figure is judged against the run's own reference: the median, over the nodes,
-of each node's best pair. A node's best pair is as fast as that node goes with a healthy
-partner, so while few nodes are slow, the median of those is a healthy figure, whatever
-the slow ones did to their partners. Round 1 alone can mislead it (a slow node's partner
-has only that slow pair), so the sweep never stops before MIN_ROUNDS. A pair below
-`warn` x that reference is slow.
+A pair's figure is judged against the run's own reference: the median of every pair
+measured so far, a healthy figure while fewer than half the pairs are slow (one slow node
+is in one pair of a round). A pair below `warn` x that reference is slow; a link is named
+only below `fail` x it (one measurement must be clear of noise). The sweep never stops
+before MIN_ROUNDS, runs every planned round for a handful of nodes (SMALL_SET) or while
+a whole job below its NICs' rate is unexplained, and the schedule's start turns with each
+run (the child rotates the nodes' order), so that over runs other pairs are measured.
 
 What a verdict rests on, and so how sure it is: a node is named slow when every pair it
 was in is slow; its verdict is "high" only when CONFIRMING_PARTNERS of those partners were
@@ -34,9 +35,10 @@ slow node among N needs 3 rounds (all its partners are healthy, and each of them
 with its other partners). With k slow nodes, up to k - 1 of a slow node's partners may
 be slow ones, so it needs up to k + 2 rounds: 4 for two slow nodes (3 when they never
 met). MAX_ROUNDS is 4: enough for two. A node with fewer partners than that (N of 3, an
-odd N's byes) is named with low confidence. A healthy set stops after MIN_ROUNDS (2),
-with no slow pair. Links are only seen among the pairs measured: N/2 of the N(N-1)/2 links
-each round.
+odd N's byes) is named with low confidence. A healthy set of more than SMALL_SET nodes
+stops after MIN_ROUNDS (2) when no pair is slow. Links are only seen among the pairs
+measured: N/2 of the N(N-1)/2 links each round. Three nodes cannot name one: two of their
+three pairs hold a slow node, so the reference itself is slow.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ MAX_ROUNDS = 4
 MIN_ROUNDS = 2
 # Known-good partners a node must be slow with for a "high" verdict.
 CONFIRMING_PARTNERS = 3
+# Up to this many nodes every planned round is run (a reference of two or three pairs).
+SMALL_SET = 5
 
 
 @record
@@ -92,7 +96,7 @@ class NodeVerdict:
 
 @record
 class Localisation:
-    reference: float  # bytes/s: the median over the nodes of each node's best pair
+    reference: float  # bytes/s: the median of every pair measured
     slow_pairs: tuple[PairFigure, ...]
     slow_nodes: tuple[str, ...]
     slow_links: tuple[tuple[str, str], ...]
@@ -190,7 +194,9 @@ def localise(
         for end in (pair.first, pair.second):
             partners[end].append(pair)
             best[end] = max(best.get(end, 0.0), pair.busbw)
-    reference = statistics.median(best.values()) if best else 0.0
+    # The median of every pair measured: a node's best pair would be the best of several
+    # noisy figures, above what a healthy pair gives, and put the bar inside the noise.
+    reference = statistics.median(pair.busbw for pair in pairs) if pairs else 0.0
     slow = tuple(pair for pair in pairs if pair.busbw < warn * reference)
     known_good = {node for node in nodes if best.get(node, 0.0) >= warn * reference > 0}
     slow_nodes = tuple(
@@ -199,10 +205,11 @@ def localise(
         if partners[node] and all(pair.busbw < warn * reference for pair in partners[node])
     )
     named = set(slow_nodes)
+    # A link is one measurement: named only below `fail` x the reference, clear of noise.
     links = tuple(
         (pair.first, pair.second)
         for pair in slow
-        if pair.first not in named and pair.second not in named
+        if pair.first not in named and pair.second not in named and pair.busbw < fail * reference
     )
 
     def confirmed_by(node: str) -> int:
@@ -212,10 +219,14 @@ def localise(
     sure = {node: confirmed_by(node) >= CONFIRMING_PARTNERS for node in slow_nodes}
     # Sure only once every node has met MIN_ROUNDS partners (an odd count's bye leaves one
     # out of a round), every name is confirmed, and no link is left to explain.
+    # A whole job below its NICs' rate that nothing explains yet, or a handful of nodes
+    # (N <= 5, where a reference is two or three pairs), runs every planned round.
     confident = (
         all(len(partners[node]) >= MIN_ROUNDS for node in nodes)
         and all(sure.values())
         and not links
+        and not (whole_job_shortfall is not None and not named)
+        and len(nodes) > SMALL_SET
     )
 
     def status(value: float) -> str:

@@ -20,12 +20,14 @@ from nodecheck.checks.registry import load_checks
 from nodecheck.checks.result import FaultClass
 from nodecheck.checks.runner import CheckRun, run_checks
 from tests.agent.test_one_contract import _alerts_firing, needs_promtool
-from tests.checks.test_network_sweep import HEALTHY, SLOW_LINK, SLOW_NODE, record
+from tests.checks.test_network_sweep import HEALTHY, SLOW_LINK, SLOW_NODE, named_before, record
 from tests.conftest import Node
 
 
 def _run(node: Node, state_dir: Path, text: str) -> CheckRun:
     (state_dir / "network.json").write_text(text)
+    # The sweep before named this node too: a node is failed only on two in a row.
+    (state_dir / "network.previous.json").write_text(named_before(time.time()))
     config = CheckConfig(bench=BenchOptions(state_dir=state_dir))
     [run] = run_checks([load_checks()["network_sweep"]], node.context(config=config))
     return run

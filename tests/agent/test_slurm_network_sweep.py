@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.agent.test_slurm_health_cli import Slurm, health_check, line_of
-from tests.checks.test_network_sweep import HEALTHY, SLOW_NODE, record
+from tests.checks.test_network_sweep import HEALTHY, SLOW_NODE, named_before, record
 from tests.conftest import Node
 
 
@@ -23,6 +23,8 @@ def health_check_on(
     slurm = Slurm(tmp_path / "slurm")
     (tmp_path / "state").mkdir(exist_ok=True)
     (tmp_path / "state" / "network.json").write_text(text)
+    # The sweep before named this node too: a node is failed only on two in a row.
+    (tmp_path / "state" / "network.previous.json").write_text(named_before(time.time()))
     done = health_check(node, slurm, tmp_path, config=config)
     return done, line_of(done), slurm
 

@@ -44,7 +44,7 @@ SLOW_LINK = """{"version": 1, "node": "%(node)s", "finished_at": %(finished_at)s
  "expected_source": "compute NICs 8 x 400 Gb/s, ring factor 2(n-1)/n",
  "pairs": [{"peer": "node-6", "round": 1, "busbw_bytes_per_second": 4.0e8, "slow": true},
            {"peer": "node-7", "round": 2, "busbw_bytes_per_second": 1.1e9, "slow": false}],
- "verdict": {"status": "fail", "culprit": "link", "peer": "node-6", "confidence": "high",
+ "verdict": {"status": "fail", "culprit": "link", "peer": "node-6", "confidence": "%(confidence)s",
              "message": "link %(node)s - node-6 slow: 0.4 GB/s, 1.1 GB/s with node-7"}}
 """
 # A healthy whole job: no sweep of pairs ran.
@@ -73,10 +73,20 @@ def record(template: str, **values: object) -> str:
     return template % filled
 
 
-def judge(node: Node, state_dir: Path, text: str | None, **options: object) -> Result:
-    """network_sweep's one result on `node` with `text` as the record in `state_dir`."""
+def named_before(finished_at: float) -> str:
+    """The record a sweep a day before `finished_at` left, naming this node as surely."""
+    return record(SLOW_NODE, finished_at=finished_at - 86400)
+
+
+def judge(
+    node: Node, state_dir: Path, text: str | None, previous: str | None = None, **options: object
+) -> Result:
+    """network_sweep's one result on `node` with `text` as the record in `state_dir`, and
+    `previous` as the one it replaced."""
     if text is not None:
         (state_dir / "network.json").write_text(text)
+    if previous is not None:
+        (state_dir / "network.previous.json").write_text(previous)
     config = CheckConfig(bench=BenchOptions(state_dir=state_dir, **options))  # type: ignore[arg-type]
     [result] = node.results("network_sweep", config=config)
     return result
@@ -90,7 +100,8 @@ def metrics(result: Result) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def test_a_node_named_slow_fails_as_a_performance_finding(dgx: Node, tmp_path: Path) -> None:
-    result = judge(dgx, tmp_path, record(SLOW_NODE))
+    now = time.time()
+    result = judge(dgx, tmp_path, record(SLOW_NODE, finished_at=now - 600), named_before(now))
     assert result.status is Status.FAIL
     assert result.fault_class is FaultClass.GPU_PERFORMANCE
     assert result.action is Action.INVESTIGATE
@@ -119,15 +130,37 @@ def test_a_node_named_slow_fails_as_a_performance_finding(dgx: Node, tmp_path: P
     assert time.time() - finished == pytest.approx(600, abs=60)
 
 
-def test_a_slow_link_fails_both_ends_naming_the_far_one(dgx: Node, tmp_path: Path) -> None:
-    result = judge(dgx, tmp_path, record(SLOW_LINK))
-    assert result.status is Status.FAIL
-    assert result.action is Action.INSPECT_HARDWARE  # the link's cable and ports
-    assert "between this node and node-6" in result.remedy
-    assert f"link {HOST} - node-6 slow" in result.summary
-    assert metrics(result)["nodecheck_bench_network_verdict"] == [
-        ({"culprit": "link", "peer": "node-6", "confidence": "high"}, 2.0)
-    ]
+def test_a_slow_link_warns_both_ends_naming_the_far_one(dgx: Node, tmp_path: Path) -> None:
+    # One pair measured once: an inspection, never a drain, however sure the record says.
+    for confidence in ("low", "high"):
+        result = judge(dgx, tmp_path, record(SLOW_LINK, confidence=confidence))
+        assert result.status is Status.WARN
+        assert result.action is Action.INSPECT_HARDWARE  # the link's cable and ports
+        assert "between this node and node-6" in result.remedy
+        assert f"link {HOST} - node-6 slow" in result.summary
+        assert "a link, not the node: not failing it" in result.summary
+        assert metrics(result)["nodecheck_bench_network_verdict"] == [
+            ({"culprit": "link", "peer": "node-6", "confidence": confidence}, 1.0)
+        ]
+
+
+def test_one_sweep_alone_never_fails_the_node(dgx: Node, tmp_path: Path) -> None:
+    now = time.time()
+    alone = judge(dgx, tmp_path, record(SLOW_NODE, finished_at=now))
+    assert alone.status is Status.WARN
+    assert "named by one sweep: the next that names it again fails the node" in alone.summary
+    # The sweep before named it over gloo, or unsure, or too long before, or is another
+    # node's: still one sweep.
+    for before in (
+        record(SLOW_NODE, finished_at=now - 86400).replace(
+            '"backend": "nccl"', '"backend": "gloo"'
+        ),
+        record(SLOW_NODE, finished_at=now - 86400, confidence="low"),
+        record(SLOW_NODE, finished_at=now - 4 * 86400),
+        record(SLOW_NODE, finished_at=now - 86400, node="dgx-h100-02"),
+        record(HEALTHY, finished_at=now - 86400),
+    ):
+        assert judge(dgx, tmp_path, None, before).status is Status.WARN, before
 
 
 @pytest.mark.parametrize(
@@ -174,6 +207,7 @@ def test_the_default_state_directory_is_the_nodes_own(
     folder = node.root / str(default).lstrip("/")
     folder.mkdir(parents=True)
     (folder / "network.json").write_text(record(SLOW_NODE))
+    (folder / "network.previous.json").write_text(named_before(time.time()))
     [result] = node.results("network_sweep")
     assert result.status is Status.FAIL, result.summary
 
@@ -251,7 +285,12 @@ def test_a_gloo_sweep_warns_and_never_fails(dgx: Node, tmp_path: Path) -> None:
 
 def test_the_slurm_node_name_of_the_host_is_this_node(dgx: Node, tmp_path: Path) -> None:
     """The sweep names nodes as Slurm does; a fully qualified name is the same node."""
-    result = judge(dgx, tmp_path, record(SLOW_NODE, node=f"{HOST.upper()}.cluster.example"))
+    result = judge(
+        dgx,
+        tmp_path,
+        record(SLOW_NODE, node=f"{HOST.upper()}.cluster.example"),
+        named_before(time.time()),
+    )
     assert result.status is Status.FAIL
 
 
@@ -267,7 +306,7 @@ def test_an_old_record_judges_nothing_but_its_rates_age(dgx: Node, tmp_path: Pat
     assert found["nodecheck_bench_network_last_sweep_timestamp_seconds"] == [({}, four_days)]
     assert len(found["nodecheck_bench_network_pair_bus_bandwidth_bytes_per_second"]) == 2
     # A site that sweeps weekly says so.
-    week = judge(dgx, tmp_path, None, network_max_age_s=8 * 86400.0)
+    week = judge(dgx, tmp_path, None, named_before(four_days), network_max_age_s=8 * 86400.0)
     assert week.status is Status.FAIL
 
 
@@ -276,19 +315,20 @@ def test_a_record_from_the_future_cannot_be_aged(dgx: Node, tmp_path: Path) -> N
     assert (result.status, result.details["cause"]) == (Status.SKIP, "future")
     assert "in the future" in result.summary
     # Minutes of skew between the writer's clock and this node's are no future.
-    assert judge(dgx, tmp_path, record(SLOW_NODE, finished_at=time.time() + 60)).status is (
-        Status.FAIL
-    )
+    skewed = record(SLOW_NODE, finished_at=time.time() + 60)
+    assert judge(dgx, tmp_path, skewed, named_before(time.time())).status is Status.FAIL
 
 
 def test_a_capture_carries_the_record_and_judges_it_alike(dgx: Node, tmp_path: Path) -> None:
-    (tmp_path / "network.json").write_text(record(SLOW_LINK))
+    (tmp_path / "network.json").write_text(record(SLOW_NODE))
+    (tmp_path / "network.previous.json").write_text(named_before(time.time()))
     config = CheckConfig(bench=BenchOptions(state_dir=tmp_path))
     check = load_checks()["network_sweep"]
     live = dgx.context(environ=CLEAN_ENVIRON, config=config)
     [live_run] = run_checks([check], live)
     captured = live.facts.capture()  # type: ignore[attr-defined]
     (tmp_path / "network.json").unlink()
+    (tmp_path / "network.previous.json").unlink()
     judged = CheckContext(facts=loads(dumps(captured)), config=config)
     [judged_run] = run_checks([check], judged)
     assert judged_run.results == live_run.results

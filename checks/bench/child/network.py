@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         ranks, report = _after_rendezvous(spec, layout.local, cuda, device, timeout, control)
         me = ranks[layout.rank]
         lowest = min(r for r, info in enumerate(ranks) if info["node"] == me["node"])
+        # Every rank has its report before any record is written: a rank lost before
+        # this barrier leaves every node's previous record as it was.
+        dist.barrier(group=control)
         record_error = _write_record(spec, report) if lowest == layout.rank else None
         # Every node's record written before any rank returns: a launcher stops the other
         # ranks once one exits with an error (torchrun, srun --kill-on-bad-exit).
@@ -139,6 +143,9 @@ def _after_rendezvous(
         {
             "node": spec["node"],
             "local": local,
+            # Where the schedule starts (rank 0's counts): the Slurm job's id turns it, so
+            # that nightly sweeps of the same nodes measure other pairs.
+            "turn": _job_number(os.environ),
             "refused": spec.get("refused"),
             "nic_bytes_per_second": spec.get("nic_bytes_per_second"),
             "nic_text": spec.get("nic_text"),
@@ -147,6 +154,7 @@ def _after_rendezvous(
         control,
     )
     nodes = _nodes_in_order(ranks)
+    _stop_on_duplicates(ranks)
     _stop_on_refusals(ranks)
     _stop_on_memory(ranks, nodes, max(spec["payloads"]), cuda)
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
@@ -170,6 +178,25 @@ def _gathered(mine: Any, group: dist.ProcessGroup | None) -> list[Any]:
         json.loads(bytes(part[:length].tolist()))
         for part, length in zip(parts, lengths, strict=True)
     ]
+
+
+def _job_number(env: Mapping[str, str]) -> int:
+    job = env.get("SLURM_JOB_ID", "")
+    return int(job) if job.isascii() and job.isdigit() else 0
+
+
+def _stop_on_duplicates(ranks: list[dict[str, Any]]) -> None:
+    """Two hosts of one name would be taken for one node (its pairs holding three hosts'
+    ranks): a local rank named twice on a node says so."""
+    seen: set[tuple[str, int]] = set()
+    for info in ranks:
+        key = (info["node"], info["local"])
+        if key in seen:
+            raise NetworkBenchmarkError(
+                f"two ranks are local rank {info['local']} of {info['node']}: two hosts of "
+                "one name (give each its own --node-name)"
+            )
+        seen.add(key)
 
 
 def _nodes_in_order(ranks: list[dict[str, Any]]) -> list[str]:
@@ -303,15 +330,18 @@ def _pair_groups(
     """Every pair group of every planned round, created in the same order on every rank
     (new_group is collective over the whole job even for ranks outside the group)."""
     ranks_of = {node: [r for r, info in enumerate(ranks) if info["node"] == node] for node in nodes}
+    turn = ranks[0]["turn"] % len(nodes)
+    order = nodes[turn:] + nodes[:turn]  # neighbours stay neighbours
     rounds = []
-    for pairs in pair_rounds(len(nodes), planned):
+    for pairs in pair_rounds(len(order), planned):
         groups = {}
         for a, b in pairs:
-            members = sorted(ranks_of[nodes[a]] + ranks_of[nodes[b]])
+            first, second = sorted((order[a], order[b]), key=nodes.index)
+            members = sorted(ranks_of[first] + ranks_of[second])
             # The job's timeout, or torch's default (30 min for gloo) would bound a pair
             # whose partner stopped.
             group = dist.new_group(ranks=members, timeout=timeout)
-            groups[(nodes[a], nodes[b])] = (members, group)
+            groups[(first, second)] = (members, group)
         rounds.append(groups)
     return rounds
 
