@@ -91,8 +91,11 @@ def hostile_capture(dgx_faulty: Node, tmp_path_factory: pytest.TempPathFactory) 
     fields: dict[KeyPath, list[KeyPath]] = {}
     for path in string_paths(document["parts"], ("parts",)):
         fields.setdefault(field_of(path), []).append(path)
-    taken = [field for field, paths in fields.items() if loadable(appended(document, paths))]
-    assert len(fields) > 60 and len(taken) >= 0.9 * len(fields), sorted(set(fields) - set(taken))
+    # A field whose value is one of a fixed set (a reading's `outcome`) is refused with
+    # anything appended, rightly: it is no text shown as read.
+    free = {field: paths for field, paths in fields.items() if field[-1] != "outcome"}
+    taken = [field for field, paths in free.items() if loadable(appended(document, paths))]
+    assert len(free) > 60 and len(taken) >= 0.9 * len(free), sorted(set(free) - set(taken))
     hostile = appended(document, [path for field in taken for path in fields[field]])
     assert loadable(hostile)
     capture = tmp_path_factory.mktemp("hostile") / "capture.json"
