@@ -56,7 +56,7 @@ def render_table(report: Mapping[str, Any]) -> str:
             f"{_gbps(row['busbw_median']):>9} {_gbps(row['busbw_p90']):>9} {row['cv']:>6.1%}"
         )
     expected = report["expected_bytes_per_second"]
-    if report["expected_source"] == report["expected_note"]:  # the NICs' rate
+    if report["expected_from_nics"]:
         lines.append(
             f"expected: {_gbps(expected)} GB/s ({report['expected_source']}); the whole "
             f"job's median is {whole['busbw_median'] / expected:.2f}x that: "
@@ -67,7 +67,7 @@ def render_table(report: Mapping[str, Any]) -> str:
         if expected is not None:
             lines.append(
                 f"reference: {_gbps(expected)} GB/s ({report['expected_source']}: the "
-                "median over the nodes of each node's best pair)"
+                "median of every pair measured)"
             )
     sweep = report["sweep"]
     if not sweep["ran"]:

@@ -42,6 +42,7 @@ from nodecheck.checks.bench.child.collective import (
 from nodecheck.checks.bench.network_record import node_record, write_record
 from nodecheck.checks.rules.network_sweep import (
     PairFigure,
+    Profile,
     localise,
     pair_rounds,
     planned_rounds,
@@ -410,8 +411,10 @@ def _report(
         "nodes": nodes,
         "payloads": payloads,
         "payload_bytes": whole["bytes"],
-        "whole_job": {key: whole[key] for key in _profile([1.0])},
+        "whole_job": {key: whole[key] for key in Profile.__dataclass_fields__},
         "expected_bytes_per_second": expected if expected is not None else reference,
+        # The expectation is the NICs' rate (else the run's own reference, or none).
+        "expected_from_nics": expected is not None,
         "expected_source": expected_source
         if expected is not None
         else ("the run's median pair" if reference is not None else None),
