@@ -12,7 +12,6 @@ oldest read in progress.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -21,13 +20,14 @@ from dataclasses import field
 from typing import TypeVar
 
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.node.facts import PartUnavailableError
 from nodecheck.checks.node.fs import reads_in_flight
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import NODE, Result, Status, worst
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -9,7 +9,6 @@ imported by every one of them, so it imports nothing heavy at the top.
 from __future__ import annotations
 
 import gc
-import logging
 import math
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from nodecheck.checks.config import (
     BenchOptions,
     CheckConfig,
 )
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.printable import printable
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ DEFAULT_LOG_LEVEL = "warning"
 # prints its answer on stdout and only problems on stderr.
 AGENT_LOG_LEVEL = "info"
 
-log = logging.getLogger("nodecheck.cli")
+log = get_logger("nodecheck.cli")
 
 
 class FiniteFloatRange(click.FloatRange):

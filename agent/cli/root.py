@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import click
 from nodecheck.agent.cli.lazy import LazyGroup, command_in
 from nodecheck.agent.cli.options import EXIT_INTERNAL, global_options, log, say
 from nodecheck.agent.interruption import Interrupted, raise_on_stop_signals
+from nodecheck.checks import lazy_logging
 from nodecheck.checks.printable import printable
 
 # Each command's module, and the first sentence of its help, as `nodecheck --help` lists it.
@@ -157,7 +157,7 @@ def _leave(status: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`)
             stream.flush()
-    logging.shutdown()
+    lazy_logging.shutdown()
     os._exit(status)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import logging
 import os
 import signal
 import socket
@@ -56,6 +55,7 @@ from nodecheck.agent.web.auth import BasicAuth, parse_basic_auth
 from nodecheck.agent.web.config import WebConfig, WebConfigError, load_web_config
 from nodecheck.agent.web.server import serve
 from nodecheck.checks.context import CheckContext, SharedReads
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.node.aer import AerHistory
 from nodecheck.checks.node.facts import LiveFacts, NodeSources, hostname_shown
 from nodecheck.checks.node.fs import NodeFS
@@ -70,7 +70,7 @@ from nodecheck.checks.runner import CheckRun
 if TYPE_CHECKING:
     from nodecheck.agent.kubernetes.reporter import KubernetesReporter
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 TEXTFILE_EVERY_S = 15.0
 # The GPU checks fall due within seconds of each other: one NVML read serves them all.
 # Below the 30 s of gpu_throttle, so rates are still taken between distinct readings.

@@ -10,7 +10,6 @@ Prometheus and clean for `promtool check metrics`.
 
 from __future__ import annotations
 
-import logging
 import math
 import platform
 import re
@@ -27,10 +26,11 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from nodecheck.agent.daemon.results_file import ResultsWrites
 from nodecheck.agent.daemon.scheduler import ResultStore
 from nodecheck.agent.findings import findings_of_check, fold
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.node.output import write_output
 from nodecheck.checks.result import MetricSpec, Origin, Result, Sample, Status, worst
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 STATUSES = [status.value for status in Status]
 TEXTFILE_NAME = "nodecheck.prom"
 

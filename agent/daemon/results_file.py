@@ -14,7 +14,6 @@ no failure.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,10 +23,11 @@ from typing import Any
 from nodecheck.agent.config import DEFAULT_RESULTS_FILE
 from nodecheck.agent.daemon.scheduler import ResultStore
 from nodecheck.agent.findings import StoredRun, check_document, document_text
+from nodecheck.checks.lazy_logging import ERROR, INFO, get_logger
 from nodecheck.checks.node.output import OutputPathError, write_output
 from nodecheck.checks.record import record
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def stored_document(hostname: str, stored: Sequence[StoredRun]) -> str:
@@ -100,7 +100,7 @@ class ResultsFile:
                 self._problem, self._not_installed = problem, False
         if changed:
             log.log(
-                logging.INFO if not_installed else logging.ERROR,
+                INFO if not_installed else ERROR,
                 "event=results_write_failed path=%s error=%r",
                 path,
                 problem,

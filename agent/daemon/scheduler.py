@@ -9,7 +9,6 @@ the time they finished; a scrape reads the store and never runs a check.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -17,12 +16,13 @@ from collections.abc import Callable
 
 from nodecheck.agent.findings import StoredRun
 from nodecheck.checks.context import CheckContext
+from nodecheck.checks.lazy_logging import DEBUG, INFO, get_logger
 from nodecheck.checks.record import record
 from nodecheck.checks.registry import Check
 from nodecheck.checks.result import Status
 from nodecheck.checks.runner import CheckRun, run_checks
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 JITTER = 0.1  # up to 10 % of the interval, so a fleet's nodes do not all run at once
 
 
@@ -194,7 +194,7 @@ class Scheduler:
             changed = run.status is not job.last_status
             job.last_status = run.status
             log.log(
-                logging.INFO if changed else logging.DEBUG,
+                INFO if changed else DEBUG,
                 "event=check check=%s status=%s duration_s=%.3f",
                 run.check.name,
                 run.status.value,

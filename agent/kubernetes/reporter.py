@@ -74,7 +74,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import logging
 import os
 import threading
 import time
@@ -96,11 +95,12 @@ from nodecheck.agent.kubernetes.fault_classes import (
     checks_of,
     class_verdict,
 )
+from nodecheck.checks.lazy_logging import ERROR, INFO, get_logger
 from nodecheck.checks.printable import printable
 from nodecheck.checks.record import record
 from nodecheck.checks.result import FaultClass, Status
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TAINT_KEY = "nodecheck.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
@@ -818,7 +818,7 @@ class KubernetesReporter:
             plan = plan_taint(node, fault, self.settings.taint, unsure, now_rfc3339(time.time()))
             if not plan.writes:
                 if plan.action == "left_alone":
-                    self._note("taint", f"left alone: {plan.why}", logging.INFO)
+                    self._note("taint", f"left alone: {plan.why}", INFO)
                 self.withheld = False
                 return True
             taints = (node.get("spec") or {}).get("taints") or []
@@ -859,7 +859,7 @@ class KubernetesReporter:
                 plan.why,
             )
             return True
-        self._note("patch_node", f"still conflicting after {CONFLICT_RETRIES} tries", logging.ERROR)
+        self._note("patch_node", f"still conflicting after {CONFLICT_RETRIES} tries", ERROR)
         return False
 
     def _breaker_holds(self) -> str:
@@ -891,11 +891,11 @@ class KubernetesReporter:
             if self._problems.pop(call, None) is not None:
                 log.info("event=kubernetes_call_recovered call=%s", call)
             return True
-        self._note(call, reply.describe(), logging.ERROR)
+        self._note(call, reply.describe(), ERROR)
         return False
 
     def _note(self, call: str, problem: str, level: int) -> None:
         if self._problems.get(call) != problem:
             self._problems[call] = problem
-            event = "kubernetes_call_failed" if level >= logging.ERROR else "kubernetes_note"
+            event = "kubernetes_call_failed" if level >= ERROR else "kubernetes_note"
             log.log(level, "event=%s call=%s error=%r", event, call, problem)

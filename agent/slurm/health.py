@@ -43,7 +43,6 @@ run holding the lock past the budget).
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
@@ -77,13 +76,14 @@ from nodecheck.agent.slurm.ownership import (
     save_drain_record,
     with_time_learned,
 )
+from nodecheck.checks.lazy_logging import INFO, WARNING, get_logger
 from nodecheck.checks.node.boot import BootMoment
 from nodecheck.checks.node.slurm_state import SlurmNodeState
 from nodecheck.checks.printable import one_line
 from nodecheck.checks.record import record
 from nodecheck.checks.result import Action, FaultClass, Result, Status
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 REASON_PREFIX = "nodecheck:"
 # Slurm's accounting keeps a node event's reason as a MySQL tinytext, 255 bytes
@@ -724,7 +724,7 @@ def node_name(environ: dict[str, str]) -> str:
 
 def log_run(node: str, run: HealthCheckRun) -> None:
     decision = run.decision
-    level = logging.INFO if decision.exit_status == EXIT_HEALTHY and run.done else logging.WARNING
+    level = INFO if decision.exit_status == EXIT_HEALTHY and run.done else WARNING
     message = "event=slurm_health node=%s action=%s done=%s source=%r why=%r"
     values: list[object] = [
         node,

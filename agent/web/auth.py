@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import enum
 import hashlib
-import logging
 import os
 import re
 import threading
@@ -15,7 +14,9 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-log = logging.getLogger(__name__)
+from nodecheck.checks.lazy_logging import get_logger
+
+log = get_logger(__name__)
 
 # "$2b$" + two-digit cost + "$" + 22 characters of salt and 31 of hash, in bcrypt's own
 # base64 alphabet: what htpasswd -B and bcrypt.hashpw write.

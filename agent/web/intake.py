@@ -18,7 +18,6 @@ scraper's complete request goes to a thread however many such connections are op
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import selectors
 import socket
@@ -30,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any
 
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.record import record
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # From accept() to the end of the request head, TLS handshake included; also from one
 # response to the next request head on a kept-alive connection. A scraper on the

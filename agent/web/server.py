@@ -14,7 +14,6 @@ import contextlib
 import io
 import ipaddress
 import json
-import logging
 import socket
 import sys
 import threading
@@ -27,12 +26,13 @@ from typing import TYPE_CHECKING, Any, cast
 from nodecheck.agent.web.auth import AuthVerdict, BasicAuth
 from nodecheck.agent.web.intake import REQUEST_DEADLINE_S, Arrival, KnownClients, RequestIntake
 from nodecheck.agent.web.tls import tls_context
+from nodecheck.checks.lazy_logging import DEBUG, get_logger
 from nodecheck.checks.record import record
 
 if TYPE_CHECKING:
     from nodecheck.agent.web.config import WebConfig
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # listen(2): a backlog above /proc/sys/net/core/somaxconn is silently capped to it
 # (4096 since Linux 5.4); socketserver's default of 5 refuses a burst of connections.
@@ -589,7 +589,7 @@ def serve(
             super().end_headers()
 
         def log_message(self, format: str, *args: Any) -> None:
-            if log.isEnabledFor(logging.DEBUG):  # every request: format only when shown
+            if log.enabled_for(DEBUG):  # every request: format only when shown
                 log.debug(
                     "event=http client=%s message=%r", _client(self.client_address), format % args
                 )

@@ -4,14 +4,14 @@ file named and why (not PEM, an encrypted key, a key that is not the certificate
 
 from __future__ import annotations
 
-import logging
 import re
 import ssl
 from pathlib import Path
 
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.node.fs import NotRegularFileError, read_regular_file
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 PEM_FILE_LIMIT = 1 << 20  # a certificate chain or a key is a few kB
 PEM_CERTIFICATE_BLOCK = re.compile(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import selectors
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.record import record
 
 CHILD_MODULE = "nodecheck.checks.bench.child"
@@ -45,7 +45,7 @@ PARENT_VARIABLE = "NODECHECK_BENCH_PARENT"
 REAP_TIMEOUT_S = 10.0
 STDERR_TAIL = 2000
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @record(frozen=False)

@@ -38,10 +38,10 @@ hwloc_admin_disable_set_from_cgroup).
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path, PurePosixPath
 
+from nodecheck.checks.lazy_logging import get_logger
 from nodecheck.checks.node.cpulist import (
     NR_CPUS_MAX,
     cpu_id_bound,
@@ -51,7 +51,7 @@ from nodecheck.checks.node.cpulist import (
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_optional_text
 from nodecheck.checks.record import record
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CGROUP2, CGROUP1, CPUSET_FS = "cgroup2", "cgroup", "cpuset"
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")

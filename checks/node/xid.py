@@ -14,7 +14,6 @@ import bisect
 import contextlib
 import ctypes
 import functools
-import logging
 import re
 import threading
 import time
@@ -23,6 +22,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from nodecheck.checks.lazy_logging import DEBUG, INFO, WARNING, get_logger
 from nodecheck.checks.node.fs import NodeFS, ReadError, read_text
 from nodecheck.checks.node.gpu import ENUMERATION_JOB, device_count, gpu_key, normalize_bus_id
 from nodecheck.checks.node.kernel_log import (
@@ -61,7 +61,7 @@ __all__ = [
     "read_kernel_log",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @record
@@ -436,9 +436,9 @@ class XidListener:
             NvmlUnavailableError.LIBRARY_MISSING,
             NvmlUnavailableError.DRIVER_NOT_LOADED,
         )  # a CPU-only node: nothing to listen to, nothing to warn about
-        level = logging.INFO if quiet else logging.WARNING
+        level = INFO if quiet else WARNING
         log.log(
-            level if changed else logging.DEBUG,
+            level if changed else DEBUG,
             "event=xid_listener_unavailable reason=%r retry_in_s=%g",
             why,
             retry_in_s,
