@@ -42,10 +42,11 @@ _setup = _SetUp()
 def _install_pending() -> None:
     """The handler set-up still pending, run (once), before any record is made."""
     with _setup.lock:
-        install, _setup.pending = _setup.pending, None
         _setup.used = True
+        install = _setup.pending
         if install is not None:
-            install()
+            install()  # kept pending if it raises (a signal mid-way): the next record retries
+            _setup.pending = None
 
 
 def install_before_first_record(install: Callable[[], None]) -> None:
