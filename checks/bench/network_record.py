@@ -15,11 +15,10 @@ from typing import Any
 
 from nodecheck.checks.node.fs import write_atomically
 
-RECORD_NAME = "network.json"
-# The record a sweep replaces: the node's agent fails a node only when two sweeps in a
-# row named it (checks/host/network_sweep.py).
-PREVIOUS_NAME = "network.previous.json"
-RECORD_VERSION = 1
+# The names and version its reader knows. The record a sweep replaces is kept beside it:
+# the node's agent fails a node only when two sweeps in a row named it
+# (checks/host/network_sweep.py).
+from nodecheck.checks.node.network_sweep import PREVIOUS_RECORD_FILE, RECORD_FILE, RECORD_VERSION
 
 
 def node_record(report: Mapping[str, Any], node: str, finished_at: float) -> dict[str, Any]:
@@ -55,8 +54,8 @@ def node_record(report: Mapping[str, Any], node: str, finished_at: float) -> dic
 def write_record(state_dir: Path, record_document: Mapping[str, Any]) -> Path:
     """`<state dir>/network.json`, replaced whole (checks/node/fs.write_atomically),
     readable by the agent, which runs as another user (systemd's DynamicUser)."""
-    path = state_dir / RECORD_NAME
+    path = state_dir / RECORD_FILE
     with contextlib.suppress(FileNotFoundError):
-        os.replace(path, state_dir / PREVIOUS_NAME)
+        os.replace(path, state_dir / PREVIOUS_RECORD_FILE)
     write_atomically(path, json.dumps(record_document, indent=1) + "\n", mode=0o644)
     return path

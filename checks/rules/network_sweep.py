@@ -328,7 +328,15 @@ def should_sweep(
         return False, "--sweep never"
     if expected is None:
         return True, "no NIC rate to judge the whole job by: judged by its pairs"
-    if whole_job_median < warn * expected:
-        ratio = whole_job_median / expected
-        return True, f"the whole job is {ratio:.2f}x what its NICs should reach"
+    shortfall = whole_job_shortfall(whole_job_median, expected, warn)
+    if shortfall is not None:
+        return True, shortfall
     return False, "the whole job reaches what its NICs should"
+
+
+def whole_job_shortfall(whole_job_median: float, expected: float | None, warn: float) -> str | None:
+    """Why the whole job is below `warn` x what its NICs should reach; None when it is
+    not, or when there is no NIC rate to judge it by."""
+    if expected is None or whole_job_median >= warn * expected:
+        return None
+    return f"the whole job is {whole_job_median / expected:.2f}x what its NICs should reach"

@@ -19,6 +19,7 @@ from nodecheck.checks.rules.network_sweep import (
     should_sweep,
     stability,
     sweep_is_done,
+    whole_job_shortfall,
 )
 
 GB = 1e9
@@ -252,3 +253,14 @@ def test_when_to_sweep() -> None:
     assert should_sweep("auto", 1 * GB, None, 0.9)[0] is True  # no NIC rate: the run judges
     assert should_sweep("never", 1 * GB, 100 * GB, 0.9)[0] is False
     assert should_sweep("always", 100 * GB, 100 * GB, 0.9)[0] is True
+
+
+def test_the_whole_jobs_shortfall_is_the_auto_sweeps_reason() -> None:
+    """The sweep's verdicts say the same shortfall that made `auto` sweep; none where the
+    job reached its NICs' rate or had none to judge by (gloo), whatever --sweep said."""
+    assert (
+        whole_job_shortfall(80 * GB, 100 * GB, 0.9)
+        == should_sweep("auto", 80 * GB, 100 * GB, 0.9)[1]
+    )
+    assert whole_job_shortfall(90 * GB, 100 * GB, 0.9) is None
+    assert whole_job_shortfall(1 * GB, None, 0.9) is None

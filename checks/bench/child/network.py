@@ -49,6 +49,7 @@ from nodecheck.checks.rules.network_sweep import (
     should_sweep,
     stability,
     sweep_is_done,
+    whole_job_shortfall,
 )
 
 # A gloo rank holds its tensor and as much again in flight (its ring's chunks); NCCL's
@@ -243,8 +244,7 @@ def _expected(ranks: list[dict[str, Any]], cuda: bool) -> tuple[float | None, st
     missing = [node for node, (rate, _) in by_node.items() if rate is None]
     if missing:
         return None, f"no compute NIC rate read on {missing[0]}; judged by the run"
-    rates = sorted(float(rate) for rate, _ in by_node.values())
-    median = statistics.median(rates)
+    median = statistics.median(float(rate) for rate, _ in by_node.values())
     texts = sorted({text for _, text in by_node.values()})
     shown = texts[0] if len(texts) == 1 else f"the nodes' median of {', '.join(texts)}"
     return median, f"{shown}, ring busbw reaches the NICs' rate (2(n-1)/n)"
@@ -275,11 +275,7 @@ def _measure(
     whole = payloads[-1]
     expected, expected_source = _expected(ranks, spec["device"] == "cuda")
     sweep, why = should_sweep(spec["sweep"], whole["busbw_median"], expected, warn)
-    shortfall = (
-        f"the whole job is {whole['busbw_median'] / expected:.2f}x what its NICs should reach"
-        if expected is not None and whole["busbw_median"] < warn * expected
-        else None
-    )
+    shortfall = whole_job_shortfall(whole["busbw_median"], expected, warn)
     if len(nodes) < 2:
         sweep, why = False, "one node: no pair to sweep"
     figures: list[PairFigure] = []
